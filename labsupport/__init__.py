@@ -1,0 +1,1 @@
+"""labsupport: the engine behind the course on fast LLM text generation."""

@@ -1,0 +1,35 @@
+"""One exception type for every mistake a learner can make.
+
+A `LabError` carries one sentence that says what went wrong and what to do.
+The command line prints only that sentence, and notebooks that call
+`labsupport.notebook_setup()` show it without a traceback.
+"""
+
+
+class LabError(Exception):
+    """A user-facing error: one sentence that says what to do."""
+
+
+class ModelUnavailable(LabError):
+    """The requested model cannot be had on this machine (no hub, unknown name)."""
+
+
+class UnsupportedDtype(LabError):
+    """The device cannot run the requested dtype (for example bf16 on a T4)."""
+
+
+class MissingPackage(LabError):
+    """An optional package is needed for this feature and is not installed."""
+
+
+def require_package(module: str, pip_name: str | None = None, feature: str = "this feature"):
+    """Import an optional package, or raise `MissingPackage` with the pip command to get it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingPackage(
+            f"{feature} needs the optional package '{pip_name or module}'; "
+            f"install it with: pip install {pip_name or module}"
+        ) from None

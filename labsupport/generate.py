@@ -1,0 +1,233 @@
+"""Text generation: prefill, decode steps, and the loop around them.
+
+Introduced in notebook 01 (KV cache).
+
+Generation has two phases with very different costs:
+
+* prefill: run the whole prompt through the model once, filling the KV cache;
+  many tokens per weight read, so it is compute-bound on most hardware;
+* decode: one new token per step, attending to the cache; every weight is read
+  for a single token's worth of arithmetic, so it is memory-bound (notebook 00).
+
+`generate_naive` is the handbook chapter's loop without a cache: each step
+re-runs the model over the whole sequence. It gives the same tokens, at a cost
+that grows quadratically with the length (notebook 01 measures it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from .errors import LabError
+from .hardware import synchronize
+from .kv_cache import StaticKVCache
+from .sampling import GREEDY, SamplingConfig, sample
+
+StreamCallback = Callable[[torch.Tensor], None]
+
+
+@dataclass
+class GenerationResult:
+    """What `generate` returns. tokens: (batch, new_tokens) generated ids; rows that
+    finished early are padded after their end-of-sequence token with that token."""
+
+    tokens: torch.Tensor
+    prompt_length: int
+    new_token_counts: list[int]
+    prefill_seconds: float
+    decode_seconds: float
+    logits: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    @property
+    def total_new_tokens(self) -> int:
+        return sum(self.new_token_counts)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens produced by decode steps (the first comes from prefill) per second."""
+        steps = max(self.tokens.shape[1] - 1, 0)
+        return self.tokens.shape[0] * steps / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+
+    def row(self, i: int = 0) -> list[int]:
+        """Generated ids of row i, up to and including its end-of-sequence token."""
+        return self.tokens[i, : self.new_token_counts[i]].tolist()
+
+
+def as_batch(prompt, device) -> torch.Tensor:
+    """A prompt as a (batch, T) tensor of ids: accepts a list of ids, a 1-D or a 2-D tensor."""
+    tokens = torch.as_tensor(prompt, dtype=torch.long, device=device)
+    if tokens.dim() == 1:
+        tokens = tokens.unsqueeze(0)                                    # (1, T)
+    if tokens.dim() != 2 or tokens.shape[1] == 0:
+        raise LabError("The prompt is empty or not a list of token ids; give at least one token.")
+    return tokens
+
+
+def check_lengths(model, prompt_length: int, max_new_tokens: int) -> None:
+    """Refuse requests the model's context cannot hold, in one sentence."""
+    if max_new_tokens < 1:
+        raise LabError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
+    context = model.config.max_position
+    if prompt_length + max_new_tokens > context:
+        raise LabError(
+            f"The prompt has {prompt_length} tokens and max_new_tokens is {max_new_tokens}, but the "
+            f"model's context holds {context} tokens; shorten the prompt or ask for fewer new tokens."
+        )
+
+
+@torch.inference_mode()
+def prefill(model, tokens: torch.Tensor, cache, positions=None, key_mask=None) -> torch.Tensor:
+    """Run the prompt (batch, T) through the model, filling `cache`; returns the
+    logits of the last position, (batch, vocab)."""
+    return model(tokens, cache=cache, positions=positions, key_mask=key_mask, last_only=True)[:, -1]
+
+
+@torch.inference_mode()
+def decode_step(model, cache, next_tokens: torch.Tensor, positions=None, key_mask=None) -> torch.Tensor:
+    """Feed one token per row (batch,) and return the next logits (batch, vocab)."""
+    return model(next_tokens.unsqueeze(1), cache=cache, positions=positions,
+                 key_mask=key_mask)[:, -1]
+
+
+def _eos_tensor(model, eos_token_ids, device) -> torch.Tensor:
+    ids = model.config.eos_token_ids if eos_token_ids is None else eos_token_ids
+    return torch.tensor(list(ids), dtype=torch.long, device=device)
+
+
+def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig = GREEDY,
+             eos_token_ids: Sequence[int] | None = None, stream: StreamCallback | None = None,
+             return_logits: bool = False) -> GenerationResult:
+    """Generate with a static KV cache: one prefill, then one decode step per token.
+
+    prompt: ids as a list, a 1-D tensor, or a (batch, T) tensor of equal-length prompts.
+    eos_token_ids: ids that end a row (default: the model's); pass () to never stop early.
+    stream: called with each step's new tokens, (batch,), as soon as they exist.
+    """
+    device = model.device
+    tokens = as_batch(prompt, device)
+    batch, prompt_length = tokens.shape
+    check_lengths(model, prompt_length, max_new_tokens)
+    eos = _eos_tensor(model, eos_token_ids, device)
+    generator = sampling.generator(device)
+    cache = StaticKVCache(model.config, batch, prompt_length + max_new_tokens,
+                          device=device, dtype=model.dtype)
+
+    synchronize(device)
+    t0 = time.perf_counter()
+    logits = prefill(model, tokens, cache)
+    new_tokens, all_logits = [], []
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    counts = torch.zeros(batch, dtype=torch.long, device=device)
+    t1 = None
+    for step in range(max_new_tokens):
+        if return_logits:
+            all_logits.append(logits.float().cpu())
+        next_tokens = sample(logits, sampling, generator)
+        # a finished row keeps repeating its end token and stops counting
+        next_tokens = torch.where(finished, new_tokens[-1] if new_tokens else next_tokens, next_tokens)
+        counts += ~finished
+        new_tokens.append(next_tokens)
+        if stream is not None:
+            stream(next_tokens)
+        finished |= torch.isin(next_tokens, eos)
+        if t1 is None:
+            synchronize(device)
+            t1 = time.perf_counter()
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            break
+        logits = decode_step(model, cache, next_tokens)
+    synchronize(device)
+    t2 = time.perf_counter()
+    return GenerationResult(tokens=torch.stack(new_tokens, dim=1), prompt_length=prompt_length,
+                            new_token_counts=counts.tolist(), prefill_seconds=t1 - t0,
+                            decode_seconds=t2 - t1, logits=all_logits)
+
+
+@torch.inference_mode()
+def generate_naive(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig = GREEDY,
+                   eos_token_ids: Sequence[int] | None = None,
+                   return_logits: bool = False) -> GenerationResult:
+    """The handbook chapter's loop: no cache, the whole sequence re-run every step.
+
+    Same interface and (for the same seed) the same tokens as `generate`; use it
+    only to see why the cache matters. Batch 1 or equal-length prompts.
+    """
+    device = model.device
+    sequence = as_batch(prompt, device)
+    batch, prompt_length = sequence.shape
+    check_lengths(model, prompt_length, max_new_tokens)
+    eos = _eos_tensor(model, eos_token_ids, device)
+    generator = sampling.generator(device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    counts = torch.zeros(batch, dtype=torch.long, device=device)
+    new_tokens, all_logits = [], []
+    synchronize(device)
+    t0 = time.perf_counter()
+    for step in range(max_new_tokens):
+        logits = model(sequence, last_only=True)[:, -1]                 # (batch, vocab)
+        if return_logits:
+            all_logits.append(logits.float().cpu())
+        next_tokens = sample(logits, sampling, generator)
+        next_tokens = torch.where(finished, new_tokens[-1] if new_tokens else next_tokens, next_tokens)
+        counts += ~finished
+        new_tokens.append(next_tokens)
+        finished |= torch.isin(next_tokens, eos)
+        sequence = torch.cat([sequence, next_tokens.unsqueeze(1)], dim=1)   # (batch, T + step + 1)
+        if bool(finished.all()):
+            break
+    synchronize(device)
+    elapsed = time.perf_counter() - t0
+    return GenerationResult(tokens=torch.stack(new_tokens, dim=1), prompt_length=prompt_length,
+                            new_token_counts=counts.tolist(), prefill_seconds=0.0,
+                            decode_seconds=elapsed, logits=all_logits)
+
+
+# --- text in, text out ----------------------------------------------------------------
+
+def chat_prompt(tokenizer, message: str, system: str | None = None) -> str:
+    """The instruct model's chat template around one user message (plain text if it has none)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return message
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": message}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+class TextStreamer:
+    """A `stream` callback that prints text as it is generated (batch 1).
+
+    It decodes everything so far and prints only what is new, so that tokens
+    that are parts of one character or word print correctly.
+    """
+
+    def __init__(self, tokenizer, print_fn=None):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.printed = ""
+        self.print_fn = print_fn or (lambda text: print(text, end="", flush=True))
+
+    def __call__(self, next_tokens: torch.Tensor) -> None:
+        self.ids.append(int(next_tokens[0]))
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return                      # half of a multi-byte character: wait for the rest
+        self.print_fn(text[len(self.printed):])
+        self.printed = text
+
+
+def generate_text(model, tokenizer, message: str, max_new_tokens: int = 64,
+                  sampling: SamplingConfig = GREEDY, chat: bool = True, system: str | None = None,
+                  stream: bool = False) -> str:
+    """Reply to `message` (inside the chat template when `chat`), optionally printing as it goes."""
+    text = chat_prompt(tokenizer, message, system) if chat else message
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    eos = set(model.config.eos_token_ids)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(tokenizer.eos_token_id)
+    result = generate(model, ids, max_new_tokens, sampling, eos_token_ids=sorted(eos),
+                      stream=TextStreamer(tokenizer) if stream else None)
+    return tokenizer.decode(result.row(0), skip_special_tokens=True)

@@ -1,0 +1,389 @@
+"""What is this machine good at? A small hardware probe.
+
+Introduced in notebook 00 (where the time goes). Text generation is limited
+either by how fast memory can be read (bandwidth, bytes/s) or by how fast
+the chip can multiply (FLOP/s). This module measures both on the device you
+actually have, so notebook 00 can draw a roofline from real numbers:
+
+    profile = probe()                 # measures once, then remembers
+    profile.ridge("float32")          # FLOP per byte where the two limits meet
+
+It also answers the practical questions every later notebook asks: which
+device to use (`pick_device`), which dtype it runs well (`pick_dtype`,
+`check_dtype`), and how to wait for it to finish (`synchronize`).
+Device and dtype always come from arguments; nothing here assumes a GPU.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from labsupport.errors import LabError, UnsupportedDtype
+
+# The dtypes a model may be loaded in. Quantized formats are not listed:
+# they store weights differently but still compute in one of these.
+MODEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Default copy size for `measure_bandwidth`: far larger than any CPU cache,
+# so the copy really goes to main memory.
+CPU_COPY_BYTES = 256 * 2**20
+CUDA_COPY_BYTES = 2**30
+
+
+# --------------------------------------------------------------------------
+# Choosing a device
+# --------------------------------------------------------------------------
+
+
+def _mps_available() -> bool:
+    """True on an Apple-silicon Mac whose PyTorch can use the GPU (MPS)."""
+    mps = getattr(torch.backends, "mps", None)
+    return mps is not None and mps.is_available()
+
+
+def pick_device(prefer: str | torch.device | None = None) -> torch.device:
+    """Return the device to compute on: the best one, or the one you asked for.
+
+    Introduced in notebook 00 (where the time goes). With no argument the
+    answer is "cuda" when a GPU is visible, else "mps" on an Apple-silicon
+    Mac, else "cpu". A `prefer` such as "cpu", "cuda" or "cuda:1" is checked,
+    so a typo or a missing GPU gives a clear `LabError` instead of a crash
+    deep inside a model. Every other function here accepts anything this one does.
+    """
+    if prefer is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+
+    unknown = f"Unknown device {str(prefer)!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'."
+    try:
+        device = torch.device(prefer)
+    except (RuntimeError, TypeError):
+        raise LabError(unknown) from None
+
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise LabError("CUDA was requested but no GPU is visible; use device='cpu' or a GPU runtime.")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise LabError(
+                f"GPU {device.index} was requested but only {count} GPU(s) are visible; "
+                f"use a device from 'cuda:0' to 'cuda:{count - 1}'."
+            )
+    elif device.type == "mps":
+        if not _mps_available():
+            raise LabError("The Apple GPU (mps) was requested but is not available here; use device='cpu'.")
+    elif device.type != "cpu":
+        raise LabError(unknown)
+    return device
+
+
+def synchronize(device) -> None:
+    """Wait until the device has finished all the work queued on it.
+
+    Introduced in notebook 00 (where the time goes). GPUs run asynchronously:
+    a call returns as soon as the work is queued, so a timer stopped without
+    this measures almost nothing. On the CPU work is already finished when a
+    call returns, so this does nothing.
+    """
+    device = pick_device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _cpu_model() -> str:
+    """The CPU's marketing name, from /proc/cpuinfo on Linux or `platform` elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device) -> str:
+    """A human-readable name: the GPU model, or the CPU model and its thread count.
+
+    Introduced in notebook 00 (where the time goes). The CPU thread count is
+    the one PyTorch will use (`torch.get_num_threads()`), which is what
+    matters for speed, not how many cores the box has.
+    """
+    device = pick_device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return f"Apple GPU (mps, {platform.machine()})"
+    return f"{_cpu_model()} ({torch.get_num_threads()} threads)"
+
+
+# --------------------------------------------------------------------------
+# Which dtypes does the hardware really run?
+# --------------------------------------------------------------------------
+
+
+def _cpu_feature(name: str) -> bool:
+    """Ask PyTorch about a CPU feature; older PyTorch without the query says False."""
+    query = getattr(torch.cpu, name, None)
+    return bool(query()) if query is not None else False
+
+
+def bf16_supported(device) -> bool:
+    """True when the hardware itself computes in bfloat16 (not just PyTorch emulating it).
+
+    Introduced in notebook 00 (where the time goes). On CUDA this needs an
+    Ampere-or-newer GPU, compute capability 8.0+ (a T4 is 7.5: no). On the
+    CPU it needs the AVX512-BF16 or AMX instructions. On an Apple GPU it is
+    true when PyTorch can create a bfloat16 tensor there.
+    """
+    device = pick_device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    if device.type == "mps":
+        try:
+            torch.ones(1, dtype=torch.bfloat16, device=device)
+        except (RuntimeError, TypeError):
+            return False
+        return True
+    return _cpu_feature("_is_avx512_bf16_supported") or _cpu_feature("_is_amx_tile_supported")
+
+
+def fp16_fast(device) -> bool:
+    """True when float16 matrix multiplication runs at full hardware speed.
+
+    Introduced in notebook 00 (where the time goes). Every CUDA GPU has fast
+    float16; a CPU has it only with AMX-FP16 (recent Intel Xeons). Elsewhere
+    float16 works but is converted on the fly and is slow.
+    """
+    device = pick_device(device)
+    if device.type == "cuda":
+        return True
+    if device.type == "cpu":
+        return _cpu_feature("_is_amx_fp16_supported")
+    return False
+
+
+def _as_dtype(dtype) -> torch.dtype:
+    """Accept torch.bfloat16, "bfloat16" or "torch.bfloat16" and return the torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    candidate = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if isinstance(candidate, torch.dtype):
+        return candidate
+    raise UnsupportedDtype(f"{dtype!r} is not a dtype; use torch.float32, torch.float16 or torch.bfloat16.")
+
+
+def _dtype_name(dtype) -> str:
+    """The short name used as a key in profiles: torch.bfloat16 -> "bfloat16"."""
+    return str(_as_dtype(dtype)).removeprefix("torch.")
+
+
+def check_dtype(device, dtype) -> None:
+    """Raise `UnsupportedDtype` (one sentence, with the fix) if the device cannot run `dtype` well.
+
+    Introduced in notebook 00 (where the time goes). Only float32, float16
+    and bfloat16 are model dtypes. bfloat16 is refused on a pre-Ampere GPU
+    and on a CPU without bfloat16 instructions (it would be emulated and
+    slow). float16 on a CPU is allowed: it runs, just slowly.
+    """
+    device = pick_device(device)
+    dtype = _as_dtype(dtype)
+    if dtype not in MODEL_DTYPES:
+        raise UnsupportedDtype(
+            f"{_dtype_name(dtype)} cannot be a model dtype; use torch.float32, torch.float16 or torch.bfloat16."
+        )
+    if dtype != torch.bfloat16 or bf16_supported(device):
+        return
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        raise UnsupportedDtype(
+            f"The {device_name(device)} GPU (compute capability {major}.{minor}) has no bfloat16 support, "
+            f"which needs 8.0 or newer; use dtype=torch.float16 or torch.float32."
+        )
+    if device.type == "mps":
+        raise UnsupportedDtype(
+            "This Mac's GPU cannot run bfloat16 with the installed PyTorch; use dtype=torch.float16 or torch.float32."
+        )
+    raise UnsupportedDtype(
+        f"This CPU ({_cpu_model()}) has no bfloat16 instructions (AVX512-BF16 or AMX), "
+        f"so bfloat16 would be emulated and slow; use dtype=torch.float32."
+    )
+
+
+def pick_dtype(device) -> torch.dtype:
+    """The dtype to load models in: bfloat16 where the hardware has it, else float16 on CUDA, else float32.
+
+    Introduced in notebook 00 (where the time goes).
+    """
+    device = pick_device(device)
+    if bf16_supported(device):
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.float16
+    return torch.float32
+
+
+# --------------------------------------------------------------------------
+# Measuring the two roofs: memory bandwidth and matmul speed
+# --------------------------------------------------------------------------
+
+
+def measure_bandwidth(device, nbytes: int | None = None, repeats: int = 5) -> float:
+    """Memory bandwidth in bytes/s, from copying one buffer into another.
+
+    Introduced in notebook 00 (where the time goes). Each copy reads
+    `nbytes` and writes `nbytes`, so it moves 2 x nbytes. The default size
+    (256 MiB on CPU, 1 GiB on CUDA) is far larger than any cache, so this is
+    the speed of main memory, which is what a model's weights stream from.
+    Returns the median over `repeats` copies, after one warm-up copy.
+    """
+    from labsupport.measure import time_fn  # here, not at the top: measure.py imports this module
+
+    device = pick_device(device)
+    if nbytes is None:
+        nbytes = CUDA_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
+    # Fill the source: reading never-touched memory can be served by the OS for free.
+    source = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    destination = torch.empty_like(source)
+    timing = time_fn(lambda: destination.copy_(source), device, warmup=1, repeats=repeats)
+    return 2 * nbytes / timing.median
+
+
+def _default_matmul_size(device: torch.device, dtype: torch.dtype) -> int:
+    """A matrix size that takes roughly 0.01-0.2 s, so the probe stays quick."""
+    if device.type == "cuda":
+        return 8192
+    if device.type == "mps":
+        return 4096
+    emulated = (dtype == torch.bfloat16 and not bf16_supported(device)) or (
+        dtype == torch.float16 and not fp16_fast(device)
+    )
+    return 256 if emulated else 1024  # emulated matmuls are ~100x slower
+
+
+def measure_matmul_flops(device, dtype, n: int | None = None, repeats: int = 5) -> float:
+    """Matrix-multiply speed in FLOP/s for an n x n by n x n product in `dtype`.
+
+    Introduced in notebook 00 (where the time goes). The product costs
+    2 n^3 floating-point operations (one multiply and one add per term).
+    The default n is 8192 on CUDA and 1024 on a CPU (256 when the dtype is
+    only emulated there). Returns the median over `repeats`, after one warm-up.
+    """
+    from labsupport.measure import time_fn  # here, not at the top: measure.py imports this module
+
+    device = pick_device(device)
+    dtype = _as_dtype(dtype)
+    if n is None:
+        n = _default_matmul_size(device, dtype)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    timing = time_fn(lambda: a @ b, device, warmup=1, repeats=repeats)
+    return 2 * n**3 / timing.median
+
+
+# --------------------------------------------------------------------------
+# The profile and the roofline
+# --------------------------------------------------------------------------
+
+
+def _human(value: float, unit: str) -> str:
+    """Format 4.2e10 as "42.0 G" + unit."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {prefix}{unit}"
+    return f"{value:.1f} {unit}"
+
+
+@dataclass
+class HardwareProfile:
+    """Measured limits of one device: the two roofs of a roofline plot.
+
+    Introduced in notebook 00 (where the time goes).
+    `bandwidth` is in bytes/s; `flops` maps a dtype name ("float32",
+    "bfloat16", ...) to the measured matmul FLOP/s in that dtype.
+    """
+
+    device: str
+    name: str
+    bandwidth: float
+    flops: dict[str, float] = field(default_factory=dict)
+
+    def _peak(self, dtype) -> float:
+        """Measured FLOP/s for `dtype`, or a LabError saying how to measure it."""
+        name = _dtype_name(dtype)
+        if name not in self.flops:
+            raise LabError(
+                f"{name} was not measured on this device; call probe(dtypes=[...]) with it included."
+            )
+        return self.flops[name]
+
+    def ridge(self, dtype) -> float:
+        """Arithmetic intensity (FLOP per byte) where the memory roof meets the compute roof.
+
+        Work with fewer FLOP per byte than this is memory-bound; more, compute-bound.
+        """
+        return self._peak(dtype) / self.bandwidth
+
+    def attainable(self, intensity: float, dtype) -> float:
+        """Best FLOP/s possible at `intensity` FLOP per byte: min(peak, bandwidth x intensity)."""
+        return min(self._peak(dtype), self.bandwidth * intensity)
+
+    def to_dict(self) -> dict:
+        """A plain dict (for JSON, or a table in a notebook)."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        parts = [f"{self.name} [{self.device}]: memory {_human(self.bandwidth, 'B/s')}"]
+        for name, flops in self.flops.items():
+            parts.append(f"{name} {_human(flops, 'FLOP/s')} (ridge {self.ridge(name):.1f} FLOP/B)")
+        return " | ".join(parts)
+
+
+def _default_probe_dtypes(device: torch.device) -> list[torch.dtype]:
+    """float32 always, bfloat16 where the hardware has it, float16 on CUDA."""
+    dtypes = [torch.float32]
+    if bf16_supported(device):
+        dtypes.append(torch.bfloat16)
+    if device.type == "cuda":
+        dtypes.append(torch.float16)
+    return dtypes
+
+
+# Profiles already measured in this Python process, keyed by
+# (device, dtype names). Measuring takes a few seconds and the hardware does
+# not change, so every notebook cell that calls `probe()` reuses the first
+# answer. Pass refresh=True to measure again (say, after closing other programs).
+_PROBE_CACHE: dict[tuple[str, tuple[str, ...]], HardwareProfile] = {}
+
+
+def probe(device=None, dtypes=None, refresh: bool = False) -> HardwareProfile:
+    """Measure memory bandwidth and matmul speed of a device and return a `HardwareProfile`.
+
+    Introduced in notebook 00 (where the time goes). `device` defaults to
+    `pick_device()`. `dtypes` defaults to float32, plus bfloat16 where the
+    hardware has it, plus float16 on CUDA; each is checked with `check_dtype`.
+    Results are remembered per (device, dtypes) for the rest of the session;
+    `refresh=True` measures again. Takes a few seconds on a 2-core CPU.
+    """
+    device = pick_device(device)
+    dtypes = [_as_dtype(d) for d in (dtypes or _default_probe_dtypes(device))]
+    for dtype in dtypes:
+        check_dtype(device, dtype)
+
+    key = (str(device), tuple(_dtype_name(d) for d in dtypes))
+    if refresh or key not in _PROBE_CACHE:
+        _PROBE_CACHE[key] = HardwareProfile(
+            device=str(device),
+            name=device_name(device),
+            bandwidth=measure_bandwidth(device),
+            flops={_dtype_name(d): measure_matmul_flops(device, d) for d in dtypes},
+        )
+    return _PROBE_CACHE[key]

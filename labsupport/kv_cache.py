@@ -1,0 +1,102 @@
+"""The key/value cache: remember each layer's keys and values so that a decode
+step only computes the newest token.
+
+Introduced in notebook 01 (KV cache).
+
+Without a cache, generating token t re-runs the model over all t previous
+tokens, so n tokens cost O(n^2) token-forwards. With a cache, each step runs the
+model on one new token and attends to the stored keys and values.
+
+`StaticKVCache` preallocates the whole buffer once, for `batch_size` rows and
+`max_len` positions, so decoding never allocates memory (this is also what lets
+a GPU capture a decode step in a CUDA graph). Every row of the batch shares one
+write position, `length`; batched generation lines prompts up with left padding
+(notebook 02) so that this holds. Speculative decoding rolls the cache back with
+`truncate` (notebook 05); the paged cache of notebook 06 offers the same
+`update` interface over fixed-size blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import LabError
+from .models.config import ModelConfig
+
+
+def kv_cache_bytes(config: ModelConfig, length: int, batch_size: int = 1,
+                   dtype: torch.dtype = torch.float32) -> int:
+    """Bytes needed to cache `length` positions: layers x 2 (K and V) x kv-heads x head-dim x length x batch x bytes."""
+    bytes_per_value = torch.empty((), dtype=dtype).element_size()
+    return (config.num_layers * 2 * config.num_kv_heads * config.head_dim
+            * length * batch_size * bytes_per_value)
+
+
+class StaticKVCache:
+    """Preallocated keys and values for every layer of a model.
+
+    Storage: ``keys`` and ``values`` of shape
+    (num_layers, batch_size, num_kv_heads, max_len, head_dim).
+    ``length`` positions (the same for every row) are filled.
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        if batch_size < 1:
+            raise LabError(f"batch_size must be at least 1, got {batch_size}.")
+        if max_len < 1:
+            raise LabError(f"max_len must be at least 1, got {max_len}.")
+        if max_len > config.max_position:
+            raise LabError(
+                f"A cache of {max_len} positions is longer than the model's context of "
+                f"{config.max_position} tokens; shorten the prompt or max_new_tokens."
+            )
+        shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.batch_size = batch_size
+        self.max_len = max_len
+        self.length = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store the new keys/values of one layer at positions [length, length + T)
+        and return all keys/values so far, each (batch, kv_heads, length + T, head_dim).
+
+        `k` and `v` are (batch, kv_heads, T, head_dim). `length` itself moves on only
+        in `advance`, once every layer has stored its share.
+        """
+        start, end = self.length, self.length + k.shape[2]
+        if end > self.max_len:
+            raise LabError(
+                f"The KV cache holds {self.max_len} positions and this step needs {end}; "
+                "make the cache longer (max_len) or generate fewer tokens."
+            )
+        self.keys[layer, :, :, start:end] = k
+        self.values[layer, :, :, start:end] = v
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def advance(self, n: int) -> None:
+        """Mark `n` more positions as filled (called once per forward pass)."""
+        self.length += n
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (speculative decoding's rollback)."""
+        if not 0 <= length <= self.length:
+            raise LabError(f"Cannot truncate a cache of length {self.length} to {length}.")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes actually allocated for keys and values (the whole preallocated buffer)."""
+        return self.keys.nbytes + self.values.nbytes
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.keys.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device

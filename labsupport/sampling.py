@@ -1,0 +1,73 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p.
+
+Introduced in notebook 01 (KV cache); notebook 05 (speculative decoding) needs
+the full probability distribution, which `probabilities` gives.
+
+Reproducibility: every sampling call takes a `torch.Generator`; `generate` seeds
+one from `SamplingConfig.seed`, so the same seed gives the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import LabError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to pick tokens. temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise LabError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}.")
+        if self.top_k is not None and self.top_k < 1:
+            raise LabError(f"top_k must be at least 1 (or None to disable), got {self.top_k}.")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise LabError(f"top_p must be in (0, 1] (or None to disable), got {self.top_p}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self, device) -> torch.Generator | None:
+        if self.greedy or self.seed is None:
+            return None
+        return torch.Generator(device=device).manual_seed(self.seed)
+
+
+GREEDY = SamplingConfig()
+
+
+def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The distribution the sampler draws from: softmax(logits / T) restricted to
+    the top-k tokens and the top-p nucleus, renormalized. logits: (..., vocab)."""
+    logits = logits.float() / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if sampling.top_p is not None and sampling.top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the tokens ranked above it already hold top_p of the mass
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= sampling.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def sample(logits: torch.Tensor, sampling: SamplingConfig = GREEDY,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next token for each row: logits (batch, vocab) -> tokens (batch,)."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    probs = probabilities(logits, sampling)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

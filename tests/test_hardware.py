@@ -1,0 +1,261 @@
+"""Tests for labsupport.hardware: device and dtype choice, the probe, the roofline."""
+
+import pytest
+import torch
+
+from labsupport import hardware
+from labsupport.errors import LabError, UnsupportedDtype
+from labsupport.hardware import (
+    HardwareProfile,
+    bf16_supported,
+    check_dtype,
+    device_name,
+    fp16_fast,
+    measure_bandwidth,
+    measure_matmul_flops,
+    pick_device,
+    pick_dtype,
+    probe,
+    synchronize,
+)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """Pretend no CUDA GPU and no Apple GPU is visible, whatever this machine has."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(hardware, "_mps_available", lambda: False)
+
+
+def fake_gpu(monkeypatch, capability, name):
+    """Pretend one CUDA GPU with this compute capability and name is visible."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+
+
+def fake_cpu(monkeypatch, bf16=False, amx=False, amx_fp16=False):
+    """Pretend the CPU has (or lacks) the bfloat16 / AMX instructions."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda: amx_fp16, raising=False)
+
+
+def assert_one_sentence(message):
+    assert "\n" not in message
+    assert message.endswith(".")
+    assert ". " not in message, f"more than one sentence: {message!r}"
+
+
+# ---------------------------------------------------------------- pick_device
+
+
+def test_pick_device_without_gpu_is_cpu(no_gpu):
+    assert pick_device() == torch.device("cpu")
+    assert pick_device("cpu") == torch.device("cpu")
+
+
+def test_pick_device_prefers_cuda_when_visible(monkeypatch):
+    fake_gpu(monkeypatch, (8, 0), "NVIDIA A100")
+    assert pick_device() == torch.device("cuda")
+    assert pick_device("cuda:0") == torch.device("cuda:0")
+
+
+def test_pick_device_cuda_without_gpu_raises(no_gpu):
+    with pytest.raises(LabError, match="no GPU is visible") as info:
+        pick_device("cuda")
+    assert_one_sentence(str(info.value))
+
+
+def test_pick_device_rejects_missing_gpu_index(monkeypatch):
+    fake_gpu(monkeypatch, (8, 0), "NVIDIA A100")
+    with pytest.raises(LabError, match="cuda:0"):
+        pick_device("cuda:3")
+
+
+def test_pick_device_rejects_unknown_names(no_gpu):
+    with pytest.raises(LabError, match="Unknown device"):
+        pick_device("gpu")
+    with pytest.raises(LabError, match="not available"):
+        pick_device("mps")
+
+
+# ---------------------------------------------------------------- dtypes
+
+
+def test_bf16_not_supported_on_t4(monkeypatch):
+    fake_gpu(monkeypatch, (7, 5), "Tesla T4")
+    assert bf16_supported("cuda") is False
+    assert pick_dtype("cuda") == torch.float16
+
+
+def test_bf16_supported_on_ampere(monkeypatch):
+    fake_gpu(monkeypatch, (8, 0), "NVIDIA A100")
+    assert bf16_supported("cuda") is True
+    assert pick_dtype("cuda") == torch.bfloat16
+    check_dtype("cuda", torch.bfloat16)  # no error
+
+
+def test_bf16_on_cpu_follows_instructions(monkeypatch):
+    fake_cpu(monkeypatch, bf16=False, amx=False)
+    assert bf16_supported("cpu") is False
+    assert pick_dtype("cpu") == torch.float32
+    fake_cpu(monkeypatch, bf16=True)
+    assert bf16_supported("cpu") is True
+    assert pick_dtype("cpu") == torch.bfloat16
+    fake_cpu(monkeypatch, amx=True)
+    assert bf16_supported("cpu") is True
+
+
+def test_older_torch_without_cpu_queries_means_no_bf16(monkeypatch):
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+        monkeypatch.delattr(torch.cpu, name, raising=False)
+    assert bf16_supported("cpu") is False
+    assert fp16_fast("cpu") is False
+
+
+def test_fp16_fast(monkeypatch):
+    fake_cpu(monkeypatch, amx_fp16=False)
+    assert fp16_fast("cpu") is False
+    fake_cpu(monkeypatch, amx_fp16=True)
+    assert fp16_fast("cpu") is True
+    fake_gpu(monkeypatch, (7, 5), "Tesla T4")
+    assert fp16_fast("cuda") is True
+
+
+def test_check_dtype_bf16_on_t4_names_gpu_and_fix(monkeypatch):
+    fake_gpu(monkeypatch, (7, 5), "Tesla T4")
+    with pytest.raises(UnsupportedDtype) as info:
+        check_dtype("cuda", torch.bfloat16)
+    message = str(info.value)
+    assert "Tesla T4" in message and "7.5" in message and "float16" in message
+    assert_one_sentence(message)
+    check_dtype("cuda", torch.float16)  # no error
+
+
+def test_check_dtype_bf16_on_plain_cpu_says_emulated(monkeypatch):
+    fake_cpu(monkeypatch, bf16=False, amx=False)
+    with pytest.raises(UnsupportedDtype, match="emulated") as info:
+        check_dtype("cpu", "bfloat16")
+    assert "float32" in str(info.value)
+    assert_one_sentence(str(info.value))
+
+
+def test_check_dtype_allows_fp16_and_fp32_on_cpu():
+    check_dtype("cpu", torch.float16)
+    check_dtype("cpu", torch.float32)
+    check_dtype("cpu", "torch.float32")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float64, "int4_nonsense"])
+def test_check_dtype_rejects_non_model_dtypes(dtype):
+    with pytest.raises(UnsupportedDtype) as info:
+        check_dtype("cpu", dtype)
+    message = str(info.value)
+    assert "torch.float32, torch.float16 or torch.bfloat16" in message
+    assert_one_sentence(message)
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def test_synchronize_on_cpu_is_a_no_op():
+    assert synchronize("cpu") is None
+
+
+def test_device_name_on_cpu_shows_threads():
+    name = device_name("cpu")
+    assert name.endswith(f"({torch.get_num_threads()} threads)")
+    assert len(name) > len("( threads)") + 1
+
+
+# ---------------------------------------------------------------- measurements
+
+
+def test_bandwidth_is_in_a_sane_range():
+    bandwidth = measure_bandwidth("cpu", nbytes=32 * 2**20, repeats=3)
+    assert 1e8 < bandwidth < 1e13
+
+
+def test_bandwidth_counts_read_and_write(monkeypatch):
+    """One copy of nbytes taking 1 s must report 2 x nbytes per second."""
+    from labsupport import measure
+
+    clock = iter(range(1000))
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: float(next(clock)))
+    assert measure_bandwidth("cpu", nbytes=1000, repeats=3) == pytest.approx(2000.0)
+
+
+def test_matmul_flops_positive_and_sane():
+    flops = measure_matmul_flops("cpu", torch.float32, n=256, repeats=3)
+    assert 1e7 < flops < 1e15
+
+
+def test_matmul_flops_counts_2n_cubed(monkeypatch):
+    from labsupport import measure
+
+    clock = iter(range(1000))
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: float(next(clock)))
+    assert measure_matmul_flops("cpu", "float32", n=16, repeats=3) == pytest.approx(2 * 16**3)
+
+
+# ---------------------------------------------------------------- profile and roofline
+
+
+def test_profile_ridge_and_attainable():
+    profile = HardwareProfile(device="cpu", name="test", bandwidth=1e10, flops={"float32": 1e11})
+    assert profile.ridge(torch.float32) == pytest.approx(10.0)
+    assert profile.ridge("float32") == pytest.approx(10.0)
+    assert profile.attainable(1.0, "float32") == pytest.approx(1e10)  # memory-bound
+    assert profile.attainable(10.0, "float32") == pytest.approx(1e11)  # at the ridge
+    assert profile.attainable(1000.0, "float32") == pytest.approx(1e11)  # compute-bound
+    assert profile.to_dict() == {
+        "device": "cpu",
+        "name": "test",
+        "bandwidth": 1e10,
+        "flops": {"float32": 1e11},
+    }
+    with pytest.raises(LabError, match="not measured"):
+        profile.ridge(torch.bfloat16)
+
+
+def test_probe_measures_and_memoizes(monkeypatch):
+    monkeypatch.setattr(hardware, "_PROBE_CACHE", {})
+    monkeypatch.setattr(hardware, "CPU_COPY_BYTES", 32 * 2**20)  # keep the test quick
+    profile = probe("cpu", dtypes=[torch.float32])
+    assert profile.device == "cpu"
+    assert 1e8 < profile.bandwidth < 1e13
+    assert list(profile.flops) == ["float32"]
+    assert profile.ridge("float32") == pytest.approx(profile.flops["float32"] / profile.bandwidth)
+    assert "float32" in str(profile)
+
+    assert probe("cpu", dtypes=["float32"]) is profile  # remembered
+    assert probe("cpu", dtypes=[torch.float32], refresh=True) is not profile
+
+
+def test_probe_default_dtypes_follow_hardware(monkeypatch):
+    monkeypatch.setattr(hardware, "_PROBE_CACHE", {})
+    monkeypatch.setattr(hardware, "measure_bandwidth", lambda device: 1e10)
+    monkeypatch.setattr(hardware, "measure_matmul_flops", lambda device, dtype: 1e11)
+    fake_cpu(monkeypatch, bf16=False)
+    assert list(probe("cpu").flops) == ["float32"]
+    fake_cpu(monkeypatch, bf16=True)
+    assert list(probe("cpu").flops) == ["float32", "bfloat16"]
+
+
+def test_probe_refuses_dtypes_the_device_cannot_run(monkeypatch):
+    fake_cpu(monkeypatch, bf16=False)
+    with pytest.raises(UnsupportedDtype):
+        probe("cpu", dtypes=[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_probe_on_cuda():
+    profile = probe("cuda", refresh=True)
+    assert profile.bandwidth > 1e11
+    assert {"float32", "float16"} <= set(profile.flops)
+    assert profile.flops["float16"] > profile.flops["float32"]
+    assert ("bfloat16" in profile.flops) == bf16_supported("cuda")
+    assert pick_dtype("cuda") in (torch.bfloat16, torch.float16)
