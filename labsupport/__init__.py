@@ -1,1 +1,49 @@
-"""labsupport: the engine behind the course on fast LLM text generation."""
+"""labsupport: the engine behind the course on fast LLM text generation.
+
+The package is an index of the course; each module names the notebook that
+introduces it:
+
+    hardware     00  device, dtype, measured bandwidth and FLOP/s (the roofline)
+    models/      00  config, the compact Transformer, weight import, the embedded model
+    measure      00  the one timing path (warm-up, sync, repeats, median, spread)
+    bench        00  benchmarks as JSON: ``python -m labsupport bench``
+    kv_cache     01  the static KV cache and its memory formula
+    sampling     01  greedy, temperature, top-k, top-p
+    generate     01  prefill / decode_step / generate, and the uncached loop
+    report       --  the main job's table: ``python -m labsupport tour``
+"""
+
+from .errors import LabError
+from .generate import (GenerationResult, TextStreamer, chat_prompt, decode_step, generate,
+                       generate_naive, generate_text, prefill)
+from .hardware import pick_device, pick_dtype, probe
+from .kv_cache import StaticKVCache, kv_cache_bytes
+from .models.config import PRESETS, ModelConfig
+from .models.loading import load_hf_model, load_model
+from .sampling import GREEDY, SamplingConfig
+
+__version__ = "0.1.0"
+
+
+def notebook_setup() -> None:
+    """In a notebook, show a `LabError` as its one sentence instead of a traceback."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def show_one_sentence(shell, etype, value, tb, tb_offset=None):
+        print(f"{etype.__name__}: {value}")
+
+    shell.set_custom_exc((LabError,), show_one_sentence)
+
+
+__all__ = [
+    "LabError", "GenerationResult", "TextStreamer", "chat_prompt", "decode_step", "generate",
+    "generate_naive", "generate_text", "prefill", "pick_device", "pick_dtype", "probe",
+    "StaticKVCache", "kv_cache_bytes", "PRESETS", "ModelConfig", "load_hf_model", "load_model",
+    "GREEDY", "SamplingConfig", "notebook_setup",
+]

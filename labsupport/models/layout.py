@@ -11,8 +11,9 @@ outputs contiguous, as GPT-2's ``Conv1D`` does): the shape stays
 runs a different kernel. Which kernel is faster depends on the library, the CPU
 and the dtype: on the 2-core AMD CPU where this course was built, MKL's fp32
 matrix-vector product ran about twice as fast column-major, while bf16 was
-faster row-major. So labsupport times both layouts once per (device, dtype) and
-uses the faster one; on a GPU it keeps the standard layout.
+faster row-major, and the best layout differed between matrix shapes. So
+labsupport times both layouts once per (device, dtype, shape) and uses the
+faster one; on a GPU it keeps the standard layout.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _time_gemv(weights: list[torch.Tensor], x: torch.Tensor) -> float:
     for w in weights[:2]:
         F.linear(x, w)
     best = float("inf")
-    for _ in range(3):
+    for _ in range(2):
         t0 = time.perf_counter()
         for w in weights:
             F.linear(x, w)
@@ -46,38 +47,48 @@ def _time_gemv(weights: list[torch.Tensor], x: torch.Tensor) -> float:
     return best
 
 
-def preferred_layout(device: torch.device, dtype: torch.dtype) -> str:
-    """The faster layout for batch-1 matrix-vector products on this device and dtype,
-    timed once per process on matrices of the embedded model's MLP shape."""
+def preferred_layout(device: torch.device, dtype: torch.dtype,
+                     shape: tuple[int, int] = (3072, 576)) -> str:
+    """The faster layout for batch-1 matrix-vector products with an (out, in) weight
+    of this shape, dtype and device; timed once per process and remembered.
+
+    Enough copies of the matrix are timed to exceed the CPU caches, as in a real
+    model whose weights stream from memory at every decode step.
+    """
     device = torch.device(device)
     if device.type != "cpu":
         return "row"
-    key = (device.type, dtype)
+    key = (device.type, dtype, tuple(shape))
     if key not in _chosen:
+        out_features, in_features = shape
+        element = torch.empty((), dtype=dtype).element_size()
+        copies = max(2, (48 << 20) // (out_features * in_features * element))
         with torch.inference_mode():
-            # 16 matrices of 3072 x 576: more than a CPU cache holds, as in a real model
-            weights = [torch.randn(3072, 576, dtype=dtype) for _ in range(16)]
-            x = torch.randn(1, 576, dtype=dtype)
+            weights = [torch.randn(shape, dtype=dtype) for _ in range(copies)]
+            x = torch.randn(1, in_features, dtype=dtype)
             timings = {layout: _time_gemv([relayout(w, layout) for w in weights], x)
                        for layout in LAYOUTS}
         _chosen[key] = min(timings, key=timings.get)
     return _chosen[key]
 
 
-def apply_layout(model: nn.Module, layout: str | None = None) -> str:
-    """Store every float Linear weight of `model` in `layout` (default: the measured
-    preference for the model's device and dtype). Returns the layout used.
+def apply_layout(model: nn.Module, layout: str | None = None) -> dict[tuple[int, int], str]:
+    """Store every float Linear weight of `model` in `layout`, or by default in the
+    measured preference for its shape, dtype and device. Returns {shape: layout}.
 
-    Tied weights (the embedding shared with the output projection) stay tied.
+    Tied weights (the embedding shared with the output projection) stay tied:
+    the Parameter object is kept and only its storage changes.
     """
-    first = next(model.parameters())
-    layout = layout or preferred_layout(first.device, first.dtype)
-    done: dict[int, torch.Tensor] = {}
+    chosen: dict[tuple[int, int], str] = {}
+    done: set[int] = set()
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, nn.Linear) and module.weight.is_floating_point():
-                old = module.weight
-                if id(old) not in done:
-                    done[id(old)] = relayout(old.data, layout)
-                old.data = done[id(old)]
-    return layout
+            weight = getattr(module, "weight", None)
+            if not isinstance(module, nn.Linear) or not weight.is_floating_point() or id(weight) in done:
+                continue
+            shape = tuple(weight.shape)
+            if shape not in chosen:
+                chosen[shape] = layout or preferred_layout(weight.device, weight.dtype, shape)
+            weight.data = relayout(weight.data, chosen[shape])
+            done.add(id(weight))
+    return chosen

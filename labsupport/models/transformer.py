@@ -78,19 +78,20 @@ class Attention(nn.Module):
         bias = config.family == "gpt2"
         q_size = config.num_heads * config.head_dim
         kv_size = config.num_kv_heads * config.head_dim
-        self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias)
         self.out = nn.Linear(q_size, config.hidden_size, bias=bias)
 
     def forward(self, x, rope, cache, mask):
         batch, T, _ = x.shape
-        q, k, v = self.qkv(x).split(self.split_sizes, dim=-1)
-        q = q.view(batch, T, self.num_heads, self.head_dim).transpose(1, 2)     # (B, heads, T, D)
-        k = k.view(batch, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv_heads, T, D)
-        v = v.view(batch, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv_heads, T, D)
+        qkv = self.qkv(x).view(batch, T, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qkv = qkv.transpose(1, 2)                                   # (B, heads + 2 kv_heads, T, D)
         if rope is not None:
-            cos, sin = rope
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            # rotate queries and keys in one go: they are the first heads + kv_heads rows
+            qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], *rope)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q, k = qkv[:, : self.num_heads], qkv[:, self.num_heads: self.num_heads + self.num_kv_heads]
+        v = qkv[:, self.num_heads + self.num_kv_heads:]               # (B, kv_heads, T, D)
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v)                         # (B, kv_heads, S, D)
         y = F.scaled_dot_product_attention(

@@ -1,0 +1,23 @@
+# The two commands of the README's quick start. Each installs what it needs first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: tour test bench install lab
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml scripts/install.sh
+	bash scripts/install.sh
+	touch $@
+
+tour: install          ## the main job: measure the course's techniques on this machine
+	$(PY) -m labsupport tour --out reports
+
+test: install          ## unit tests + every notebook under nbval
+	$(PY) -m pytest
+
+bench: install         ## every benchmark, as JSON
+	$(PY) -m labsupport bench --out reports/bench.json
+
+lab: install           ## open the course in JupyterLab
+	$(VENV)/bin/jupyter lab notebooks/

@@ -1,0 +1,126 @@
+"""Generation: the cache changes nothing but the speed; sampling is reproducible."""
+
+import pytest
+import torch
+
+from labsupport.errors import LabError
+from labsupport.generate import (TextStreamer, chat_prompt, decode_step, generate, generate_naive,
+                                 generate_text, prefill)
+from labsupport.kv_cache import StaticKVCache, kv_cache_bytes
+from labsupport.models.loading import random_model
+from labsupport.sampling import SamplingConfig, probabilities, sample
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7]
+
+
+@pytest.fixture(params=["tiny-llama", "tiny-gpt2"])
+def tiny(request):
+    return random_model(request.param, seed=3)
+
+
+def test_cached_and_uncached_generation_agree(tiny):
+    cached = generate(tiny, PROMPT, 40, eos_token_ids=(), return_logits=True)
+    naive = generate_naive(tiny, PROMPT, 40, eos_token_ids=(), return_logits=True)
+    assert cached.tokens.tolist() == naive.tokens.tolist()
+    for a, b in zip(cached.logits, naive.logits):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_prefill_then_decode_equals_one_full_forward(tiny):
+    tokens = torch.tensor([PROMPT])
+    cache = StaticKVCache(tiny.config, 1, 32)
+    prefill(tiny, tokens[:, :4], cache)
+    steps = [decode_step(tiny, cache, tokens[:, i]) for i in range(4, len(PROMPT))]
+    with torch.no_grad():
+        full = tiny(tokens)[0, 4:]
+    torch.testing.assert_close(torch.cat(steps), full, atol=1e-5, rtol=1e-5)
+    assert cache.length == len(PROMPT)
+
+
+def test_cache_memory_formula_equals_allocation(tiny):
+    cache = StaticKVCache(tiny.config, batch_size=3, max_len=50)
+    assert cache.nbytes == kv_cache_bytes(tiny.config, length=50, batch_size=3)
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny):
+    s = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95, seed=7)
+    a = generate(tiny, PROMPT, 20, s, eos_token_ids=())
+    b = generate(tiny, PROMPT, 20, s, eos_token_ids=())
+    c = generate(tiny, PROMPT, 20, SamplingConfig(temperature=1.0, seed=8), eos_token_ids=())
+    assert a.tokens.tolist() == b.tokens.tolist()
+    assert a.tokens.tolist() != c.tokens.tolist()
+    # sampling with a seed gives the same tokens with and without the cache
+    assert generate_naive(tiny, PROMPT, 20, s, eos_token_ids=()).tokens.tolist() == a.tokens.tolist()
+
+
+def test_top_k_and_top_p_filter_the_distribution():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    p = probabilities(logits, SamplingConfig(temperature=1.0, top_k=2))
+    assert (p[0, 2:] == 0).all() and torch.isclose(p.sum(), torch.tensor(1.0))
+    full = probabilities(logits, SamplingConfig(temperature=1.0))
+    p = probabilities(logits, SamplingConfig(temperature=1.0, top_p=0.8))
+    kept = (p[0] > 0).sum().item()
+    assert full[0, :kept].sum() >= 0.8 > full[0, : kept - 1].sum()
+    assert sample(logits, SamplingConfig(temperature=1.0, top_k=1)).item() == 0
+
+
+def test_stops_at_end_of_sequence_and_at_max_new_tokens(tiny):
+    first = generate(tiny, PROMPT, 5, eos_token_ids=()).tokens[0, 0].item()
+    stopped = generate(tiny, PROMPT, 30, eos_token_ids=(first,))
+    assert stopped.new_token_counts == [1] and stopped.tokens.shape == (1, 1)
+    assert generate(tiny, PROMPT, 9, eos_token_ids=()).tokens.shape == (1, 9)
+
+
+def test_finished_rows_stop_counting(tiny):
+    prompts = torch.tensor([PROMPT, PROMPT[::-1]])
+    alone = [generate(tiny, [p], 12, eos_token_ids=()).row(0) for p in prompts.tolist()]
+    eos = alone[0][3]                                     # row 0 ends by its 4th token
+    batched = generate(tiny, prompts, 12, eos_token_ids=(eos,))
+    assert batched.row(0) == alone[0][: alone[0].index(eos) + 1]
+    assert batched.new_token_counts[0] <= 4
+    expected_1 = alone[1][: alone[1].index(eos) + 1] if eos in alone[1] else alone[1]
+    assert batched.row(1) == expected_1
+
+
+def test_streaming_callback_sees_every_token(tiny):
+    seen = []
+    result = generate(tiny, PROMPT, 10, eos_token_ids=(), stream=lambda t: seen.append(t.item()))
+    assert seen == result.row(0)
+
+
+def test_bad_lengths_get_one_sentence(tiny):
+    with pytest.raises(LabError, match="max_new_tokens must be at least 1"):
+        generate(tiny, PROMPT, 0)
+    with pytest.raises(LabError, match="context holds 256 tokens"):
+        generate(tiny, list(range(250)), 10)
+    with pytest.raises(LabError, match="prompt is empty"):
+        generate(tiny, [], 10)
+
+
+@pytest.mark.slow
+def test_embedded_greedy_equals_hugging_face_generate(smollm, smollm_hf):
+    model, tok = smollm
+    ids = tok.encode(chat_prompt(tok, "Name three colours."))
+    ours = generate(model, ids, 24)
+    with torch.inference_mode():
+        theirs = smollm_hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)
+    assert ours.row(0) == theirs[0, len(ids):].tolist()
+
+
+@pytest.mark.slow
+def test_embedded_cached_logits_equal_uncached(smollm):
+    model, tok = smollm
+    ids = tok.encode("Once upon a time")
+    cached = generate(model, ids, 12, eos_token_ids=(), return_logits=True)
+    naive = generate_naive(model, ids, 12, eos_token_ids=(), return_logits=True)
+    assert cached.tokens.tolist() == naive.tokens.tolist()
+    for a, b in zip(cached.logits, naive.logits):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_chat_reply_streams_text(smollm, capsys):
+    model, tok = smollm
+    text = generate_text(model, tok, "What is 2 + 2? Answer with one number.", max_new_tokens=8, stream=True)
+    assert "4" in text
+    assert capsys.readouterr().out.strip() == text.strip()
