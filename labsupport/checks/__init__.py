@@ -1,0 +1,33 @@
+"""Checkers for the notebooks' exercises: one module per notebook.
+
+A checker compares a learner's answer with the package's reference and either
+prints a short confirmation or raises `CheckFailed` with what was expected, what
+came back, and a hint. `CheckFailed` is a `LabError`, so in a notebook that
+called `labsupport.notebook_setup()` it shows as that message, not a traceback.
+"""
+
+from __future__ import annotations
+
+from ..errors import LabError
+
+
+class CheckFailed(LabError):
+    """A learner's answer is not right yet; the message says why and hints at a fix."""
+
+
+class NotImplementedYet(LabError):
+    """Raised by the stub of an exercise the learner has not written yet."""
+
+
+def passed(exercise: str, detail: str = "") -> None:
+    """Tell the learner an exercise is right."""
+    print(f"Correct: {exercise}." + (f" {detail}" if detail else ""))
+
+
+def fail(exercise: str, expected, got, hint: str) -> None:
+    """Raise CheckFailed with the three things a learner needs."""
+    raise CheckFailed(f"{exercise}: expected {expected}, got {got}. Hint: {hint}")
+
+
+def close_enough(got: float, expected: float, rel: float = 1e-6) -> bool:
+    return abs(got - expected) <= rel * max(abs(expected), 1e-12)
