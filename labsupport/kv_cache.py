@@ -75,6 +75,11 @@ class StaticKVCache:
         self.values[layer, :, :, start:end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
+    def writer_at(self, positions: torch.Tensor) -> "FixedShapeWriter":
+        """An `update` that writes at the given positions (a tensor) and returns the whole
+        buffer: fixed shapes for a compiled or graph-captured decode step."""
+        return FixedShapeWriter(self, positions)
+
     def advance(self, n: int) -> None:
         """Mark `n` more positions as filled (called once per forward pass)."""
         self.length += n
@@ -100,3 +105,17 @@ class StaticKVCache:
     @property
     def device(self) -> torch.device:
         return self.keys.device
+
+
+class FixedShapeWriter:
+    """Writes new keys/values at `positions` (T,) and returns the whole preallocated
+    buffers (batch, kv_heads, max_len, head_dim); used by `Transformer.decode_static`."""
+
+    def __init__(self, cache: StaticKVCache, positions: torch.Tensor):
+        self.cache, self.positions = cache, positions
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        keys, values = self.cache.keys[layer], self.cache.values[layer]
+        keys.index_copy_(2, self.positions, k)
+        values.index_copy_(2, self.positions, v)
+        return keys, values

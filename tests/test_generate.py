@@ -124,3 +124,27 @@ def test_chat_reply_streams_text(smollm, capsys):
     text = generate_text(model, tok, "What is 2 + 2? Answer with one number.", max_new_tokens=8, stream=True)
     assert "4" in text
     assert capsys.readouterr().out.strip() == text.strip()
+
+
+def test_fixed_shape_decode_step_equals_the_plain_one(tiny):
+    """decode_static (what torch.compile and CUDA graphs run) gives the same tokens."""
+    plain = generate(tiny, PROMPT, 16, eos_token_ids=())
+    cache = StaticKVCache(tiny.config, 1, len(PROMPT) + 16)
+    logits = prefill(tiny, torch.tensor([PROMPT]), cache)
+    tokens = []
+    with torch.inference_mode():
+        for _ in range(16):
+            next_token = logits.argmax(-1)
+            tokens.append(next_token.item())
+            positions = torch.full((1, 1), cache.length)
+            logits = tiny.decode_static(next_token[:, None], positions, cache)
+            cache.advance(1)
+    assert tokens == plain.row(0)
+
+
+@pytest.mark.slow
+def test_compiled_decoding_gives_the_same_tokens():
+    model = random_model("tiny-llama", seed=3)
+    plain = generate(model, PROMPT, 12, eos_token_ids=())
+    compiled = generate(model, PROMPT, 12, eos_token_ids=(), compile=True)
+    assert compiled.row(0) == plain.row(0)

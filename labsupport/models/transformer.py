@@ -195,7 +195,14 @@ class Transformer(nn.Module):
         start = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(start, start + T, device=tokens.device).expand(batch, T)
+        mask = self.attention_mask(T, start, key_mask, tokens.device)
+        logits = self.run_layers(tokens, positions, cache, mask, last_only)
+        if cache is not None:
+            cache.advance(T)
+        return logits
 
+    def run_layers(self, tokens, positions, cache, mask, last_only: bool = False) -> torch.Tensor:
+        """Embeddings, every block, final norm and output projection (see `forward`)."""
         x = self.embed(tokens)                                          # (B, T, hidden)
         rope = None
         if self.family == "gpt2":
@@ -203,16 +210,24 @@ class Transformer(nn.Module):
         else:
             rope = (self.rope_cos[positions].unsqueeze(1),             # (B, 1, T, head_dim)
                     self.rope_sin[positions].unsqueeze(1))
-        mask = self.attention_mask(T, start, key_mask, tokens.device)
-
         for block in self.blocks:
             x = block(x, rope, cache, mask)
-        if cache is not None:
-            cache.advance(T)
-
         if last_only:
             x = x[:, -1:]                                               # (B, 1, hidden)
         return self.lm_head(self.final_norm(x))
+
+    def decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """One decode step whose tensor shapes never change, for torch.compile and CUDA graphs.
+
+        tokens, positions: (batch, 1). Attention covers the whole preallocated cache,
+        with the positions not written yet masked out, so step 10 and step 500 run
+        the same kernels on the same shapes. The caller moves `cache.length` on.
+        Returns logits (batch, vocab).
+        """
+        key_positions = torch.arange(cache.max_len, device=tokens.device)
+        mask = (key_positions <= positions[:, :, None])[:, None]       # (B, 1, 1, max_len)
+        writer = cache.writer_at(positions[0])
+        return self.run_layers(tokens, positions, writer, mask)[:, -1]
 
     @staticmethod
     def attention_mask(T: int, start: int, key_mask, device):

@@ -1,0 +1,110 @@
+"""Figures of notebook 01 (KV cache): step time against position, total time
+against tokens generated, and cache memory against sequence length.
+
+Introduced in notebook 01 (KV cache). Pure functions: data in, plotly figure out.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from ..kv_cache import kv_cache_bytes
+from ..kv_timing import estimated_step_seconds
+from ..models.config import ModelConfig
+
+MIB = 2 ** 20
+COLORS = {"naive_s": "#d62728", "cached_s": "#1f77b4"}
+LABELS = {"naive_s": "without cache (re-run the whole sequence)", "cached_s": "with KV cache (one new token)"}
+WIDTH, HEIGHT = 900, 420
+
+
+def _layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, width=WIDTH,
+                      height=HEIGHT, template="plotly_white", font=dict(size=14),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
+    return fig
+
+
+def per_token_time_figure(rows: Sequence[dict], highlight: dict | None = None) -> go.Figure:
+    """Milliseconds per generated token against the tokens already in the sequence.
+
+    Introduced in notebook 01 (KV cache). rows: those of
+    `kv_timing.time_per_token_by_position` (either or both of naive_s / cached_s).
+    highlight: an optional {"sequence_length": ..., "seconds": ..., "label": ...} point.
+    """
+    fig = go.Figure()
+    rows = sorted(rows, key=lambda r: r["sequence_length"])
+    for name in ("naive_s", "cached_s"):
+        points = [r for r in rows if name in r]
+        if points:
+            fig.add_trace(go.Scatter(
+                x=[r["sequence_length"] for r in points], y=[1e3 * r[name] for r in points],
+                mode="lines+markers", name=LABELS[name], line=dict(color=COLORS[name])))
+    if highlight is not None:
+        fig.add_trace(go.Scatter(
+            x=[highlight["sequence_length"]], y=[1e3 * highlight["seconds"]], mode="markers",
+            name=highlight.get("label", "current setting"),
+            marker=dict(size=16, symbol="star", color="black")))
+    return _layout(fig, "Time to generate one token", "tokens already in the sequence",
+                   "time per token (ms)")
+
+
+def cumulative_time_figure(rows: Sequence[dict], new_tokens: int,
+                           measured_totals: Mapping[int, Mapping[str, float]] | None = None) -> go.Figure:
+    """Total seconds to generate 1 .. new_tokens tokens: the running sum of per-step times.
+
+    Introduced in notebook 01 (KV cache). The curves are estimates from the
+    measured steps (`kv_timing.estimated_step_seconds`);
+    measured_totals, {new_tokens: {"naive_s": s, "cached_s": s}}, adds full runs as markers.
+    """
+    counts = np.arange(1, new_tokens + 1)
+    fig = go.Figure()
+    for name in ("naive_s", "cached_s"):
+        if rows and all(name in r for r in rows):
+            per_step = estimated_step_seconds(rows, name, new_tokens)
+            fig.add_trace(go.Scatter(x=counts, y=np.cumsum(per_step), mode="lines",
+                                     name=LABELS[name] + ", estimated", line=dict(color=COLORS[name])))
+    for n, totals in sorted((measured_totals or {}).items()):
+        for name, seconds in totals.items():
+            fig.add_trace(go.Scatter(x=[n], y=[seconds], mode="markers", showlegend=False,
+                                     name=f"{LABELS[name]}, measured full run",
+                                     marker=dict(size=12, symbol="diamond", color=COLORS[name])))
+    return _layout(fig, "Total generation time (markers: measured full runs)",
+                   "tokens generated", "total time (s)")
+
+
+def cache_memory_figure(config: ModelConfig, lengths: Sequence[int],
+                        measured: Sequence[tuple[int, int]] = (), batch_size: int = 1,
+                        dtype: torch.dtype = torch.float32, highlight_length: int | None = None) -> go.Figure:
+    """KV cache size in MiB against sequence length: the formula for this model's
+    grouped-query heads and for full multi-head attention, plus measured allocations.
+
+    Introduced in notebook 01 (KV cache). measured: (length, bytes) pairs, e.g.
+    ``StaticKVCache(...).nbytes``; they sit on the formula's line.
+    """
+    lengths = sorted(lengths)
+    full_mha = config.with_(num_kv_heads=config.num_heads)
+    fig = go.Figure()
+    if config.num_kv_heads != config.num_heads:
+        fig.add_trace(go.Scatter(
+            x=lengths, y=[kv_cache_bytes(full_mha, n, batch_size, dtype) / MIB for n in lengths],
+            mode="lines", name=f"formula, full multi-head ({config.num_heads} kv heads)",
+            line=dict(color="#7f7f7f", dash="dash")))
+    fig.add_trace(go.Scatter(
+        x=lengths, y=[kv_cache_bytes(config, n, batch_size, dtype) / MIB for n in lengths],
+        mode="lines", name=f"formula, this model ({config.num_kv_heads} kv heads)",
+        line=dict(color=COLORS["cached_s"])))
+    if measured:
+        fig.add_trace(go.Scatter(
+            x=[n for n, _ in measured], y=[b / MIB for _, b in measured], mode="markers",
+            name="measured allocation", marker=dict(size=11, color="black", symbol="circle-open",
+                                                    line=dict(width=2))))
+    if highlight_length is not None:
+        fig.add_vline(x=highlight_length, line=dict(color="black", dash="dot"))
+    dtype_name = str(dtype).removeprefix("torch.")
+    return _layout(fig, f"KV cache memory ({dtype_name}, batch {batch_size})",
+                   "sequence length (tokens)", "cache size (MiB)")

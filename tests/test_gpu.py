@@ -1,0 +1,47 @@
+"""GPU checks: the same code on CUDA, device and dtype from the data. Skipped without a GPU."""
+
+import pytest
+import torch
+
+from labsupport.generate import generate
+from labsupport.models.loading import load_model, random_model
+
+pytestmark = pytest.mark.gpu
+PROMPT = [5, 17, 42, 99, 3, 250, 7]
+
+
+def test_tiny_model_gives_the_same_tokens_on_cuda():
+    cpu = random_model("tiny-llama", seed=3)
+    gpu = random_model("tiny-llama", seed=3, device="cuda")
+    assert generate(gpu, PROMPT, 20, eos_token_ids=()).row(0) == generate(cpu, PROMPT, 20, eos_token_ids=()).row(0)
+
+
+def test_static_cache_lives_on_the_device():
+    from labsupport.kv_cache import StaticKVCache
+    model = random_model("tiny-llama", device="cuda")
+    cache = StaticKVCache(model.config, 2, 16, device=model.device, dtype=model.dtype)
+    assert cache.keys.is_cuda
+
+
+def test_cuda_graph_decoding_gives_the_same_tokens():
+    model = random_model("tiny-llama", seed=3, device="cuda")
+    plain = generate(model, PROMPT, 24, eos_token_ids=())
+    assert generate(model, PROMPT, 24, eos_token_ids=(), compile=True).row(0) == plain.row(0)
+
+
+def test_embedded_model_matches_hugging_face_on_cuda(smollm_hf):
+    model, tok = load_model("smollm2-135m", device="cuda", dtype=torch.float32)
+    hf = smollm_hf.to("cuda")
+    tokens = torch.tensor([tok.encode("The capital of France is")], device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, atol=1e-3, rtol=1e-3)
+    smollm_hf.to("cpu")
+
+
+def test_bf16_generation_runs_on_cuda_where_supported():
+    from labsupport.hardware import bf16_supported
+    if not bf16_supported(torch.device("cuda")):
+        pytest.skip("this GPU has no bf16")
+    model, tok = load_model("smollm2-135m", device="cuda", dtype=torch.bfloat16)
+    result = generate(model, tok.encode("Hello"), 16)
+    assert result.tokens.shape[1] >= 1
