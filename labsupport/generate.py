@@ -24,6 +24,7 @@ import torch
 
 from .errors import LabError
 from .hardware import synchronize
+from .batching import left_pad
 from .kv_cache import StaticKVCache
 from .sampling import GREEDY, SamplingConfig, sample
 
@@ -93,6 +94,12 @@ def decode_step(model, cache, next_tokens: torch.Tensor, positions=None, key_mas
                  key_mask=key_mask)[:, -1]
 
 
+def _pad_id(model, eos_token_ids) -> int:
+    """Padding is masked out, so any id works; the first end-of-sequence id is customary."""
+    ids = list(model.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    return ids[0] if ids else 0
+
+
 def _eos_tensor(model, eos_token_ids, device) -> torch.Tensor:
     ids = model.config.eos_token_ids if eos_token_ids is None else eos_token_ids
     return torch.tensor(list(ids), dtype=torch.long, device=device)
@@ -103,7 +110,8 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
              return_logits: bool = False, compile: bool = False) -> GenerationResult:
     """Generate with a static KV cache: one prefill, then one decode step per token.
 
-    prompt: ids as a list, a 1-D tensor, or a (batch, T) tensor of equal-length prompts.
+    prompt: ids as a list or 1-D tensor, a (batch, T) tensor, or a list of prompts of any
+        lengths (left-padded into one batch; see batching.py, notebook 02).
     eos_token_ids: ids that end a row (default: the model's); pass () to never stop early.
     stream: called with each step's new tokens, (batch,), as soon as they exist.
     compile: run decode steps through `compiled_decode` (fixed shapes, torch.compile;
@@ -111,17 +119,25 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
         and on a CPU it pays only for long generations.
     """
     device = model.device
-    tokens = as_batch(prompt, device)
-    batch, prompt_length = tokens.shape
+    padded = left_pad(prompt, pad_id=_pad_id(model, eos_token_ids), device=device)
+    batch, prompt_length = padded.tokens.shape
     check_lengths(model, prompt_length, max_new_tokens)
     eos = _eos_tensor(model, eos_token_ids, device)
     generator = sampling.generator(device)
     cache = StaticKVCache(model.config, batch, prompt_length + max_new_tokens,
                           device=device, dtype=model.dtype)
+    # Without padding the model's defaults (positions from the cache, no mask) are exact
+    # and fastest. With padding: a mask over every cache slot, and per-row positions.
+    key_mask = positions = None
+    if padded.is_padded:
+        key_mask = torch.ones((batch, cache.max_len), dtype=torch.bool, device=device)
+        key_mask[:, :prompt_length] = padded.attention_mask
+        positions = padded.positions[:, -1:]                              # (batch, 1)
 
     synchronize(device)
     t0 = time.perf_counter()
-    logits = prefill(model, tokens, cache)
+    logits = prefill(model, padded.tokens, cache, positions=padded.positions if padded.is_padded else None,
+                     key_mask=key_mask[:, :prompt_length] if padded.is_padded else None)
     new_tokens, all_logits = [], []
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     counts = torch.zeros(batch, dtype=torch.long, device=device)
@@ -142,10 +158,13 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
             t1 = time.perf_counter()
         if step == max_new_tokens - 1 or bool(finished.all()):
             break
+        if positions is not None:
+            positions = positions + 1
+        step_mask = key_mask[:, : cache.length + 1] if key_mask is not None else None
         if compile:
-            logits = _compiled_step(model, cache, next_tokens)
+            logits = _compiled_step(model, cache, next_tokens, positions, key_mask)
         else:
-            logits = decode_step(model, cache, next_tokens)
+            logits = decode_step(model, cache, next_tokens, positions=positions, key_mask=step_mask)
     synchronize(device)
     t2 = time.perf_counter()
     return GenerationResult(tokens=torch.stack(new_tokens, dim=1), prompt_length=prompt_length,
@@ -167,10 +186,11 @@ def compiled_decode(model):
 
 
 @torch.inference_mode()
-def _compiled_step(model, cache, next_tokens: torch.Tensor) -> torch.Tensor:
-    batch = next_tokens.shape[0]
-    positions = torch.full((batch, 1), cache.length, dtype=torch.long, device=next_tokens.device)
-    logits = compiled_decode(model)(next_tokens.unsqueeze(1), positions, cache)
+def _compiled_step(model, cache, next_tokens: torch.Tensor, positions=None, key_mask=None) -> torch.Tensor:
+    slot = torch.full((1,), cache.length, dtype=torch.long, device=next_tokens.device)
+    if positions is None:
+        positions = slot.expand(next_tokens.shape[0], 1)                 # (batch, 1)
+    logits = compiled_decode(model)(next_tokens.unsqueeze(1), positions, cache, slot, key_mask)
     cache.advance(1)
     return logits.clone()
 

@@ -136,8 +136,8 @@ def test_fixed_shape_decode_step_equals_the_plain_one(tiny):
         for _ in range(16):
             next_token = logits.argmax(-1)
             tokens.append(next_token.item())
-            positions = torch.full((1, 1), cache.length)
-            logits = tiny.decode_static(next_token[:, None], positions, cache)
+            slot = torch.full((1,), cache.length)
+            logits = tiny.decode_static(next_token[:, None], slot[None], cache, slot)
             cache.advance(1)
     assert tokens == plain.row(0)
 
@@ -148,3 +148,26 @@ def test_compiled_decoding_gives_the_same_tokens():
     plain = generate(model, PROMPT, 12, eos_token_ids=())
     compiled = generate(model, PROMPT, 12, eos_token_ids=(), compile=True)
     assert compiled.row(0) == plain.row(0)
+    prompts = [PROMPT, [9, 8, 7]]
+    padded_plain = generate(model, prompts, 12, eos_token_ids=())
+    padded_compiled = generate(model, prompts, 12, eos_token_ids=(), compile=True)
+    assert padded_compiled.tokens.tolist() == padded_plain.tokens.tolist()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_every_row_of_a_padded_batch_equals_the_prompt_alone(name):
+    model = random_model(name, seed=5)
+    prompts = [PROMPT, [9, 8], list(range(30, 52)), [200, 100, 50, 25]]
+    alone = [generate(model, p, 15, eos_token_ids=()).row(0) for p in prompts]
+    batched = generate(model, prompts, 15, eos_token_ids=())
+    assert [batched.row(i) for i in range(len(prompts))] == alone
+
+
+def test_padded_batch_masks_and_positions():
+    from labsupport.batching import left_pad, padding_waste, sorted_batches
+    batch = left_pad([[1, 2, 3], [4]], pad_id=0)
+    assert batch.tokens.tolist() == [[1, 2, 3], [0, 0, 4]]
+    assert batch.attention_mask.tolist() == [[True, True, True], [False, False, True]]
+    assert batch.positions[1, -1].item() == 0 and batch.positions[0].tolist() == [0, 1, 2]
+    assert padding_waste([3, 1]) == pytest.approx(1 / 3)
+    assert sorted_batches([[1], [1, 2, 3], [1, 2]], 2) == [[1, 2], [0]]

