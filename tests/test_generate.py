@@ -171,3 +171,14 @@ def test_padded_batch_masks_and_positions():
     assert batch.positions[1, -1].item() == 0 and batch.positions[0].tolist() == [0, 1, 2]
     assert padding_waste([3, 1]) == pytest.approx(1 / 3)
     assert sorted_batches([[1], [1, 2, 3], [1, 2]], 2) == [[1, 2], [0]]
+
+
+@pytest.mark.slow
+def test_embedded_padded_batch_rows_equal_each_prompt_alone(smollm):
+    model, tok = smollm
+    questions = ["Name three colours.", "What is the capital of France? Answer in one word.",
+                 "Write a haiku about the sea, the wind and the moon over the water.", "Hi"]
+    prompts = [tok.encode(chat_prompt(tok, q)) for q in questions]
+    alone = [generate(model, p, 20).row(0) for p in prompts]
+    batched = generate(model, prompts, 20)
+    assert [batched.row(i) for i in range(len(prompts))] == alone
