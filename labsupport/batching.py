@@ -76,3 +76,87 @@ def sorted_batches(prompts: list, batch_size: int) -> list[list[int]]:
         raise LabError(f"batch_size must be at least 1, got {batch_size}.")
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+# --- measuring it (notebook 02; `python -m labsupport bench --sections batching`) ---------
+
+BATCHING_PROMPTS = [
+    "Hi!",
+    "Name three colours.",
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain in detail, step by step, how a refrigerator moves heat from its inside to the room around it.",
+    "Summarize the plot of a detective story in which a missing painting is found in the museum's own basement.",
+    "List five vegetables.",
+    "Why is the sky blue? Give the physical reason, mention Rayleigh scattering, and explain sunsets too.",
+]
+
+
+def section_batching(ctx, options: dict) -> dict:
+    """Throughput and latency against batch size; padding waste; Hugging Face on the same padded batch."""
+    import torch
+
+    from .bench import figure, hf_greedy_config
+    from .generate import chat_prompt, generate
+    from .measure import time_fn, time_side_by_side
+
+    model, tok = ctx.model(torch.float32)
+    new_tokens = options.get("batch_new_tokens", 32)
+    on_gpu = ctx.device.type == "cuda"
+    sizes = options.get("batch_sizes") or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if on_gpu else [1, 2, 4, 8, 16, 32, 64])
+    prompt = tok.encode(chat_prompt(tok, "Tell me a story about a lighthouse keeper."))
+
+    def run(batch):
+        return lambda: generate(model, [prompt] * batch, new_tokens, eos_token_ids=())
+
+    sweep = []
+    for batch in sizes:
+        seconds = time_fn(run(batch), ctx.device, warmup=1 if batch <= 16 else 0, repeats=1).median
+        sweep.append({"batch": batch, "seconds": seconds, "tokens_per_s": batch * new_tokens / seconds,
+                      "ms_per_step": 1e3 * seconds / new_tokens})
+    # the headline ratio: batch 16 against batch 1, interleaved
+    pair = time_side_by_side({"batch 1": run(1), "batch 16": run(16)}, ctx.device, warmup=1,
+                             repeats=options.get("repeats", 3))
+    ratio = (16 * new_tokens / pair["batch 16"].median) / (new_tokens / pair["batch 1"].median)
+
+    # padding: very different prompt lengths in one batch, against the same prompts sorted by length
+    prompts = [tok.encode(chat_prompt(tok, q)) for q in BATCHING_PROMPTS]
+    waste = padding_waste([len(p) for p in prompts])
+    groups = sorted_batches(prompts, 4)
+    sorted_waste = sum(padding_waste([len(prompts[i]) for i in g]) * len(g) for g in groups) / len(prompts)
+
+    # Hugging Face generate() on the same left-padded batch
+    hf = ctx.hf_model(torch.float32)
+    padded = left_pad(prompts, pad_id=tok.pad_token_id or 0)
+    ours_out, hf_out = {}, {}
+
+    def ours():
+        ours_out["r"] = generate(model, prompts, new_tokens, eos_token_ids=())
+
+    config = hf_greedy_config(hf, new_tokens)
+
+    @torch.inference_mode()
+    def theirs():
+        hf_out["t"] = hf.generate(padded.tokens, attention_mask=padded.attention_mask.long(),
+                                  generation_config=config)[:, padded.tokens.shape[1]:]
+
+    side = time_side_by_side({"labsupport": ours, "huggingface": theirs}, ctx.device, warmup=1,
+                             repeats=options.get("repeats", 3))
+    same = ours_out["r"].tokens.tolist() == hf_out["t"].tolist()
+    vs_hf = side["huggingface"].median / side["labsupport"].median
+    return {
+        "new_tokens": new_tokens, "sweep": sweep,
+        "batch16_over_batch1": ratio, "timings_s": {k: v.to_dict() for k, v in pair.items()},
+        "padding": {"lengths": [len(p) for p in prompts], "waste": waste, "sorted_waste": sorted_waste},
+        "vs_huggingface": {"speedup": vs_hf, "same_tokens": same,
+                           "timings_s": {k: v.to_dict() for k, v in side.items()}},
+        "figures": [
+            figure("throughput at batch 16 / batch 1 (fp32 decode)", ratio, "x", target=8.0,
+                   claim="batch 1 -> 16 might give 10-15x throughput",
+                   note=f"{new_tokens} new tokens per row, one prompt repeated"),
+            figure("padding waste of a batch of 8 mixed-length prompts", waste, "fraction",
+                   note=f"{100 * sorted_waste:.0f}% when sorted into batches of 4 by length"),
+            figure("labsupport / HF generate on the same padded batch of 8", vs_hf, "x",
+                   note=f"same tokens: {same}"),
+        ],
+    }

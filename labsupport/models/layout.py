@@ -56,13 +56,14 @@ def preferred_layout(device: torch.device, dtype: torch.dtype,
     model whose weights stream from memory at every decode step.
     """
     device = torch.device(device)
-    if device.type != "cpu":
-        return "row"
+    out_features, in_features = shape
+    element = torch.empty((), dtype=dtype).element_size()
+    matrix_bytes = out_features * in_features * element
+    if device.type != "cpu" or matrix_bytes < (1 << 20):
+        return "row"                  # GPUs, and matrices small enough to stay in cache
     key = (device.type, dtype, tuple(shape))
     if key not in _chosen:
-        out_features, in_features = shape
-        element = torch.empty((), dtype=dtype).element_size()
-        copies = max(2, (48 << 20) // (out_features * in_features * element))
+        copies = min(64, max(2, (48 << 20) // matrix_bytes))
         with torch.inference_mode():
             weights = [torch.randn(shape, dtype=dtype) for _ in range(copies)]
             x = torch.randn(1, in_features, dtype=dtype)

@@ -1,0 +1,61 @@
+"""Mixed precision tools: footprints from real tensors, overflow, agreement, bf16 support."""
+
+import math
+
+import pytest
+import torch
+
+from labsupport.errors import LabError, UnsupportedDtype
+from labsupport.models.config import PRESETS
+from labsupport.models.loading import random_model
+from labsupport.precision import (as_dtype, autocast_logits, bf16_report, cast_model, first_overflow,
+                                  logit_agreement, overflow_demo, parameter_bytes, tensor_bytes)
+
+
+def test_half_precision_halves_the_tensors():
+    model = random_model("tiny-llama")
+    assert tensor_bytes(cast_model(model, "bf16")) * 2 == tensor_bytes(model)
+    assert next(model.parameters()).dtype == torch.float32          # the original is untouched
+
+
+def test_gpt2_footprint_matches_the_chapter():
+    n = PRESETS["gpt2"].num_parameters
+    assert parameter_bytes(n, "float32") / 2**20 == pytest.approx(474.7, abs=0.05)
+    assert parameter_bytes(n, "float16") / 2**20 == pytest.approx(237.4, abs=0.05)
+
+
+def test_fp16_overflows_where_bf16_does_not():
+    rows = {r["x"]: r for r in overflow_demo()}
+    assert math.isinf(rows[256.0]["x*x (float16)"]) and math.isfinite(rows[256.0]["x*x (bfloat16)"])
+    assert rows[100.0]["x*x (float16)"] == 10000.0
+    assert first_overflow(torch.tensor([1.0, 7e4, 1e5])) == 1
+    assert first_overflow(torch.tensor([1.0, 2.0])) is None
+
+
+def test_agreement_of_a_model_with_itself_and_with_bf16():
+    model = random_model("tiny-gpt2")
+    tokens = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    same = logit_agreement(model, model, tokens)
+    assert same["max_abs_diff"] == 0 and same["top1_agreement"] == 1.0
+    bf16 = logit_agreement(model, cast_model(model, "bfloat16"), tokens)
+    assert 0 < bf16["max_abs_diff"] < 0.1
+    auto = autocast_logits(model, tokens, "bfloat16")
+    assert auto.dtype == torch.float32 and auto.shape == (1, 12, 260)
+
+
+def test_bf16_on_a_t4_is_refused_although_the_framework_says_yes(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    report = bf16_report("cuda")
+    assert report == {"device": "cuda", "framework_says": True, "hardware_has": False}
+
+
+def test_unknown_or_unsupported_precision_is_one_sentence(monkeypatch):
+    with pytest.raises(LabError, match="Unknown precision"):
+        as_dtype("int3")
+    from labsupport import hardware
+    monkeypatch.setattr(hardware, "bf16_supported", lambda device: False)
+    with pytest.raises(UnsupportedDtype):
+        cast_model(random_model("tiny-llama"), "bfloat16")
