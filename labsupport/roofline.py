@@ -1,0 +1,385 @@
+"""Where the time of one decode step goes: FLOPs, bytes, and the roofline.
+
+Introduced in notebook 00 (where the time goes).
+
+A decode step feeds one new token per sequence through the model. It must read
+every weight once (shared by all rows of the batch) and each row's KV cache,
+and it does about 2 FLOPs per weight per row (one multiply, one add) plus the
+attention over the cached positions. Dividing the two gives the step's
+arithmetic intensity, in FLOP per byte:
+
+    intensity(batch) ~ 2 x params x batch / weight bytes     (short contexts)
+
+A machine reads `bandwidth` bytes/s and multiplies at `peak` FLOP/s; work
+with fewer than `peak / bandwidth` FLOP per byte (the ridge point) waits for
+memory, work with more waits for arithmetic (Williams, Waterman and Patterson,
+"Roofline", CACM 2009). So at batch 1 a decode step is memory-bound, and the
+batch at which its intensity reaches the ridge is where batching stops being
+free. This module counts the costs (`decode_step_cost`, `linear_cost`),
+predicts that batch (`ridge_batch`), measures the real thing
+(`time_decode_step`, `sweep_decode`, `sweep_linear`), and is the benchmark
+section `section_roofline`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .errors import LabError
+from .generate import decode_step, prefill
+from .hardware import HardwareProfile, _as_dtype, bf16_supported, pick_device
+from .kv_cache import StaticKVCache, kv_cache_bytes
+from .measure import time_fn
+from .models.config import ModelConfig
+
+# Batch sizes swept by default: a CPU crosses its ridge after a few dozen rows,
+# a GPU (ridge of 100-300 FLOP/byte) only after a few hundred.
+CPU_DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 48)
+GPU_DECODE_BATCHES = (1, 4, 16, 64, 128, 256, 512)
+CPU_LINEAR_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+GPU_LINEAR_BATCHES = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+# --------------------------------------------------------------------------
+# Counting: what one step computes and reads
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """FLOPs and bytes of one piece of work, and their ratio.
+
+    Introduced in notebook 00 (where the time goes). `bytes` = `weight_bytes`
+    + `kv_bytes` (+ activations, for a single linear layer); `intensity` is
+    flops / bytes, in FLOP per byte.
+    """
+
+    flops: float
+    bytes: float
+    weight_bytes: float
+    kv_bytes: float
+    intensity: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def bytes_per_value(dtype) -> int:
+    """4 for torch.float32 (or "float32"), 2 for bfloat16 / float16; an int passes through."""
+    if isinstance(dtype, int):
+        return dtype
+    return torch.empty((), dtype=_as_dtype(dtype)).element_size()
+
+
+def matmul_params(config: ModelConfig) -> int:
+    """Weights that take part in a matrix multiply per token: every layer's
+    attention and MLP matrices plus the output projection (lm_head).
+
+    Introduced in notebook 00 (where the time goes). Norms, biases and the
+    embedding lookup are left out: they cost a few FLOPs per value, not 2 per row.
+    """
+    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    q_size = config.num_heads * config.head_dim
+    kv_size = config.num_kv_heads * config.head_dim
+    attention = h * (q_size + 2 * kv_size) + q_size * h          # qkv, out
+    mlp = (3 if config.family == "llama" else 2) * h * i         # gate, up, down / fc, proj
+    return config.num_layers * (attention + mlp) + v * h        # + lm_head
+
+
+def params_read_per_step(config: ModelConfig) -> int:
+    """Parameters a decode step reads in full: all of them except lookup tables.
+
+    Introduced in notebook 00 (where the time goes). The token embedding is
+    read one row per token, so it counts only when it is tied to the output
+    projection (then it is read in full, as lm_head); learned positions
+    (GPT-2) are a lookup too. Matches `Transformer.weight_bytes()`.
+    """
+    params = config.num_parameters
+    if not config.tie_embeddings:
+        params -= config.vocab_size * config.hidden_size          # the embedding: a lookup
+    if config.family == "gpt2":
+        params -= config.max_position * config.hidden_size        # learned positions: a lookup
+    return params
+
+
+def attention_flops(config: ModelConfig, batch: int, context: int) -> int:
+    """FLOPs of one new token per row attending to `context` cached positions:
+    q.k scores and the weighted sum of values, 2 x head_dim each, per head and layer."""
+    return 4 * config.num_layers * config.num_heads * config.head_dim * context * batch
+
+
+def decode_step_cost(config: ModelConfig, batch: int, context: int, dtype=torch.float32) -> StepCost:
+    """FLOPs and bytes of one decode step: `batch` rows, each attending to `context` cached tokens.
+
+    Introduced in notebook 00 (where the time goes).
+    FLOPs = 2 x matmul weights x batch (lm_head included) + attention over the cache.
+    Bytes = every weight once (shared by the batch) + each row's KV cache.
+    `dtype` is the storage dtype of weights and cache (or bytes per value, an int).
+    """
+    if batch < 1 or context < 0:
+        raise LabError(f"Need batch >= 1 and context >= 0, got batch={batch}, context={context}.")
+    size = bytes_per_value(dtype)
+    flops = 2 * matmul_params(config) * batch + attention_flops(config, batch, context)
+    weight_bytes = params_read_per_step(config) * size
+    kv_bytes = (config.num_layers * 2 * config.num_kv_heads * config.head_dim * context * batch * size
+                if isinstance(dtype, int) else kv_cache_bytes(config, context, batch, _as_dtype(dtype)))
+    total = weight_bytes + kv_bytes
+    return StepCost(flops=flops, bytes=total, weight_bytes=weight_bytes, kv_bytes=kv_bytes,
+                    intensity=flops / total)
+
+
+def linear_cost(out_features: int, in_features: int, batch: int, dtype=torch.float32) -> StepCost:
+    """FLOPs and bytes of one linear layer y = x W^T on `batch` rows.
+
+    Introduced in notebook 00 (where the time goes). Reads the weight once and
+    each row's input and output; intensity ~ batch / bytes-per-value while the
+    weight dominates, approaching in x out / (in + out) / bytes-per-value at huge batch.
+    """
+    size = bytes_per_value(dtype)
+    flops = 2 * out_features * in_features * batch
+    weight_bytes = out_features * in_features * size
+    activation_bytes = batch * (in_features + out_features) * size
+    total = weight_bytes + activation_bytes
+    return StepCost(flops=flops, bytes=total, weight_bytes=weight_bytes, kv_bytes=0,
+                    intensity=flops / total)
+
+
+def ridge_batch(profile: HardwareProfile, config: ModelConfig, dtype=torch.float32,
+                context: int = 0) -> float:
+    """The batch size at which a decode step's intensity reaches the machine's ridge point.
+
+    Introduced in notebook 00 (where the time goes). Solves
+    intensity(batch) = profile.ridge(dtype) with `decode_step_cost`'s formula:
+
+        batch = ridge x weight_bytes / (flops_per_row - ridge x kv_bytes_per_row)
+
+    At context 0 this is ridge x weight_bytes / (2 x matmul params). Returns
+    math.inf when the KV cache grows as fast as the FLOPs, so that the step
+    never becomes compute-bound (long contexts).
+    """
+    ridge = profile.ridge(dtype)
+    one_row = decode_step_cost(config, 1, context, dtype)
+    denominator = one_row.flops - ridge * one_row.kv_bytes
+    return math.inf if denominator <= 0 else ridge * one_row.weight_bytes / denominator
+
+
+# --------------------------------------------------------------------------
+# Measuring: one decode step, one linear layer, and sweeps over the batch
+# --------------------------------------------------------------------------
+
+
+def filled_cache(model, batch: int, context: int) -> StaticKVCache:
+    """A KV cache with `context` positions filled for `batch` rows (room for one more).
+
+    Introduced in notebook 00 (where the time goes). Prefill runs once, on one
+    row, and its keys and values are copied to every row: the timing of a decode
+    step does not depend on what the cache holds, and prefilling 48 rows would
+    cost more than all the decode steps we time.
+    """
+    cache = StaticKVCache(model.config, batch, context + 1, device=model.device, dtype=model.dtype)
+    if context > 0:
+        one_row = StaticKVCache(model.config, 1, context + 1, device=model.device, dtype=model.dtype)
+        prompt = torch.zeros(1, context, dtype=torch.long, device=model.device)   # (1, context)
+        prefill(model, prompt, one_row)
+        cache.keys[:, :, :, :context] = one_row.keys[:, :, :, :context]       # broadcast over batch
+        cache.values[:, :, :, :context] = one_row.values[:, :, :, :context]
+        cache.advance(context)
+    return cache
+
+
+def time_decode_step(model, batch: int, context: int = 64, repeats: int = 3, warmup: int = 1) -> float:
+    """Median seconds of one decode step at `batch` rows after `context` cached tokens.
+
+    Introduced in notebook 00 (where the time goes). Every timed call decodes
+    one token and then rolls the cache back (`truncate`), so all calls do the same work.
+    """
+    cache = filled_cache(model, batch, context)
+    next_tokens = torch.zeros(batch, dtype=torch.long, device=model.device)    # (batch,)
+
+    def one_step():
+        decode_step(model, cache, next_tokens)
+        cache.truncate(context)
+
+    return time_fn(one_step, model.device, warmup=warmup, repeats=repeats).median
+
+
+def time_linear(out_features: int, in_features: int, batch: int, dtype=torch.float32,
+                device=None, repeats: int = 5) -> float:
+    """Median seconds of one linear layer (random weight of this shape) on `batch` rows.
+
+    Introduced in notebook 00 (where the time goes).
+    """
+    device = pick_device(device)
+    weight = torch.randn(out_features, in_features, device=device, dtype=dtype) * 0.02
+    x = torch.randn(batch, in_features, device=device, dtype=dtype)              # (batch, in)
+    with torch.inference_mode():
+        return time_fn(lambda: F.linear(x, weight), device, warmup=1, repeats=repeats).median
+
+
+def _row(batch: int, seconds: float, cost: StepCost, dtype) -> dict:
+    """One measured point: time, throughput, and where it sits on the roofline."""
+    return {"batch": batch, "dtype": str(dtype).removeprefix("torch."), "seconds": seconds,
+            "tokens_per_s": batch / seconds, "flops_per_s": cost.flops / seconds,
+            "bytes_per_s": cost.bytes / seconds, "intensity": cost.intensity,
+            "flops": cost.flops, "bytes": cost.bytes}
+
+
+def measure_decode_point(model, batch: int, context: int = 64, repeats: int = 3) -> dict:
+    """Time one decode step at `batch` and place it on the roofline (a dict, see `sweep_decode`).
+
+    Introduced in notebook 00 (where the time goes).
+    """
+    seconds = time_decode_step(model, batch, context, repeats)
+    return _row(batch, seconds, decode_step_cost(model.config, batch, context, model.dtype), model.dtype)
+
+
+def sweep_decode(model, batches=None, context: int = 64, repeats: int = 3) -> list[dict]:
+    """Time a decode step at each batch size; one dict per batch.
+
+    Introduced in notebook 00 (where the time goes). Each dict holds batch,
+    dtype, seconds (per step), tokens_per_s, flops_per_s and bytes_per_s
+    achieved, intensity (FLOP/byte), flops and bytes of the step.
+    `batches` defaults to `decode_batches(model.device)`.
+    """
+    batches = batches or decode_batches(model.device)
+    return [measure_decode_point(model, batch, context, repeats) for batch in batches]
+
+
+def sweep_linear(out_features: int, in_features: int, batches=None, dtype=torch.float32,
+                 device=None, repeats: int = 5) -> list[dict]:
+    """Time one linear layer of this shape at each batch size; dicts as in `sweep_decode`.
+
+    Introduced in notebook 00 (where the time goes).
+    """
+    device = pick_device(device)
+    batches = batches or linear_batches(device)
+    return [_row(batch, time_linear(out_features, in_features, batch, dtype, device, repeats),
+                 linear_cost(out_features, in_features, batch, dtype), dtype)
+            for batch in batches]
+
+
+def decode_batches(device) -> list[int]:
+    """Batch sizes that reach past the ridge: a few dozen on a CPU, hundreds on a GPU."""
+    return list(CPU_DECODE_BATCHES if pick_device(device).type == "cpu" else GPU_DECODE_BATCHES)
+
+
+def linear_batches(device) -> list[int]:
+    """Batch sizes for one linear layer: it crosses the ridge at about the same batch."""
+    return list(CPU_LINEAR_BATCHES if pick_device(device).type == "cpu" else GPU_LINEAR_BATCHES)
+
+
+def supported_dtypes(profile: HardwareProfile) -> list[str]:
+    """The dtypes of `profile` this device computes natively (bfloat16 only with hardware support)."""
+    names = list(profile.flops)
+    if "bfloat16" in names and not bf16_supported(profile.device):
+        names.remove("bfloat16")
+    return names
+
+
+def growth_batch(rows: list[dict], factor: float = 1.5) -> int | None:
+    """The smallest batch whose step takes more than `factor` x the batch-1 step (None if none does).
+
+    Introduced in notebook 00 (where the time goes). Below it, extra rows are
+    almost free (memory-bound); above it, time grows with the batch (compute-bound).
+    """
+    rows = sorted(rows, key=lambda r: r["batch"])
+    base = rows[0]["seconds"]
+    return next((r["batch"] for r in rows if r["seconds"] > factor * base), None)
+
+
+def _nearest_row(rows: list[dict], batch: int) -> dict:
+    """The measured row whose batch is closest to `batch`."""
+    return min(rows, key=lambda r: abs(r["batch"] - batch))
+
+
+def claim_checks(rows: list[dict], profile: HardwareProfile) -> list[dict]:
+    """The handbook chapter's claims about batching, each set against one dtype's decode sweep.
+
+    Introduced in notebook 00 (where the time goes). Returns dicts with claim,
+    dtype, measured (a sentence with the numbers) and verdict. The thresholds:
+    "extra rows are nearly free" means 4 rows take under 1.5x the time of one;
+    "compute-bound" means the step's intensity is past the ridge and its time
+    grows at least half as fast as the batch between the last two batch sizes.
+    """
+    rows = sorted(rows, key=lambda r: r["batch"])
+    name, ridge = rows[0]["dtype"], profile.ridge(rows[0]["dtype"])
+    first, small, last, before_last = rows[0], _nearest_row(rows, 4), rows[-1], rows[-2]
+    weight_bandwidth = first["bytes_per_s"]
+    small_ratio = small["seconds"] / first["seconds"]
+    growth = math.log(last["seconds"] / before_last["seconds"]) / math.log(last["batch"] / before_last["batch"])
+    sixteen = _nearest_row(rows, 16)
+    speedup = sixteen["tokens_per_s"] / first["tokens_per_s"]
+    return [
+        {"claim": "a small batch is memory-bandwidth-bound", "dtype": name,
+         "measured": f"batch 1: {first['intensity']:.1f} FLOP/B (ridge {ridge:.1f}), "
+                     f"{weight_bandwidth / 1e9:.1f} GB/s = {weight_bandwidth / profile.bandwidth:.0%} of copy "
+                     f"bandwidth; {small['batch']} rows take {small_ratio:.2f}x the time of 1",
+         "verdict": "holds" if small_ratio < 1.5 else
+                    "partly: below the ridge, but extra rows are not free here"},
+        {"claim": "a large batch is compute-bound", "dtype": name,
+         "measured": f"batch {last['batch']}: {last['intensity']:.1f} FLOP/B, "
+                     f"{last['flops_per_s'] / profile.flops[name]:.0%} of matmul peak; time grows as "
+                     f"batch^{growth:.2f} from {before_last['batch']} to {last['batch']}",
+         "verdict": "holds" if last["intensity"] > ridge and growth >= 0.5 else
+                    ("partly: past the ridge, but time still grows slowly" if last["intensity"] > ridge
+                     else "not reached in this sweep")},
+        {"claim": "batch 1 -> 16 gives 10-15x the throughput", "dtype": name,
+         "measured": f"batch 1 -> {sixteen['batch']}: {speedup:.1f}x "
+                     f"({first['tokens_per_s']:.0f} -> {sixteen['tokens_per_s']:.0f} tokens/s)",
+         "verdict": "holds" if speedup >= 10 else "less here"},
+    ]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """A list of same-keyed dicts as a Markdown table (for `IPython.display.Markdown`)."""
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# The benchmark section
+# --------------------------------------------------------------------------
+
+
+def section_roofline(ctx, options: dict) -> dict:
+    """Decode-step sweep over batch sizes per dtype, placed on this machine's roofline.
+
+    Introduced in notebook 00 (where the time goes). Options (all optional):
+    roofline_batches, roofline_context (64), roofline_repeats (3). About 30 s on a 2-core CPU.
+    """
+    from .bench import figure
+
+    profile = ctx.hardware
+    context = options.get("roofline_context") or 64
+    repeats = options.get("roofline_repeats") or 3
+    batches = options.get("roofline_batches") or decode_batches(ctx.device)
+    claim = "small batches are memory-bandwidth-bound, large ones compute-bound"
+    sweeps, figures = {}, []
+    for name in supported_dtypes(profile):
+        dtype = getattr(torch, name)
+        model, _ = ctx.model(dtype)
+        rows = sweep_decode(model, batches, context, repeats)
+        sweeps[name] = rows
+        predicted = ridge_batch(profile, model.config, dtype, context)
+        grows_at = growth_batch(rows)
+        first, last = rows[0], rows[-1]
+        figures += [
+            figure(f"measured ridge point ({name})", profile.ridge(name), "FLOP/byte",
+                   note=f"{profile.flops[name] / 1e9:.0f} GFLOP/s / {profile.bandwidth / 1e9:.1f} GB/s"),
+            figure(f"batch where the decode step time passes 1.5x batch 1 ({name})",
+                   float(grows_at) if grows_at else float("nan"), "batch", claim=claim,
+                   note=f"predicted ridge batch {predicted:.1f} (context {context}); "
+                        f"swept {batches[0]}..{batches[-1]}"),
+            figure(f"decode tokens/s at batch {last['batch']} / batch 1 ({name})",
+                   last["tokens_per_s"] / first["tokens_per_s"], "x", claim=claim,
+                   note=f"{first['tokens_per_s']:.0f} -> {last['tokens_per_s']:.0f} tokens/s; "
+                        f"step {1e3 * first['seconds']:.1f} -> {1e3 * last['seconds']:.1f} ms"),
+        ]
+    return {"context": context, "batches": list(batches), "hardware": profile.to_dict(),
+            "sweeps": sweeps, "figures": figures}
