@@ -1,0 +1,87 @@
+"""Notebook 01's explorer: sequence length and cache on/off, live.
+
+Introduced in notebook 01 (KV cache).
+
+Moving the length slider (on release) times one generation step at that length,
+with or without the cache, and redraws two figures: time per token against the
+lengths measured so far, and cache memory against length. Every measured point is
+kept, so going back to a length already seen is instant and the curves fill in as
+the learner explores.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+
+from ..kv_cache import StaticKVCache
+from ..kv_timing import MODES, time_per_token_by_position
+from ..plots.kv_cache import cache_memory_figure, per_token_time_figure
+from .base import Explorer
+
+
+class StepTimes:
+    """Measured seconds per step, keyed by (sequence length, use_cache); measures on a miss."""
+
+    def __init__(self, model, prompt_len: int, repeats: int):
+        self.model, self.prompt_len, self.repeats = model, prompt_len, repeats
+        self.seconds: dict[tuple[int, bool], float] = {}
+
+    def get(self, length: int, use_cache: bool) -> float:
+        key = (length, use_cache)
+        if key not in self.seconds:
+            prompt_len = min(self.prompt_len, length)
+            row, = time_per_token_by_position(self.model, [length - prompt_len], prompt_len,
+                                              use_cache=use_cache, repeats=self.repeats)
+            self.seconds[key] = row[MODES[use_cache]]
+        return self.seconds[key]
+
+    def rows(self) -> list[dict]:
+        """Everything measured so far, one row per length (as per_token_time_figure reads them)."""
+        by_length: dict[int, dict] = {}
+        for (length, use_cache), seconds in self.seconds.items():
+            row = by_length.setdefault(length, {"sequence_length": length, "position": length})
+            row[MODES[use_cache]] = seconds
+        return list(by_length.values())
+
+
+def kv_cache_explorer(model, max_length: int | None = None, initial_length: int = 128,
+                      step: int = 16, prompt_len: int = 16, repeats: int = 3,
+                      use_widget: bool | None = None) -> Explorer:
+    """Controls: sequence length (slider) and KV cache on/off; figures: time per token
+    and cache memory.
+
+    Introduced in notebook 01 (KV cache). max_length defaults to 1024 on a CPU and
+    4096 on a GPU (never past the model's context).
+    """
+    config = model.config
+    if max_length is None:
+        max_length = 1024 if model.device.type == "cpu" else 4096
+    max_length = min(max_length, config.max_position)
+    times = StepTimes(model, prompt_len, repeats)
+    allocated: dict[int, int] = {}      # length -> bytes a StaticKVCache of that length allocates
+
+    controls = {
+        "length": widgets.IntSlider(value=min(initial_length, max_length), min=step, max=max_length,
+                                    step=step, description="sequence length", continuous_update=False,
+                                    style={"description_width": "initial"}),
+        "use_cache": widgets.ToggleButtons(options=[("KV cache on", True), ("KV cache off", False)],
+                                           value=True, description="cache"),
+    }
+
+    def render(values: dict):
+        length, use_cache = values["length"], values["use_cache"]
+        seconds = times.get(length, use_cache)
+        if length not in allocated:
+            allocated[length] = StaticKVCache(config, 1, length, device=model.device, dtype=model.dtype).nbytes
+        label = f"{length} tokens, cache {'on' if use_cache else 'off'}: {1e3 * seconds:.1f} ms"
+        timing = per_token_time_figure(times.rows(), highlight={"sequence_length": length,
+                                                               "seconds": seconds, "label": label})
+        curve = [n for n in range(step, max_length + 1, step)]
+        memory = cache_memory_figure(config, curve, sorted(allocated.items()), dtype=model.dtype,
+                                     highlight_length=length)
+        if not use_cache:
+            memory.update_layout(title="KV cache memory (cache off: nothing is kept, everything is recomputed)")
+        return [timing, memory]
+
+    return Explorer(controls, render, title="KV cache: time per token and memory",
+                    use_widget=use_widget)

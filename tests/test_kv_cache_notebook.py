@@ -1,0 +1,197 @@
+"""Notebook 01 (KV cache): per-step timing and its integration, GQA arithmetic,
+the exercise checkers, the figures and the explorer. Tiny random models only: fast."""
+
+import pytest
+import torch
+
+from labsupport.checks import CheckFailed
+from labsupport.checks.kv_cache import check_cache_size, check_cache_update
+from labsupport.kv_cache import kv_cache_bytes
+from labsupport.kv_timing import (estimated_step_seconds, estimated_total_seconds, gqa_savings,
+                                  time_per_token_by_position)
+from labsupport.models.config import PRESETS
+from labsupport.models.loading import random_model
+from labsupport.plots.kv_cache import cache_memory_figure, cumulative_time_figure, per_token_time_figure
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return random_model("tiny-llama")
+
+
+# --- estimated_total_seconds: the integration math ---------------------------------------
+
+def linear_rows(positions, a, b, name="naive_s"):
+    return [{"position": p, "sequence_length": 10 + p, name: a + b * p} for p in positions]
+
+
+def test_integration_is_exact_for_linear_step_times():
+    a, b, n = 0.05, 0.002, 100
+    rows = linear_rows([0, 30, 99], a, b)
+    exact = n * a + b * n * (n - 1) / 2          # sum over positions 0..n-1
+    assert estimated_total_seconds(rows, n)["naive_s"] == pytest.approx(exact)
+
+
+def test_integration_extends_the_last_segment_beyond_the_measured_positions():
+    a, b, n = 0.01, 0.001, 1000
+    rows = linear_rows([0, 100, 200], a, b)      # measured up to 200 only
+    assert estimated_total_seconds(rows, n)["naive_s"] == pytest.approx(n * a + b * n * (n - 1) / 2)
+
+
+def test_integration_of_a_constant_and_of_both_modes():
+    rows = [{"position": p, "naive_s": 1.0 + p, "cached_s": 0.5} for p in (0, 10)]
+    totals = estimated_total_seconds(rows, 4)
+    assert totals["cached_s"] == pytest.approx(2.0)
+    assert totals["naive_s"] == pytest.approx(1 + 2 + 3 + 4)
+    assert list(estimated_step_seconds(rows, "naive_s", 3)) == pytest.approx([1, 2, 3])
+    with pytest.raises(ValueError):
+        estimated_total_seconds(rows, 0)
+
+
+def test_time_per_token_by_position_returns_both_modes(tiny):
+    rows = time_per_token_by_position(tiny, [40, 0, 20], prompt_len=8, repeats=1)
+    assert [r["position"] for r in rows] == [0, 20, 40]
+    assert [r["sequence_length"] for r in rows] == [8, 28, 48]
+    assert all(r["naive_s"] > 0 and r["cached_s"] > 0 for r in rows)
+    only_cached = time_per_token_by_position(tiny, [5], prompt_len=1, use_cache=True, repeats=1)
+    assert set(only_cached[0]) == {"position", "sequence_length", "cached_s"}
+    with pytest.raises(ValueError, match="context"):
+        time_per_token_by_position(tiny, [1000], prompt_len=8)
+
+
+# --- GQA -------------------------------------------------------------------------------
+
+def test_gqa_savings_of_the_embedded_config():
+    s = gqa_savings(PRESETS["smollm2-135m"], length=1024)
+    assert (s["kv_heads"], s["num_heads"], s["ratio"]) == (3, 9, 3.0)
+    assert s["gqa_bytes"] == 30 * 2 * 3 * 64 * 1024 * 4
+    assert s["mha_bytes"] == 3 * s["gqa_bytes"]
+    assert gqa_savings(PRESETS["gpt2"])["ratio"] == 1.0
+
+
+# --- checkers --------------------------------------------------------------------------
+
+def reference_update(key_buffer, value_buffer, new_keys, new_values, length):
+    end = length + new_keys.shape[2]
+    key_buffer[:, :, length:end] = new_keys
+    value_buffer[:, :, length:end] = new_values
+    return key_buffer[:, :, :end], value_buffer[:, :, :end]
+
+
+def not_in_place(key_buffer, value_buffer, new_keys, new_values, length):
+    return (torch.cat([key_buffer[:, :, :length], new_keys], dim=2),
+            torch.cat([value_buffer[:, :, :length], new_values], dim=2))
+
+
+def wrong_position(key_buffer, value_buffer, new_keys, new_values, length):
+    end = length + new_keys.shape[2]
+    key_buffer[:, :, length + 1:end + 1] = new_keys
+    value_buffer[:, :, length + 1:end + 1] = new_values
+    return key_buffer[:, :, :end], value_buffer[:, :, :end]
+
+
+def whole_buffer(key_buffer, value_buffer, new_keys, new_values, length):
+    reference_update(key_buffer, value_buffer, new_keys, new_values, length)
+    return key_buffer, value_buffer
+
+
+def swapped(key_buffer, value_buffer, new_keys, new_values, length):
+    keys, values = reference_update(key_buffer, value_buffer, new_keys, new_values, length)
+    return values, keys
+
+
+def test_check_cache_update_accepts_the_reference(capsys):
+    check_cache_update(reference_update)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (not_in_place, "in place"), (wrong_position, "position"), (whole_buffer, "shape"),
+    (swapped, "swapped"), (lambda *args: None, "pair"),
+])
+def test_check_cache_update_rejects_wrong_answers(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        check_cache_update(wrong)
+
+
+def size_formula(config, length, batch, bytes_per_value):
+    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * length * batch * bytes_per_value
+
+
+def test_check_cache_size_accepts_the_reference(capsys):
+    check_cache_size(size_formula)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda c, n, b, by: size_formula(c, n, b, by) // 2, "multiply by 2"),
+    (lambda c, n, b, by: size_formula(c, n, b, by) * c.num_heads // c.num_kv_heads, "num_kv_heads"),
+    (lambda c, n, b, by: size_formula(c, n, b, by) // c.num_layers, "num_layers"),
+    (lambda c, n, b, by: size_formula(c, n, b, 1), "bytes_per_value"),
+    (lambda c, n, b, by: -1, "positive"),
+])
+def test_check_cache_size_rejects_wrong_answers_with_a_hint(wrong, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        check_cache_size(wrong)
+
+
+# --- figures ---------------------------------------------------------------------------
+
+def test_per_token_and_cumulative_figures():
+    rows = [{"position": p, "sequence_length": 16 + p, "naive_s": 0.01 + 1e-4 * p, "cached_s": 0.005}
+            for p in (0, 100, 200)]
+    fig = per_token_time_figure(rows)
+    assert len(fig.data) == 2
+    assert list(fig.data[0].y) == pytest.approx([10, 20, 30])           # milliseconds
+    assert "ms" in fig.layout.yaxis.title.text and fig.layout.xaxis.title.text
+    fig = per_token_time_figure(rows, highlight={"sequence_length": 50, "seconds": 0.02})
+    assert len(fig.data) == 3
+    fig = cumulative_time_figure(rows, 300, measured_totals={64: {"naive_s": 1.0, "cached_s": 0.3}})
+    assert len(fig.data) == 4                                            # two curves, two markers
+    assert len(fig.data[0].x) == 300
+    assert fig.data[0].y[-1] == pytest.approx(estimated_total_seconds(rows, 300)["naive_s"])
+    assert "(s)" in fig.layout.yaxis.title.text
+
+
+def test_cache_memory_figure_puts_measured_points_on_the_formula():
+    config = PRESETS["smollm2-135m"]
+    lengths = [128, 256, 512]
+    measured = [(n, kv_cache_bytes(config, n)) for n in lengths]
+    fig = cache_memory_figure(config, lengths, measured)
+    names = [t.name for t in fig.data]
+    assert len(fig.data) == 3 and "multi-head" in names[0] and "measured" in names[2]
+    assert list(fig.data[1].y) == pytest.approx(list(fig.data[2].y))     # GQA formula = measured
+    assert list(fig.data[0].y) == pytest.approx([3 * y for y in fig.data[1].y])
+    assert "MiB" in fig.layout.yaxis.title.text
+    assert len(cache_memory_figure(PRESETS["gpt2"], lengths).data) == 1  # no GQA line for full MHA
+
+
+# --- explorer --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("use_widget", [True, False])
+def test_explorer_redraws_when_a_control_changes(tiny, use_widget, monkeypatch):
+    from labsupport.explorers import kv_cache as module
+
+    calls = []
+    original = module.time_per_token_by_position
+    monkeypatch.setattr(module, "time_per_token_by_position",
+                        lambda *args, **kwargs: calls.append(args) or original(*args, **kwargs))
+    kv_cache_explorer = module.kv_cache_explorer
+
+    explorer = kv_cache_explorer(tiny, max_length=128, initial_length=64, repeats=1, use_widget=use_widget)
+    timing, memory = (live.figure for live in explorer.figures)
+    before = [list(t.x) for t in timing.data]
+    explorer.controls["length"].value = 112
+    timing, memory = (live.figure for live in explorer.figures)
+    after = [list(t.x) for t in timing.data]
+    assert after != before and 112 in after[-1]
+    assert len(memory.data[-1].x) == 2                                   # two measured allocations
+    explorer.controls["use_cache"].value = False
+    timing = explorer.figures[0].figure
+    assert any("without cache" in (t.name or "") for t in timing.data)
+    assert "nothing is kept" in explorer.figures[1].figure.layout.title.text
+    # revisiting a setting measures nothing new
+    assert len(calls) == 3
+    explorer.controls["use_cache"].value = True
+    explorer.controls["length"].value = 64
+    assert len(calls) == 3 and explorer.status.value == ""
