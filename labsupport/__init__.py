@@ -3,13 +3,18 @@
 The package is an index of the course; each module names the notebook that
 introduces it:
 
-    hardware     00  device, dtype, measured bandwidth and FLOP/s (the roofline)
-    models/      00  config, the compact Transformer, weight import, the embedded model
+    hardware     00  device, dtype, measured bandwidth and FLOP/s
+    models/      00  config, the compact Transformer, weight import and layout, the embedded model
     measure      00  the one timing path (warm-up, sync, repeats, median, spread)
+    roofline     00  FLOPs and bytes of a decode step, the ridge point, decode sweeps
     bench        00  benchmarks as JSON: ``python -m labsupport bench``
     kv_cache     01  the static KV cache and its memory formula
+    kv_timing    01  time per token by position, with and without the cache
     sampling     01  greedy, temperature, top-k, top-p
     generate     01  prefill / decode_step / generate, and the uncached loop
+    batching     02  left padding, attention mask, positions, padding waste
+    precision    03  fp32 / bf16 / fp16: footprint, agreement, overflow, bf16 support
+    plots/, explorers/, checks/   one module per notebook: figures, live explorers, exercise checkers
     report       --  the main job's table: ``python -m labsupport tour``
 """
 

@@ -226,8 +226,18 @@ def section_kv_cache(ctx: BenchContext, options: dict) -> dict:
             "estimated_rows": estimated_rows, "gqa": savings, "figures": figures}
 
 
-SECTIONS = {"baseline": section_baseline, "kv_cache": section_kv_cache}
-DEFAULTS = {"new_tokens": 128, "repeats": 5, "kv_lengths": [64], "kv_repeats": 1}
+def _sections() -> dict:
+    """Every section, in the course's order. The later ones live beside their technique
+    (they import this module lazily, so importing them here is safe)."""
+    from .batching import section_batching
+    from .precision import section_precision
+    from .roofline import section_roofline
+    return {"baseline": section_baseline, "roofline": section_roofline, "kv_cache": section_kv_cache,
+            "batching": section_batching, "precision": section_precision}
+
+
+SECTIONS = _sections()
+DEFAULTS = {"new_tokens": 128, "repeats": 5, "kv_lengths": [64, 256, 1024], "kv_repeats": 1}
 
 
 def machine_info(ctx: BenchContext) -> dict:

@@ -19,7 +19,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per generate() call (default 128)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per candidate (default 5)")
     parser.add_argument("--kv-lengths", type=int, nargs="*", default=None,
-                        help="new-token counts for the KV-cache comparison (default: 64)")
+                        help="new-token counts for the KV-cache comparison (default: 64 256 1024)")
 
 
 def main(argv=None) -> int:
