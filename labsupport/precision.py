@@ -15,15 +15,21 @@ Introduced in notebook 03 (mixed precision).
 from __future__ import annotations
 
 import copy
+import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from .errors import LabError
-from .hardware import bf16_supported, check_dtype
+from .hardware import bf16_supported, check_dtype, fp16_fast
 from .models.layout import apply_layout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FP16_MAX = torch.finfo(torch.float16).max           # 65504
+MIB = 2**20                                          # the handbook chapter's "MB" are MiB
+# The handbook chapter's GPT-2 figures, in MiB (it writes "MB").
+CHAPTER_GPT2_MIB = {"float32": 474.7, "float16": 237.4}
 
 
 def as_dtype(name_or_dtype) -> torch.dtype:
@@ -52,6 +58,12 @@ def parameter_bytes(num_parameters: int, dtype) -> int:
     return num_parameters * torch.empty((), dtype=as_dtype(dtype)).element_size()
 
 
+def footprint_mib(config, dtype) -> float:
+    """A model's weights in MiB (2**20 bytes) when stored in `dtype`, from its config's
+    parameter count: the reference for notebook 03's first exercise."""
+    return parameter_bytes(config.num_parameters, dtype) / MIB
+
+
 def cast_model(model: torch.nn.Module, dtype) -> torch.nn.Module:
     """A copy of `model` with its weights in `dtype` (the original is untouched),
     laid out for the fastest kernel on its device (see models/layout.py)."""
@@ -62,15 +74,29 @@ def cast_model(model: torch.nn.Module, dtype) -> torch.nn.Module:
     return copy_
 
 
+def _agreement(ref: torch.Tensor, out: torch.Tensor) -> dict:
+    """Summary of two logit tensors of the same shape (batch, T, vocab)."""
+    diff = (ref - out).abs()
+    return {"max_abs_diff": diff.max().item(), "mean_abs_diff": diff.mean().item(),
+            "top1_agreement": (ref.argmax(-1) == out.argmax(-1)).float().mean().item()}
+
+
 @torch.inference_mode()
 def logit_agreement(reference, other, tokens: torch.Tensor) -> dict:
     """How far `other`'s logits are from `reference`'s on the same tokens (batch, T):
     max and mean absolute difference, and how often the top-1 token agrees."""
     ref = reference(tokens).float()
     out = other(tokens.to(other.device)).float().to(ref.device)
-    diff = (ref - out).abs()
-    return {"max_abs_diff": diff.max().item(), "mean_abs_diff": diff.mean().item(),
-            "top1_agreement": (ref.argmax(-1) == out.argmax(-1)).float().mean().item()}
+    return _agreement(ref, out)
+
+
+@torch.inference_mode()
+def logit_differences(reference_logits: torch.Tensor, other, tokens: torch.Tensor) -> dict:
+    """`logit_agreement` against logits already computed (batch, T, vocab), plus every
+    |difference| as a NumPy array (for a histogram). Introduced in notebook 03 (mixed precision)."""
+    ref = reference_logits.float()
+    out = other(tokens.to(other.device)).float().to(ref.device)
+    return {**_agreement(ref, out), "abs_diff": (ref - out).abs().flatten().cpu().numpy()}
 
 
 @torch.inference_mode()
@@ -103,6 +129,40 @@ def first_overflow(values: torch.Tensor) -> int | None:
     return int(indices[0, 0]) if len(indices) else None
 
 
+def first_square_overflow(values) -> int | None:
+    """Index of the first value whose square is larger than fp16 can hold (65504), or None.
+
+    Introduced in notebook 03 (mixed precision): the reference for its second exercise.
+    A norm layer squares every activation (RMSNorm: mean of x**2), so an activation
+    above 255.9 in size, harmless in itself, overflows there if computed in fp16.
+    """
+    squares = torch.as_tensor(values, dtype=torch.float64).flatten() ** 2
+    indices = (squares > FP16_MAX).nonzero()
+    return int(indices[0, 0]) if len(indices) else None
+
+
+def squares_by_dtype(xs) -> dict[str, list[float]]:
+    """x*x computed in fp32, fp16 and bf16 for each x (x first rounded to the dtype).
+    Introduced in notebook 03 (mixed precision), for `plots.precision.overflow_figure`."""
+    x64 = torch.as_tensor(xs, dtype=torch.float64)
+    result = {"x": x64.tolist(), "exact": (x64 * x64).tolist()}
+    for name, dtype in DTYPES.items():
+        x = x64.to(dtype)
+        result[name] = (x * x).double().tolist()
+    return result
+
+
+def format_bits(dtype) -> dict:
+    """Sign, exponent and mantissa bits of a float dtype, with its range and step at 1.
+    Introduced in notebook 03 (mixed precision)."""
+    dtype = as_dtype(dtype)
+    info = torch.finfo(dtype)
+    mantissa = round(-math.log2(info.eps))          # eps = 2**-mantissa_bits: the step just above 1
+    return {"dtype": str(dtype).removeprefix("torch."), "bits": info.bits,
+            "exponent_bits": info.bits - 1 - mantissa, "mantissa_bits": mantissa,
+            "max": info.max, "smallest_normal": info.tiny, "eps": info.eps}
+
+
 def bf16_report(device) -> dict:
     """Whether bf16 really runs in hardware here, beside what the framework answers.
 
@@ -119,14 +179,232 @@ def bf16_report(device) -> dict:
     return {"device": str(device), "framework_says": framework, "hardware_has": bf16_supported(device)}
 
 
+# Compute capability of GPUs a learner is likely to meet. bf16 arithmetic in hardware
+# needs 8.0 (Ampere) or newer; the framework may still answer "supported" below that.
+KNOWN_GPUS = {"V100": (7, 0), "T4 (Colab's free GPU)": (7, 5), "A100": (8, 0), "RTX 3090": (8, 6),
+              "L4": (8, 9), "RTX 4090": (8, 9), "H100 / H200": (9, 0)}
+
+
+def bf16_in_hardware(capability) -> bool:
+    """True for a CUDA compute capability (major, minor) with bf16 units: 8.0 or newer."""
+    return tuple(capability) >= (8, 0)
+
+
+# --- speed in two regimes, agreement, all remembered (notebook 03's lab and explorer) -------
+
+REGIMES = ("decode", "prefill")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How big each measurement is: small on a CPU, larger on a GPU (`for_device`).
+
+    decode_tokens: new tokens generated at batch 1 (memory-bound);
+    prefill_tokens: prompt length of the prefill (compute-bound);
+    agreement_tokens: positions whose logits are compared with fp32;
+    repeats: timed rounds per side-by-side comparison.
+    """
+
+    decode_tokens: int = 16
+    prefill_tokens: int = 256
+    agreement_tokens: int = 64
+    repeats: int = 3
+
+    @classmethod
+    def for_device(cls, device) -> "Workload":
+        if torch.device(device).type == "cpu":
+            return cls()
+        return cls(decode_tokens=64, prefill_tokens=2048, agreement_tokens=256, repeats=10)
+
+
+def regime_label(regime: str, workload: Workload) -> str:
+    """ "decode" -> "decode, batch 1 (memory-bound)"; "prefill" -> "prefill, 256 tokens (compute-bound)"."""
+    if regime == "decode":
+        return "decode, batch 1 (memory-bound)"
+    if regime == "prefill":
+        return f"prefill, {workload.prefill_tokens} tokens (compute-bound)"
+    raise LabError(f"Unknown regime {regime!r}; use one of {', '.join(REGIMES)}.")
+
+
+def precision_choices(device) -> list[str]:
+    """The dtypes a model can run in here: float32, bfloat16 where the hardware has it, float16."""
+    return ["float32"] + (["bfloat16"] if bf16_supported(device) else []) + ["float16"]
+
+
+def speed_skip_reason(device, dtype, regime: str) -> str | None:
+    """Why a timing is not worth running here, or None. A CPU without AMX-FP16 converts
+    every fp16 value before multiplying, so a long fp16 prefill takes minutes."""
+    if as_dtype(dtype) == torch.float16 and regime == "prefill" and not fp16_fast(device):
+        return ("skipped: this CPU has no fp16 matrix instructions (AMX-FP16), so fp16 matmuls are "
+                "emulated and a long prefill would take minutes")
+    return None
+
+
+def decode_run(model, prompt_ids, new_tokens: int) -> Callable[[], object]:
+    """A zero-argument function: greedy generation of `new_tokens` at batch 1 (a short
+    prompt's prefill, then one decode step per token). Introduced in notebook 03."""
+    from .generate import generate
+    return lambda: generate(model, prompt_ids, new_tokens, eos_token_ids=())
+
+
+def prefill_run(model, prompt_ids) -> Callable[[], object]:
+    """A zero-argument function: one prefill of the whole prompt into a fresh KV cache.
+    Introduced in notebook 03 (mixed precision)."""
+    from .generate import prefill
+    from .kv_cache import StaticKVCache
+    tokens = torch.tensor([list(prompt_ids)], device=model.device)          # (1, T)
+
+    def run():
+        cache = StaticKVCache(model.config, 1, tokens.shape[1], device=model.device, dtype=model.dtype)
+        return prefill(model, tokens, cache)
+    return run
+
+
+def repeat_to_length(ids, length: int) -> list[int]:
+    """`ids` repeated and cut to `length` tokens (a long prompt for timing a prefill)."""
+    ids = list(ids)
+    if not ids:
+        raise LabError("Cannot build a prompt from no tokens; give at least one token id.")
+    return (ids * (length // len(ids) + 1))[:length]
+
+
+class PrecisionLab:
+    """One fp32 model, its 16-bit copies, and every measurement made on them, remembered.
+
+    Introduced in notebook 03 (mixed precision). The notebook measures through it, and
+    the explorer reuses it, so a setting measured once shows at once afterwards.
+    Speeds are ratios to fp32, timed side by side in one run (`time_side_by_side`).
+    """
+
+    def __init__(self, model, prompt_ids, text_ids=None, workload: Workload | None = None, models=None):
+        if model.dtype != torch.float32:
+            raise LabError(f"PrecisionLab needs the float32 model as its reference, got {model.dtype}.")
+        self.device = model.device
+        self.workload = workload or Workload.for_device(self.device)
+        self.models = {"float32": model, **{str(k).removeprefix("torch."): m for k, m in (models or {}).items()}}
+        self.prompt_ids = list(prompt_ids)
+        longest = min(self.workload.prefill_tokens, model.config.max_position)
+        self.long_prompt = repeat_to_length(text_ids or prompt_ids, longest)
+        self.speeds: dict[tuple[str, str], dict] = {}
+        self.agreements: dict[str, dict] = {}
+        self._reference_logits = None
+
+    def model(self, name):
+        """The model in dtype `name` (cast from the fp32 one on first use)."""
+        name = str(as_dtype(name)).removeprefix("torch.")
+        if name not in self.models:
+            self.models[name] = cast_model(self.models["float32"], name)
+        return self.models[name]
+
+    def memory(self, names=None) -> dict[str, int]:
+        """Bytes of each model's tensors, counted (`tensor_bytes`)."""
+        return {n: tensor_bytes(self.model(n)) for n in (names or self.models)}
+
+    def _run(self, name: str, regime: str):
+        if regime == "decode":
+            return decode_run(self.model(name), self.prompt_ids, self.workload.decode_tokens)
+        return prefill_run(self.model(name), self.long_prompt)
+
+    def speed(self, regime: str, names) -> dict[str, dict]:
+        """Speed ratio to fp32 of each dtype in `regime`; measures what is not known yet,
+        fp32 alongside, in one side-by-side run. Each entry: speedup (None if skipped),
+        seconds, fp32_seconds, note."""
+        regime_label(regime, self.workload)                         # validates the name
+        names = [str(as_dtype(n)).removeprefix("torch.") for n in names]
+        for name in names:
+            reason = speed_skip_reason(self.device, name, regime)
+            if reason and (regime, name) not in self.speeds:
+                self.speeds[(regime, name)] = {"speedup": None, "seconds": None, "fp32_seconds": None,
+                                               "note": reason}
+        todo = [n for n in names if n != "float32" and (regime, n) not in self.speeds]
+        if todo or (regime, "float32") not in self.speeds:
+            from .measure import time_side_by_side
+            runs = {n: self._run(n, regime) for n in ["float32"] + todo}
+            timings = time_side_by_side(runs, self.device, repeats=self.workload.repeats)
+            fp32 = timings["float32"].median
+            for n, timing in timings.items():
+                if n == "float32" and (regime, n) in self.speeds:
+                    continue
+                self.speeds[(regime, n)] = {"speedup": fp32 / timing.median, "seconds": timing.median,
+                                            "fp32_seconds": fp32, "note": ""}
+        return {n: self.speeds[(regime, n)] for n in names}
+
+    def speed_rows(self) -> list[dict]:
+        """Every speed measured so far, as rows for `plots.precision.speed_figure`."""
+        return [{"regime": regime_label(regime, self.workload), "dtype": name, **row}
+                for (regime, name), row in self.speeds.items()]
+
+    def agreement(self, name: str) -> dict:
+        """Logits of the `name` model against fp32's on `agreement_tokens` of the text:
+        max and mean |difference|, top-1 agreement, and every |difference| (abs_diff)."""
+        name = str(as_dtype(name)).removeprefix("torch.")
+        if name not in self.agreements:
+            tokens = torch.tensor([self.long_prompt[: self.workload.agreement_tokens]], device=self.device)
+            if self._reference_logits is None:
+                with torch.inference_mode():
+                    self._reference_logits = self.models["float32"](tokens).float()
+            self.agreements[name] = logit_differences(self._reference_logits, self.model(name), tokens)
+        return self.agreements[name]
+
+
+def _speed_verdict(ratio: float | None, device) -> str:
+    if ratio is None:
+        return "not measured here"
+    place = "on this GPU" if torch.device(device).type == "cuda" else "on this CPU"
+    if ratio >= 1.3:
+        return f"holds {place}" if ratio <= 2.2 else f"more {place}"
+    if ratio >= 1.05:
+        return f"partly {place}: faster, but less than claimed"
+    return f"not {place}"
+
+
+def claim_checks(lab: PrecisionLab, gpt2_mib: dict[str, float]) -> list[dict]:
+    """The handbook chapter's precision claims set against `lab`'s measurements.
+
+    Introduced in notebook 03 (mixed precision). gpt2_mib: GPT-2's counted MiB per dtype
+    ({"float32": ..., "float16": ...}). Speed: the best 16-bit ratio measured in each regime
+    ("holds" from 1.3x to 2.2x, "partly" from 1.05x); quality: "holds" when the top-1 token
+    agrees with fp32 at 95% of the positions or more.
+    """
+    memory = lab.memory()
+    half = [n for n in memory if n != "float32"]
+    fraction = min(memory[n] for n in half) / memory["float32"] if half else float("nan")
+    speeds = {regime: [(row["speedup"], name) for (r, name), row in lab.speeds.items()
+                       if r == regime and name != "float32" and row["speedup"] is not None]
+              for regime in REGIMES}
+    best = {regime: max(values) if values else (None, "-") for regime, values in speeds.items()}
+
+    def speed_text(regime):
+        ratio, name = best[regime]
+        return f"{regime}: {ratio:.2f}x ({name})" if ratio is not None else f"{regime}: not measured"
+
+    agreements = {n: a for n, a in lab.agreements.items()}
+    worst = min(((a["top1_agreement"], n) for n, a in agreements.items()), default=(None, "-"))
+    model_name = lab.models["float32"].config.name
+    rows = [
+        {"claim": "fp16 halves the memory (GPT-2: 474.7 MB -> 237.4 MB)",
+         "measured": f"GPT-2 counted from its config: {gpt2_mib['float32']:.1f} -> {gpt2_mib['float16']:.1f} MiB; "
+                     f"{model_name} counted from its tensors: {fraction:.1%} of fp32",
+         "verdict": "holds (the chapter's MB are MiB)" if abs(fraction - 0.5) < 0.01 else "partly"},
+    ]
+    for regime in REGIMES:
+        rows.append({"claim": f"fp16 ~1.5x faster ({regime}); \"faster on modern GPUs\"",
+                     "measured": speed_text(regime), "verdict": _speed_verdict(best[regime][0], lab.device)})
+    top1, name = worst
+    rows.append({"claim": "fp16: minimal quality loss",
+                 "measured": (f"top-1 token same as fp32 at {top1:.1%} of positions ({name}, the worst); "
+                              f"max logit difference {agreements[name]['max_abs_diff']:.3g}")
+                             if top1 is not None else "not measured",
+                 "verdict": "holds" if top1 is not None and top1 >= 0.95 else
+                            ("not measured" if top1 is None else "partly: some top-1 tokens change")})
+    return rows
+
+
 # --- measuring it (notebook 03; `python -m labsupport bench --sections precision`) --------
 
 def section_precision(ctx, options: dict) -> dict:
     """Memory per dtype; fp32 against 16-bit in decode (batch 1) and prefill; agreement."""
     from .bench import figure
-    from .generate import generate, prefill
-    from .hardware import fp16_fast
-    from .kv_cache import StaticKVCache
     from .measure import time_side_by_side
     from .models.config import PRESETS
 
@@ -149,13 +427,10 @@ def section_precision(ctx, options: dict) -> dict:
     long_prompt = (ids * 64)[: options.get("prefill_tokens", 512)]
 
     def decode(m):
-        return lambda: generate(m, ids, new_tokens, eos_token_ids=())
+        return decode_run(m, ids, new_tokens)
 
     def prefill_once(m):
-        def run():
-            cache = StaticKVCache(m.config, 1, len(long_prompt), device=m.device, dtype=m.dtype)
-            prefill(m, torch.tensor([long_prompt], device=m.device), cache)
-        return run
+        return prefill_run(m, long_prompt)
 
     repeats = options.get("repeats", 3)
     decode_t = time_side_by_side({n: decode(m) for n, m in models.items()}, ctx.device, repeats=repeats)
