@@ -231,9 +231,12 @@ def _sections() -> dict:
     (they import this module lazily, so importing them here is safe)."""
     from .batching import section_batching
     from .precision import section_precision
+    from .quantize_bench import section_quantization
     from .roofline import section_roofline
+    from .speculative import section_speculative
     return {"baseline": section_baseline, "roofline": section_roofline, "kv_cache": section_kv_cache,
-            "batching": section_batching, "precision": section_precision}
+            "batching": section_batching, "precision": section_precision,
+            "quantization": section_quantization, "speculative": section_speculative}
 
 
 SECTIONS = _sections()

@@ -1,0 +1,189 @@
+"""The quantization benchmark: memory, decode speed and quality per method, side by side.
+
+Introduced in notebook 04 (quantization); run it with
+``python -m labsupport bench --sections quantization`` once registered in `bench.SECTIONS`.
+
+Rows: fp32, bf16, fp16, int8 (absmax, fast kernel), int4 groups of 32 and 128,
+bitsandbytes LLM.int8() and NF4. One fp32 model is loaded; the 16-bit rows are
+cast copies, and every quantized row is a `QuantizedHandle` on that same model,
+swapped in only while it runs (``with handle:``), so no extra fp32 copy is held.
+
+* memory: bytes a decode step reads (`Transformer.weight_bytes`, plus the side
+  tensors bitsandbytes keeps outside buffers) and bytes resident in the model
+  (`precision.tensor_bytes`; with a tied output layer, quantizing it keeps the
+  float embedding for lookups beside the quantized copy);
+* speed: decode tokens/s at batch 1 as a ratio to fp32, the rows interleaved in
+  one run (`measure.time_side_by_side`); a row much slower than fp32 (bitsandbytes
+  4-bit dequantizes in plain PyTorch on a CPU) is timed in its own pair with fp32
+  on fewer tokens, and its note says so; fp16 is not timed where its matmuls are
+  emulated (most CPUs);
+* quality: perplexity on the shipped evaluation text, and the share of positions
+  whose top-1 next token agrees with fp32. Where fp16 runs emulated, its quality is
+  taken with fp16-rounded weights computed in fp32 (the rounding is what fp16
+  storage costs; fp16 overflow in activations is notebook 03's subject).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from statistics import median as _median
+
+import torch
+
+from .errors import LabError
+from .quantize import _score, eval_tokens, quantize_model, quantized_bytes
+
+# (row name, dtype for a cast copy, or (method, group size) for a quantized swap)
+ROWS = [("fp32", torch.float32, None), ("bf16", torch.bfloat16, None), ("fp16", torch.float16, None),
+        ("int8", None, ("int8", 32)), ("int4 g32", None, ("int4", 32)), ("int4 g128", None, ("int4", 128)),
+        ("bnb int8", None, ("bnb-int8", 32)), ("bnb nf4", None, ("bnb-nf4", 32))]
+CLAIMS = {  # the handbook chapter's claims: (memory, speed)
+    "fp16": ("50% of fp32", "~1.5x"), "bf16": ("50% of fp32", "~1.5x (as fp16)"),
+    "int8": ("25% of fp32", "~2x"), "int4": ("12.5% of fp32", "~3x"),
+}
+TARGETS = {"int8": 2.0, "int4 g32": 2.5, "int4 g128": 2.5}
+
+
+def _claim(row: str, which: int) -> str | None:
+    key = "int4" if row.startswith("int4") else "int8" if row.endswith("int8") else row
+    key = "int4" if row == "bnb nf4" else key
+    return CLAIMS[key][which] if key in CLAIMS else None
+
+
+def _fp16_rounded(model):
+    """fp32 model whose weights went through fp16 and back: fp16 storage's rounding, fp32 speed."""
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for tensor in rounded.parameters():
+            tensor.copy_(tensor.half().float())
+    return rounded
+
+
+def section_quantization(ctx, options: dict) -> dict:
+    """Memory, decode speed (ratio to fp32) and quality of each precision and quantization."""
+    from .bench import DEFAULT_PROMPT, figure
+    from .generate import chat_prompt, generate
+    from .hardware import fp16_fast
+    from .measure import time_side_by_side
+    from .precision import cast_model, tensor_bytes
+
+    model, tok = ctx.model(torch.float32)
+    new_tokens = options.get("quant_new_tokens", 32)
+    slow_tokens = options.get("quant_slow_new_tokens", 8)
+    repeats = options.get("quant_repeats", 3)
+    ids = tok.encode(chat_prompt(tok, options.get("prompt", DEFAULT_PROMPT)))
+    eval_ids = eval_tokens(tok, max_tokens=options.get("quant_eval_tokens", 512))
+    fp16_runs = ctx.device.type == "cuda" or fp16_fast(ctx.device)
+
+    # Build every row: a cast copy, or a handle on the fp32 model (restored until it runs).
+    variants, rows = {}, {}
+    for name, dtype, quant in ROWS:
+        row = rows[name] = {"kind": "cast" if quant is None else quant[0]}
+        try:
+            if quant is None:
+                variants[name] = (model if dtype == torch.float32 else cast_model(model, dtype), None)
+            else:
+                handle = quantize_model(model, quant[0], group_size=quant[1])
+                handle.restore()
+                variants[name] = (model, handle)
+                row["kernels"] = handle.kernels
+        except LabError as error:                  # e.g. bitsandbytes missing or not on this device
+            row["error"] = str(error)
+
+    def applied(name):
+        m, handle = variants[name]
+        return handle if handle is not None else _Nothing()
+
+    # Memory and quality, one row at a time.
+    fp32_nll, fp32_top1 = _score(model, eval_ids)
+    fp32_bytes = model.weight_bytes()
+    for name in variants:
+        m, _ = variants[name]
+        with applied(name):
+            rows[name]["weight_bytes"] = quantized_bytes(m)
+            rows[name]["tensor_bytes"] = tensor_bytes(m)
+            if name == "fp16" and not fp16_runs:
+                scored, how = _fp16_rounded(model), "fp16-rounded weights computed in fp32"
+            else:
+                scored, how = m, "as run"
+            nll, top1 = (fp32_nll, fp32_top1) if name == "fp32" else _score(scored, eval_ids)
+        rows[name].update(memory_fraction=rows[name]["weight_bytes"] / fp32_bytes, perplexity=math.exp(nll),
+                          perplexity_increase=math.exp(nll) / math.exp(fp32_nll) - 1,
+                          top1_agreement=(top1 == fp32_top1).float().mean().item(), quality_from=how)
+
+    # Speed: decode tokens/s, all rows interleaved; very slow rows in a pair with fp32 on fewer tokens.
+    decode_s: dict[str, list[float]] = {}
+
+    def decode(name, tokens):
+        m, _ = variants[name]
+
+        def run():
+            with applied(name):
+                result = generate(m, ids, tokens, eos_token_ids=())
+            decode_s.setdefault(f"{name}@{tokens}", []).append(result.decode_seconds / (tokens - 1))
+        return run
+
+    timed = [n for n in variants if n != "fp16" or fp16_runs]
+    warm = {}
+    for name in timed:                                             # warm-up, also sizes each row
+        decode(name, new_tokens)()
+        warm[name] = decode_s.pop(f"{name}@{new_tokens}")[0]
+    fast_rows = [n for n in timed if warm[n] <= 5 * warm["fp32"]]
+    slow_rows = [n for n in timed if n not in fast_rows]
+    timings = time_side_by_side({n: decode(n, new_tokens) for n in fast_rows}, ctx.device,
+                                warmup=0, repeats=repeats)
+    for name in slow_rows:
+        pair = time_side_by_side({"fp32": decode("fp32", slow_tokens), name: decode(name, slow_tokens)},
+                                 ctx.device, warmup=0, repeats=1)
+        timings[f"{name} (pair)"] = pair[name]
+    for name in timed:
+        tokens = new_tokens if name in fast_rows else slow_tokens
+        step = _median(decode_s[f"{name}@{tokens}"])
+        rows[name].update(decode_tokens_per_s=1 / step,
+                          decode_speedup=_median(decode_s[f"fp32@{tokens}"]) / step,
+                          timed_on_new_tokens=tokens,
+                          bandwidth_bytes_per_s=rows[name]["weight_bytes"] / step)
+    if "fp16" in rows and "fp16" not in timed:
+        rows["fp16"]["decode_speedup"] = None
+        rows["fp16"]["speed_note"] = "not timed: fp16 matmuls are emulated on this CPU (slow)"
+
+    figures = []
+    for name, row in rows.items():
+        if name == "fp32" or "error" in row:
+            if "error" in row:
+                figures.append(figure(f"{name}: not run", float("nan"), "", note=row["error"]))
+            continue
+        memory_note = (f"{row['weight_bytes'] / 2**20:.0f} MiB read per token vs {fp32_bytes / 2**20:.0f} MiB "
+                       f"fp32; {row['tensor_bytes'] / 2**20:.0f} MiB resident")
+        figures.append(figure(f"{name} weights / fp32", row["memory_fraction"], "fraction",
+                              higher_is_better=False, claim=_claim(name, 0), note=memory_note))
+        if row.get("decode_speedup") is not None:
+            how = (f"interleaved with every row, {new_tokens} new tokens" if name in fast_rows else
+                   f"timed in a pair with fp32 on {slow_tokens} new tokens (about "
+                   f"{warm[name] / warm['fp32']:.0f}x slower than fp32 in the warm-up)")
+            figures.append(figure(f"{name} / fp32 decode speed (batch 1)", row["decode_speedup"], "x",
+                                  target=TARGETS.get(name), claim=_claim(name, 1),
+                                  note=f"{row['decode_tokens_per_s']:.1f} tokens/s; {how}; kernels "
+                                       f"{row.get('kernels', 'dense')}"))
+        figures.append(figure(f"{name} perplexity increase over fp32", row["perplexity_increase"], "fraction",
+                              higher_is_better=False,
+                              note=f"perplexity {row['perplexity']:.2f} vs {math.exp(fp32_nll):.2f} on "
+                                   f"{len(eval_ids)} tokens of the evaluation text ({row['quality_from']})"))
+        figures.append(figure(f"{name} top-1 agreement with fp32", row["top1_agreement"], "fraction"))
+    return {"rows": rows, "fp32_weight_bytes": fp32_bytes, "eval_tokens": len(eval_ids),
+            "prompt_tokens": len(ids), "new_tokens": new_tokens,
+            "timings_s": {k: v.to_dict() for k, v in timings.items()},
+            "note": "weight-only quantization; activations stay fp32 (bf16 inside the fast kernels)",
+            "figures": figures}
+
+
+class _Nothing:
+    """A context manager that does nothing (rows that need no swap)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
