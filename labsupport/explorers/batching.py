@@ -1,0 +1,92 @@
+"""Notebook 02's explorer: batch size and prompt-length spread, live.
+
+Introduced in notebook 02 (batching).
+
+Releasing the batch slider (or the spread slider) generates a few tokens for a
+batch of that many prompts, whose lengths differ by that much, and redraws two
+figures: throughput and per-token latency against batch size (one line per
+spread, with ideal linear scaling dashed), and the padded batch itself with
+its padding waste. Every measurement is kept, so a setting already seen shows
+at once.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+
+from ..batching import batch_sizes, measure_batch, padding_waste, prompts_of_lengths, spread_lengths
+from ..generate import chat_prompt
+from ..plots.batching import padding_figure, scaling_figure
+from .base import Explorer
+
+SOURCE_TEXT = ("A lighthouse keeper lived alone on a rock far out at sea. Every evening he climbed the "
+               "spiral stairs, trimmed the wick, polished the great lens and watched the beam sweep "
+               "across the water, counting the ships that passed safely in the dark. ")
+SPREADS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def spread_label(spread: float) -> str:
+    return f"spread {spread:.2f}"
+
+
+class BatchPoints:
+    """Measured batches keyed by (batch, spread); measures on a miss."""
+
+    def __init__(self, model, source_ids: list[int], longest: int, new_tokens: int, measured=()):
+        self.model, self.source_ids = model, source_ids
+        self.longest, self.new_tokens = longest, new_tokens
+        self.rows: dict[tuple[int, float], dict] = {(r["batch"], r["spread"]): r for r in measured}
+
+    def lengths(self, batch: int, spread: float) -> list[int]:
+        return spread_lengths(batch, self.longest, spread)
+
+    def get(self, batch: int, spread: float) -> dict:
+        key = (batch, spread)
+        if key not in self.rows:
+            prompts = prompts_of_lengths(self.source_ids, self.lengths(batch, spread))
+            row = measure_batch(self.model, prompts, self.new_tokens, repeats=1, warmup=0)
+            self.rows[key] = {**row, "spread": spread, "group": spread_label(spread)}
+        return self.rows[key]
+
+    def all(self) -> list[dict]:
+        return sorted(self.rows.values(), key=lambda r: (r["spread"], r["batch"]))
+
+
+def batching_explorer(model, tokenizer, batches=None, spreads=SPREADS, longest: int = 48,
+                      new_tokens: int = 8, measured=(), use_widget: bool | None = None) -> Explorer:
+    """Controls: batch size and prompt-length spread; figures: throughput and latency against
+    batch size, and the padded batch with its waste.
+
+    Introduced in notebook 02 (batching).
+    model, tokenizer: labsupport's model and its tokenizer (prompts are cut from a
+    fixed text). batches: slider positions (default `batching.batch_sizes`, up to 32
+    on a CPU). spreads: 0 = every prompt `longest` tokens; 1 = lengths from `longest`
+    down to 1. new_tokens: tokens generated per row at each measurement (few, so
+    that a CPU answers in seconds). measured: rows already measured (dicts from
+    `measure_batch` with a "spread" key), shown at once.
+    """
+    batches = list(batches or [b for b in batch_sizes(model.device) if b <= 32 or model.device.type != "cpu"])
+    spreads = list(spreads)
+    source = tokenizer.encode(chat_prompt(tokenizer, SOURCE_TEXT * 4), add_special_tokens=False)
+    points = BatchPoints(model, source, longest, new_tokens, measured)
+
+    controls = {
+        "batch": widgets.SelectionSlider(options=batches, value=batches[0], description="batch size",
+                                         continuous_update=False, style={"description_width": "initial"}),
+        "spread": widgets.SelectionSlider(options=spreads, value=spreads[0],
+                                          description="prompt-length spread", continuous_update=False,
+                                          style={"description_width": "initial"}),
+    }
+
+    def render(values: dict):
+        current = points.get(values["batch"], values["spread"])
+        lengths = points.lengths(values["batch"], values["spread"])
+        picture = padding_figure([lengths], titles=(
+            f"batch {values['batch']}, {current['tokens_per_s']:.0f} tokens/s, "
+            f"{current['ms_per_token']:.0f} ms/token", ""))
+        picture.update_layout(title=f"the padded batch: {padding_waste(lengths):.0%} of its prompt slots are padding")
+        return [scaling_figure(points.all(), highlight=current), picture]
+
+    return Explorer(controls, render, use_widget=use_widget,
+                    title=f"Batch size and prompt-length spread ({new_tokens} new tokens per row, "
+                          f"prompts up to {longest} tokens)")

@@ -1,0 +1,129 @@
+"""Notebook 02 (batching): its checkers, figures and explorer, on a tiny random model."""
+
+import pytest
+import torch
+
+from labsupport import batching
+from labsupport.checks import CheckFailed
+from labsupport.checks.batching import check_left_pad, check_padding_waste
+from labsupport.explorers.batching import batching_explorer
+from labsupport.models.loading import ByteTokenizer, random_model
+from labsupport.plots.batching import padding_figure, peer_figure, scaling_figure
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return random_model("tiny-llama")
+
+
+def reference_left_pad(prompts, pad_id):
+    batch = batching.left_pad(prompts, pad_id)
+    return batch.tokens, batch.attention_mask, batch.positions
+
+
+def test_check_left_pad_accepts_reference(capsys):
+    check_left_pad(reference_left_pad)
+    check_left_pad(lambda prompts, pad_id: reference_left_pad(prompts, pad_id)[:2])     # positions optional
+    check_left_pad(lambda prompts, pad_id: batching.left_pad(prompts, pad_id))         # a PaddedBatch
+    check_left_pad(lambda prompts, pad_id: (reference_left_pad(prompts, pad_id)[0],
+                                            reference_left_pad(prompts, pad_id)[1].long()))  # 0/1 mask
+    assert capsys.readouterr().out.count("Correct") == 4
+
+
+def test_check_left_pad_rejects_right_padding():
+    def right_pad(prompts, pad_id):
+        width = max(map(len, prompts))
+        tokens = torch.tensor([p + [pad_id] * (width - len(p)) for p in prompts])
+        mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
+        return tokens, mask
+
+    with pytest.raises(CheckFailed, match="padding on the right"):
+        check_left_pad(right_pad)
+
+
+def test_check_left_pad_rejects_inverted_mask_and_bad_positions():
+    def inverted(prompts, pad_id):
+        tokens, mask, _ = reference_left_pad(prompts, pad_id)
+        return tokens, ~mask
+
+    with pytest.raises(CheckFailed, match="mask inverted"):
+        check_left_pad(inverted)
+
+    def counting_padding(prompts, pad_id):
+        tokens, mask, _ = reference_left_pad(prompts, pad_id)
+        return tokens, mask, torch.arange(tokens.shape[1]).expand_as(tokens)
+
+    with pytest.raises(CheckFailed, match="positions count the padding"):
+        check_left_pad(counting_padding)
+
+    with pytest.raises(CheckFailed, match="shape"):
+        check_left_pad(lambda prompts, pad_id: (torch.zeros(1, 1), torch.zeros(1, 1)))
+
+
+def test_check_padding_waste(capsys):
+    check_padding_waste(batching.padding_waste)
+    assert "Correct" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="fraction of real tokens"):
+        check_padding_waste(lambda lengths: sum(lengths) / (len(lengths) * max(lengths)))
+    with pytest.raises(CheckFailed, match="percentage"):
+        check_padding_waste(lambda lengths: 100 * batching.padding_waste(lengths))
+    with pytest.raises(CheckFailed, match="not by the real tokens"):
+        check_padding_waste(lambda lengths: (len(lengths) * max(lengths) - sum(lengths)) / sum(lengths))
+
+
+def test_helpers():
+    assert batching.spread_lengths(4, 64, 0.0) == [64] * 4
+    assert batching.spread_lengths(4, 64, 1.0) == [64, 43, 21, 1]
+    assert batching.combined_waste([[3, 1], [2, 2]]) == pytest.approx(0.2)
+    prompts = batching.prompts_of_lengths([1, 2, 3], [5, 2])
+    assert prompts == [[1, 2, 3, 1, 2], [1, 2]]
+    rows = [{"batch": b, "tokens_per_s": t} for b, t in [(1, 10), (2, 19), (4, 36), (8, 30)]]
+    assert batching.scaling_stops_at(rows) == 8
+    checks = batching.claim_checks(1.0, 9.0, 32, 20.0, 0.5, 0.1, 1.4)
+    assert len(checks) == 4 and checks[1]["verdict"].startswith("course target")
+
+
+def test_measure_batch(tiny_model):
+    row = batching.measure_batch(tiny_model, [[1, 2, 3], [4]], new_tokens=3, warmup=0)
+    assert row["batch"] == 2 and row["tokens_per_s"] > 0 and row["ms_per_token"] > 0
+    assert row["padding_waste"] == pytest.approx(1 / 3)
+
+
+def test_scaling_figure_traces():
+    rows = [{"batch": b, "tokens_per_s": 10 * b ** 0.8, "ms_per_token": 100 * b ** 0.2} for b in (1, 2, 4)]
+    fig = scaling_figure(rows, highlight=rows[1])
+    assert len(fig.data) == 2 + 2 + 2              # measured, ideal, current, in each panel
+    ideal = [t for t in fig.data if t.name.startswith("ideal: batch 1 x")][0]
+    assert list(ideal.y) == pytest.approx([10, 20, 40])
+    assert fig.layout.xaxis.type == "log" and "tokens/s" in fig.layout.yaxis.title.text
+    assert "ms" in fig.layout.yaxis2.title.text
+
+
+def test_padding_figure_and_peer_figure():
+    fig = padding_figure([[5, 1], [5, 1]], [[5, 5], [1, 1]])
+    assert [t.name for t in fig.data] == ["padding", "prompt tokens"] * 2
+    assert list(fig.data[0].x) == [0, 4, 0, 4] and list(fig.data[2].x) == [0, 0, 0, 0]
+    assert "40%" in fig.layout.annotations[0].text and "0%" in fig.layout.annotations[1].text
+    bars = peer_figure({"labsupport": 20.0, "huggingface": 10.0})
+    assert list(bars.data[0].y) == [20.0, 10.0] and "tokens/s" in bars.layout.yaxis.title.text
+
+
+@pytest.mark.parametrize("use_widget", [False, True])
+def test_explorer_responds(tiny_model, use_widget):
+    explorer = batching_explorer(tiny_model, ByteTokenizer(), batches=[1, 2, 4], spreads=(0.0, 1.0),
+                                 longest=12, new_tokens=2, use_widget=use_widget)
+    assert set(explorer.controls) == {"batch", "spread"}
+    assert all(c.continuous_update is False for c in explorer.controls.values())
+
+    def scaling_x():
+        return [list(t.x) for t in explorer.figures[0].figure.data]
+
+    before = scaling_x()
+    explorer.controls["batch"].value = 4
+    assert scaling_x() != before
+    assert "0%" in explorer.figures[1].figure.layout.title.text
+    explorer.controls["spread"].value = 1.0
+    assert "0%" not in explorer.figures[1].figure.layout.title.text.split(":")[1][:4]
+    assert len(explorer.figures[1].figure.data[0].x) == 4          # four rows in the padded picture
+    explorer.controls["batch"].value = 1                               # cached: no new measurement
+    assert explorer.status.value == ""
