@@ -105,6 +105,17 @@ def _eos_tensor(model, eos_token_ids, device) -> torch.Tensor:
     return torch.tensor(list(ids), dtype=torch.long, device=device)
 
 
+def _next_tokens(logits, sampling, generator, new_tokens: list, finished, counts, eos) -> torch.Tensor:
+    """Pick each row's next token and do the bookkeeping: a finished row keeps repeating
+    its end token and stops counting; `new_tokens`, `finished` and `counts` are updated."""
+    next_tokens = sample(logits, sampling, generator)
+    next_tokens = torch.where(finished, new_tokens[-1] if new_tokens else next_tokens, next_tokens)
+    counts += ~finished
+    new_tokens.append(next_tokens)
+    finished |= torch.isin(next_tokens, eos)
+    return next_tokens
+
+
 def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig = GREEDY,
              eos_token_ids: Sequence[int] | None = None, stream: StreamCallback | None = None,
              return_logits: bool = False, compile: bool = False) -> GenerationResult:
@@ -145,14 +156,9 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     for step in range(max_new_tokens):
         if return_logits:
             all_logits.append(logits.float().cpu())
-        next_tokens = sample(logits, sampling, generator)
-        # a finished row keeps repeating its end token and stops counting
-        next_tokens = torch.where(finished, new_tokens[-1] if new_tokens else next_tokens, next_tokens)
-        counts += ~finished
-        new_tokens.append(next_tokens)
+        next_tokens = _next_tokens(logits, sampling, generator, new_tokens, finished, counts, eos)
         if stream is not None:
             stream(next_tokens)
-        finished |= torch.isin(next_tokens, eos)
         if t1 is None:
             synchronize(device)
             t1 = time.perf_counter()
@@ -219,11 +225,7 @@ def generate_naive(model, prompt, max_new_tokens: int = 32, sampling: SamplingCo
         logits = model(sequence, last_only=True)[:, -1]                 # (batch, vocab)
         if return_logits:
             all_logits.append(logits.float().cpu())
-        next_tokens = sample(logits, sampling, generator)
-        next_tokens = torch.where(finished, new_tokens[-1] if new_tokens else next_tokens, next_tokens)
-        counts += ~finished
-        new_tokens.append(next_tokens)
-        finished |= torch.isin(next_tokens, eos)
+        next_tokens = _next_tokens(logits, sampling, generator, new_tokens, finished, counts, eos)
         sequence = torch.cat([sequence, next_tokens.unsqueeze(1)], dim=1)   # (batch, T + step + 1)
         if bool(finished.all()):
             break
