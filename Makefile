@@ -21,3 +21,7 @@ bench: install         ## every benchmark, as JSON
 
 lab: install           ## open the course in JupyterLab
 	$(VENV)/bin/jupyter lab notebooks/
+
+.PHONY: student
+student: install       ## student versions of every notebook (solutions -> stubs) in student/
+	$(PY) -m labsupport.delivery student --out student
