@@ -1,0 +1,19 @@
+"""A small, real serving engine: requests, a paged KV cache, a scheduler (static or
+continuous batching), an engine step, workloads and metrics.
+
+Introduced in notebook 06 (continuous batching). Read the modules in this order:
+request -> block_manager -> paged_cache -> scheduler -> model_runner -> engine ->
+workload -> metrics.
+"""
+
+from .block_manager import BlockManager, blocks_needed
+from .engine import Engine, ServingResult, StepRecord
+from .metrics import reserved_vs_used, slot_bars, summarize, utilization_timeline
+from .paged_cache import PagedKVCache
+from .request import Request, Sequence, Status
+from .scheduler import POLICIES, ScheduledStep, Scheduler
+from .workload import chat_prompts, make_workload
+
+__all__ = ["BlockManager", "blocks_needed", "Engine", "ServingResult", "StepRecord", "reserved_vs_used",
+           "slot_bars", "summarize", "utilization_timeline", "PagedKVCache", "Request", "Sequence",
+           "Status", "POLICIES", "ScheduledStep", "Scheduler", "chat_prompts", "make_workload"]

@@ -1,0 +1,76 @@
+"""What a server is judged by: throughput, time to first token, latency, slot use.
+
+Introduced in notebook 06 (continuous batching).
+
+* throughput: generated tokens per second over the whole run (the operator's view);
+* time to first token (TTFT): arrival -> first token (how long a user stares at nothing);
+* latency: arrival -> last token; reported at the median (p50) and the tail (p99),
+  because one user in a hundred waiting ten times longer is what people remember;
+* slot utilization: the fraction of batch slots doing useful work in each step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def percentile(values, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def summarize(result) -> dict:
+    """The headline numbers of a `ServingResult`, as a flat dict."""
+    done = [s for s in result.sequences if s.is_finished]
+    if not done:
+        return {"requests": 0, "tokens": 0, "throughput_tokens_per_s": float("nan")}
+    start = min(s.request.arrival for s in done)
+    end = max(s.finished_at for s in done)
+    tokens = sum(len(s.output) for s in done)
+    ttft = [s.first_token_at - s.request.arrival for s in done]
+    latency = [s.finished_at - s.request.arrival for s in done]
+    busy = [r.decode_rows + r.prefills for r in result.steps]
+    return {
+        "policy": result.policy,
+        "max_slots": result.max_slots,
+        "requests": len(done),
+        "rejected": len(result.rejected),
+        "tokens": tokens,
+        "duration": end - start,
+        "steps": len(result.steps),
+        "throughput_tokens_per_s": tokens / (end - start) if end > start else float("nan"),
+        "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+        "latency_p50": percentile(latency, 50), "latency_p99": percentile(latency, 99),
+        "slot_utilization": float(np.mean([min(b, result.max_slots) / result.max_slots for b in busy])),
+        "preemptions": sum(s.preemptions for s in result.sequences),
+        "peak_cache_bytes": result.peak_blocks * result.block_bytes,
+    }
+
+
+def utilization_timeline(result) -> dict:
+    """Per step: its start and end time and the fraction of slots in use (for a plot)."""
+    return {
+        "start": [r.start for r in result.steps],
+        "end": [r.end for r in result.steps],
+        "busy_slots": [min(r.decode_rows + r.prefills, result.max_slots) for r in result.steps],
+        "padding_rows": [r.padding_rows for r in result.steps],
+        "max_slots": result.max_slots,
+    }
+
+
+def slot_bars(result) -> list[dict]:
+    """One bar per stay of a request in a slot: {request, slot, start, end, preempted}."""
+    bars = []
+    for seq in result.sequences:
+        for i, (slot, start, end) in enumerate(seq.slot_spans):
+            bars.append({"request": seq.id, "slot": slot, "start": start,
+                         "end": end if end is not None else start,
+                         "preempted": i < len(seq.slot_spans) - 1, "tokens": len(seq.output)})
+    return bars
+
+
+def reserved_vs_used(result, max_length: int) -> dict:
+    """Cache bytes a per-slot reservation of `max_length` positions would hold, against
+    the paged cache's peak use in this run."""
+    bytes_per_position = result.block_bytes / result.block_size
+    reserved = result.max_slots * max_length * bytes_per_position
+    return {"reserved_bytes": reserved, "used_bytes": result.peak_blocks * result.block_bytes}

@@ -1,0 +1,111 @@
+"""Requests and the state of each sequence a server is working on.
+
+Introduced in notebook 06 (continuous batching).
+
+A `Request` is what a user sends: a prompt, how to sample, when to stop, and
+when it arrived. A `Sequence` is the server's record of one request while it is
+served. It moves through three states::
+
+    WAITING --admitted (prefill)--> RUNNING --last token--> FINISHED
+       ^                               |
+       +--------- preempted -----------+   (its cache blocks were needed elsewhere)
+
+A preempted sequence keeps the tokens it has generated; when it is admitted
+again, one prefill over prompt + generated tokens rebuilds its cache
+("recompute" preemption, as in vLLM), and it carries on where it stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Callable, Sequence as Seq
+
+import torch
+
+from ..errors import LabError
+from ..sampling import GREEDY, SamplingConfig
+
+
+@dataclass
+class Request:
+    """One user's request. `arrival` is in seconds from the start of a run."""
+
+    prompt: Seq[int]
+    max_new_tokens: int = 32
+    sampling: SamplingConfig = GREEDY
+    eos_token_ids: Seq[int] = ()
+    arrival: float = 0.0
+    request_id: str | int | None = None
+    on_token: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.prompt = [int(t) for t in self.prompt]
+        if not self.prompt:
+            raise LabError(f"Request {self.request_id!r} has an empty prompt; give at least one token.")
+        if self.max_new_tokens < 1:
+            raise LabError(f"Request {self.request_id!r}: max_new_tokens must be at least 1, "
+                           f"got {self.max_new_tokens}.")
+        if self.arrival < 0:
+            raise LabError(f"Request {self.request_id!r}: arrival must be >= 0 seconds, got {self.arrival}.")
+
+    @property
+    def max_length(self) -> int:
+        """The most positions this request can ever occupy in the cache."""
+        return len(self.prompt) + self.max_new_tokens
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """The server's record of one request: its tokens, its state, its cache blocks, its timings."""
+
+    def __init__(self, request: Request, index: int, device):
+        self.request = request
+        self.index = index                  # order of arrival at the engine
+        self.id = request.request_id if request.request_id is not None else index
+        self.status = Status.WAITING
+        self.output: list[int] = []         # generated tokens so far
+        self.num_cached = 0                 # positions whose keys/values are in the cache
+        self.slot: int | None = None        # batch slot while admitted (for the timeline)
+        self.generator = request.sampling.generator(device)
+        self.preemptions = 0
+        # timings, in seconds of the run's clock
+        self.admitted_at: float | None = None
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.slot_spans: list[tuple[int, float, float | None]] = []   # (slot, start, end)
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt followed by every generated token."""
+        return self.request.prompt + self.output
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def append(self, token: int, now: float) -> bool:
+        """Record a new token; returns True when this token ends the sequence."""
+        self.output.append(token)
+        if self.first_token_at is None:
+            self.first_token_at = now
+        if self.request.on_token is not None:
+            self.request.on_token(token)
+        return (token in self.request.eos_token_ids
+                or len(self.output) >= self.request.max_new_tokens)
+
+    def __repr__(self):
+        return (f"Sequence(id={self.id!r}, {self.status.value}, prompt={len(self.request.prompt)}, "
+                f"output={len(self.output)}/{self.request.max_new_tokens}, slot={self.slot})")
+
+
+def next_token(logits: torch.Tensor, sequence: Sequence) -> int:
+    """Pick a sequence's next token from its logits (vocab,), with its own sampling and seed,
+    so that what runs beside it never changes its random stream."""
+    from ..sampling import sample
+    return int(sample(logits[None], sequence.request.sampling, sequence.generator)[0])

@@ -1,0 +1,250 @@
+"""The serving engine (notebook 06): paged cache, schedulers, engine, workloads, metrics.
+
+The correctness invariants: the paged cache gives the contiguous cache's logits;
+every request gets the tokens it gets alone, whatever the policy, the neighbours
+and the preemptions; no cache block leaks. Tiny models run in float64, where
+batching cannot flip an argmax by rounding, so token equality is exact.
+"""
+
+import pytest
+import torch
+
+from labsupport.errors import LabError
+from labsupport.generate import generate
+from labsupport.kv_cache import StaticKVCache
+from labsupport.models.loading import random_model
+from labsupport.sampling import SamplingConfig
+from labsupport.serving import (BlockManager, Engine, PagedKVCache, Request, Scheduler, Sequence,
+                                blocks_needed, make_workload, reserved_vs_used, slot_bars,
+                                utilization_timeline)
+from labsupport.serving.model_runner import ModelRunner
+from labsupport.serving.workload import arrival_times, output_lengths
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt2"])
+def model(request):
+    torch.manual_seed(0)
+    return random_model(request.param, dtype=torch.float64)
+
+
+def prompts(n=6, seed=0, vocab=256):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [5, 9, 3, 12, 7, 4, 10, 6][:n]
+    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths]
+
+
+def alone(model, request):
+    return generate(model, request.prompt, request.max_new_tokens, sampling=request.sampling,
+                    eos_token_ids=request.eos_token_ids).row(0)
+
+
+# --- the paged cache ----------------------------------------------------------------
+
+def test_paged_logits_equal_contiguous_cache(model):
+    """Prefill three sequences of different lengths into scattered blocks, decode them
+    together, and compare every row with the same sequence in a static cache."""
+    block_size = 4
+    blocks = BlockManager(num_blocks=40, block_size=block_size)
+    cache = PagedKVCache(model.config, 40, block_size, dtype=model.dtype)
+    runner = ModelRunner(model, cache, blocks.table)
+    seqs = [Sequence(Request(p, max_new_tokens=8), i, "cpu") for i, p in enumerate(prompts(3))]
+    for seq in seqs:                       # grow in turns, so that block tables interleave
+        blocks.grow(seq.index, 2)
+    for seq in seqs:
+        blocks.grow(seq.index, len(seq.tokens) + 3)
+    assert blocks.table(0) != list(range(len(blocks.table(0))))         # not contiguous
+    for seq in seqs:
+        paged_prefill = runner.prefill(seq)
+        static = StaticKVCache(model.config, 1, 32, dtype=model.dtype)
+        reference = model(torch.tensor([seq.tokens]), cache=static)[0, -1]
+        torch.testing.assert_close(paged_prefill, reference, rtol=0, atol=1e-10)
+        seq.output.append(int(reference.argmax()))
+    for _ in range(3):                     # three batched decode steps
+        logits = runner.decode(seqs)
+        for row, seq in enumerate(seqs):
+            full = model(torch.tensor([seq.tokens]))[0, -1]               # no cache at all
+            torch.testing.assert_close(logits[row], full, rtol=0, atol=1e-10)
+            seq.output.append(int(full.argmax()))
+
+
+def test_padding_rows_do_not_touch_real_rows(model):
+    blocks = BlockManager(num_blocks=10, block_size=4)
+    cache = PagedKVCache(model.config, 10, 4, dtype=model.dtype)
+    runner = ModelRunner(model, cache, blocks.table)
+    seq = Sequence(Request(prompts(1)[0], max_new_tokens=4), 0, "cpu")
+    blocks.grow(0, len(seq.tokens) + 2)
+    seq.output.append(int(runner.prefill(seq).argmax()))
+    with_padding = runner.decode([seq], padding_rows=3)
+    seq.num_cached -= 1                                                    # redo the same step
+    without = runner.decode([seq])
+    assert with_padding.shape == (1, model.config.vocab_size)
+    torch.testing.assert_close(with_padding, without, rtol=0, atol=1e-10)
+
+
+# --- the engine: same tokens as alone, both policies, with preemption ------------------
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+@pytest.mark.parametrize("cache_tokens", [None, 48])
+def test_every_request_gets_its_tokens_alone(model, policy, cache_tokens):
+    requests = make_workload(prompts(), count=10, rate=0.5, median_new_tokens=10, max_new_tokens=30, seed=3)
+    engine = Engine(model, max_slots=4, policy=policy, block_size=4, cache_tokens=cache_tokens)
+    result = engine.run(requests, clock="steps")
+    assert not result.rejected
+    for request, seq in zip(requests, result.sequences):
+        assert seq.output == alone(model, request), request.request_id
+    engine.blocks.check_no_leaks()
+    if cache_tokens is not None and policy == "continuous":
+        assert result.metrics()["preemptions"] > 0          # the small cache forced preemptions
+
+
+def test_sampled_requests_survive_preemption(model):
+    sampling = SamplingConfig(temperature=1.0, top_k=20, seed=5)
+    requests = make_workload(prompts(), count=8, median_new_tokens=12, max_new_tokens=30, seed=3,
+                             sampling=sampling)
+    roomy = Engine(model, max_slots=4, block_size=4).run(requests, clock="steps")
+    tight_engine = Engine(model, max_slots=4, block_size=4, cache_tokens=48)
+    tight = tight_engine.run(requests, clock="steps")
+    assert tight.metrics()["preemptions"] > 0
+    assert roomy.tokens() == tight.tokens()
+    assert [alone(model, r) for r in requests] == list(roomy.tokens().values())
+    tight_engine.blocks.check_no_leaks()
+
+
+def test_end_of_sequence_and_streaming(model):
+    prompt = prompts(1)[0]
+    sampling = SamplingConfig(temperature=1.0, seed=1)      # a random tiny model repeats itself when greedy
+    free_run = alone(model, Request(prompt, max_new_tokens=8, sampling=sampling))
+    stop = next(k for k in range(1, 8) if free_run[k] not in free_run[:k])   # a token new at step k
+    seen = []
+    request = Request(prompt, max_new_tokens=20, sampling=sampling, eos_token_ids=(free_run[stop],),
+                      on_token=seen.append)
+    result = Engine(model, max_slots=2).run([request])
+    assert result.sequences[0].output == free_run[: stop + 1] == seen
+
+
+# --- the scheduler's policies ------------------------------------------------------
+
+def test_static_admits_a_batch_together_and_keeps_finished_rows():
+    lengths = [2, 9, 3, 4, 1]
+    requests = [Request([1, 2, 3], max_new_tokens=n, request_id=i) for i, n in enumerate(lengths)]
+    model = random_model("tiny-llama")
+    result = Engine(model, max_slots=2, policy="static").run(requests, clock="steps")
+    admitted = [s.admitted_at for s in result.sequences]
+    assert admitted[0] == admitted[1]                     # seated together
+    assert admitted[2] >= result.sequences[1].finished_at  # waited for the longest member
+    padded = [r.padding_rows for r in result.steps]
+    assert max(padded) == 1                               # request 0 ended early but kept its row
+    continuous = Engine(model, max_slots=2, policy="continuous").run(requests, clock="steps")
+    assert continuous.sequences[2].admitted_at < admitted[2]
+    assert len(continuous.steps) < len(result.steps)
+    assert all(r.padding_rows == 0 for r in continuous.steps)
+
+
+def test_continuous_scheduler_step_by_step():
+    """One scheduler step: a finished sequence leaves and the next waiting one joins."""
+    blocks = BlockManager(num_blocks=16, block_size=4)
+    scheduler = Scheduler("continuous", max_slots=2, blocks=blocks)
+    seqs = [Sequence(Request([1, 2, 3], max_new_tokens=5), i, "cpu") for i in range(3)]
+    for s in seqs:
+        scheduler.add(s)
+    first = scheduler.schedule(now=0)
+    assert first.prefill == seqs[:2] and first.decode == []
+    for s in seqs[:2]:
+        s.num_cached = len(s.tokens)
+    scheduler.finish(seqs[0], now=1)
+    second = scheduler.schedule(now=1)
+    assert second.decode == [seqs[1]] and second.prefill == [seqs[2]]
+    assert seqs[2].slot == seqs[0].slot
+
+
+def test_preemption_frees_the_latest_and_requeues_it_first():
+    blocks = BlockManager(num_blocks=4, block_size=2)
+    scheduler = Scheduler("continuous", max_slots=4, blocks=blocks)
+    a, b = (Sequence(Request([1, 2], max_new_tokens=6), i, "cpu") for i in range(2))
+    scheduler.add(a), scheduler.add(b)
+    scheduler.schedule(0)                                 # both admitted: 2 blocks each (3 positions)
+    a.num_cached, b.num_cached = 4, 2                      # a needs a third block
+    step = scheduler.schedule(1)
+    assert step.preempted == [b] and step.decode == [a]
+    assert scheduler.waiting[0] is b and b.num_cached == 0 and b.preemptions == 1
+    assert blocks.table(b.index) == [] and len(blocks.table(a.index)) == 3
+
+
+# --- bad input ------------------------------------------------------------------
+
+def test_a_request_too_long_for_the_cache_is_refused_and_the_rest_served():
+    model = random_model("tiny-llama", dtype=torch.float64)
+    good = make_workload(prompts(3), max_new_tokens=8, seed=1)
+    too_long = Request(list(range(60)), max_new_tokens=10, request_id="huge")
+    engine = Engine(model, max_slots=2, block_size=4, cache_tokens=64)
+    result = engine.run(good + [too_long], clock="steps")
+    assert "huge" in result.rejected and "paged cache holds 64" in result.rejected["huge"]
+    assert [s.output for s in result.sequences] == [alone(model, r) for r in good]
+    with pytest.raises(LabError, match="cache_tokens"):
+        engine.add_request(too_long)
+    engine.blocks.check_no_leaks()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda m: Engine(m, max_slots=0), "at least one batch slot"),
+    (lambda m: Engine(m).run([]), "request list is empty"),
+    (lambda m: Engine(m, policy="fifo"), "static' or 'continuous"),
+    (lambda m: Request([], max_new_tokens=4), "empty prompt"),
+    (lambda m: Request([1], max_new_tokens=0), "max_new_tokens must be at least 1"),
+    (lambda m: Engine(m).add_request(Request([1, 10**6])), "outside the vocabulary"),
+    (lambda m: Engine(m, cache_tokens=10**6).add_request(Request([1] * 250, max_new_tokens=10)),
+     "model's context holds"),
+    (lambda m: Engine(m).run([Request([1])], clock="sundial"), "clock must be"),
+    (lambda m: make_workload([[1]], rate=0), "arrival rate must be positive"),
+])
+def test_bad_input_gets_one_sentence(make, message):
+    with pytest.raises(LabError, match=message):
+        make(random_model("tiny-llama"))
+
+
+# --- workloads and metrics --------------------------------------------------------
+
+def test_workload_is_seeded_and_long_tailed():
+    assert output_lengths(50, seed=3) == output_lengths(50, seed=3)
+    lengths = output_lengths(2000, median_new_tokens=16, sigma=1.0, max_new_tokens=512, seed=0)
+    assert 14 <= sorted(lengths)[1000] <= 18                         # median near 16
+    assert max(lengths) > 8 * 16                                      # a long tail
+    arrivals = arrival_times(500, rate=4.0, seed=1)
+    assert arrivals == sorted(arrivals) and abs(500 / arrivals[-1] - 4.0) < 0.6
+
+
+def test_metrics_timeline_and_memory():
+    model = random_model("tiny-llama")
+    requests = make_workload(prompts(), count=12, rate=1.0, median_new_tokens=6, max_new_tokens=20, seed=2)
+    result = Engine(model, max_slots=3, block_size=4).run(requests, clock="steps")
+    m = result.metrics()
+    assert m["requests"] == 12 and m["tokens"] == sum(r.max_new_tokens for r in requests)
+    assert 0 < m["slot_utilization"] <= 1 and m["ttft_p50"] <= m["latency_p50"] <= m["latency_p99"]
+    assert m["throughput_tokens_per_s"] == pytest.approx(m["tokens"] / m["duration"])
+    again = Engine(model, max_slots=3, block_size=4).run(requests, clock="steps").metrics()
+    assert again == m                                                 # the steps clock is exact
+    bars = slot_bars(result)
+    assert len(bars) >= 12 and all(0 <= b["slot"] < 3 and b["end"] >= b["start"] for b in bars)
+    for slot in range(3):                                             # never two requests in one slot
+        spans = sorted((b["start"], b["end"]) for b in bars if b["slot"] == slot)
+        assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
+    timeline = utilization_timeline(result)
+    assert len(timeline["start"]) == m["steps"] and max(timeline["busy_slots"]) <= 3
+    memory = reserved_vs_used(result, max_length=model.config.max_position)
+    assert 0 < memory["used_bytes"] < memory["reserved_bytes"]
+    assert blocks_needed(17, 16) == 2 and blocks_needed(16, 16) == 1
+
+
+# --- the embedded model, and Hugging Face's continuous batching --------------------
+
+@pytest.mark.slow
+def test_embedded_model_serves_the_same_tokens_as_alone_and_as_hf(smollm, smollm_hf):
+    from labsupport.serving import chat_prompts
+    from labsupport.serving.hf_peer import hf_serve
+    model, tokenizer = smollm
+    requests = make_workload(chat_prompts(tokenizer, 4), median_new_tokens=6, max_new_tokens=12, seed=0)
+    result = Engine(model, max_slots=3, block_size=8, cache_tokens=3 * 64).run(requests)
+    ours = result.tokens()
+    assert list(ours.values()) == [alone(model, r) for r in requests]
+    theirs = hf_serve(smollm_hf, requests, max_slots=3)
+    assert theirs["tokens"] == ours
