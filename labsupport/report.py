@@ -54,7 +54,7 @@ def markdown_table(report: dict) -> str:
 
 
 def write_report(report: dict, directory: str | Path) -> Path:
-    """Save report.json and report.md in `directory`; returns the markdown path."""
+    """Save report.json, report.md and report.html in `directory`; returns the HTML path."""
     directory = Path(directory)
     write_json(report, directory / "report.json")
     machine = report["machine"]
@@ -62,6 +62,256 @@ def write_report(report: dict, directory: str | Path) -> Path:
           f"Model: {report['model']}; device: {machine['device_name']} ({machine['device']}); "
           f"torch {machine['torch']}, {machine['threads']} threads.", "",
           markdown_table(report), ""]
-    path = directory / "report.md"
-    path.write_text("\n".join(md))
+    (directory / "report.md").write_text("\n".join(md))
+    return write_html(report, directory / "report.html")
+
+
+# ------------------------------------------------------------------ the HTML report
+
+# Which notebook each bench section belongs to (the README's table of the course).
+SECTION_NOTEBOOKS = {
+    "baseline": "00 where the time goes", "roofline": "00 where the time goes",
+    "kv_cache": "01 KV cache", "batching": "02 batching", "precision": "03 mixed precision",
+    "quantization": "04 quantization", "speculative": "05 speculative decoding",
+    "serving": "06 continuous batching", "stack": "07 putting it together",
+}
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
+       padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; } h2 { margin-top: 2.2em; border-bottom: 1px solid #ddd; padding-bottom: .2em; }
+table { border-collapse: collapse; width: 100%; margin: .8em 0; font-size: .92em; }
+th, td { border: 1px solid #ddd; padding: .35em .55em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } td.num { white-space: nowrap; font-variant-numeric: tabular-nums; }
+tr.meets td.verdict { color: #1a7f37; } tr.misses td.verdict { color: #b42318; font-weight: bold; }
+.detail { color: #555; font-size: .9em; } .plot { margin: 1em 0; } .muted { color: #666; }
+"""
+
+
+def _esc(text) -> str:
+    import html
+    return html.escape(str(text), quote=True)
+
+
+def _machine_rows(report: dict) -> list[tuple[str, str]]:
+    machine = report.get("machine", {})
+    hardware = machine.get("hardware") or {}
+    rows = [("created", report.get("created", "")), ("model", report.get("model", "")),
+            ("device", f"{machine.get('device_name', '')} ({machine.get('device', '')})"),
+            ("torch / python", f"torch {machine.get('torch', '')}, python {machine.get('python', '')}"),
+            ("threads", machine.get("threads", ""))]
+    if hardware.get("bandwidth"):
+        rows.append(("measured copy bandwidth", f"{hardware['bandwidth'] / 1e9:.1f} GB/s"))
+    for dtype, flops in (hardware.get("flops") or {}).items():
+        rows.append((f"measured matmul speed ({dtype})", f"{flops / 1e9:.0f} GFLOP/s"))
+    if report.get("options"):
+        rows.append(("options", ", ".join(f"{k}={v}" for k, v in report["options"].items())))
+    seconds = [s.get("seconds") for s in report.get("sections", {}).values() if s.get("seconds")]
+    if seconds:
+        rows.append(("time measuring", f"{sum(seconds):.0f} s"))
+    return rows
+
+
+def _figure_table(figures: list[dict]) -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in HEADER[:4])
+    body = []
+    for f in figures:
+        verdict = _verdict(f)
+        css = "" if f["met"] is None else ("meets" if f["met"] else "misses")
+        detail = f"<div class=\"detail\">{_esc(f['note'])}</div>" if f.get("note") else ""
+        body.append(f"<tr class=\"figure {css}\"><td>{_esc(f['name'])}{detail}</td>"
+                    f"<td class=\"num\">{_esc(_value(f))}</td><td class=\"verdict\">{_esc(verdict)}</td>"
+                    f"<td>{_esc(f.get('claim') or '')}</td></tr>")
+    return f"<table class=\"figures\"><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+# Plots per section, from the raw data the bench JSON holds. Each returns a list of
+# plotly figures; a section without a builder here, or whose builder fails on data
+# it does not expect, gets `ratio_figures` instead.
+
+def _baseline_plots(section: dict) -> list:
+    import plotly.graph_objects as go
+
+    from .plots.batching import peer_figure
+    figs = [peer_figure(section["tokens_per_s"], "generate(), fp32, greedy, batch 1: labsupport vs Hugging Face")]
+    if section.get("bandwidth_achieved_bytes_per_s") and section.get("copy_bandwidth_bytes_per_s"):
+        values = {"decode (weights + KV cache read per token)": section["bandwidth_achieved_bytes_per_s"] / 1e9,
+                  "measured copy bandwidth": section["copy_bandwidth_bytes_per_s"] / 1e9}
+        fig = go.Figure(go.Bar(x=list(values), y=list(values.values()), marker_color=["#1f77b4", "#7f7f7f"],
+                               text=[f"{v:.1f}" for v in values.values()], textposition="outside"))
+        fig.update_yaxes(title="memory bandwidth [GB/s]", rangemode="tozero")
+        fig.update_layout(title="Decode: bandwidth used vs the machine's copy bandwidth", height=380,
+                          template="plotly_white", font=dict(size=13))
+        figs.append(fig)
+    return figs
+
+
+def _roofline_plots(section: dict) -> list:
+    from .hardware import HardwareProfile
+    from .plots.roofline import roofline_figure, step_time_figure
+    rows = [r for dtype_rows in section["sweeps"].values() for r in dtype_rows]
+    profile = HardwareProfile(**section["hardware"])
+    points = [{**r, "group": f"decode step, {r['dtype']}", "label": f"batch {r['batch']} ({r['dtype']})"}
+              for r in rows]
+    return [roofline_figure(profile, points), step_time_figure(rows)]
+
+
+def _kv_cache_plots(section: dict) -> list:
+    import plotly.graph_objects as go
+
+    from .plots.kv_cache import per_token_time_figure
+    figs = [per_token_time_figure(section["per_position_s"])]
+    rows = list(section.get("rows", [])) + list(section.get("estimated_rows", []))
+    if rows:
+        labels = [f"{r['new_tokens']} new tokens" + ("" if "timings_s" in r else " (estimated)") for r in rows]
+        fig = go.Figure(go.Bar(x=labels, y=[r["speedup"] for r in rows], marker_color="#1f77b4",
+                               text=[f"{r['speedup']:.1f}x" for r in rows], textposition="outside"))
+        fig.update_yaxes(title="speed-up over the uncached loop [x]", rangemode="tozero")
+        fig.update_layout(title="KV cache speed-up by generation length", height=380,
+                          template="plotly_white", font=dict(size=13))
+        figs.append(fig)
+    return figs
+
+
+def _batching_plots(section: dict) -> list:
+    from .plots.batching import padding_figure, scaling_figure
+    rows = [{**r, "ms_per_token": r.get("ms_per_token", r.get("ms_per_step")), "group": "measured (fp32)"}
+            for r in section["sweep"]]
+    figs = [scaling_figure(rows)]
+    if section.get("padding", {}).get("lengths"):
+        figs.append(padding_figure([section["padding"]["lengths"]], titles=("one batch of mixed prompts",)))
+    return figs
+
+
+def _precision_plots(section: dict) -> list:
+    from .plots.precision import memory_figure, speed_figure
+    models = section["models"]
+    memory = [{"model": "this model (as loaded)", "dtype": d, "mib": m["bytes"] / 2**20} for d, m in models.items()]
+    speed = [{"regime": regime, "dtype": d, "speedup": m.get(f"{key}_speedup")}
+             for regime, key in (("decode", "decode"), ("prefill (512-token prompt)", "prefill"))
+             for d, m in models.items() if d != "float32"]
+    return [memory_figure(memory), speed_figure(speed)]
+
+
+def _quantization_plots(section: dict) -> list:
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+    rows = section["rows"]
+    names = list(rows)
+    panels = [("memory_fraction", "weights / fp32", "{:.0%}"), ("decode_speedup", "decode speed / fp32 [x]", "{:.2f}x"),
+              ("perplexity_increase", "perplexity increase", "{:+.1%}"), ("top1_agreement", "top-1 agreement", "{:.0%}")]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[p[1] for p in panels], vertical_spacing=0.2)
+    for i, (key, _, fmt) in enumerate(panels):
+        xs = [n for n in names if rows[n].get(key) is not None]
+        ys = [rows[n][key] for n in xs]
+        fig.add_trace(go.Bar(x=xs, y=ys, text=[fmt.format(v) for v in ys], textposition="outside",
+                             marker_color="#1f77b4", showlegend=False, cliponaxis=False),
+                      row=i // 2 + 1, col=i % 2 + 1)
+    fig.update_layout(title="Quantized weights against fp32 (same run)", height=620,
+                      template="plotly_white", font=dict(size=12), margin=dict(t=90))
+    return [fig]
+
+
+def _speculative_plots(section: dict) -> list:
+    import plotly.graph_objects as go
+    fig = go.Figure()
+    tasks = section["tasks"]
+    engines = list(dict.fromkeys(e for t in tasks.values() for e in t["tokens_per_s"]))
+    for engine in engines:
+        xs = [t for t in tasks if engine in tasks[t]["tokens_per_s"]]
+        ys = [tasks[t]["tokens_per_s"][engine] for t in xs]
+        fig.add_trace(go.Bar(x=xs, y=ys, name=engine, text=[f"{v:.1f}" for v in ys], textposition="outside"))
+    fig.update_xaxes(title="task")
+    fig.update_yaxes(title="throughput [tokens/s]", rangemode="tozero")
+    fig.update_layout(title=f"Speculative decoding (k={section.get('k', '?')}): tokens/s per task",
+                      barmode="group", height=420, template="plotly_white", font=dict(size=13),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
+    return [fig]
+
+
+SECTION_PLOTS = {"baseline": _baseline_plots, "roofline": _roofline_plots, "kv_cache": _kv_cache_plots,
+                 "batching": _batching_plots, "precision": _precision_plots,
+                 "quantization": _quantization_plots, "speculative": _speculative_plots}
+
+_UNIT_TITLES = {"x": "ratio [x]", "fraction": "fraction [%]"}
+
+
+def ratio_figures(section: dict) -> list:
+    """The fallback: one horizontal bar chart per unit of the section's figures, targets marked."""
+    import plotly.graph_objects as go
+    by_unit: dict[str, list[dict]] = {}
+    for f in section.get("figures", []):
+        if isinstance(f.get("value"), (int, float)) and not isinstance(f["value"], bool):
+            by_unit.setdefault(f["unit"], []).append(f)
+    figs = []
+    for unit, members in by_unit.items():
+        scale = 100 if unit == "fraction" else 1
+        fig = go.Figure(go.Bar(
+            y=[f["name"] for f in members], x=[scale * f["value"] for f in members], orientation="h",
+            marker_color=["#7f7f7f" if f["met"] is None else ("#2ca02c" if f["met"] else "#d62728")
+                          for f in members],
+            text=[_value(f) for f in members], textposition="auto", name="measured"))
+        targets = [f for f in members if f.get("target") is not None]
+        if targets:
+            fig.add_trace(go.Scatter(y=[f["name"] for f in targets], x=[scale * f["target"] for f in targets],
+                                     mode="markers", marker=dict(symbol="line-ns-open", size=22, color="black",
+                                                                 line=dict(width=3)), name="course target"))
+        fig.update_xaxes(title=_UNIT_TITLES.get(unit, unit), rangemode="tozero")
+        fig.update_yaxes(autorange="reversed", automargin=True)
+        fig.update_layout(title=f"Measured figures ({_UNIT_TITLES.get(unit, unit)})",
+                          height=max(260, 120 + 40 * len(members)), template="plotly_white",
+                          font=dict(size=12), legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
+        figs.append(fig)
+    return figs
+
+
+def section_figures(name: str, section: dict) -> list:
+    """The plots of one section: its own builder where there is one, else (or if it fails) `ratio_figures`."""
+    builder = SECTION_PLOTS.get(name)
+    if builder is not None:
+        try:
+            figs = builder(section)
+            if figs:
+                return figs
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError):
+            pass
+    return ratio_figures(section)
+
+
+def html_report(report: dict) -> str:
+    """The report as one self-contained HTML page (plotly.js inlined once; no network needed)."""
+    parts = []
+    plotly_included = False
+    for name, section in report.get("sections", {}).items():
+        notebook = SECTION_NOTEBOOKS.get(name)
+        title = f"{_esc(name)}" + (f" <span class=\"muted\">(notebook {_esc(notebook)})</span>" if notebook else "")
+        seconds = f"<p class=\"muted\">measured in {section['seconds']:.0f} s</p>" if section.get("seconds") else ""
+        parts.append(f"<section id=\"{_esc(name)}\"><h2>{title}</h2>{seconds}")
+        figures = section.get("figures", [])
+        parts.append(_figure_table(figures) if figures else "<p class=\"muted\">no figures</p>")
+        for fig in section_figures(name, section):
+            fig.update_layout(width=None, autosize=True)
+            parts.append("<div class=\"plot\">" + fig.to_html(
+                full_html=False, include_plotlyjs=not plotly_included, default_width="100%",
+                config={"displaylogo": False, "responsive": True}) + "</div>")
+            plotly_included = True
+        parts.append("</section>")
+    machine = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in _machine_rows(report))
+    toc = " · ".join(f"<a href=\"#{_esc(n)}\">{_esc(n)}</a>" for n in report.get("sections", {}))
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>What this machine measured ({_esc(report.get('created', ''))})</title>\n"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<style>{_CSS}</style>\n"
+            "</head>\n<body>\n"
+            f"<h1>What this machine measured ({_esc(report.get('created', ''))})</h1>\n"
+            "<p>Each figure is a ratio of candidates timed alternately in one run, beside the handbook "
+            "chapter's claim and the course's target. Absolute times mean something only on a dedicated "
+            "machine.</p>\n"
+            f"<table class=\"machine\">{machine}</table>\n<p>{toc}</p>\n"
+            + "\n".join(parts) + "\n</body>\n</html>\n")
+
+
+def write_html(report: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html_report(report), encoding="utf-8")
     return path

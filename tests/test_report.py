@@ -1,0 +1,125 @@
+"""The main job's report: report.md, report.json and one self-contained report.html."""
+
+import copy
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from labsupport.bench import all_figures, figure
+from labsupport.report import SECTION_NOTEBOOKS, html_report, section_figures, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+TOUR = ROOT / "docs" / "results" / "2core-cpu-2026-11-30.json"
+PLOTLY_HEADER = re.compile(r"\* plotly\.js v\d+\.\d+\.\d+")
+VOID = {"meta", "br", "img", "input", "hr", "link", "col", "source", "wbr", "area", "base", "embed", "param",
+        "track"}
+
+
+def synthetic_report() -> dict:
+    return {
+        "created": "2026-11-30 12:00:00", "model": "smollm2-135m", "options": {"repeats": 1},
+        "machine": {"device": "cpu", "device_name": "Test CPU <2 threads>", "torch": "2.x", "python": "3.11",
+                    "threads": 2, "hardware": {"device": "cpu", "name": "Test CPU", "bandwidth": 4e10,
+                                               "flops": {"float32": 2e11}}},
+        "sections": {
+            "kv_cache": {"seconds": 3.0, "figures": [
+                figure("KV cache speedup, 64 new tokens", 3.5, "x", target=2, claim="quadratic -> linear"),
+                figure("GQA saving", 3.0, "x")]},
+            # A section the report has no builder for, with a value that needs escaping: the fallback plot.
+            "serving": {"seconds": 1.0, "figures": [
+                figure("throughput, continuous / static batching", 1.7, "x", target=2, note="a <b> & c"),
+                figure("KV pages used", 0.4, "fraction", target=0.5, higher_is_better=False),
+                figure("scheduler is exact", True, "bool")]},
+            "empty": {"figures": []},
+        },
+    }
+
+
+class _Checker(HTMLParser):
+    """Counts table rows and plot divs, and checks that tags are balanced."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.errors, self.rows, self.plots, self.scripts = [], [], 0, 0, 0  # scripts: fetched ones
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tr" and "figure" in (attrs.get("class") or "").split():
+            self.rows += 1
+        if tag == "div" and "plotly-graph-div" in (attrs.get("class") or ""):
+            self.plots += 1
+        if tag == "script" and attrs.get("src"):
+            self.scripts += 1
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes <{self.stack[-1] if self.stack else None}>")
+        else:
+            self.stack.pop()
+
+
+def check_html(page: str, report: dict) -> _Checker:
+    assert page.startswith("<!DOCTYPE html>")
+    checker = _Checker()
+    checker.feed(page)
+    checker.close()
+    assert not checker.errors, checker.errors[:5]
+    assert checker.stack == [], f"unclosed tags: {checker.stack}"
+    assert checker.rows == len(all_figures(report)), "one table row per figure"
+    # Offline: plotly.js inlined exactly once, no script fetched from anywhere.
+    assert len(PLOTLY_HEADER.findall(page)) == 1
+    assert checker.scripts == 0
+    return checker
+
+
+def test_html_from_a_synthetic_report(tmp_path):
+    report = synthetic_report()
+    path = write_report(report, tmp_path)
+    assert path == tmp_path / "report.html"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "report.json", "report.md"]
+    page = path.read_text(encoding="utf-8")
+    checker = check_html(page, report)
+    # kv_cache's own builder needs raw data this report lacks: both sections fall back to ratio bars.
+    assert checker.plots == 1 + 2
+    assert "a &lt;b&gt; &amp; c" in page and "Test CPU &lt;2 threads&gt;" in page
+    assert "MISSES target 2x" in page and "meets target 50%" in page
+    assert f"notebook {SECTION_NOTEBOOKS['serving']}" in page
+    assert json.loads((tmp_path / "report.json").read_text())["sections"].keys() == report["sections"].keys()
+
+
+def test_html_without_any_plot_has_no_plotly():
+    report = synthetic_report()
+    report["sections"] = {"empty": {"figures": []}}
+    page = html_report(report)
+    assert "plotly.js v" not in page and "<table" in page
+
+
+@pytest.mark.skipif(not TOUR.exists(), reason="no committed tour result")
+def test_html_from_the_committed_tour(tmp_path):
+    report = json.loads(TOUR.read_text())
+    page = html_report(report)
+    checker = check_html(page, report)
+    for name, section in report["sections"].items():
+        assert f'<section id="{name}">' in page
+        assert section_figures(name, section), f"section {name} has no plot"
+    # Every known section drew its own plots (not the fallback): two each, one for quantization
+    # and speculative decoding.
+    assert checker.plots == sum(len(section_figures(n, s)) for n, s in report["sections"].items()) >= 12
+    assert "Roofline of" in page and "one batch of mixed prompts" in page
+
+
+def test_a_builder_that_fails_falls_back_to_ratio_bars():
+    report = json.loads(TOUR.read_text()) if TOUR.exists() else None
+    if report is None:
+        pytest.skip("no committed tour result")
+    section = copy.deepcopy(report["sections"]["batching"])
+    del section["sweep"]
+    figs = section_figures("batching", section)
+    assert figs and all(f.layout.title.text.startswith("Measured figures") for f in figs)
