@@ -14,9 +14,16 @@ introduces it:
     generate     01  prefill / decode_step / generate, and the uncached loop
     batching     02  left padding, attention mask, positions, padding waste
     precision    03  fp32 / bf16 / fp16: footprint, agreement, overflow, bf16 support
+    quantize     04  int8 / int4 weight-only layers and kernels (quantize_bnb: bitsandbytes)
+    speculative  05  drafts, the exact accept/resample rule, cache rollback
+    serving/     06  requests, block manager, paged KV cache, schedulers, engine, workloads, metrics
+    stack        07  every technique stacked on one workload, against Hugging Face
+    delivery     --  Colab badges and setup cells, student versions of the notebooks
     plots/, explorers/, checks/   one module per notebook: figures, live explorers, exercise checkers
     report       --  the main job's table: ``python -m labsupport tour``
 """
+
+import sys
 
 from .errors import LabError
 from .generate import (GenerationResult, TextStreamer, chat_prompt, decode_step, generate,
@@ -41,7 +48,8 @@ def notebook_setup() -> None:
         return
 
     def show_one_sentence(shell, etype, value, tb, tb_offset=None):
-        print(f"{etype.__name__}: {value}")
+        # on stderr, so that nbgrader's autograder counts a failed check as a failure
+        print(f"{etype.__name__}: {value}", file=sys.stderr)
 
     shell.set_custom_exc((LabError,), show_one_sentence)
 

@@ -233,10 +233,13 @@ def _sections() -> dict:
     from .precision import section_precision
     from .quantize_bench import section_quantization
     from .roofline import section_roofline
+    from .serving.bench import section_serving
     from .speculative import section_speculative
+    from .stack import section_stack
     return {"baseline": section_baseline, "roofline": section_roofline, "kv_cache": section_kv_cache,
             "batching": section_batching, "precision": section_precision,
-            "quantization": section_quantization, "speculative": section_speculative}
+            "quantization": section_quantization, "speculative": section_speculative,
+            "serving": section_serving, "stack": section_stack}
 
 
 SECTIONS = _sections()

@@ -1,0 +1,295 @@
+"""Putting it together: every technique of the course stacked on one workload.
+
+Introduced in notebook 07 (putting it together).
+
+One workload (chat requests with long-tailed answer lengths, end-of-sequence
+ignored so that every stage produces the same number of tokens) is served by a
+ladder of configurations, each adding one technique to the best one before it:
+
+    naive loop -> + KV cache -> + static batching -> + bf16 -> + int4 weights
+               -> + speculative decoding -> + continuous batching
+
+All stages are timed side by side in one run (`measure.time_side_by_side`).
+A stage that does not pay on this hardware is still measured and shown, and the
+next stage builds on the best stage before it (`builds_on`). The whole stack is
+finally compared with Hugging Face `generate()`, one request at a time, in fp32:
+the way most people first run a model.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import LabError
+from .generate import generate, generate_naive
+from .hardware import bf16_supported
+from .measure import time_side_by_side
+
+
+@dataclass
+class Stage:
+    """One rung of the ladder: how it serves the workload, and what it builds on."""
+
+    name: str
+    technique: str
+    run: object = field(repr=False)            # () -> {request_id: tokens}
+    builds_on: str | None = None
+    precision: str = "fp32"
+    note: str = ""
+
+
+def stack_workload(tokenizer, device, count: int | None = None, seed: int = 0):
+    """The workload of notebook 07: chat requests, answer lengths log-normal (median 16,
+    sigma 0.8, 4..64 tokens); 8 requests on a CPU, 64 on a GPU."""
+    from .serving.workload import chat_prompts, make_workload
+    if count is None:
+        count = 64 if torch.device(device).type == "cuda" else 8
+    return make_workload(chat_prompts(tokenizer, count), median_new_tokens=16, sigma=0.8,
+                         min_new_tokens=4, max_new_tokens=64, seed=seed)
+
+
+def low_precision(device) -> tuple[torch.dtype | None, str]:
+    """The 16-bit type this device computes natively, or None and the reason."""
+    if bf16_supported(device):
+        return torch.bfloat16, "bf16"
+    if torch.device(device).type == "cuda":
+        return torch.float16, "fp16"                     # a T4: fp16 tensor cores, no bf16
+    return None, "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX), so 16-bit would be emulated"
+
+
+class ModelVariants:
+    """The model in each precision and weight format, made once and reused: "fp32",
+    "bf16"/"fp16" (`precision.cast_model`), each optionally with "int8"/"int4" weights."""
+
+    def __init__(self, model):
+        self.base, self._made = model, {}
+
+    def get(self, precision: str = "fp32", weights: str = "float"):
+        from .precision import cast_model
+        from .quantize import quantize_model
+        key = (precision, weights)
+        if key not in self._made:
+            if weights == "float":
+                self._made[key] = self.base if precision == "fp32" else cast_model(self.base, precision)
+            else:
+                quantized = copy.deepcopy(self.get(precision))
+                handle = quantize_model(quantized, weights, group_size=32)
+                quantized.kernels = handle.kernels               # e.g. {"fast": 211}: shown in notes
+                self._made[key] = quantized
+        return self._made[key]
+
+
+BATCHING = ("none", "static", "continuous")
+
+
+def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching: str = "none",
+             precision: str = "fp32", weights: str = "float", speculative: bool = False,
+             slots: int = 8, draft_k: int = 4):
+    """A function that serves every request with one combination of the techniques and
+    returns {request_id: tokens}. Notebook 07's explorer turns these switches.
+
+    Without the cache only the chapter's loop exists (one request at a time); speculative
+    decoding runs one request at a time (with the cache), so it excludes batching.
+    """
+    from .serving.engine import Engine
+    from .speculative import PromptLookupDraft, speculative_generate
+
+    if batching not in BATCHING:
+        raise LabError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}.")
+    if not kv_cache and (batching != "none" or speculative):
+        raise LabError("Batching and speculative decoding both need the KV cache here; turn the cache on.")
+    if speculative and batching != "none":
+        raise LabError("Speculative decoding runs one request at a time here; set batching to none.")
+    model = variants.get(precision, weights)
+
+    def one_at_a_time(fn):
+        return lambda: {r.request_id: fn(r) for r in requests}
+
+    if not kv_cache:
+        return one_at_a_time(lambda r: generate_naive(model, r.prompt, r.max_new_tokens, eos_token_ids=()).row(0))
+    if speculative:
+        lookup = PromptLookupDraft(ngram=3)
+        return one_at_a_time(lambda r: speculative_generate(model, lookup, r.prompt, r.max_new_tokens,
+                                                            k=draft_k, eos_token_ids=()).tokens)
+    if batching == "none":
+        return one_at_a_time(lambda r: generate(model, r.prompt, r.max_new_tokens, eos_token_ids=()).row(0))
+    if batching == "continuous":
+        longest = max(r.max_length for r in requests)
+        return lambda: Engine(model, max_slots=slots, policy="continuous",
+                              cache_tokens=slots * longest).run(requests).tokens()
+
+    def static_batches():
+        # padded batches; each runs until its longest answer ends (finished rows keep computing)
+        out = {}
+        for i in range(0, len(requests), slots):
+            batch = requests[i:i + slots]
+            result = generate(model, [r.prompt for r in batch], max(r.max_new_tokens for r in batch),
+                              eos_token_ids=())
+            for row, r in enumerate(batch):
+                out[r.request_id] = result.tokens[row, : r.max_new_tokens].tolist()
+        return out
+    return static_batches
+
+
+def build_stages(model, requests, slots: int = 8, hf_model=None, draft_k: int = 4,
+                 variants: ModelVariants | None = None) -> list[Stage]:
+    """The ladder for `model` (fp32) on this device."""
+    variants = variants or ModelVariants(model)
+    dtype, precision = low_precision(model.device)
+    half = precision if dtype is not None else "fp32"
+
+    def stage(name, technique, builds_on=None, note="", **switches):
+        switches.setdefault("precision", "fp32")
+        label = switches["precision"] + ("" if switches.get("weights", "float") == "float"
+                                         else f" + {switches['weights']}")
+        return Stage(name, technique, serve_fn(variants, requests, slots=slots, draft_k=draft_k, **switches),
+                     builds_on, label, note)
+
+    stages = [
+        stage("naive loop", "the chapter's loop: no cache, one request at a time", kv_cache=False),
+        stage("+ KV cache", "KV cache (notebook 01)", "naive loop"),
+        stage("+ static batching", f"padded batches of {slots} (notebook 02)", "+ KV cache", batching="static"),
+    ]
+    previous, note = "+ static batching", ""
+    if dtype is not None:
+        stages.append(stage(f"+ {precision}", f"{precision} weights and activations (notebook 03)", previous,
+                            batching="static", precision=precision))
+        previous = f"+ {precision}"
+    else:
+        note = f"16-bit skipped: {precision}"
+    int4 = dict(precision=half, weights="int4")
+    kernels = ", ".join(f"{n} {k}" for k, n in variants.get(**int4).kernels.items())
+    stages += [
+        stage("+ int4 weights", f"int4 weights, groups of 32 (notebook 04); kernels: {kernels}", previous, note,
+              batching="static", **int4),
+        stage("+ speculative decoding", f"prompt lookup, k = {draft_k} (notebook 05), one request at a time",
+              "+ int4 weights", speculative=True, **int4),
+        stage("+ continuous batching", f"{slots} slots, paged KV cache (notebook 06)", "+ int4 weights",
+              batching="continuous", **int4),
+    ]
+    if hf_model is not None:
+        from .bench import hf_greedy_config
+
+        @torch.inference_mode()
+        def hf_one(r):
+            ids = torch.tensor([r.prompt], device=hf_model.device)
+            return hf_model.generate(ids, attention_mask=torch.ones_like(ids),
+                                     generation_config=hf_greedy_config(hf_model, r.max_new_tokens)
+                                     )[0, len(r.prompt):].tolist()
+
+        stages.append(Stage("Hugging Face generate()", "transformers generate(), fp32, one request at a time",
+                            lambda: {r.request_id: hf_one(r) for r in requests}))
+    return stages
+
+
+def run_stack(model, requests, slots: int = 8, hf_model=None, repeats: int = 1,
+              progress=None) -> dict:
+    """Time every stage side by side; returns one row per stage with its tokens/s, its gain
+    over the stage it builds on, its gain over the naive loop, and how many of its tokens
+    equal the fp32 reference (the KV-cache stage)."""
+    if not requests:
+        raise LabError("run_stack needs at least one request.")
+    stages = build_stages(model, requests, slots, hf_model)
+    outputs: dict = {}
+
+    def timed(stage):
+        def fn():
+            if progress is not None:
+                progress(stage.name)
+            outputs[stage.name] = stage.run()
+        return fn
+
+    timings = time_side_by_side({s.name: timed(s) for s in stages}, model.device, warmup=0, repeats=repeats)
+    tokens = sum(r.max_new_tokens for r in requests)
+    reference = outputs["+ KV cache"]
+    speed = {name: tokens / t.median for name, t in timings.items()}
+    rows, best = [], None
+    for stage in stages:
+        out = outputs[stage.name]
+        same = sum(a == b for r in requests for a, b in zip(out[r.request_id], reference[r.request_id]))
+        row = {"stage": stage.name, "technique": stage.technique, "precision": stage.precision,
+               "tokens_per_s": speed[stage.name], "seconds": timings[stage.name].median,
+               "builds_on": stage.builds_on, "note": stage.note,
+               "gain": speed[stage.name] / speed[stage.builds_on] if stage.builds_on else None,
+               "cumulative": speed[stage.name] / speed["naive loop"],
+               "same_tokens_as_fp32": same / tokens}
+        row["kept"] = stage.builds_on is not None and row["gain"] > 1.0
+        rows.append(row)
+        if row["kept"] and stage.name != "Hugging Face generate()":
+            best = row if best is None or row["tokens_per_s"] > best["tokens_per_s"] else best
+    result = {"requests": len(requests), "tokens": tokens, "slots": slots, "device": str(model.device),
+              "stages": rows, "best": best["stage"] if best else None}
+    if "Hugging Face generate()" in speed and best is not None:
+        result["stack_vs_hf"] = best["tokens_per_s"] / speed["Hugging Face generate()"]
+    return result
+
+
+def _row(result: dict, name: str) -> dict | None:
+    return next((r for r in result["stages"] if r["stage"] == name), None)
+
+
+def claims_table(result: dict, model) -> list[dict]:
+    """Every claim of the handbook chapter beside what this run measured.
+
+    Introduced in notebook 07 (putting it together). Memory figures are computed from
+    the model's tensors; speed figures come from `run_stack`'s result.
+    """
+    from .precision import tensor_bytes
+
+    def gain(name):
+        row = _row(result, name)
+        return None if row is None else f"{row['gain']:.2f}x over {row['builds_on']}"
+
+    low = next((r for r in result["stages"] if r["stage"] in ("+ bf16", "+ fp16")), None)
+    fp32_bytes = tensor_bytes(model)
+    half_bytes = sum(t.numel() * 2 for t in list(model.parameters()) + list(model.buffers()))
+    rows = [
+        ("KV cache", "caching keys and values removes the recomputation of the whole sequence at every step",
+         gain("+ KV cache")),
+        ("batching", "batch 1 -> 16 might give 10-15x throughput, with only a modest latency increase",
+         f"{gain('+ static batching')} (batch {result['slots']}; notebook 02 sweeps batch 1-16)"),
+        ("mixed precision", "cutting the precision in half halves the memory footprint",
+         f"{fp32_bytes / 2**20:.0f} MiB fp32 -> {half_bytes / 2**20:.0f} MiB in 16 bits ({half_bytes / fp32_bytes:.0%})"),
+        ("mixed precision", "float16 is faster than float32 on GPUs with tensor cores",
+         (f"{low['stage'][2:]}: {low['gain']:.2f}x over {low['builds_on']}" if low else
+          "no native 16-bit type on this device: skipped")),
+        ("quantization", "int8 works with minimal degradation; int4 noticeable loss but much larger models fit",
+         f"{gain('+ int4 weights')}; {_row(result, '+ int4 weights')['same_tokens_as_fp32']:.0%} of tokens equal fp32's "
+         "(notebook 04 measures perplexity)"),
+        ("speculative decoding", "when draft and target agree, sometimes 2-4x faster",
+         f"{gain('+ speculative decoding')} (prompt lookup at batch 1 against batched int4; "
+         "notebook 05 measures it at batch 1)"),
+        ("continuous batching", "a static batch with one long and three short answers wastes three quarters "
+         "of its capacity; continuous batching refills the slots", gain("+ continuous batching")),
+        ("all together", "production serving systems combine all of them",
+         f"{result['stack_vs_hf']:.1f}x Hugging Face generate() (fp32, one request at a time), best stage: "
+         f"{result['best']}" if result.get("stack_vs_hf") else f"best stage: {result['best']}"),
+    ]
+    return [{"technique": t, "chapter's claim": c, "measured here": m} for t, c, m in rows]
+
+
+def section_stack(ctx, options: dict) -> dict:
+    """The benchmark of notebook 07: ``python -m labsupport bench --sections stack``."""
+    from .bench import figure
+
+    model, tok = ctx.model(torch.float32)
+    requests = stack_workload(tok, ctx.device, options.get("stack_requests"))
+    result = run_stack(model, requests, slots=options.get("serving_slots") or 8, hf_model=ctx.hf_model(torch.float32),
+                       repeats=options.get("stack_repeats", 1))
+    figures = [figure(f"stack: {r['stage']} / {r['builds_on']}", r["gain"], "x",
+                      note=f"{r['tokens_per_s']:.1f} tokens/s, {r['precision']}; "
+                           f"{r['same_tokens_as_fp32']:.0%} of tokens equal fp32's"
+                           + ("" if r["kept"] else "; does not pay here"))
+               for r in result["stages"] if r["gain"] is not None]
+    best = next(r for r in result["stages"] if r["stage"] == result["best"])
+    figures.append(figure("stack: best stage / naive loop", best["cumulative"], "x", note=result["best"]))
+    if "stack_vs_hf" in result:
+        figures.append(figure("stack: best stage / Hugging Face generate()", result["stack_vs_hf"], "x",
+                              claim="production serving systems combine all of them",
+                              note="HF: fp32, one request at a time"))
+    result["claims"] = claims_table(result, model)
+    result["figures"] = figures
+    return result
