@@ -293,3 +293,25 @@ def section_stack(ctx, options: dict) -> dict:
     result["claims"] = claims_table(result, model)
     result["figures"] = figures
     return result
+
+
+WHY_NOT = {
+    "+ static batching": "padding: every batch runs until its longest answer ends, and on a CPU with few cores "
+                         "the batched matmuls soon become compute-bound (notebook 02)",
+    "+ bf16": "16-bit halves the bytes read, but at batch > 1 the step is partly compute-bound, and the CPU's "
+              "bf16 matmuls and conversions cost time of their own (notebook 03)",
+    "+ fp16": "on this device fp16 arithmetic is not faster than fp32 at this batch size (notebook 03)",
+    "+ int4 weights": "weight-only int4 helps a memory-bound step; batched steps are compute-bound, and each "
+                      "int4 matmul unpacks the weights again for every batch (notebook 04)",
+    "+ speculative decoding": "speculative decoding spends spare arithmetic of a memory-bound batch-1 step; "
+                              "batching already uses that arithmetic for other requests, so serving one request "
+                              "at a time with a draft loses to serving many at once, and chat answers give prompt "
+                              "lookup little to copy (notebook 05)",
+    "+ continuous batching": "with few requests the scheduler has little to refill, and its per-step gather "
+                             "through block tables costs more than a contiguous cache (notebook 06)",
+}
+
+
+def why_not(row: dict) -> str:
+    """One sentence on why a stage did not pay on this run (notebook 07)."""
+    return WHY_NOT.get(row["stage"], "see the notebook that introduces it")
