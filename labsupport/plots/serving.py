@@ -1,0 +1,172 @@
+"""Figures of notebook 06 (continuous batching): the slot timeline, slot use over
+time, cache blocks over the run, and throughput / latency per setting.
+
+Introduced in notebook 06 (continuous batching). Pure functions: `ServingResult`s
+(or the dicts of `labsupport.serving.metrics`) in, plotly figures out.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..serving.metrics import slot_bars, utilization_timeline
+
+HEIGHT = 420
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+           "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94")
+IDLE = "#d9d9d9"
+POLICY_COLORS = {"static": "#d62728", "continuous": "#2ca02c"}
+MARGIN = dict(t=60, b=50, l=60, r=20)
+
+
+def _time_unit(clock: str) -> str:
+    return "engine steps" if clock == "steps" else "time (s)"
+
+
+def request_color(request_id, order: Sequence) -> str:
+    """One colour per request, the same in every subplot (by its position in `order`).
+
+    Introduced in notebook 06 (continuous batching)."""
+    index = list(order).index(request_id) if request_id in order else hash(request_id)
+    return PALETTE[index % len(PALETTE)]
+
+
+def _run_end(result) -> float:
+    return max((r.end for r in result.steps), default=0.0)
+
+
+def slot_timeline_figure(results: Mapping[str, object], clock: str = "wall", title: str | None = None,
+                         height: int | None = None) -> go.Figure:
+    """The restaurant analogy: one row per batch slot, one bar per stay of a request in it.
+
+    Introduced in notebook 06 (continuous batching).
+    results: name -> `ServingResult` (e.g. {"static": ..., "continuous": ...}), one subplot
+    each, stacked, on a shared x axis (seconds, or engine steps with clock="steps").
+    A bar is coloured by request and labelled with its id; a hatched bar is a stay cut short
+    by preemption (the request came back later); grey is a slot holding no useful work
+    (static batching: a finished request keeping its seat until the whole batch ends).
+    """
+    names = list(results)
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[f"{name} batching" if name in POLICY_COLORS else name for name in names])
+    order = []
+    for result in results.values():
+        order += [s.id for s in result.sequences if s.id not in order]
+    legend_done = set()
+    for row, name in enumerate(names, start=1):
+        result = results[name]
+        bars = slot_bars(result)
+        end = _run_end(result)
+        # idle: the whole run per slot, drawn underneath the bars
+        slots = list(range(result.max_slots))
+        fig.add_trace(go.Bar(y=[f"slot {s}" for s in slots], x=[end] * len(slots), base=[0] * len(slots),
+                             orientation="h", marker_color=IDLE, name="slot idle or padding",
+                             legendgroup="idle", showlegend="idle" not in legend_done,
+                             hovertemplate="slot idle or computing padding<extra></extra>"),
+                      row=row, col=1)
+        legend_done.add("idle")
+        for preempted in (False, True):
+            group = [b for b in bars if b["preempted"] == preempted]
+            if not group:
+                continue
+            label = "stay cut by preemption" if preempted else "request in a slot"
+            fig.add_trace(go.Bar(
+                y=[f"slot {b['slot']}" for b in group], x=[b["end"] - b["start"] for b in group],
+                base=[b["start"] for b in group], orientation="h",
+                marker=dict(color=[request_color(b["request"], order) for b in group],
+                            line=dict(color="white", width=1),
+                            pattern=dict(shape="/" if preempted else "", fgcolor="black", solidity=0.3)),
+                text=[str(b["request"]) for b in group], textposition="inside", insidetextanchor="middle",
+                customdata=[[b["request"], b["start"], b["end"]] for b in group],
+                hovertemplate=("request %{customdata[0]}: %{customdata[1]:.2f} to %{customdata[2]:.2f}"
+                               + (" (preempted)" if preempted else "") + "<extra></extra>"),
+                name=label, legendgroup=label, showlegend=label not in legend_done),
+                row=row, col=1)
+            legend_done.add(label)
+        fig.update_yaxes(categoryorder="array", categoryarray=[f"slot {s}" for s in reversed(slots)],
+                         title_text="batch slot", row=row, col=1)
+    fig.update_xaxes(title_text=_time_unit(clock), row=len(names), col=1)
+    fig.update_layout(barmode="overlay", height=height or max(HEIGHT, 190 * len(names)),
+                      title=title or "who sits in which batch slot, and when", margin=MARGIN,
+                      legend=dict(orientation="h", yanchor="bottom", y=1.06, xanchor="right", x=1),
+                      bargap=0.15)
+    return fig
+
+
+def utilization_figure(results: Mapping[str, object], clock: str = "wall") -> go.Figure:
+    """Busy batch slots at each engine step, one line per run, against the number of slots.
+
+    Introduced in notebook 06 (continuous batching)."""
+    fig = go.Figure()
+    slots = 0
+    for name, result in results.items():
+        t = utilization_timeline(result)
+        slots = max(slots, t["max_slots"])
+        xs, ys = [], []
+        for start, end, busy in zip(t["start"], t["end"], t["busy_slots"]):
+            xs += [start, end]
+            ys += [busy, busy]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name,
+                                 line=dict(color=POLICY_COLORS.get(name), width=2),
+                                 hovertemplate=f"{name}: %{{y}} busy slots at %{{x:.2f}}<extra></extra>"))
+    fig.add_hline(y=slots, line_dash="dot", annotation_text=f"{slots} slots")
+    fig.update_layout(title="useful rows per step (the rest is idle or padding)", height=360,
+                      xaxis_title=_time_unit(clock), yaxis_title="busy slots", margin=MARGIN,
+                      yaxis_range=[0, slots + 0.5])
+    return fig
+
+
+def blocks_figure(results: Mapping[str, object], reserved_blocks: float | None = None,
+                  clock: str = "wall") -> go.Figure:
+    """Paged-cache blocks in use after each step, against a per-slot reservation of the
+    maximum length (in blocks) as a dashed line.
+
+    Introduced in notebook 06 (continuous batching)."""
+    fig = go.Figure()
+    for name, result in results.items():
+        fig.add_trace(go.Scatter(x=[r.end for r in result.steps], y=[r.blocks_used for r in result.steps],
+                                 mode="lines", line=dict(shape="hv", color=POLICY_COLORS.get(name), width=2),
+                                 name=f"{name}: blocks in use",
+                                 hovertemplate="%{y} blocks at %{x:.2f}<extra></extra>"))
+    if reserved_blocks is not None:
+        fig.add_hline(y=reserved_blocks, line_dash="dash", line_color="#7f7f7f",
+                      annotation_text=f"reserved per slot for the longest request: {reserved_blocks:.0f} blocks")
+    fig.update_layout(title="KV-cache blocks in use over the run", height=360, xaxis_title=_time_unit(clock),
+                      yaxis_title="blocks in use", margin=MARGIN, yaxis_rangemode="tozero",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
+    return fig
+
+
+def settings_figure(rows: Sequence[dict], current: str | None = None, clock: str = "wall") -> go.Figure:
+    """Throughput and latency percentiles of every setting measured so far.
+
+    Introduced in notebook 06 (continuous batching).
+    rows: dicts with "label", "policy", "throughput" (tokens per second, or per step with
+    clock="steps"), "ttft_p50", "latency_p50", "latency_p99" (seconds, or steps); the bars
+    of `current` (a label) are drawn solid, the others faded.
+    """
+    per, unit = ("step", "engine steps") if clock == "steps" else ("s", "seconds")
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
+                        subplot_titles=(f"throughput (tokens per {per})", f"latency ({unit})"))
+    labels = [r["label"] for r in rows]
+    opacity = [1.0 if r["label"] == current else 0.4 for r in rows]
+    colors = [POLICY_COLORS.get(r.get("policy"), "#1f77b4") for r in rows]
+    fig.add_trace(go.Bar(x=labels, y=[r["throughput"] for r in rows], marker=dict(color=colors, opacity=opacity),
+                         text=[f"{r['throughput']:.2f}" for r in rows], name="throughput", showlegend=False,
+                         hovertemplate="%{x}: %{y:.2f} tokens per " + per + "<extra></extra>"),
+                  row=1, col=1)
+    for key, name, color in (("ttft_p50", "time to first token p50", "#9467bd"),
+                             ("latency_p50", "latency p50", "#1f77b4"), ("latency_p99", "latency p99", "#ff7f0e")):
+        fig.add_trace(go.Bar(x=labels, y=[r[key] for r in rows], name=name,
+                             marker=dict(color=color, opacity=opacity),
+                             hovertemplate="%{x}: %{y:.2f} " + unit + "<extra></extra>"),
+                      row=1, col=2)
+    fig.update_yaxes(title_text=f"tokens / {per}", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=2)
+    fig.update_layout(barmode="group", height=400, margin=dict(t=70, b=90, l=60, r=20),
+                      title="every setting measured so far (the current one solid)",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1))
+    return fig
