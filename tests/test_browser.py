@@ -64,14 +64,17 @@ def page(lab):
 def _changed_after(page, cell, action, what: str) -> None:
     before = plot_snapshot(page, cell)
     action()
-    wait_kernel_idle(page, timeout_s=CONTROL_TIMEOUT_S)
-    deadline = time.monotonic() + 30   # the front end redraws after the kernel's message
+    # The kernel measures, then sends the new figures; the page redraws them.
+    deadline = time.monotonic() + CONTROL_TIMEOUT_S
     after = before
     while time.monotonic() < deadline:
         after = plot_snapshot(page, cell)
         if [p["data"] for p in after] != [p["data"] for p in before]:
             break
         page.wait_for_timeout(500)
+    wait_kernel_idle(page, timeout_s=CONTROL_TIMEOUT_S)
+    page.wait_for_timeout(1000)   # every figure of this update drawn
+    after = plot_snapshot(page, cell)
     assert len(after) == len(before)
     status = cell.locator(".widget-html").all_inner_texts()
     assert [p["data"] for p in after] != [p["data"] for p in before], f"{what}: no plot's data changed; widget texts {status}"

@@ -28,6 +28,7 @@ from .base import Explorer
 
 MIB = 2**20
 HEIGHT = 300
+_LABEL = {"description_width": "initial"}
 
 
 def setting_label(bits: int, group_size: int, method: str) -> str:
@@ -49,8 +50,9 @@ def error_histogram_figure(errors: dict[str, np.ndarray], title: str = "") -> go
     fig = go.Figure()
     for name, values in errors.items():
         fig.add_trace(go.Histogram(x=np.asarray(values).ravel(), name=name, nbinsx=80, opacity=0.6))
-    fig.update_layout(barmode="overlay", height=HEIGHT, title=title, margin=dict(t=40, b=40, l=50, r=20),
-                      xaxis_title="error of one weight (dequantized - original)", yaxis_title="weights")
+    fig.update_layout(barmode="overlay", height=HEIGHT, title=title, margin=dict(t=40, b=40, l=60, r=20),
+                      template="plotly_white",
+                      xaxis_title="error of one weight (dequantized - original)", yaxis_title="number of weights")
     return fig
 
 
@@ -64,7 +66,8 @@ def bar_figure(values: dict[str, float | None], title: str, y_title: str, highli
                            textposition="outside"))
     if reference is not None:
         fig.add_hline(y=reference, line_dash="dot", line_color="gray")
-    fig.update_layout(height=HEIGHT, title=title, yaxis_title=y_title, margin=dict(t=40, b=40, l=50, r=20))
+    fig.update_layout(height=HEIGHT, title=title, yaxis_title=y_title, margin=dict(t=40, b=40, l=60, r=20),
+                      template="plotly_white")
     return fig
 
 
@@ -152,10 +155,14 @@ def quantize_explorer(model, tokenizer, prompt: str = "The quick brown fox", new
     lab = model if isinstance(model, QuantizeLab) else QuantizeLab(
         model, tokenizer, prompt, new_tokens, eval_tokens, repeats, weight_name)
     controls = {
-        "bits": widgets.Dropdown(options=[8, 4], value=8, description="bits"),
-        "group_size": widgets.Dropdown(options=[32, 64, 128], value=32, description="group (4 bits)"),
+        # description_width "initial": the default width cut "group (4 bits)" to "group (4 ...".
+        "bits": widgets.Dropdown(options=[8, 4], value=8, description="bits", style=_LABEL,
+                                 layout=widgets.Layout(width="120px")),
+        "group_size": widgets.Dropdown(options=[32, 64, 128], value=32, description="group (4 bits)",
+                                       style=_LABEL, layout=widgets.Layout(width="200px")),
         "method": widgets.Dropdown(options=[("own (labsupport)", "own"), ("bitsandbytes", "bitsandbytes")],
-                                   value="own", description="method"),
+                                   value="own", description="method", style=_LABEL,
+                                   layout=widgets.Layout(width="260px")),
     }
 
     def render(values: dict):
@@ -168,9 +175,10 @@ def quantize_explorer(model, tokenizer, prompt: str = "The quick brown fox", new
             error_histogram_figure({label: errors}, f"{label}: errors of {lab.weight_name} "
                                                     f"{tuple(lab.weight.shape)}, max |error| {np.abs(errors).max():.2g}"),
             bar_figure({n: r["memory"] for n, r in results.items()}, "weights read per decode step",
-                       "MiB", label, fmt="{:.0f}"),
+                       "weights read [MiB]", label, fmt="{:.0f}"),
             bar_figure({n: r["speedup"] for n, r in results.items()},
-                       f"decode speed vs fp32 ({lab.new_tokens} new tokens, batch 1)", "x fp32", label, 1.0),
+                       f"decode speed vs fp32 ({lab.new_tokens} new tokens, batch 1)",
+                       "speed relative to fp32 [x]", label, 1.0),
             bar_figure({n: r["perplexity"] for n, r in results.items()},
                        f"perplexity on {lab.eval_tokens} tokens of the evaluation text (lower is better)",
                        "perplexity", label, results["fp32"]["perplexity"]),

@@ -24,6 +24,8 @@ from .base import Explorer
 
 HEIGHT = 300
 TEMPERATURES = (0.0, 0.7, 1.0)
+_LABEL = {"description_width": "initial"}
+_LEGEND = dict(orientation="h", yanchor="bottom", y=1.02, x=0)   # above the plot: full width for the bars
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -90,23 +92,28 @@ def speculative_explorer(target, tokenizer, drafts: dict, prompts: dict, new_tok
         rates.add_trace(go.Bar(x=names, y=[results[k]["per_call"] for k in keys], name="tokens per target call",
                                marker_color="#ff7f0e", text=[f"{results[k]['per_call']:.2f}" for k in keys]))
         rates.update_layout(barmode="group", height=HEIGHT, title="acceptance rate and tokens per target call",
-                            margin=dict(t=40, b=40, l=50, r=20))
+                            yaxis_title="rate [0-1] / tokens per call", template="plotly_white",
+                            legend=_LEGEND, margin=dict(t=70, b=40, l=60, r=110))
         speed = go.Figure()
         speed.add_trace(go.Bar(x=names, y=[results[k]["measured"] for k in keys], name="measured speedup",
                                marker_color=colors, text=[f"{results[k]['measured']:.2f}x" for k in keys]))
         speed.add_trace(go.Bar(x=names, y=[results[k]["predicted"] for k in keys],
                                name="predicted (Leviathan et al., measured draft cost)", marker_color="#2ca02c",
                                text=[f"{results[k]['predicted']:.2f}x" for k in keys]))
-        speed.add_hline(y=1.0, line_dash="dot", annotation_text="plain decoding")
+        # The line's label right of the plot: inside, it ran into the bars.
+        speed.add_hline(y=1.0, line_dash="dot", annotation_text="plain decoding", annotation_position="right")
         speed.update_layout(barmode="group", height=HEIGHT, title="speedup over plain decoding",
-                            yaxis_title="x", margin=dict(t=40, b=40, l=50, r=20))
+                            yaxis_title="speedup [x]", template="plotly_white", legend=_LEGEND,
+                            margin=dict(t=70, b=40, l=60, r=110))
         return [rates, speed]
 
     controls = {
-        "prompt": widgets.Dropdown(options=list(prompts), description="prompt"),
-        "draft": widgets.Dropdown(options=list(drafts), description="draft"),
-        "k": widgets.IntSlider(value=4, min=1, max=8, description="k", continuous_update=False),
-        "temperature": widgets.Dropdown(options=list(TEMPERATURES), value=0.0, description="temperature"),
+        # description_width "initial": the default width cut "temperature" to "temperat...".
+        "prompt": widgets.Dropdown(options=list(prompts), description="prompt", style=_LABEL),
+        "draft": widgets.Dropdown(options=list(drafts), description="draft", style=_LABEL),
+        "k": widgets.IntSlider(value=4, min=1, max=8, description="k", continuous_update=False, style=_LABEL),
+        "temperature": widgets.Dropdown(options=list(TEMPERATURES), value=0.0, description="temperature",
+                                        style=_LABEL, layout=widgets.Layout(width="200px")),
     }
     return Explorer(controls, render, title="Speculative decoding: draft, lookahead k, temperature",
                     use_widget=use_widget)

@@ -69,7 +69,9 @@ def scaling_figure(rows: Sequence[dict], highlight: dict | None = None) -> go.Fi
                                      showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
     for col in (1, 2):
         fig.update_xaxes(type="log", title="batch size [sequences]", row=1, col=col)
-    fig.update_yaxes(type="log", title="throughput [tokens/s]", row=1, col=1)
+    # Minor tick labels 2 and 5 only: over a short range plotly labels every digit (2..9),
+    # which piles up on a small plot.
+    fig.update_yaxes(type="log", title="throughput [tokens/s]", dtick="D2", row=1, col=1)
     fig.update_yaxes(title="time per token [ms]", rangemode="tozero", row=1, col=2)
     fig.update_layout(width=WIDTH, height=HEIGHT, template="plotly_white", font=dict(size=13),
                       legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
@@ -115,9 +117,12 @@ def padding_figure(batches: Sequence[Sequence[int]], sorted_batches: Sequence[Se
                              hovertemplate="%{y}: %{x} prompt tokens<extra></extra>"), row=1, col=col)
         fig.update_yaxes(autorange="reversed", row=1, col=col)
         fig.update_xaxes(title="token slots in the prefill [tokens]", row=1, col=col)
-    height = min(900, max(300, 120 + 22 * max(len(_batch_rows(p)[0]) for p in panels)))
+    # 22 px per row inside the plot (plus the margins): fewer and plotly skips every other row label.
+    height = min(900, max(300, 190 + 22 * max(len(_batch_rows(p)[0]) for p in panels)))
+    # The legend on the right: above the plot it ran into the panel titles.
     fig.update_layout(barmode="stack", width=WIDTH, height=height, template="plotly_white",
-                      font=dict(size=13), legend=dict(orientation="h", yanchor="bottom", y=1.08, x=0))
+                      font=dict(size=13), legend=dict(orientation="v", yanchor="top", y=1, x=1.02,
+                                                      xanchor="left"))
     return fig
 
 

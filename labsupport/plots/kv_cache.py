@@ -49,6 +49,10 @@ def per_token_time_figure(rows: Sequence[dict], highlight: dict | None = None) -
             x=[highlight["sequence_length"]], y=[1e3 * highlight["seconds"]], mode="markers",
             name=highlight.get("label", "current setting"),
             marker=dict(size=16, symbol="star", color="black")))
+    # From zero: the explorer starts with a single measured point, which would otherwise
+    # get a range of +-1 ms around it.
+    fig.update_xaxes(rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero")
     return _layout(fig, "Time to generate one token", "tokens already in the sequence",
                    "time per token (ms)")
 

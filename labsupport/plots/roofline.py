@@ -71,8 +71,9 @@ def roofline_figure(profile: HardwareProfile, points: Sequence[dict] = ()) -> go
 
     top = max(profile.flops.values())
     fig.update_xaxes(type="log", title="arithmetic intensity [FLOP/byte]", range=np.log10([low, high]))
-    fig.update_yaxes(type="log", title="FLOP/s (attainable roof, measured points)",
-                     range=np.log10([profile.bandwidth * low, top * 3]))
+    # SI prefixes on the ticks (100G, 1T): plotly's default "100B" reads as bytes.
+    fig.update_yaxes(type="log", title="compute speed [FLOP/s]",
+                     exponentformat="SI", range=np.log10([profile.bandwidth * low, top * 3]))
     fig.update_layout(title=f"Roofline of {profile.name}", width=WIDTH, height=HEIGHT,
                       template="plotly_white", font=dict(size=13),
                       legend=dict(orientation="h", yanchor="top", y=-0.18, x=0))
