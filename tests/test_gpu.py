@@ -45,3 +45,26 @@ def test_bf16_generation_runs_on_cuda_where_supported():
     model, tok = load_model("smollm2-135m", device="cuda", dtype=torch.bfloat16)
     result = generate(model, tok.encode("Hello"), 16)
     assert result.tokens.shape[1] >= 1
+
+
+def test_serving_engine_on_cuda_gives_each_request_its_tokens_alone():
+    from labsupport.serving import Engine, make_workload
+    model = random_model("tiny-llama", seed=3, device="cuda", dtype=torch.float64)
+    prompts = [[5, 17, 42], [99, 3, 250, 7, 8], [1, 2]]
+    requests = make_workload(prompts, count=9, median_new_tokens=8, max_new_tokens=20, seed=1)
+    for policy in ("static", "continuous"):
+        engine = Engine(model, max_slots=4, policy=policy, block_size=4, cache_tokens=64)
+        result = engine.run(requests)
+        assert engine.cache.keys.is_cuda
+        assert list(result.tokens().values()) == [
+            generate(model, r.prompt, r.max_new_tokens, eos_token_ids=()).row(0) for r in requests]
+        engine.blocks.check_no_leaks()
+
+
+def test_stack_ladder_runs_on_cuda():
+    from labsupport.serving import make_workload
+    from labsupport.stack import run_stack
+    model = random_model("tiny-llama", seed=3, device="cuda")
+    requests = make_workload([[5, 17, 42, 99], [3, 250, 7]], count=4, median_new_tokens=6, max_new_tokens=10)
+    result = run_stack(model, requests, slots=2)
+    assert all(r["tokens_per_s"] > 0 for r in result["stages"])
