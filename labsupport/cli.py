@@ -55,10 +55,11 @@ def main(argv=None) -> int:
     print()
     print(text_table(report))
     if args.command == "bench":
-        path = bench_module.write_json(report, args.out)
+        print(f"\nSaved {bench_module.write_json(report, args.out)}")
     else:
         path = write_report(report, args.out)
-    print(f"\nSaved {path}")
+        print(f"\nSaved {path.with_name('report.md')} and {path.with_name('report.json')}")
+        print(f"The report, with plots (open it in a browser): {path.resolve()}")
     return 0
 
 
