@@ -229,9 +229,35 @@ def _speculative_plots(section: dict) -> list:
     return [fig]
 
 
+def _serving_plots(section: dict) -> list:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    speed = section["tokens_per_s"]
+    metrics = section["metrics"]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15,
+                        subplot_titles=("throughput [tokens/s]", "latency percentiles [s]"))
+    fig.add_trace(go.Bar(x=list(speed), y=list(speed.values()), text=[f"{v:.1f}" for v in speed.values()],
+                         textposition="outside", marker_color="#1f77b4", showlegend=False, cliponaxis=False),
+                  row=1, col=1)
+    for key, color in (("latency_p50", "#1f77b4"), ("latency_p99", "#d62728")):
+        fig.add_trace(go.Bar(x=list(metrics), y=[m[key] for m in metrics.values()], name=key.replace("_", " "),
+                             marker_color=color), row=1, col=2)
+    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="seconds from arrival to last token", rangemode="tozero", row=1, col=2)
+    fig.update_layout(title=f"{section['requests']} requests, {section['slots']} slots, all arriving at once",
+                      barmode="group", height=420, template="plotly_white", font=dict(size=12))
+    return [fig]
+
+
+def _stack_plots(section: dict) -> list:
+    from .plots.stack import cumulative_figure
+    return [cumulative_figure(section)]
+
+
 SECTION_PLOTS = {"baseline": _baseline_plots, "roofline": _roofline_plots, "kv_cache": _kv_cache_plots,
                  "batching": _batching_plots, "precision": _precision_plots,
-                 "quantization": _quantization_plots, "speculative": _speculative_plots}
+                 "quantization": _quantization_plots, "speculative": _speculative_plots,
+                 "serving": _serving_plots, "stack": _stack_plots}
 
 _UNIT_TITLES = {"x": "ratio [x]", "fraction": "fraction [%]"}
 
