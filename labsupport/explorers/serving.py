@@ -67,10 +67,10 @@ def serving_explorer(model, prompts: list[list[int]], count: int = 12, median_ne
     def render(values):
         current = measure(values["rate"], int(values["slots"]), values["policy"])
         row = current["row"]
-        title = (f"{row['label']}: {row['tokens']} tokens, {row['throughput']:.2f} tokens/step, "
-                 f"slot use {row['utilization']:.0%}, {row['tokens'] / current['seconds']:.1f} tokens/s wall")
+        title = (f"{row['label']}<br><sup>{row['tokens']} tokens, {row['throughput']:.2f} tokens/step, "
+                 f"slot use {row['utilization']:.0%}, {row['tokens'] / current['seconds']:.1f} tokens/s wall</sup>")
         timeline = slot_timeline_figure({values["policy"]: current["run"]}, clock="steps", title=title,
-                                        height=360)
+                                        height=400)
         return [timeline, settings_figure([r["row"] for r in results.values()], current=row["label"],
                                           clock="steps")]
 

@@ -19,7 +19,9 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94")
 IDLE = "#d9d9d9"
 POLICY_COLORS = {"static": "#d62728", "continuous": "#2ca02c"}
-MARGIN = dict(t=60, b=50, l=60, r=20)
+MARGIN = dict(t=70, b=90, l=60, r=20)
+# legends sit under the plot, so that they never run into a (long) title
+LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0)
 
 
 def _time_unit(clock: str) -> str:
@@ -91,7 +93,7 @@ def slot_timeline_figure(results: Mapping[str, object], clock: str = "wall", tit
     fig.update_xaxes(title_text=_time_unit(clock), row=len(names), col=1)
     fig.update_layout(barmode="overlay", height=height or max(HEIGHT, 190 * len(names)),
                       title=title or "who sits in which batch slot, and when", margin=MARGIN,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.06, xanchor="right", x=1),
+                      legend=dict(LEGEND_BELOW, y=-0.12 if len(names) > 1 else -0.25),
                       bargap=0.15)
     return fig
 
@@ -136,7 +138,7 @@ def blocks_figure(results: Mapping[str, object], reserved_blocks: float | None =
                       annotation_text=f"reserved per slot for the longest request: {reserved_blocks:.0f} blocks")
     fig.update_layout(title="KV-cache blocks in use over the run", height=360, xaxis_title=_time_unit(clock),
                       yaxis_title="blocks in use", margin=MARGIN, yaxis_rangemode="tozero",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
+                      legend=LEGEND_BELOW)
     return fig
 
 
@@ -166,7 +168,7 @@ def settings_figure(rows: Sequence[dict], current: str | None = None, clock: str
                       row=1, col=2)
     fig.update_yaxes(title_text=f"tokens / {per}", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=2)
-    fig.update_layout(barmode="group", height=400, margin=dict(t=70, b=90, l=60, r=20),
+    fig.update_layout(barmode="group", height=420, margin=dict(t=70, b=120, l=60, r=20),
                       title="every setting measured so far (the current one solid)",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1))
+                      legend=dict(LEGEND_BELOW, y=-0.22))
     return fig
