@@ -53,9 +53,9 @@ def stack_explorer(model, requests, slots: int = 4, variants: ModelVariants | No
                              "tokens_per_s": tokens / timings["this"].median, "same": same / tokens}
         names = list(results)
         colors = ["#d62728" if n == name else "#1f77b4" for n in names]
-        fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.2,
-                            subplot_titles=("speedup over cached fp32, one request at a time",
-                                            "tokens equal to fp32's"))
+        fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.06, column_widths=[0.62, 0.38],
+                            shared_yaxes=True,
+                            subplot_titles=("speedup over plain cached fp32", "tokens equal to fp32's"))
         fig.add_trace(go.Bar(y=names, x=[results[n]["speedup"] for n in names], orientation="h",
                              marker_color=colors, text=[f"{results[n]['speedup']:.2f}x" for n in names],
                              hovertext=[f"{results[n]['tokens_per_s']:.1f} tokens/s" for n in names],
@@ -66,6 +66,7 @@ def stack_explorer(model, requests, slots: int = 4, variants: ModelVariants | No
         fig.add_vline(x=1.0, line_dash="dot", row=1, col=1)
         fig.update_xaxes(title_text="speedup [x]", row=1, col=1)
         fig.update_xaxes(title_text="same tokens [%]", range=[0, 105], row=1, col=2)
+        fig.update_yaxes(automargin=True, autorange="reversed")
         fig.update_layout(height=max(260, 70 + 40 * len(names)), margin=dict(t=50, b=50, l=10, r=20),
                           title=f"{len(requests)} requests, {tokens} tokens (red: the setting just run)")
         return [fig]
