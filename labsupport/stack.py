@@ -171,17 +171,10 @@ def build_stages(model, requests, slots: int = 8, hf_model=None, draft_k: int = 
               batching="continuous", **int4),
     ]
     if hf_model is not None:
-        from .bench import hf_greedy_config
-
-        @torch.inference_mode()
-        def hf_one(r):
-            ids = torch.tensor([r.prompt], device=hf_model.device)
-            return hf_model.generate(ids, attention_mask=torch.ones_like(ids),
-                                     generation_config=hf_greedy_config(hf_model, r.max_new_tokens)
-                                     )[0, len(r.prompt):].tolist()
-
+        from .bench import hf_generate_fn
+        runs = [(r, hf_generate_fn(hf_model, r.prompt, r.max_new_tokens)) for r in requests]
         stages.append(Stage("Hugging Face generate()", "transformers generate(), fp32, one request at a time",
-                            lambda: {r.request_id: hf_one(r) for r in requests}))
+                            lambda: {r.request_id: run()[0, len(r.prompt):].tolist() for r, run in runs}))
     return stages
 
 

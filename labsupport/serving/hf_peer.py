@@ -11,7 +11,6 @@ servers can be timed side by side and their tokens compared.
 
 from __future__ import annotations
 
-import copy
 import time
 
 import torch
@@ -32,11 +31,9 @@ def hf_serve(hf_model, requests: list[Request], max_slots: int = 8, block_size: 
 
     if any(not r.sampling.greedy for r in requests):
         raise LabError("hf_serve compares greedy requests only; use temperature 0.")
-    config = copy.deepcopy(hf_model.generation_config)
-    config.do_sample = False
+    from ..bench import hf_greedy_config
+    config = hf_greedy_config(hf_model, max(r.max_new_tokens for r in requests))
     config.eos_token_id = -1                      # stop at each request's own length only
-    config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
-    config.max_new_tokens = max(r.max_new_tokens for r in requests)
     cb_config = ContinuousBatchingConfig(page_size=block_size, max_requests_per_batch=max_slots,
                                          use_cuda_graph=False)
     manager = hf_model.init_continuous_batching(generation_config=config, continuous_batching_config=cb_config)
