@@ -129,20 +129,24 @@ def _figure_table(figures: list[dict]) -> str:
 # plotly figures; a section without a builder here, or whose builder fails on data
 # it does not expect, gets `ratio_figures` instead.
 
-def _baseline_plots(section: dict) -> list:
+def _bar_figure(labels, values, texts, y_title: str, title: str, colors="#1f77b4"):
+    """One bar per label, its value written above it."""
     import plotly.graph_objects as go
+    fig = go.Figure(go.Bar(x=labels, y=values, marker_color=colors, text=texts, textposition="outside"))
+    fig.update_yaxes(title=y_title, rangemode="tozero")
+    fig.update_layout(title=title, height=380, template="plotly_white", font=dict(size=13))
+    return fig
 
+
+def _baseline_plots(section: dict) -> list:
     from .plots.batching import peer_figure
     figs = [peer_figure(section["tokens_per_s"], "generate(), fp32, greedy, batch 1: labsupport vs Hugging Face")]
     if section.get("bandwidth_achieved_bytes_per_s") and section.get("copy_bandwidth_bytes_per_s"):
         values = {"decode (weights + KV cache read per token)": section["bandwidth_achieved_bytes_per_s"] / 1e9,
                   "measured copy bandwidth": section["copy_bandwidth_bytes_per_s"] / 1e9}
-        fig = go.Figure(go.Bar(x=list(values), y=list(values.values()), marker_color=["#1f77b4", "#7f7f7f"],
-                               text=[f"{v:.1f}" for v in values.values()], textposition="outside"))
-        fig.update_yaxes(title="memory bandwidth [GB/s]", rangemode="tozero")
-        fig.update_layout(title="Decode: bandwidth used vs the machine's copy bandwidth", height=380,
-                          template="plotly_white", font=dict(size=13))
-        figs.append(fig)
+        figs.append(_bar_figure(list(values), list(values.values()), [f"{v:.1f}" for v in values.values()],
+                                "memory bandwidth [GB/s]", "Decode: bandwidth used vs the machine's copy bandwidth",
+                                colors=["#1f77b4", "#7f7f7f"]))
     return figs
 
 
@@ -157,19 +161,13 @@ def _roofline_plots(section: dict) -> list:
 
 
 def _kv_cache_plots(section: dict) -> list:
-    import plotly.graph_objects as go
-
     from .plots.kv_cache import per_token_time_figure
     figs = [per_token_time_figure(section["per_position_s"])]
     rows = list(section.get("rows", [])) + list(section.get("estimated_rows", []))
     if rows:
         labels = [f"{r['new_tokens']} new tokens" + ("" if "timings_s" in r else " (estimated)") for r in rows]
-        fig = go.Figure(go.Bar(x=labels, y=[r["speedup"] for r in rows], marker_color="#1f77b4",
-                               text=[f"{r['speedup']:.1f}x" for r in rows], textposition="outside"))
-        fig.update_yaxes(title="speed-up over the uncached loop [x]", rangemode="tozero")
-        fig.update_layout(title="KV cache speed-up by generation length", height=380,
-                          template="plotly_white", font=dict(size=13))
-        figs.append(fig)
+        figs.append(_bar_figure(labels, [r["speedup"] for r in rows], [f"{r['speedup']:.1f}x" for r in rows],
+                                "speed-up over the uncached loop [x]", "KV cache speed-up by generation length"))
     return figs
 
 

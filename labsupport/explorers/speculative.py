@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
-import torch
 
 from ..generate import chat_prompt, generate
 from ..measure import time_side_by_side

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from ..errors import LabError
 from ..hardware import synchronize
 from .request import Request

@@ -24,7 +24,7 @@ from typing import Callable, Sequence as Seq
 import torch
 
 from ..errors import LabError
-from ..sampling import GREEDY, SamplingConfig
+from ..sampling import GREEDY, SamplingConfig, sample
 
 
 @dataclass
@@ -107,5 +107,4 @@ class Sequence:
 def next_token(logits: torch.Tensor, sequence: Sequence) -> int:
     """Pick a sequence's next token from its logits (vocab,), with its own sampling and seed,
     so that what runs beside it never changes its random stream."""
-    from ..sampling import sample
     return int(sample(logits[None], sequence.request.sampling, sequence.generator)[0])
