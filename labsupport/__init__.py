@@ -23,8 +23,6 @@ introduces it:
     report       --  the main job's table: ``python -m labsupport tour``
 """
 
-import sys
-
 from .errors import LabError
 from .generate import (GenerationResult, TextStreamer, chat_prompt, decode_step, generate,
                        generate_naive, generate_text, prefill)
@@ -38,20 +36,23 @@ __version__ = "0.1.0"
 
 
 def notebook_setup() -> None:
-    """In a notebook, show a `LabError` as its one sentence instead of a traceback."""
+    """Check that labsupport runs on this platform (one sentence if not: see `hardware.check_platform`).
+
+    Introduced in notebook 00. A `LabError` needs no set-up to show as one sentence:
+    it renders itself (`LabError._render_traceback_`) and still fails its cell, so
+    nbval and nbgrader count it. Earlier versions swallowed the error here; this one
+    removes any such handler left in a running kernel.
+    """
+    from .hardware import check_platform
+
+    check_platform()
     try:
         from IPython import get_ipython
     except ImportError:
         return
     shell = get_ipython()
-    if shell is None:
-        return
-
-    def show_one_sentence(shell, etype, value, tb, tb_offset=None):
-        # on stderr, so that nbgrader's autograder counts a failed check as a failure
-        print(f"{etype.__name__}: {value}", file=sys.stderr)
-
-    shell.set_custom_exc((LabError,), show_one_sentence)
+    if shell is not None and LabError in getattr(shell, "custom_exceptions", ()):
+        shell.set_custom_exc((), None)
 
 
 __all__ = [

@@ -124,9 +124,12 @@ def section_batching(ctx, options: dict) -> dict:
 
     ratio, pair = batch16_over_batch1(model)
     from .hardware import bf16_supported
-    bf16_ratio = None
+    bf16_ratio, bf16_skipped = None, None
     if bf16_supported(ctx.device):
         bf16_ratio, _ = batch16_over_batch1(ctx.model(torch.bfloat16)[0])
+    else:
+        bf16_skipped = ("bf16 not timed: this device has no bf16 hardware, and emulated 16-bit "
+                        "matmuls would measure the emulation, not batching (notebook 03 times it)")
 
     # padding: very different prompt lengths in one batch, against the same prompts sorted by length
     prompts = [tok.encode(chat_prompt(tok, q)) for q in BATCHING_PROMPTS]
@@ -155,7 +158,8 @@ def section_batching(ctx, options: dict) -> dict:
     vs_hf = side["huggingface"].median / side["labsupport"].median
     return {
         "new_tokens": new_tokens, "sweep": sweep,
-        "batch16_over_batch1": ratio, "batch16_over_batch1_bf16": bf16_ratio, "timings_s": {k: v.to_dict() for k, v in pair.items()},
+        "batch16_over_batch1": ratio, "batch16_over_batch1_bf16": bf16_ratio,
+        "bf16_skipped": bf16_skipped, "timings_s": {k: v.to_dict() for k, v in pair.items()},
         "padding": {"lengths": [len(p) for p in prompts], "waste": waste, "sorted_waste": sorted_waste},
         "vs_huggingface": {"speedup": vs_hf, "same_tokens": same,
                            "timings_s": {k: v.to_dict() for k, v in side.items()}},

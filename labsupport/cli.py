@@ -34,7 +34,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from . import bench as bench_module
+    from .hardware import check_platform
     try:
+        check_platform()
         sections = args.sections
         if sections:
             unknown = set(sections) - set(bench_module.SECTIONS)

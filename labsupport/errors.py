@@ -1,13 +1,20 @@
 """One exception type for every mistake a learner can make.
 
 A `LabError` carries one sentence that says what went wrong and what to do.
-The command line prints only that sentence, and notebooks that call
-`labsupport.notebook_setup()` show it without a traceback.
+The command line prints only that sentence. In IPython and Jupyter the error
+renders as that sentence too (`_render_traceback_`, IPython's hook for
+exceptions that draw their own traceback), yet it is still a real error: the
+cell fails, execution stops, and nbval, nbclient and nbgrader's autograder all
+see it as an error.
 """
 
 
 class LabError(Exception):
     """A user-facing error: one sentence that says what to do."""
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows in place of the traceback: the class and the sentence."""
+        return [f"{type(self).__name__}: {self}"]
 
 
 class ModelUnavailable(LabError):

@@ -16,7 +16,9 @@ Device and dtype always come from arguments; nothing here assumes a GPU.
 
 from __future__ import annotations
 
+import os
 import platform
+import sys
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -44,19 +46,43 @@ def _mps_available() -> bool:
     return mps is not None and mps.is_available()
 
 
+# Paths the course has never run (nobody has run it on an Apple GPU or on Windows): they
+# are refused in one sentence unless this switch is set, so a learner who opts in knows
+# that what follows is untried.
+UNTESTED_SWITCH = "LABSUPPORT_UNTESTED_PLATFORM"
+
+
+def untested_platform_allowed() -> bool:
+    """True when LABSUPPORT_UNTESTED_PLATFORM is set to anything but "", "0" or "false"."""
+    return os.environ.get(UNTESTED_SWITCH, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def check_platform() -> None:
+    """Refuse Windows in one sentence (never run; WSL2 is Linux and works), unless the switch is set.
+
+    Introduced in notebook 00 (where the time goes): `notebook_setup()` and the command
+    line call it first.
+    """
+    if sys.platform == "win32" and not untested_platform_allowed():
+        raise LabError("labsupport has never been run on native Windows; use WSL2 (Ubuntu) and follow "
+                       f"the README there, or set {UNTESTED_SWITCH}=1 to try it anyway.")
+
+
 def pick_device(prefer: str | torch.device | None = None) -> torch.device:
     """Return the device to compute on: the best one, or the one you asked for.
 
     Introduced in notebook 00 (where the time goes). With no argument the
-    answer is "cuda" when a GPU is visible, else "mps" on an Apple-silicon
-    Mac, else "cpu". A `prefer` such as "cpu", "cuda" or "cuda:1" is checked,
-    so a typo or a missing GPU gives a clear `LabError` instead of a crash
-    deep inside a model. Every other function here accepts anything this one does.
+    answer is "cuda" when a GPU is visible, else "cpu". An Apple GPU ("mps")
+    is used only when LABSUPPORT_UNTESTED_PLATFORM=1: the course has never run
+    there, so by default a Mac computes on its CPU. A `prefer` such as "cpu",
+    "cuda" or "cuda:1" is checked, so a typo or a missing GPU gives a clear
+    `LabError` instead of a crash deep inside a model. Every other function
+    here accepts anything this one does.
     """
     if prefer is None:
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if _mps_available():
+        if _mps_available() and untested_platform_allowed():
             return torch.device("mps")
         return torch.device("cpu")
 
@@ -78,6 +104,9 @@ def pick_device(prefer: str | torch.device | None = None) -> torch.device:
     elif device.type == "mps":
         if not _mps_available():
             raise LabError("The Apple GPU (mps) was requested but is not available here; use device='cpu'.")
+        if not untested_platform_allowed():
+            raise LabError("labsupport has never been run on the Apple GPU (mps); use device='cpu', "
+                           f"or set {UNTESTED_SWITCH}=1 to try it anyway.")
     elif device.type != "cpu":
         raise LabError(unknown)
     return device
@@ -136,13 +165,25 @@ def _cpu_feature(name: str) -> bool:
     return bool(query()) if query is not None else False
 
 
+# The switch that makes labsupport behave as on a CPU without bfloat16 instructions
+# (the common AVX2-only laptop), on any machine: CI runs the tests under it, so both
+# paths are tested wherever they run. To make torch itself use only AVX2 kernels too,
+# also set ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 (see the README).
+NO_BF16_SWITCH = "LABSUPPORT_NO_BF16"
+
+
+def cpu_bf16_switched_off() -> bool:
+    """True when LABSUPPORT_NO_BF16 is set to anything but "", "0" or "false"."""
+    return os.environ.get(NO_BF16_SWITCH, "").strip().lower() not in ("", "0", "false", "no")
+
+
 def bf16_supported(device) -> bool:
     """True when the hardware itself computes in bfloat16 (not just PyTorch emulating it).
 
     Introduced in notebook 00 (where the time goes). On CUDA this needs an
     Ampere-or-newer GPU, compute capability 8.0+ (a T4 is 7.5: no). On the
-    CPU it needs the AVX512-BF16 or AMX instructions. On an Apple GPU it is
-    true when PyTorch can create a bfloat16 tensor there.
+    CPU it needs the AVX512-BF16 or AMX instructions (and LABSUPPORT_NO_BF16
+    unset). On an Apple GPU it is true when PyTorch can create a bfloat16 tensor there.
     """
     device = pick_device(device)
     if device.type == "cuda":
@@ -153,7 +194,30 @@ def bf16_supported(device) -> bool:
         except (RuntimeError, TypeError):
             return False
         return True
+    if cpu_bf16_switched_off():
+        return False
     return _cpu_feature("_is_avx512_bf16_supported") or _cpu_feature("_is_amx_tile_supported")
+
+
+def bf16_emulated(device) -> bool:
+    """True where bfloat16 runs correctly but without hardware for it: a CPU without
+    AVX512-BF16 or AMX, where PyTorch converts each value to float32 and back.
+
+    Introduced in notebook 03 (mixed precision). Memory and numerics are exactly those
+    of bfloat16 hardware (the same bits are stored and rounded); only the speed differs,
+    so the course still measures it there and labels it "emulated".
+    """
+    device = pick_device(device)
+    return device.type == "cpu" and not bf16_supported(device)
+
+
+def dtype_label(device, dtype) -> str:
+    """ "bfloat16" or "bfloat16 (emulated)" etc.: a dtype's name as plots and tables show it here.
+    Introduced in notebook 03 (mixed precision)."""
+    name = _dtype_name(dtype)
+    slow = (name == "bfloat16" and bf16_emulated(device)) or (
+        name == "float16" and pick_device(device).type == "cpu" and not fp16_fast(device))
+    return f"{name} (emulated)" if slow else name
 
 
 def fp16_fast(device) -> bool:
@@ -187,12 +251,13 @@ def _dtype_name(dtype) -> str:
 
 
 def check_dtype(device, dtype) -> None:
-    """Raise `UnsupportedDtype` (one sentence, with the fix) if the device cannot run `dtype` well.
+    """Raise `UnsupportedDtype` (one sentence, with the fix) if the device cannot run `dtype`.
 
     Introduced in notebook 00 (where the time goes). Only float32, float16
     and bfloat16 are model dtypes. bfloat16 is refused on a pre-Ampere GPU
-    and on a CPU without bfloat16 instructions (it would be emulated and
-    slow). float16 on a CPU is allowed: it runs, just slowly.
+    (use its fast float16 instead). On a CPU every model dtype is allowed:
+    without bfloat16 or fp16 instructions PyTorch emulates them, with the same
+    memory and numerics and a lower speed (`bf16_emulated`, `dtype_label`).
     """
     device = pick_device(device)
     dtype = _as_dtype(dtype)
@@ -200,7 +265,7 @@ def check_dtype(device, dtype) -> None:
         raise UnsupportedDtype(
             f"{_dtype_name(dtype)} cannot be a model dtype; use torch.float32, torch.float16 or torch.bfloat16."
         )
-    if dtype != torch.bfloat16 or bf16_supported(device):
+    if dtype != torch.bfloat16 or bf16_supported(device) or device.type == "cpu":
         return
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -208,13 +273,8 @@ def check_dtype(device, dtype) -> None:
             f"The {device_name(device)} GPU (compute capability {major}.{minor}) has no bfloat16 support, "
             f"which needs 8.0 or newer; use dtype=torch.float16 or torch.float32."
         )
-    if device.type == "mps":
-        raise UnsupportedDtype(
-            "This Mac's GPU cannot run bfloat16 with the installed PyTorch; use dtype=torch.float16 or torch.float32."
-        )
     raise UnsupportedDtype(
-        f"This CPU ({_cpu_model()}) has no bfloat16 instructions (AVX512-BF16 or AMX), "
-        f"so bfloat16 would be emulated and slow; use dtype=torch.float32."
+        "This Mac's GPU cannot run bfloat16 with the installed PyTorch; use dtype=torch.float16 or torch.float32."
     )
 
 
@@ -348,7 +408,8 @@ class HardwareProfile:
 
 
 def _default_probe_dtypes(device: torch.device) -> list[torch.dtype]:
-    """float32 always, bfloat16 where the hardware has it, float16 on CUDA."""
+    """float32 always, bfloat16 where the hardware has it (emulated bf16 is left out of
+    the roofline: notebook 03 measures what emulation costs), float16 on CUDA."""
     dtypes = [torch.float32]
     if bf16_supported(device):
         dtypes.append(torch.bfloat16)

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from .errors import LabError
-from .hardware import bf16_supported, check_dtype, fp16_fast
+from .hardware import bf16_emulated, bf16_supported, check_dtype, dtype_label, fp16_fast
 from .models.layout import apply_layout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -227,8 +227,19 @@ def regime_label(regime: str, workload: Workload) -> str:
 
 
 def precision_choices(device) -> list[str]:
-    """The dtypes a model can run in here: float32, bfloat16 where the hardware has it, float16."""
-    return ["float32"] + (["bfloat16"] if bf16_supported(device) else []) + ["float16"]
+    """The dtypes a model can run in here: float32; bfloat16 where the hardware has it, and on
+    every CPU (emulated where it has no bf16 instructions: same memory and logits, its own
+    speed); float16. A GPU without bf16 units (a T4) gets no bfloat16."""
+    bf16 = bf16_supported(device) or bf16_emulated(device)
+    return ["float32"] + (["bfloat16"] if bf16 else []) + ["float16"]
+
+
+def emulation_note(device, dtype) -> str:
+    """ "" or one phrase saying that `dtype` is emulated here (shown beside its speed)."""
+    if dtype_label(device, dtype).endswith("(emulated)"):
+        kind = "bf16 (AVX512-BF16 or AMX)" if as_dtype(dtype) == torch.bfloat16 else "fp16 (AMX-FP16)"
+        return f"emulated: this CPU has no {kind} instructions"
+    return ""
 
 
 def speed_skip_reason(device, dtype, regime: str) -> str | None:
@@ -326,7 +337,7 @@ class PrecisionLab:
                 if n == "float32" and (regime, n) in self.speeds:
                     continue
                 self.speeds[(regime, n)] = {"speedup": fp32 / timing.median, "seconds": timing.median,
-                                            "fp32_seconds": fp32, "note": ""}
+                                            "fp32_seconds": fp32, "note": emulation_note(self.device, n)}
         return {n: self.speeds[(regime, n)] for n in names}
 
     def speed_rows(self) -> list[dict]:
@@ -347,10 +358,12 @@ class PrecisionLab:
         return self.agreements[name]
 
 
-def _speed_verdict(ratio: float | None, device) -> str:
+def _speed_verdict(ratio: float | None, device, emulated: bool = False) -> str:
     if ratio is None:
         return "not measured here"
     place = "on this GPU" if torch.device(device).type == "cuda" else "on this CPU"
+    if emulated:
+        place += " (emulated 16-bit)"
     if ratio >= 1.3:
         return f"holds {place}" if ratio <= 2.2 else f"more {place}"
     if ratio >= 1.05:
@@ -376,7 +389,8 @@ def claim_checks(lab: PrecisionLab, gpt2_mib: dict[str, float]) -> list[dict]:
 
     def speed_text(regime):
         ratio, name = best[regime]
-        return f"{regime}: {ratio:.2f}x ({name})" if ratio is not None else f"{regime}: not measured"
+        return (f"{regime}: {ratio:.2f}x ({dtype_label(lab.device, name)})" if ratio is not None
+                else f"{regime}: not measured")
 
     agreements = {n: a for n, a in lab.agreements.items()}
     worst = min(((a["top1_agreement"], n) for n, a in agreements.items()), default=(None, "-"))
@@ -389,7 +403,10 @@ def claim_checks(lab: PrecisionLab, gpt2_mib: dict[str, float]) -> list[dict]:
     ]
     for regime in REGIMES:
         rows.append({"claim": f"fp16 ~1.5x faster ({regime}); \"faster on modern GPUs\"",
-                     "measured": speed_text(regime), "verdict": _speed_verdict(best[regime][0], lab.device)})
+                     "measured": speed_text(regime),
+                     "verdict": _speed_verdict(best[regime][0], lab.device,
+                                               emulated=bool(emulation_note(lab.device, best[regime][1])))
+                     if best[regime][0] is not None else "not measured here"})
     top1, name = worst
     rows.append({"claim": "fp16: minimal quality loss",
                  "measured": (f"top-1 token same as fp32 at {top1:.1%} of positions ({name}, the worst); "
@@ -409,7 +426,9 @@ def section_precision(ctx, options: dict) -> dict:
     from .models.config import PRESETS
 
     model, tok = ctx.model(torch.float32)
-    half = [torch.bfloat16] if bf16_supported(ctx.device) else []
+    # bf16 where the hardware has it, and emulated on a CPU without it (labelled so);
+    # fp16 only where it is fast (emulated fp16 is notebook 03's to show, not the bench's)
+    half = [torch.bfloat16] if bf16_supported(ctx.device) or bf16_emulated(ctx.device) else []
     if ctx.device.type == "cuda" or fp16_fast(ctx.device):
         half.append(torch.float16)
     models = {"float32": model, **{str(d).removeprefix("torch."): cast_model(model, d) for d in half}}
@@ -443,11 +462,13 @@ def section_precision(ctx, options: dict) -> dict:
                       "prefill_speedup": prefill_t["float32"].median / prefill_t[name].median,
                       **(logit_agreement(model, m, probe_tokens) if name != "float32" else {})}
         if name != "float32":
+            label, emulated = dtype_label(ctx.device, name), emulation_note(ctx.device, name)
+            rows[name]["emulated"] = bool(emulated)
             figures += [
-                figure(f"{name} / fp32 decode speed (batch 1)", rows[name]["decode_speedup"], "x",
-                       claim="fp16 ~1.5x", note=f"{new_tokens} new tokens"),
-                figure(f"{name} / fp32 prefill speed ({len(long_prompt)}-token prompt)",
-                       rows[name]["prefill_speedup"], "x"),
+                figure(f"{label} / fp32 decode speed (batch 1)", rows[name]["decode_speedup"], "x",
+                       claim="fp16 ~1.5x", note="; ".join(filter(None, [f"{new_tokens} new tokens", emulated]))),
+                figure(f"{label} / fp32 prefill speed ({len(long_prompt)}-token prompt)",
+                       rows[name]["prefill_speedup"], "x", note=emulated),
                 figure(f"{name} top-1 agreement with fp32", rows[name]["top1_agreement"], "fraction",
                        claim="fp16: minimal loss",
                        note=f"max |logit difference| {rows[name]['max_abs_diff']:.3f}"),

@@ -16,6 +16,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 . "$VENV/bin/activate"
+# pip 24.1+ reports download progress that labsupport shows when it fetches the embedded model
+python -m pip install --disable-pip-version-check -q "pip>=24.1"
 if ! python -c "import torch" 2>/dev/null; then
   python -m pip install --disable-pip-version-check -q "$TORCH_SPEC"
 fi

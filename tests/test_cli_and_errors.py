@@ -32,11 +32,16 @@ def test_cli_mistakes_print_one_sentence(args, words):
 
 
 def test_dtype_the_device_cannot_run(monkeypatch):
-    from labsupport import hardware
-    monkeypatch.setattr(hardware, "bf16_supported", lambda device: False)
     with pytest.raises(UnsupportedDtype) as err:
-        load_model("tiny-llama", device="cpu", dtype=torch.bfloat16)
+        load_model("tiny-llama", device="cpu", dtype=torch.int8)
     assert "\n" not in str(err.value)
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_loads_emulated(monkeypatch):
+    from labsupport import hardware
+    monkeypatch.setenv(hardware.NO_BF16_SWITCH, "1")
+    model, _ = load_model("tiny-llama", device="cpu", dtype=torch.bfloat16)
+    assert model.dtype == torch.bfloat16
 
 
 def test_missing_optional_package_names_the_pip_command():

