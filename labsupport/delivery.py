@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
+from .errors import LabError
+
 # The GitHub repository the course is published from: the one place the slug lives.
 # Change it with `python -m labsupport.delivery badges --repo OWNER/NAME`, which also
 # rewrites every badge and install cell.
@@ -51,7 +53,7 @@ _BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\(.*\)\]\(.*\)\s*$")
 
 def check_slug(repo: str) -> str:
     if not _SLUG.match(repo):
-        raise ValueError(f"{repo!r} is not a GitHub repository slug; give it as OWNER/NAME.")
+        raise LabError(f"{repo!r} is not a GitHub repository slug; give it as OWNER/NAME.")
     return repo
 
 
@@ -173,7 +175,7 @@ def apply_delivery_cells(nb, notebook_name: str, repo: str = REPO, branch: str =
     before = nbformat.writes(nb)
     title = nb.cells[0]
     if title.cell_type != "markdown":
-        raise ValueError(f"{notebook_name}: the first cell must be the markdown title cell.")
+        raise LabError(f"{notebook_name}: the first cell must be the markdown title cell.")
     title.source = with_badge(title.source, colab_badge(notebook_name, repo, branch))
 
     first_code = next(i for i, cell in enumerate(nb.cells) if cell.cell_type == "code")
@@ -210,8 +212,8 @@ def readme_block(notebooks: list[tuple[str, str]], repo: str = REPO, branch: str
 def with_readme_block(readme: str, block: str) -> str:
     start, end = readme.find(README_START), readme.find(README_END)
     if start < 0 or end < start:
-        raise ValueError(f"README.md has no badge block; put the two lines\n{README_START}\n{README_END}\n"
-                         "where the table of Colab badges should go.")
+        raise LabError(f"README.md has no badge block; put the two lines {README_START} and {README_END} "
+                       "where the table of Colab badges should go.")
     return readme[:start] + block + readme[end + len(README_END):]
 
 
@@ -224,7 +226,7 @@ def set_repo_constant(module_source: str, repo: str, branch: str) -> str:
 def _notebook_paths(root: Path) -> list[Path]:
     paths = sorted((root / "notebooks").glob("[0-9]*.ipynb"))
     if not paths:
-        raise SystemExit(f"No notebooks under {root / 'notebooks'}; run this from the repository root "
+        raise LabError(f"No notebooks under {root / 'notebooks'}; run this from the repository root "
                          "or give --root.")
     return paths
 
@@ -276,7 +278,7 @@ def student_version(nb):
     try:
         from nbgrader.preprocessors import ClearSolutions
     except ImportError:
-        raise SystemExit("nbgrader is not installed: pip install -e '.[instructor]' "
+        raise LabError("nbgrader is not installed: pip install -e '.[instructor]' "
                          "(it provides the ClearSolutions step).") from None
     from nbconvert.preprocessors import ClearOutputPreprocessor
 
@@ -318,8 +320,15 @@ def main(argv: list[str] | None = None) -> int:
     student = commands.add_parser("student", help="write student versions of every notebook")
     student.add_argument("--out", type=Path, default=Path("student"), help="output folder (default: student/)")
     args = parser.parse_args(argv)
-    root = args.root
+    try:
+        return _run(args)
+    except LabError as error:                        # a learner's or instructor's mistake: one sentence
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
+
+def _run(args) -> int:
+    root = args.root
     if args.command == "badges":
         repo = check_slug(args.repo or REPO)
         branch = args.branch or BRANCH

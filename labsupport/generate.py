@@ -22,9 +22,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from .batching import left_pad
 from .errors import LabError
 from .hardware import synchronize
-from .batching import left_pad
+from .inputs import token_id_set, token_rows, whole_number
 from .kv_cache import StaticKVCache
 from .sampling import GREEDY, SamplingConfig, sample
 
@@ -58,26 +59,24 @@ class GenerationResult:
         return self.tokens[i, : self.new_token_counts[i]].tolist()
 
 
-def as_batch(prompt, device) -> torch.Tensor:
-    """A prompt as a (batch, T) tensor of ids: accepts a list of ids, a 1-D or a 2-D tensor."""
-    tokens = torch.as_tensor(prompt, dtype=torch.long, device=device)
-    if tokens.dim() == 1:
-        tokens = tokens.unsqueeze(0)                                    # (1, T)
-    if tokens.dim() != 2 or tokens.shape[1] == 0:
-        raise LabError("The prompt is empty or not a list of token ids; give at least one token.")
-    return tokens
-
-
-def check_lengths(model, prompt_length: int, max_new_tokens: int) -> None:
-    """Refuse requests the model's context cannot hold, in one sentence."""
-    if max_new_tokens < 1:
-        raise LabError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
+def check_lengths(model, prompt_length: int, max_new_tokens) -> int:
+    """`max_new_tokens` as an int, if it is a whole number >= 1 and the prompt plus that many
+    tokens fit in the model's context; else one sentence."""
+    max_new_tokens = whole_number(max_new_tokens, "max_new_tokens")
     context = model.config.max_position
     if prompt_length + max_new_tokens > context:
         raise LabError(
             f"The prompt has {prompt_length} tokens and max_new_tokens is {max_new_tokens}, but the "
             f"model's context holds {context} tokens; shorten the prompt or ask for fewer new tokens."
         )
+    return max_new_tokens
+
+
+def _check_sampling(sampling) -> SamplingConfig:
+    if not isinstance(sampling, SamplingConfig):
+        raise LabError(f"sampling must be a SamplingConfig (e.g. SamplingConfig(temperature=0.8, seed=0)), "
+                       f"got {type(sampling).__name__}.")
+    return sampling
 
 
 @torch.inference_mode()
@@ -94,15 +93,21 @@ def decode_step(model, cache, next_tokens: torch.Tensor, positions=None, key_mas
                  key_mask=key_mask)[:, -1]
 
 
-def _pad_id(model, eos_token_ids) -> int:
-    """Padding is masked out, so any id works; the first end-of-sequence id is customary."""
-    ids = list(model.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    return ids[0] if ids else 0
+def _eos_ids(model, eos_token_ids) -> list[int]:
+    """The ids that end a row: the model's own, or the ones given (checked; () for none)."""
+    if eos_token_ids is None:
+        return list(model.config.eos_token_ids)
+    return token_id_set(eos_token_ids)
 
 
-def _eos_tensor(model, eos_token_ids, device) -> torch.Tensor:
-    ids = model.config.eos_token_ids if eos_token_ids is None else eos_token_ids
-    return torch.tensor(list(ids), dtype=torch.long, device=device)
+def _pad_id(model, eos_ids: list[int]) -> int:
+    """Padding is masked out, so any id the embedding has works; the first end-of-sequence id
+    is customary, when it lies inside the vocabulary (small checkpoints' may not)."""
+    return next((i for i in eos_ids if 0 <= i < model.config.vocab_size), 0)
+
+
+def _eos_tensor(eos_ids: list[int], device) -> torch.Tensor:
+    return torch.tensor(eos_ids, dtype=torch.long, device=device)
 
 
 def _next_tokens(logits, sampling, generator, new_tokens: list, finished, counts, eos) -> torch.Tensor:
@@ -130,11 +135,13 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
         and on a CPU it pays only for long generations.
     """
     device = model.device
-    padded = left_pad(prompt, pad_id=_pad_id(model, eos_token_ids), device=device)
+    rows = token_rows(prompt, model.config.vocab_size)
+    eos_ids = _eos_ids(model, eos_token_ids)
+    padded = left_pad(rows, pad_id=_pad_id(model, eos_ids), device=device)
     batch, prompt_length = padded.tokens.shape
-    check_lengths(model, prompt_length, max_new_tokens)
-    eos = _eos_tensor(model, eos_token_ids, device)
-    generator = sampling.generator(device)
+    max_new_tokens = check_lengths(model, prompt_length, max_new_tokens)
+    eos = _eos_tensor(eos_ids, device)
+    generator = _check_sampling(sampling).generator(device)
     cache = StaticKVCache(model.config, batch, prompt_length + max_new_tokens,
                           device=device, dtype=model.dtype)
     # Without padding the model's defaults (positions from the cache, no mask) are exact
@@ -211,11 +218,15 @@ def generate_naive(model, prompt, max_new_tokens: int = 32, sampling: SamplingCo
     only to see why the cache matters. Batch 1 or equal-length prompts.
     """
     device = model.device
-    sequence = as_batch(prompt, device)
+    rows = token_rows(prompt, model.config.vocab_size)
+    if len({len(row) for row in rows}) > 1:
+        raise LabError("generate_naive takes one prompt, or prompts of equal length; "
+                       "use generate for a padded batch.")
+    sequence = torch.tensor(rows, dtype=torch.long, device=device)        # (batch, T)
     batch, prompt_length = sequence.shape
-    check_lengths(model, prompt_length, max_new_tokens)
-    eos = _eos_tensor(model, eos_token_ids, device)
-    generator = sampling.generator(device)
+    max_new_tokens = check_lengths(model, prompt_length, max_new_tokens)
+    eos = _eos_tensor(_eos_ids(model, eos_token_ids), device)
+    generator = _check_sampling(sampling).generator(device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     counts = torch.zeros(batch, dtype=torch.long, device=device)
     new_tokens, all_logits = [], []

@@ -90,9 +90,6 @@ class StaticKVCache:
             raise LabError(f"Cannot truncate a cache of length {self.length} to {length}.")
         self.length = length
 
-    def reset(self) -> None:
-        self.length = 0
-
     @property
     def nbytes(self) -> int:
         """Bytes actually allocated for keys and values (the whole preallocated buffer)."""

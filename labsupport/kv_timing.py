@@ -22,6 +22,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from .errors import LabError
+
 from .generate import decode_step
 from .kv_cache import StaticKVCache, kv_cache_bytes
 from .measure import time_side_by_side
@@ -77,10 +79,10 @@ def time_per_token_by_position(model, positions: Iterable[int], prompt_len: int 
     modes = [use_cache] if isinstance(use_cache, bool) else list(use_cache)
     positions = sorted(set(int(p) for p in positions))
     if prompt_len < 1 or not positions or positions[0] < 0:
-        raise ValueError("Use prompt_len >= 1 and at least one position >= 0.")
+        raise LabError("Use prompt_len >= 1 and at least one position >= 0.")
     longest = prompt_len + positions[-1]
     if longest > model.config.max_position:
-        raise ValueError(f"Position {positions[-1]} after a {prompt_len}-token prompt is past the "
+        raise LabError(f"Position {positions[-1]} after a {prompt_len}-token prompt is past the "
                          f"model's context of {model.config.max_position} tokens.")
     tokens = _dummy_tokens(model, longest)
     rows = []
@@ -134,7 +136,7 @@ def estimated_total_seconds(per_position_rows: Sequence[dict], new_tokens: int) 
     close for a short prompt.
     """
     if new_tokens < 1:
-        raise ValueError(f"new_tokens must be at least 1, got {new_tokens}.")
+        raise LabError(f"new_tokens must be at least 1, got {new_tokens}.")
     rows = list(per_position_rows)
     return {name: float(estimated_step_seconds(rows, name, new_tokens).sum())
             for name in MODES.values() if rows and all(name in r for r in rows)}

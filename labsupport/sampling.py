@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import LabError
+from .inputs import finite_number, whole_number
 
 
 @dataclass(frozen=True)
@@ -26,12 +26,16 @@ class SamplingConfig:
     seed: int | None = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise LabError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}.")
-        if self.top_k is not None and self.top_k < 1:
-            raise LabError(f"top_k must be at least 1 (or None to disable), got {self.top_k}.")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise LabError(f"top_p must be in (0, 1] (or None to disable), got {self.top_p}.")
+        # each check goes through labsupport.inputs, whose range checks NaN cannot pass
+        object.__setattr__(self, "temperature",
+                           finite_number(self.temperature, "temperature (0 means greedy)", minimum=0))
+        if self.top_k is not None:
+            object.__setattr__(self, "top_k", whole_number(self.top_k, "top_k (None disables it)"))
+        if self.top_p is not None:
+            object.__setattr__(self, "top_p", finite_number(self.top_p, "top_p (None disables it)",
+                                                            minimum=0, maximum=1, above_minimum=True))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", whole_number(self.seed, "seed (None for a random one)", minimum=0))
 
     @property
     def greedy(self) -> bool:

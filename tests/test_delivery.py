@@ -18,6 +18,7 @@ import pytest
 import yaml  # PyYAML: a dependency of jupyter-events, which jupyterlab requires
 
 from labsupport import delivery
+from labsupport.errors import LabError
 from labsupport.delivery import (CODE_STUB, README_END, README_START, SETUP_MARKER, STUB_MESSAGE,
                                  apply_delivery_cells, is_solution_cell, needs_install,
                                  setup_cell_source, student_version, write_badges)
@@ -173,7 +174,7 @@ def test_repo_constant_rewrite():
     new = delivery.set_repo_constant(source, "alice/course", "trunk")
     assert 'REPO = "alice/course"' in new and 'BRANCH = "trunk"' in new
     assert new.count("alice/course") == 1
-    with pytest.raises(ValueError, match="OWNER/NAME"):
+    with pytest.raises(LabError, match="OWNER/NAME"):
         delivery.check_slug("not a slug")
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from labsupport.checks import CheckFailed
+from labsupport.errors import LabError
 from labsupport.checks.kv_cache import check_cache_size, check_cache_update
 from labsupport.kv_cache import kv_cache_bytes
 from labsupport.kv_timing import (estimated_step_seconds, estimated_total_seconds, gqa_savings,
@@ -44,7 +45,7 @@ def test_integration_of_a_constant_and_of_both_modes():
     assert totals["cached_s"] == pytest.approx(2.0)
     assert totals["naive_s"] == pytest.approx(1 + 2 + 3 + 4)
     assert list(estimated_step_seconds(rows, "naive_s", 3)) == pytest.approx([1, 2, 3])
-    with pytest.raises(ValueError):
+    with pytest.raises(LabError):
         estimated_total_seconds(rows, 0)
 
 
@@ -55,7 +56,7 @@ def test_time_per_token_by_position_returns_both_modes(tiny):
     assert all(r["naive_s"] > 0 and r["cached_s"] > 0 for r in rows)
     only_cached = time_per_token_by_position(tiny, [5], prompt_len=1, use_cache=True, repeats=1)
     assert set(only_cached[0]) == {"position", "sequence_length", "cached_s"}
-    with pytest.raises(ValueError, match="context"):
+    with pytest.raises(LabError, match="context"):
         time_per_token_by_position(tiny, [1000], prompt_len=8)
 
 

@@ -97,6 +97,34 @@ def test_every_request_gets_its_tokens_alone(model, policy, cache_tokens):
         assert result.metrics()["preemptions"] > 0          # the small cache forced preemptions
 
 
+def test_policies_are_objects_and_a_new_one_is_a_small_subclass(model):
+    """The names still work; a Policy object gives the same schedule; a custom policy
+    (admit only into an empty server: batches of whatever is waiting, no padding rows)
+    plugs into the same engine and still gives every request its tokens alone."""
+    from labsupport.serving import ContinuousBatching, Policy
+
+    class DrainThenRefill(Policy):
+        name = "drain-then-refill"
+
+        def may_admit(self, scheduler):
+            return not scheduler.running
+
+        def left(self, scheduler, seq):
+            scheduler.free_slots.append(seq.slot)
+
+    requests = make_workload(prompts(), count=8, median_new_tokens=6, max_new_tokens=12, seed=1)
+    by_name = Engine(model, max_slots=3, policy="continuous", block_size=4).run(requests, clock="steps")
+    by_object = Engine(model, max_slots=3, policy=ContinuousBatching(), block_size=4).run(requests, clock="steps")
+    assert [s.output for s in by_object.sequences] == [s.output for s in by_name.sequences]
+    assert len(by_object.steps) == len(by_name.steps) and by_object.policy == "continuous"
+    custom = Engine(model, max_slots=3, policy=DrainThenRefill(), block_size=4)
+    result = custom.run(requests, clock="steps")
+    assert result.policy == "drain-then-refill"
+    assert [s.output for s in result.sequences] == [alone(model, r) for r in requests]
+    assert len(result.steps) > len(by_name.steps)            # it waits for the drain
+    custom.blocks.check_no_leaks()
+
+
 def test_sampled_requests_survive_preemption(model):
     sampling = SamplingConfig(temperature=1.0, top_k=20, seed=5)
     requests = make_workload(prompts(), count=8, median_new_tokens=12, max_new_tokens=30, seed=3,
@@ -186,16 +214,32 @@ def test_a_request_too_long_for_the_cache_is_refused_and_the_rest_served():
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda m: Engine(m, max_slots=0), "at least one batch slot"),
+    (lambda m: Engine(m, max_slots=0), "max_slots .* must be at least 1"),
     (lambda m: Engine(m).run([]), "request list is empty"),
     (lambda m: Engine(m, policy="fifo"), "static' or 'continuous"),
-    (lambda m: Request([], max_new_tokens=4), "empty prompt"),
-    (lambda m: Request([1], max_new_tokens=0), "max_new_tokens must be at least 1"),
+    (lambda m: Request([], max_new_tokens=4), "prompt of request None is empty"),
+    (lambda m: Request([1], max_new_tokens=0), "max_new_tokens of request None must be at least 1"),
     (lambda m: Engine(m).add_request(Request([1, 10**6])), "outside the vocabulary"),
     (lambda m: Engine(m, cache_tokens=10**6).add_request(Request([1] * 250, max_new_tokens=10)),
      "model's context holds"),
     (lambda m: Engine(m).run([Request([1])], clock="sundial"), "clock must be"),
-    (lambda m: make_workload([[1]], rate=0), "arrival rate must be positive"),
+    (lambda m: make_workload([[1]], rate=0), "arrival rate .* must be finite and > 0"),
+    # adversarial: NaN, infinities, fractions, text, wrong types, zero-sized blocks
+    (lambda m: Request([1], arrival=float("nan")), "arrival .* must be finite and >= 0, got nan"),
+    (lambda m: Request([1], arrival=float("inf")), "must be finite"),
+    (lambda m: Request([1], sampling=SamplingConfig(temperature=float("nan"))), "temperature .* got nan"),
+    (lambda m: Request([1], max_new_tokens=2.5), "max_new_tokens of request None must be a whole number"),
+    (lambda m: Request("hello"), "is text; give token ids instead"),
+    (lambda m: Request([1.5, 2]), "token ids are whole numbers"),
+    (lambda m: Request([1], eos_token_ids=2), "eos_token_ids .* must be a list"),
+    (lambda m: Engine(m).add_request(Request([-1, 2])), "outside the vocabulary"),
+    (lambda m: Engine(m, block_size=0), "block_size .* must be at least 1, got 0"),
+    (lambda m: Engine(m, block_size=-4), "block_size .* must be at least 1, got -4"),
+    (lambda m: Engine(m, block_size=2.5), "block_size .* must be a whole number"),
+    (lambda m: Engine(m, cache_tokens=0), "cache_tokens .* must be at least 1"),
+    (lambda m: Engine(m).run([[1, 2, 3]]), "serves Request objects"),
+    (lambda m: make_workload([[1]], rate=float("nan")), "arrival rate .* got nan"),
+    (lambda m: make_workload([[1]], sigma=-1), "sigma .* must be finite and >= 0"),
 ])
 def test_bad_input_gets_one_sentence(make, message):
     with pytest.raises(LabError, match=message):
@@ -240,7 +284,7 @@ def test_metrics_timeline_and_memory():
 @pytest.mark.slow
 def test_embedded_model_serves_the_same_tokens_as_alone_and_as_hf(smollm, smollm_hf):
     from labsupport.serving import chat_prompts
-    from labsupport.serving.hf_peer import hf_serve
+    from labsupport.bench.peers import hf_serve
     model, tokenizer = smollm
     requests = make_workload(chat_prompts(tokenizer, 4), median_new_tokens=6, max_new_tokens=12, seed=0)
     result = Engine(model, max_slots=3, block_size=8, cache_tokens=3 * 64).run(requests)

@@ -2,8 +2,8 @@
 
 A checker compares a learner's answer with the package's reference and either
 prints a short confirmation or raises `CheckFailed` with what was expected, what
-came back, and a hint. `CheckFailed` is a `LabError`, so in a notebook that
-called `labsupport.notebook_setup()` it shows as that message, not a traceback.
+came back, and a hint. `CheckFailed` is a `LabError`, so in a notebook it shows as that message, not a
+traceback, and still fails the cell (nbval and nbgrader count it).
 """
 
 from __future__ import annotations
@@ -13,10 +13,6 @@ from ..errors import LabError
 
 class CheckFailed(LabError):
     """A learner's answer is not right yet; the message says why and hints at a fix."""
-
-
-class NotImplementedYet(LabError):
-    """Raised by the stub of an exercise the learner has not written yet."""
 
 
 def passed(exercise: str, detail: str = "") -> None:

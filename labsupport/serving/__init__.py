@@ -11,9 +11,9 @@ from .engine import Engine, ServingResult, StepRecord
 from .metrics import reserved_vs_used, slot_bars, summarize, utilization_timeline
 from .paged_cache import PagedKVCache
 from .request import Request, Sequence, Status
-from .scheduler import POLICIES, ScheduledStep, Scheduler
+from .scheduler import POLICIES, ContinuousBatching, Policy, ScheduledStep, Scheduler, StaticBatching
 from .workload import chat_prompts, make_workload
 
 __all__ = ["BlockManager", "blocks_needed", "Engine", "ServingResult", "StepRecord", "reserved_vs_used",
            "slot_bars", "summarize", "utilization_timeline", "PagedKVCache", "Request", "Sequence",
-           "Status", "POLICIES", "ScheduledStep", "Scheduler", "chat_prompts", "make_workload"]
+           "Status", "POLICIES", "Policy", "StaticBatching", "ContinuousBatching", "ScheduledStep", "Scheduler", "chat_prompts", "make_workload"]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from ..errors import LabError
+from ..inputs import whole_number
 from ..hardware import synchronize
 from .block_manager import BlockManager, blocks_needed
 from .model_runner import ModelRunner
@@ -78,11 +79,12 @@ class Engine:
 
     def __init__(self, model, max_slots: int = 8, policy: str = "continuous",
                  block_size: int = 16, cache_tokens: int | None = None):
-        if max_slots < 1:
-            raise LabError(f"The server needs at least one batch slot, got max_slots={max_slots}.")
+        max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
+        block_size = whole_number(block_size, "block_size (positions per cache block)")
         if cache_tokens is None:
             cache_tokens = max_slots * min(model.config.max_position, 1024)
-        num_blocks = blocks_needed(cache_tokens, block_size) if cache_tokens > 0 else 0
+        cache_tokens = whole_number(cache_tokens, "cache_tokens (positions the paged cache holds)")
+        num_blocks = blocks_needed(cache_tokens, block_size)
         self.model = model
         self.blocks = BlockManager(num_blocks, block_size)
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.device, model.dtype)
@@ -154,7 +156,12 @@ class Engine:
         Requests that can never fit are refused (see `add_request`) and listed in
         `ServingResult.rejected`; the others are served as if they were not there.
         """
-        pending = sorted(requests, key=lambda r: r.arrival)
+        pending = list(requests)
+        wrong = next((r for r in pending if not isinstance(r, Request)), None)
+        if wrong is not None:
+            raise LabError(f"The engine serves Request objects, got a {type(wrong).__name__}; "
+                           f"wrap each prompt as Request(prompt=ids, max_new_tokens=...).")
+        pending.sort(key=lambda r: r.arrival)
         if not pending:
             raise LabError("The request list is empty; give the engine at least one Request.")
         if clock not in ("wall", "steps"):

@@ -24,6 +24,7 @@ from typing import Callable, Sequence as Seq
 import torch
 
 from ..errors import LabError
+from ..inputs import finite_number, token_id_set, token_rows, whole_number
 from ..sampling import GREEDY, SamplingConfig, sample
 
 
@@ -40,14 +41,19 @@ class Request:
     on_token: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        self.prompt = [int(t) for t in self.prompt]
-        if not self.prompt:
-            raise LabError(f"Request {self.request_id!r} has an empty prompt; give at least one token.")
-        if self.max_new_tokens < 1:
-            raise LabError(f"Request {self.request_id!r}: max_new_tokens must be at least 1, "
-                           f"got {self.max_new_tokens}.")
-        if self.arrival < 0:
-            raise LabError(f"Request {self.request_id!r}: arrival must be >= 0 seconds, got {self.arrival}.")
+        # every field through labsupport.inputs: whole numbers, finite times (NaN fails), ids
+        name = f"request {self.request_id!r}"
+        rows = token_rows(self.prompt, what=f"prompt of {name}")
+        if len(rows) != 1:
+            raise LabError(f"The prompt of {name} holds {len(rows)} prompts; give each prompt its own Request.")
+        self.prompt = rows[0]
+        self.max_new_tokens = whole_number(self.max_new_tokens, f"max_new_tokens of {name}")
+        self.arrival = finite_number(self.arrival, f"arrival of {name} (seconds from the start)", minimum=0)
+        if not isinstance(self.sampling, SamplingConfig):
+            raise LabError(f"The sampling of {name} must be a SamplingConfig, got {type(self.sampling).__name__}.")
+        self.eos_token_ids = token_id_set(self.eos_token_ids, f"eos_token_ids of {name}")
+        if self.on_token is not None and not callable(self.on_token):
+            raise LabError(f"on_token of {name} must be a function of one token id, or None.")
 
     @property
     def max_length(self) -> int:

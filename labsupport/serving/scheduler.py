@@ -2,7 +2,8 @@
 
 Introduced in notebook 06 (continuous batching).
 
-Both policies share one interface (`schedule`, `finish`) and two limits: at most
+Both policies (objects: `StaticBatching`, `ContinuousBatching`, or their names)
+share one interface (`schedule`, `finish`) and two limits: at most
 `max_slots` sequences in a batch, and no more cache blocks than the block manager
 has. They differ only in when a waiting sequence may join:
 
@@ -24,10 +25,83 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..errors import LabError
+from ..inputs import whole_number
 from .block_manager import BlockManager
 from .request import Sequence, Status
 
-POLICIES = ("static", "continuous")
+class Policy:
+    """A scheduling policy: the rules by which waiting sequences join the running batch.
+
+    Introduced in notebook 06 (continuous batching). A policy is an object with four
+    small decisions, so a new one (say, shortest-prompt-first) is one subclass; the
+    `Scheduler` around it keeps the slot and block limits, admission order and
+    preemption the same for every policy.
+    """
+
+    name = "policy"
+
+    def may_admit(self, scheduler: "Scheduler") -> bool:
+        """May waiting sequences be admitted in this step?"""
+        raise NotImplementedError
+
+    def admitted(self, scheduler: "Scheduler", seq: Sequence) -> None:
+        """`seq` has just been admitted."""
+
+    def padding_rows(self, scheduler: "Scheduler", decoding: list[Sequence]) -> int:
+        """Rows computed as padding beside the decoding sequences."""
+        return 0
+
+    def left(self, scheduler: "Scheduler", seq: Sequence) -> None:
+        """`seq` finished or was preempted; give back what the policy lets it give back."""
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class StaticBatching(Policy):
+    """A batch is admitted together, when the previous batch has ended, and runs until its
+    longest member ends; finished members keep their slot as padding rows."""
+
+    name = "static"
+
+    def may_admit(self, scheduler):
+        return not scheduler.batch
+
+    def admitted(self, scheduler, seq):
+        scheduler.batch.append(seq)
+
+    def padding_rows(self, scheduler, decoding):
+        return len(scheduler.batch) - len(decoding) if decoding else 0
+
+    def left(self, scheduler, seq):
+        if not scheduler.running:                               # the whole batch has ended
+            scheduler.batch = []
+            scheduler.free_slots = list(range(scheduler.max_slots - 1, -1, -1))
+
+
+class ContinuousBatching(Policy):
+    """Between any two steps, finished sequences leave and waiting ones take their slots."""
+
+    name = "continuous"
+
+    def may_admit(self, scheduler):
+        return True
+
+    def left(self, scheduler, seq):
+        scheduler.free_slots.append(seq.slot)
+
+
+POLICIES = {"static": StaticBatching, "continuous": ContinuousBatching}
+
+
+def as_policy(policy) -> Policy:
+    """A `Policy` object, or one of the names "static" and "continuous"."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str) and policy in POLICIES:
+        return POLICIES[policy]()
+    raise LabError(f"Unknown scheduling policy {policy!r}; choose 'static' or 'continuous' "
+                   f"(or pass a Policy object).")
 
 
 @dataclass
@@ -39,20 +113,15 @@ class ScheduledStep:
     padding_rows: int = 0                                     # static: finished members still computed
     preempted: list[Sequence] = field(default_factory=list)
 
-    @property
-    def is_empty(self) -> bool:
-        return not (self.prefill or self.decode)
-
 
 class Scheduler:
-    """FCFS admission under slot and block limits, with one of two policies."""
+    """FCFS admission under slot and block limits, with one policy (`Policy`, or its name)."""
 
-    def __init__(self, policy: str, max_slots: int, blocks: BlockManager):
-        if policy not in POLICIES:
-            raise LabError(f"Unknown scheduling policy {policy!r}; choose 'static' or 'continuous'.")
-        if max_slots < 1:
-            raise LabError(f"The server needs at least one batch slot, got max_slots={max_slots}.")
-        self.policy, self.max_slots, self.blocks = policy, max_slots, blocks
+    def __init__(self, policy, max_slots: int, blocks: BlockManager):
+        self.rules = as_policy(policy)
+        self.policy = self.rules.name               # the name, as results and plots show it
+        self.max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
+        self.blocks = blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in order of admission
         self.free_slots = list(range(max_slots - 1, -1, -1))
@@ -71,10 +140,9 @@ class Scheduler:
         step = ScheduledStep()
         self._make_room_for_decode(step, now)
         step.decode = list(self.running)
-        if self.policy == "continuous" or not self.batch:
+        if self.rules.may_admit(self):
             self._admit(step, now)
-        if self.policy == "static":
-            step.padding_rows = len(self.batch) - len(step.decode) if step.decode else 0
+        step.padding_rows = self.rules.padding_rows(self, step.decode)
         return step
 
     def _make_room_for_decode(self, step: ScheduledStep, now: float) -> None:
@@ -105,8 +173,7 @@ class Scheduler:
             if seq.admitted_at is None:
                 seq.admitted_at = now
             self.running.append(seq)
-            if self.policy == "static":
-                self.batch.append(seq)
+            self.rules.admitted(self, seq)
             step.prefill.append(seq)
 
     # --- leaving ----------------------------------------------------------------------
@@ -127,8 +194,4 @@ class Scheduler:
         self.blocks.release(seq.index)
         slot, start, _ = seq.slot_spans[-1]
         seq.slot_spans[-1] = (slot, start, now)
-        if self.policy == "continuous":
-            self.free_slots.append(seq.slot)
-        elif not self.running:                             # static: the whole batch has ended
-            self.batch = []
-            self.free_slots = list(range(self.max_slots - 1, -1, -1))
+        self.rules.left(self, seq)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import LabError
+from ..inputs import finite_number, whole_number
 from ..sampling import GREEDY, SamplingConfig
 from .request import Request
 
@@ -58,8 +59,8 @@ def arrival_times(count: int, rate: float | None, seed: int = 0) -> list[float]:
     """Poisson arrivals at `rate` per second (per step on the steps clock); None: all at once."""
     if rate is None:
         return [0.0] * count
-    if rate <= 0:
-        raise LabError(f"The arrival rate must be positive (or None for all at once), got {rate}.")
+    rate = finite_number(rate, "The arrival rate (requests per second; None for all at once)",
+                         minimum=0, above_minimum=True)
     rng = np.random.default_rng(seed + 1)
     return np.cumsum(rng.exponential(1.0 / rate, size=count)).tolist()
 
@@ -71,9 +72,12 @@ def make_workload(prompts: list[list[int]], count: int | None = None, rate: floa
     """`count` requests (default: one per prompt, prompts reused in turn), seeded."""
     if not prompts:
         raise LabError("make_workload needs at least one prompt.")
-    count = len(prompts) if count is None else count
-    if count < 1:
-        raise LabError(f"A workload needs at least one request, got count={count}.")
+    count = whole_number(len(prompts) if count is None else count, "count (requests in the workload)")
+    finite_number(median_new_tokens, "median_new_tokens", minimum=0, above_minimum=True)
+    finite_number(sigma, "sigma (spread of the answer lengths)", minimum=0)
+    min_new_tokens = whole_number(min_new_tokens, "min_new_tokens")
+    max_new_tokens = whole_number(max_new_tokens, "max_new_tokens", minimum=min_new_tokens)
+    seed = whole_number(seed, "seed", minimum=0)
     lengths = output_lengths(count, median_new_tokens, sigma, min_new_tokens, max_new_tokens, seed)
     arrivals = arrival_times(count, rate, seed)
     return [Request(prompt=prompts[i % len(prompts)], max_new_tokens=lengths[i], sampling=sampling,

@@ -1,0 +1,127 @@
+"""Bad input at the public API: one sentence each, never a traceback, a hang or wrong output.
+
+Every case below went through `labsupport.inputs`, the one place where `generate`,
+`generate_naive`, speculative decoding, `SamplingConfig` and the serving engine check
+what they are given.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from labsupport.errors import LabError
+from labsupport.generate import generate, generate_naive
+from labsupport.inputs import finite_number, token_rows, whole_number
+from labsupport.models.loading import random_model
+from labsupport.sampling import SamplingConfig
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model("tiny-llama")                  # vocabulary 260, context 256
+
+
+def one_sentence(error: LabError) -> str:
+    message = str(error)
+    assert "\n" not in message and message.endswith("."), message
+    return message
+
+
+@pytest.mark.parametrize("call, words", [
+    # a learner's most likely mistake: text where ids are expected
+    (lambda m: generate(m, "hello"), "is text; give token ids instead, e.g. tokenizer.encode"),
+    (lambda m: generate(m, ["hello", "world"]), "holds text at position 0"),
+    (lambda m: generate_naive(m, "hello"), "is text"),
+    # ids outside the vocabulary, both ways, in every entry point
+    (lambda m: generate(m, [1, 2, 260]), "token id 260, outside the model's vocabulary \\[0, 260\\)"),
+    (lambda m: generate(m, [1, -1]), "token id -1, outside"),
+    (lambda m: generate(m, [[1, 2], [3, 999]]), "prompt 1 of the batch holds token id 999"),
+    (lambda m: generate(m, torch.tensor([[1, 2], [3, 300]])), "token id 300"),
+    (lambda m: generate_naive(m, [5, 10**9]), "outside the model's vocabulary"),
+    # values that are not token ids at all
+    (lambda m: generate(m, [1.0, 2.0]), "token ids are whole numbers"),
+    (lambda m: generate(m, torch.tensor([1.0, 2.0])), "holds torch.float32 values"),
+    (lambda m: generate(m, np.array([1.5])), "holds float64 values"),
+    (lambda m: generate(m, [True, False]), "token ids are whole numbers"),
+    (lambda m: generate(m, torch.zeros(1, 2, 3, dtype=torch.long)), "got 3 dimensions"),
+    (lambda m: generate(m, []), "is empty"),
+    (lambda m: generate(m, [[1, 2], []]), "prompt 1 of the batch is empty"),
+    # sizes
+    (lambda m: generate(m, [1], max_new_tokens=2.5), "max_new_tokens must be a whole number"),
+    (lambda m: generate(m, [1], max_new_tokens=NAN), "max_new_tokens must be a whole number"),
+    (lambda m: generate(m, [1], max_new_tokens="3"), "max_new_tokens must be a whole number"),
+    (lambda m: generate(m, [1], max_new_tokens=True), "max_new_tokens must be a whole number"),
+    (lambda m: generate(m, [1], max_new_tokens=0), "max_new_tokens must be at least 1, got 0"),
+    (lambda m: generate(m, [1], max_new_tokens=-3), "at least 1, got -3"),
+    (lambda m: generate(m, [1] * 250, max_new_tokens=10), "model's context holds 256"),
+    (lambda m: generate_naive(m, [1], max_new_tokens=1.5), "whole number"),
+    (lambda m: generate_naive(m, [[1, 2], [3]]), "prompts of equal length"),
+    # end-of-sequence ids and the sampling settings
+    (lambda m: generate(m, [1], eos_token_ids=2), "eos_token_ids must be a list"),
+    (lambda m: generate(m, [1], eos_token_ids=["x"]), "each of eos_token_ids must be a whole number"),
+    (lambda m: generate(m, [1], sampling={"temperature": 0.8}), "sampling must be a SamplingConfig"),
+])
+def test_bad_generation_input_is_one_sentence(model, call, words):
+    with pytest.raises(LabError, match=words) as info:
+        call(model)
+    one_sentence(info.value)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"temperature": NAN}, "temperature .* must be finite and >= 0, got nan"),
+    ({"temperature": INF}, "temperature .* got inf"),
+    ({"temperature": -0.5}, "temperature .* got -0.5"),
+    ({"temperature": "hot"}, "temperature .* must be a number"),
+    ({"top_k": 2.5}, "top_k .* must be a whole number"),
+    ({"top_k": 0}, "top_k .* at least 1"),
+    ({"top_p": NAN}, "top_p .* got nan"),
+    ({"top_p": 0.0}, "top_p .* > 0"),
+    ({"top_p": 1.5}, "top_p .* <= 1"),
+    ({"seed": 1.5}, "seed .* whole number"),
+    ({"seed": -1}, "seed .* at least 0"),
+])
+def test_bad_sampling_settings_are_one_sentence(kwargs, words):
+    with pytest.raises(LabError, match=words) as info:
+        SamplingConfig(**kwargs)
+    one_sentence(info.value)
+
+
+def test_good_input_in_every_accepted_form_gives_the_same_tokens(model):
+    ids = [5, 6, 7, 8]
+    expected = generate(model, ids, 4).tokens
+    for form in (tuple(ids), torch.tensor(ids), torch.tensor([ids]), np.array(ids), [np.int64(i) for i in ids]):
+        assert torch.equal(generate(model, form, 4).tokens, expected)
+    assert torch.equal(generate(model, ids, np.int64(4)).tokens, expected)
+    assert torch.equal(generate_naive(model, torch.tensor(ids), 4).tokens, expected)
+
+
+def test_a_padded_batch_pads_with_an_id_the_embedding_has(model):
+    """Small checkpoints often give an end-of-sequence id outside their vocabulary; padding
+    with it used to crash in the embedding. Now padding uses an id inside the vocabulary,
+    and the padded rows still equal each prompt alone."""
+    odd = dataclasses.replace(model.config, eos_token_ids=(10_000,))
+    model.config, original = odd, model.config
+    try:
+        prompts = [[5, 6, 7, 8, 9], [11, 12]]
+        batch = generate(model, prompts, 3)
+        for row, prompt in enumerate(prompts):
+            assert batch.row(row) == generate(model, prompt, 3).row(0)
+    finally:
+        model.config = original
+
+
+def test_the_checkers_themselves():
+    assert whole_number(np.int32(3), "n") == 3 and whole_number(torch.tensor(4), "n") == 4
+    assert finite_number(0.5, "p", minimum=0, maximum=1) == 0.5
+    assert math.isclose(finite_number(np.float32(0.25), "p"), 0.25)
+    with pytest.raises(LabError, match="must be from 1 to 3"):
+        whole_number(4, "n", maximum=3)
+    with pytest.raises(LabError, match="finite and > 0 and <= 1"):
+        finite_number(0, "p", minimum=0, maximum=1, above_minimum=True)
+    assert token_rows(torch.tensor([[1, 2], [3, 4]])) == [[1, 2], [3, 4]]
+    assert token_rows([[1], (2, 3)], vocab_size=4) == [[1], [2, 3]]
