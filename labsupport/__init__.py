@@ -7,7 +7,6 @@ introduces it:
     models/      00  config, the compact Transformer, weight import and layout, the embedded model
     measure      00  the one timing path (warm-up, sync, repeats, median, spread)
     roofline     00  FLOPs and bytes of a decode step, the ridge point, decode sweeps
-    bench        00  benchmarks as JSON: ``python -m labsupport bench``
     kv_cache     01  the static KV cache and its memory formula
     kv_timing    01  time per token by position, with and without the cache
     sampling     01  greedy, temperature, top-k, top-p
@@ -17,10 +16,17 @@ introduces it:
     quantize     04  int8 / int4 weight-only layers and kernels (quantize_bnb: bitsandbytes)
     speculative  05  drafts, the exact accept/resample rule, cache rollback
     serving/     06  requests, block manager, paged KV cache, schedulers, engine, workloads, metrics
-    stack        07  every technique stacked on one workload, against Hugging Face
-    delivery     --  Colab badges and setup cells, student versions of the notebooks
+    stack        07  every technique stacked on one workload
+    bench/       00+ one module per notebook: its benchmark section(s), prompts and Hugging Face
+                     peers; options as a validated dataclass; ``python -m labsupport bench``
+    claims       00+ every chapter claim against what was measured, in notebook order
     plots/, explorers/, checks/   one module per notebook: figures, live explorers, exercise checkers
     report       --  the main job's table: ``python -m labsupport tour``
+    cli          --  ``python -m labsupport tour`` and ``bench``
+    delivery     --  Colab badges and setup cells, student versions of the notebooks
+
+The technique modules (hardware ... stack) never import the layers built on them
+(bench/, claims, plots/, explorers/, checks/, report, cli): tests/test_layering.py.
 """
 
 from .errors import LabError

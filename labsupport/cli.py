@@ -9,15 +9,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .bench import BenchOptions, run, write_json
 from .errors import LabError
+from .hardware import check_platform, pick_device
+from .report import text_table, write_report
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: the best available)")
     parser.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded smollm2-135m)")
     parser.add_argument("--sections", nargs="*", default=None, help="which sections to run (default: all)")
-    parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per generate() call (default 128)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per candidate (default 5)")
+    parser.add_argument("--new-tokens", type=int, default=None,
+                        help="new tokens per generate() call, in every section that has such a count "
+                             "(default: 128 for baseline and speculative, 32 for batching, precision and "
+                             "quantization)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed repeats per candidate, in every section (default: 5 for baseline, "
+                             "batching, precision and speculative; 1 to 3 for the others)")
     parser.add_argument("--kv-lengths", type=int, nargs="*", default=None,
                         help="new-token counts for the KV-cache comparison (default: 64 256 1024)")
 
@@ -33,31 +41,21 @@ def main(argv=None) -> int:
     bench.add_argument("--out", default="bench.json", help="JSON file to write (default bench.json)")
     args = parser.parse_args(argv)
 
-    from . import bench as bench_module
-    from .hardware import check_platform
     try:
         check_platform()
-        sections = args.sections
-        if sections:
-            unknown = set(sections) - set(bench_module.SECTIONS)
-            if unknown:
-                raise LabError(f"Unknown section(s) {sorted(unknown)}; choose from {sorted(bench_module.SECTIONS)}.")
-        if args.new_tokens is not None and args.new_tokens < 1:
-            raise LabError(f"--new-tokens must be at least 1, got {args.new_tokens}.")
-        if args.repeats is not None and args.repeats < 1:
-            raise LabError(f"--repeats must be at least 1, got {args.repeats}.")
-        report = bench_module.run(sections, device=args.device, model_name=args.model,
-                                  new_tokens=args.new_tokens, repeats=args.repeats,
-                                  kv_lengths=args.kv_lengths, progress=lambda m: print(m, flush=True))
+        device = pick_device(args.device)
+        options = BenchOptions.from_cli(device, new_tokens=args.new_tokens, repeats=args.repeats,
+                                        kv_lengths=args.kv_lengths)
+        report = run(args.sections, device=device, model_name=args.model, options=options,
+                     progress=lambda m: print(m, flush=True))
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
-    from .report import text_table, write_report
     print()
     print(text_table(report))
     if args.command == "bench":
-        print(f"\nSaved {bench_module.write_json(report, args.out)}")
+        print(f"\nSaved {write_json(report, args.out)}")
     else:
         path = write_report(report, args.out)
         print(f"\nSaved {path.with_name('report.md')} and {path.with_name('report.json')}")

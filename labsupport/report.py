@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .bench import all_figures, write_json
+from .bench.core import all_figures, write_json
+from .bench.suite import SECTIONS
 
 
 def _value(f: dict) -> str:
@@ -68,14 +69,6 @@ def write_report(report: dict, directory: str | Path) -> Path:
 
 # ------------------------------------------------------------------ the HTML report
 
-# Which notebook each bench section belongs to (the README's table of the course).
-SECTION_NOTEBOOKS = {
-    "baseline": "00 where the time goes", "roofline": "00 where the time goes",
-    "kv_cache": "01 KV cache", "batching": "02 batching", "precision": "03 mixed precision",
-    "quantization": "04 quantization", "speculative": "05 speculative decoding",
-    "serving": "06 continuous batching", "stack": "07 putting it together",
-}
-
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
        padding: 0 1em; color: #222; line-height: 1.45; }
@@ -125,9 +118,9 @@ def _figure_table(figures: list[dict]) -> str:
     return f"<table class=\"figures\"><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-# Plots per section, from the raw data the bench JSON holds. Each returns a list of
-# plotly figures; a section without a builder here, or whose builder fails on data
-# it does not expect, gets `ratio_figures` instead.
+# Plots per section (`bench.SECTIONS`'s names), from the raw data the bench JSON holds.
+# Each returns a list of plotly figures; a section without a builder here, or whose
+# builder fails on data it does not expect, gets `ratio_figures` instead.
 
 def _bar_figure(labels, values, texts, y_title: str, title: str, colors="#1f77b4"):
     """One bar per label, its value written above it."""
@@ -307,7 +300,7 @@ def html_report(report: dict) -> str:
     parts = []
     plotly_included = False
     for name, section in report.get("sections", {}).items():
-        notebook = SECTION_NOTEBOOKS.get(name)
+        notebook = SECTIONS[name].notebook if name in SECTIONS else None
         title = f"{_esc(name)}" + (f" <span class=\"muted\">(notebook {_esc(notebook)})</span>" if notebook else "")
         seconds = f"<p class=\"muted\">measured in {section['seconds']:.0f} s</p>" if section.get("seconds") else ""
         parts.append(f"<section id=\"{_esc(name)}\"><h2>{title}</h2>{seconds}")

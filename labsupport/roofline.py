@@ -17,8 +17,8 @@ memory, work with more waits for arithmetic (Williams, Waterman and Patterson,
 batch at which its intensity reaches the ridge is where batching stops being
 free. This module counts the costs (`decode_step_cost`, `linear_cost`),
 predicts that batch (`ridge_batch`), measures the real thing
-(`time_decode_step`, `sweep_decode`, `sweep_linear`), and is the benchmark
-section `section_roofline`.
+(`time_decode_step`, `sweep_decode`, `sweep_linear`). The benchmark section is
+`bench.roofline`; the chapter's claims against a sweep are `claims.roofline_claims`.
 """
 
 from __future__ import annotations
@@ -291,95 +291,9 @@ def growth_batch(rows: list[dict], factor: float = 1.5) -> int | None:
     return next((r["batch"] for r in rows if r["seconds"] > factor * base), None)
 
 
-def _nearest_row(rows: list[dict], batch: int) -> dict:
-    """The measured row whose batch is closest to `batch`."""
-    return min(rows, key=lambda r: abs(r["batch"] - batch))
-
-
-def claim_checks(rows: list[dict], profile: HardwareProfile) -> list[dict]:
-    """The handbook chapter's claims about batching, each set against one dtype's decode sweep.
-
-    Introduced in notebook 00 (where the time goes). Returns dicts with claim,
-    dtype, measured (a sentence with the numbers) and verdict. The thresholds:
-    "extra rows are nearly free" means 4 rows take under 1.5x the time of one;
-    "compute-bound" means the step's intensity is past the ridge and its time
-    grows at least half as fast as the batch between the last two batch sizes.
-    """
-    rows = sorted(rows, key=lambda r: r["batch"])
-    name, ridge = rows[0]["dtype"], profile.ridge(rows[0]["dtype"])
-    first, small, last, before_last = rows[0], _nearest_row(rows, 4), rows[-1], rows[-2]
-    weight_bandwidth = first["bytes_per_s"]
-    small_ratio = small["seconds"] / first["seconds"]
-    growth = math.log(last["seconds"] / before_last["seconds"]) / math.log(last["batch"] / before_last["batch"])
-    sixteen = _nearest_row(rows, 16)
-    speedup = sixteen["tokens_per_s"] / first["tokens_per_s"]
-    return [
-        {"claim": "a small batch is memory-bandwidth-bound", "dtype": name,
-         "measured": f"batch 1: {first['intensity']:.1f} FLOP/B (ridge {ridge:.1f}), "
-                     f"{weight_bandwidth / 1e9:.1f} GB/s = {weight_bandwidth / profile.bandwidth:.0%} of copy "
-                     f"bandwidth; {small['batch']} rows take {small_ratio:.2f}x the time of 1",
-         "verdict": "holds" if small_ratio < 1.5 else
-                    "partly: below the ridge, but extra rows are not free here"},
-        {"claim": "a large batch is compute-bound", "dtype": name,
-         "measured": f"batch {last['batch']}: {last['intensity']:.1f} FLOP/B, "
-                     f"{last['flops_per_s'] / profile.flops[name]:.0%} of matmul peak; time grows as "
-                     f"batch^{growth:.2f} from {before_last['batch']} to {last['batch']}",
-         "verdict": "holds" if last["intensity"] > ridge and growth >= 0.5 else
-                    ("partly: past the ridge, but time still grows slowly" if last["intensity"] > ridge
-                     else "not reached in this sweep")},
-        {"claim": "batch 1 -> 16 gives 10-15x the throughput", "dtype": name,
-         "measured": f"batch 1 -> {sixteen['batch']}: {speedup:.1f}x "
-                     f"({first['tokens_per_s']:.0f} -> {sixteen['tokens_per_s']:.0f} tokens/s)",
-         "verdict": "holds" if speedup >= 10 else "less here"},
-    ]
-
-
 def markdown_table(rows: list[dict]) -> str:
     """A list of same-keyed dicts as a Markdown table (for `IPython.display.Markdown`)."""
     keys = list(rows[0])
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in rows]
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------
-# The benchmark section
-# --------------------------------------------------------------------------
-
-
-def section_roofline(ctx, options: dict) -> dict:
-    """Decode-step sweep over batch sizes per dtype, placed on this machine's roofline.
-
-    Introduced in notebook 00 (where the time goes). Options (all optional):
-    roofline_batches, roofline_context (64), roofline_repeats (3). About 30 s on a 2-core CPU.
-    """
-    from .bench import figure
-
-    profile = ctx.hardware
-    context = options.get("roofline_context") or 64
-    repeats = options.get("roofline_repeats") or 3
-    batches = options.get("roofline_batches") or decode_batches(ctx.device)
-    claim = "small batches are memory-bandwidth-bound, large ones compute-bound"
-    sweeps, figures = {}, []
-    for name in supported_dtypes(profile):
-        dtype = getattr(torch, name)
-        model, _ = ctx.model(dtype)
-        rows = sweep_decode(model, batches, context, repeats)
-        sweeps[name] = rows
-        predicted = ridge_batch(profile, model.config, dtype, context)
-        grows_at = growth_batch(rows)
-        first, last = rows[0], rows[-1]
-        figures += [
-            figure(f"measured ridge point ({name})", profile.ridge(name), "FLOP/byte",
-                   note=f"{profile.flops[name] / 1e9:.0f} GFLOP/s / {profile.bandwidth / 1e9:.1f} GB/s"),
-            figure(f"batch where the decode step time passes 1.5x batch 1 ({name})",
-                   float(grows_at) if grows_at else float("nan"), "batch", claim=claim,
-                   note=f"predicted ridge batch {predicted:.1f} (context {context}); "
-                        f"swept {batches[0]}..{batches[-1]}"),
-            figure(f"decode tokens/s at batch {last['batch']} / batch 1 ({name})",
-                   last["tokens_per_s"] / first["tokens_per_s"], "x", claim=claim,
-                   note=f"{first['tokens_per_s']:.0f} -> {last['tokens_per_s']:.0f} tokens/s; "
-                        f"step {1e3 * first['seconds']:.1f} -> {1e3 * last['seconds']:.1f} ms"),
-        ]
-    return {"context": context, "batches": list(batches), "hardware": profile.to_dict(),
-            "sweeps": sweeps, "figures": figures}

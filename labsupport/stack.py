@@ -13,7 +13,8 @@ All stages are timed side by side in one run (`measure.time_side_by_side`).
 A stage that does not pay on this hardware is still measured and shown, and the
 next stage builds on the best stage before it (`builds_on`). The whole stack is
 finally compared with Hugging Face `generate()`, one request at a time, in fp32:
-the way most people first run a model.
+the way most people first run a model (a peer stage, `bench.peers.hf_stack_stage`).
+The chapter's claims against this run are `claims.stack_claims`.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class ModelVariants:
 
 
 BATCHING = ("none", "static", "continuous")
+HF_PEER = "Hugging Face generate()"          # the peer the best stage is compared with (`run_stack`)
 
 
 def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching: str = "none",
@@ -134,9 +136,9 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
     return static_batches
 
 
-def build_stages(model, requests, slots: int = 8, hf_model=None, draft_k: int = 4,
+def build_stages(model, requests, slots: int = 8, draft_k: int = 4,
                  variants: ModelVariants | None = None) -> list[Stage]:
-    """The ladder for `model` (fp32) on this device."""
+    """The ladder for `model` (fp32) on this device. Introduced in notebook 07."""
     variants = variants or ModelVariants(model)
     dtype, precision = low_precision(model.device)
     half = precision if dtype is not None else "fp32"
@@ -170,22 +172,22 @@ def build_stages(model, requests, slots: int = 8, hf_model=None, draft_k: int = 
         stage("+ continuous batching", f"{slots} slots, paged KV cache (notebook 06)", "+ int4 weights",
               batching="continuous", **int4),
     ]
-    if hf_model is not None:
-        from .bench import hf_generate_fn
-        runs = [(r, hf_generate_fn(hf_model, r.prompt, r.max_new_tokens)) for r in requests]
-        stages.append(Stage("Hugging Face generate()", "transformers generate(), fp32, one request at a time",
-                            lambda: {r.request_id: run()[0, len(r.prompt):].tolist() for r, run in runs}))
     return stages
 
 
-def run_stack(model, requests, slots: int = 8, hf_model=None, repeats: int = 1,
+def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1,
               progress=None) -> dict:
     """Time every stage side by side; returns one row per stage with its tokens/s, its gain
     over the stage it builds on, its gain over the naive loop, and how many of its tokens
-    equal the fp32 reference (the KV-cache stage)."""
+    equal the fp32 reference (the KV-cache stage).
+
+    Introduced in notebook 07 (putting it together). peers: extra `Stage`s timed with the
+    ladder but not on it, e.g. Hugging Face generate() (`bench.peers.hf_stack_stage`); a
+    peer named `HF_PEER` gives ``stack_vs_hf``, the best stage's tokens/s over the peer's.
+    """
     if not requests:
         raise LabError("run_stack needs at least one request.")
-    stages = build_stages(model, requests, slots, hf_model)
+    stages = build_stages(model, requests, slots) + list(peers)
     outputs: dict = {}
 
     def timed(stage):
@@ -211,80 +213,12 @@ def run_stack(model, requests, slots: int = 8, hf_model=None, repeats: int = 1,
                "same_tokens_as_fp32": same / tokens}
         row["kept"] = stage.builds_on is not None and row["gain"] > 1.0
         rows.append(row)
-        if row["kept"] and stage.name != "Hugging Face generate()":
+        if row["kept"] and stage.name != HF_PEER:
             best = row if best is None or row["tokens_per_s"] > best["tokens_per_s"] else best
     result = {"requests": len(requests), "tokens": tokens, "slots": slots, "device": str(model.device),
               "stages": rows, "best": best["stage"] if best else None}
-    if "Hugging Face generate()" in speed and best is not None:
-        result["stack_vs_hf"] = best["tokens_per_s"] / speed["Hugging Face generate()"]
-    return result
-
-
-def _row(result: dict, name: str) -> dict | None:
-    return next((r for r in result["stages"] if r["stage"] == name), None)
-
-
-def claims_table(result: dict, model) -> list[dict]:
-    """Every claim of the handbook chapter beside what this run measured.
-
-    Introduced in notebook 07 (putting it together). Memory figures are computed from
-    the model's tensors; speed figures come from `run_stack`'s result.
-    """
-    from .precision import tensor_bytes
-
-    def gain(name):
-        row = _row(result, name)
-        return None if row is None else f"{row['gain']:.2f}x over {row['builds_on']}"
-
-    low = next((r for r in result["stages"] if r["stage"] in ("+ bf16", "+ fp16")), None)
-    fp32_bytes = tensor_bytes(model)
-    half_bytes = sum(t.numel() * 2 for t in list(model.parameters()) + list(model.buffers()))
-    rows = [
-        ("KV cache", "caching keys and values removes the recomputation of the whole sequence at every step",
-         gain("+ KV cache")),
-        ("batching", "batch 1 -> 16 might give 10-15x throughput, with only a modest latency increase",
-         f"{gain('+ static batching')} (batch {result['slots']}; notebook 02 sweeps batch 1-16)"),
-        ("mixed precision", "cutting the precision in half halves the memory footprint",
-         f"{fp32_bytes / 2**20:.0f} MiB fp32 -> {half_bytes / 2**20:.0f} MiB in 16 bits ({half_bytes / fp32_bytes:.0%})"),
-        ("mixed precision", "float16 is faster than float32 on GPUs with tensor cores",
-         (f"{low['stage'][2:]}: {low['gain']:.2f}x over {low['builds_on']}" if low else
-          "no native 16-bit type on this device: skipped")),
-        ("quantization", "int8 works with minimal degradation; int4 noticeable loss but much larger models fit",
-         f"{gain('+ int4 weights')}; {_row(result, '+ int4 weights')['same_tokens_as_fp32']:.0%} of tokens equal fp32's "
-         "(notebook 04 measures perplexity)"),
-        ("speculative decoding", "when draft and target agree, sometimes 2-4x faster",
-         f"{gain('+ speculative decoding')} (prompt lookup at batch 1 against batched int4; "
-         "notebook 05 measures it at batch 1)"),
-        ("continuous batching", "a static batch with one long and three short answers wastes three quarters "
-         "of its capacity; continuous batching refills the slots", gain("+ continuous batching")),
-        ("all together", "production serving systems combine all of them",
-         f"{result['stack_vs_hf']:.1f}x Hugging Face generate() (fp32, one request at a time), best stage: "
-         f"{result['best']}" if result.get("stack_vs_hf") else f"best stage: {result['best']}"),
-    ]
-    return [{"technique": t, "chapter's claim": c, "measured here": m} for t, c, m in rows]
-
-
-def section_stack(ctx, options: dict) -> dict:
-    """The benchmark of notebook 07: ``python -m labsupport bench --sections stack``."""
-    from .bench import figure
-
-    model, tok = ctx.model(torch.float32)
-    requests = stack_workload(tok, ctx.device, options.get("stack_requests"))
-    result = run_stack(model, requests, slots=options.get("serving_slots") or 8, hf_model=ctx.hf_model(torch.float32),
-                       repeats=options.get("stack_repeats", 1))
-    figures = [figure(f"stack: {r['stage']} / {r['builds_on']}", r["gain"], "x",
-                      note=f"{r['tokens_per_s']:.1f} tokens/s, {r['precision']}; "
-                           f"{r['same_tokens_as_fp32']:.0%} of tokens equal fp32's"
-                           + ("" if r["kept"] else "; does not pay here"))
-               for r in result["stages"] if r["gain"] is not None]
-    best = next(r for r in result["stages"] if r["stage"] == result["best"])
-    figures.append(figure("stack: best stage / naive loop", best["cumulative"], "x", note=result["best"]))
-    if "stack_vs_hf" in result:
-        figures.append(figure("stack: best stage / Hugging Face generate()", result["stack_vs_hf"], "x",
-                              claim="production serving systems combine all of them",
-                              note="HF: fp32, one request at a time"))
-    result["claims"] = claims_table(result, model)
-    result["figures"] = figures
+    if HF_PEER in speed and best is not None:
+        result["stack_vs_hf"] = best["tokens_per_s"] / speed[HF_PEER]
     return result
 
 

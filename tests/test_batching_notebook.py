@@ -6,6 +6,7 @@ import torch
 from labsupport import batching
 from labsupport.checks import CheckFailed
 from labsupport.checks.batching import check_left_pad, check_padding_waste
+from labsupport.claims import batching_claims
 from labsupport.explorers.batching import batching_explorer
 from labsupport.models.loading import ByteTokenizer, random_model
 from labsupport.plots.batching import padding_figure, peer_figure, scaling_figure
@@ -79,7 +80,7 @@ def test_helpers():
     assert prompts == [[1, 2, 3, 1, 2], [1, 2]]
     rows = [{"batch": b, "tokens_per_s": t} for b, t in [(1, 10), (2, 19), (4, 36), (8, 30)]]
     assert batching.scaling_stops_at(rows) == 8
-    checks = batching.claim_checks(1.0, 9.0, 32, 20.0, 0.5, 0.1, 1.4)
+    checks = batching_claims(1.0, 9.0, 32, 20.0, 0.5, 0.1, 1.4)
     assert len(checks) == 4 and checks[1]["verdict"].startswith("course target")
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from labsupport.bench import all_figures, figure
-from labsupport.report import SECTION_NOTEBOOKS, html_report, section_figures, write_report
+from labsupport.bench import SECTIONS, all_figures, reported
+from labsupport.report import SECTION_PLOTS, html_report, section_figures, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 TOUR = ROOT / "docs" / "results" / "2core-cpu-2026-11-30.json"
@@ -26,13 +26,13 @@ def synthetic_report() -> dict:
                                                "flops": {"float32": 2e11}}},
         "sections": {
             "kv_cache": {"seconds": 3.0, "figures": [
-                figure("KV cache speedup, 64 new tokens", 3.5, "x", target=2, claim="quadratic -> linear"),
-                figure("GQA saving", 3.0, "x")]},
+                reported("KV cache speedup, 64 new tokens", 3.5, "x", target=2, claim="quadratic -> linear"),
+                reported("GQA saving", 3.0, "x")]},
             # A section the report has no builder for, with a value that needs escaping: the fallback plot.
             "serving": {"seconds": 1.0, "figures": [
-                figure("throughput, continuous / static batching", 1.7, "x", target=2, note="a <b> & c"),
-                figure("KV pages used", 0.4, "fraction", target=0.5, higher_is_better=False),
-                figure("scheduler is exact", True, "bool")]},
+                reported("throughput, continuous / static batching", 1.7, "x", target=2, note="a <b> & c"),
+                reported("KV pages used", 0.4, "fraction", target=0.5, higher_is_better=False),
+                reported("scheduler is exact", True, "bool")]},
             "empty": {"figures": []},
         },
     }
@@ -90,8 +90,13 @@ def test_html_from_a_synthetic_report(tmp_path):
     assert checker.plots == 1 + 2
     assert "a &lt;b&gt; &amp; c" in page and "Test CPU &lt;2 threads&gt;" in page
     assert "MISSES target 2x" in page and "meets target 50%" in page
-    assert f"notebook {SECTION_NOTEBOOKS['serving']}" in page
+    assert f"notebook {SECTIONS['serving'].notebook}" in page
     assert json.loads((tmp_path / "report.json").read_text())["sections"].keys() == report["sections"].keys()
+
+
+def test_every_section_has_its_own_plots():
+    # the sections are listed once (`bench.SECTIONS`); the report draws each one its own way
+    assert list(SECTION_PLOTS) == list(SECTIONS)
 
 
 def test_html_without_any_plot_has_no_plotly():

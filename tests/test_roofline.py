@@ -13,6 +13,7 @@ from labsupport.models.config import PRESETS
 from labsupport.models.loading import random_model
 from labsupport.plots.roofline import roofline_figure, step_time_figure
 from labsupport import roofline
+from labsupport.claims import roofline_claims
 
 TINY = PRESETS["tiny-llama"]
 
@@ -175,14 +176,14 @@ def test_explorer_as_figure_widget(tiny_model, fake_profile):
     assert [list(t.x) for t in explorer.figures[1].figure.data] != old
 
 
-def test_claim_checks(fake_profile):
+def test_roofline_claims(fake_profile):
     # flat up to batch 4, then time grows with the batch: both claims hold
     seconds = {1: 0.010, 2: 0.010, 4: 0.011, 8: 0.014, 16: 0.025, 32: 0.050}
     rows = []
     for batch, s in seconds.items():
         cost = roofline.decode_step_cost(TINY, batch, 0)
         rows.append(roofline._row(batch, s, cost, torch.float32))
-    checks = roofline.claim_checks(rows, fake_profile)
+    checks = roofline_claims(rows, fake_profile)
     assert [c["verdict"] for c in checks] == ["holds", "holds", "less here"]
     table = roofline.markdown_table(checks)
     assert table.count("\n") == 4 and "| claim |" in table

@@ -4,11 +4,12 @@ reference tokens exactly; gains and the claims table are computed from the timin
 import pytest
 import torch
 
+from labsupport.claims import stack_claims
 from labsupport.errors import LabError
 from labsupport.models.loading import random_model
 from labsupport.plots.stack import cumulative_figure
 from labsupport.serving import make_workload
-from labsupport.stack import build_stages, claims_table, run_stack
+from labsupport.stack import HF_PEER, Stage, build_stages, run_stack
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +39,23 @@ def test_every_stage_serves_every_request(model, requests_):
 
 
 def test_run_stack_rows_figure_and_claims(model, requests_):
-    result = run_stack(model, requests_, slots=2)
+    # a stand-in for Hugging Face generate() (`bench.peers.hf_stack_stage`): timed, never on the ladder
+    peer = Stage(HF_PEER, "a stand-in peer", lambda: {r.request_id: [0] * r.max_new_tokens for r in requests_})
+    result = run_stack(model, requests_, slots=2, peers=[peer])
     rows = {r["stage"]: r for r in result["stages"]}
+    assert list(rows)[-1] == HF_PEER and not rows[HF_PEER]["kept"] and result["best"] != HF_PEER
+    assert ("stack_vs_hf" in result) == (result["best"] is not None)
     assert rows["naive loop"]["cumulative"] == 1.0 and rows["naive loop"]["gain"] is None
     for row in result["stages"][1:]:
+        if row["builds_on"] is None:
+            continue
         base = rows[row["builds_on"]]
         assert row["gain"] == pytest.approx(row["tokens_per_s"] / base["tokens_per_s"])
         assert row["kept"] == (row["gain"] > 1)
     assert rows["+ static batching"]["same_tokens_as_fp32"] == 1.0
     fig = cumulative_figure(result)
     assert len(fig.data) == 2 and list(fig.data[0].x) == list(rows)
-    table = claims_table(result, model)
+    table = stack_claims(result, model)
     assert len(table) == 8 and all(r["measured here"] for r in table)
 
 

@@ -1,7 +1,6 @@
-"""The quantization benchmark: memory, decode speed and quality per method, side by side.
+"""Notebook 04's section: memory, decode speed and quality per method, side by side.
 
-Introduced in notebook 04 (quantization); run it with
-``python -m labsupport bench --sections quantization`` once registered in `bench.SECTIONS`.
+Introduced in notebook 04 (quantization); ``python -m labsupport bench --sections quantization``.
 
 Rows: fp32, bf16, fp16, int8 (absmax, fast kernel), int4 groups of 32 and 128,
 bitsandbytes LLM.int8() and NF4. One fp32 model is loaded; the 16-bit rows are
@@ -31,28 +30,27 @@ from statistics import median as _median
 
 import torch
 
-from .errors import LabError
-from .quantize import _score, eval_tokens, quantize_model, quantized_bytes
+from ..claims import quantization_claim
+from ..errors import LabError
+from ..generate import chat_prompt, generate
+from ..hardware import fp16_fast
+from ..measure import time_side_by_side
+from ..precision import cast_model, tensor_bytes
+from ..quantize import _score, eval_tokens, quantize_model, quantized_bytes
+from .baseline import DEFAULT_PROMPT
+from .core import BenchContext, reported
+from .options import BenchOptions
 
 # (row name, dtype for a cast copy, or (method, group size) for a quantized swap)
 ROWS = [("fp32", torch.float32, None), ("bf16", torch.bfloat16, None), ("fp16", torch.float16, None),
         ("int8", None, ("int8", 32)), ("int4 g32", None, ("int4", 32)), ("int4 g128", None, ("int4", 128)),
         ("bnb int8", None, ("bnb-int8", 32)), ("bnb nf4", None, ("bnb-nf4", 32))]
-CLAIMS = {  # the handbook chapter's claims: (memory, speed)
-    "fp16": ("50% of fp32", "~1.5x"), "bf16": ("50% of fp32", "~1.5x (as fp16)"),
-    "int8": ("25% of fp32", "~2x"), "int4": ("12.5% of fp32", "~3x"),
-}
 TARGETS = {"int8": 2.0, "int4 g32": 2.5, "int4 g128": 2.5}
 
 
-def _claim(row: str, which: int) -> str | None:
-    key = "int4" if row.startswith("int4") else "int8" if row.endswith("int8") else row
-    key = "int4" if row == "bnb nf4" else key
-    return CLAIMS[key][which] if key in CLAIMS else None
-
-
 def _fp16_rounded(model):
-    """fp32 model whose weights went through fp16 and back: fp16 storage's rounding, fp32 speed."""
+    """fp32 model whose weights went through fp16 and back: fp16 storage's rounding, fp32 speed.
+    Introduced in notebook 04 (quantization)."""
     rounded = copy.deepcopy(model)
     with torch.no_grad():
         for tensor in rounded.parameters():
@@ -60,20 +58,28 @@ def _fp16_rounded(model):
     return rounded
 
 
-def section_quantization(ctx, options: dict) -> dict:
-    """Memory, decode speed (ratio to fp32) and quality of each precision and quantization."""
-    from .bench import DEFAULT_PROMPT, figure
-    from .generate import chat_prompt, generate
-    from .hardware import fp16_fast
-    from .measure import time_side_by_side
-    from .precision import cast_model, tensor_bytes
+class _Nothing:
+    """A context manager that does nothing (rows that need no swap). Introduced in notebook 04."""
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
+    """Memory, decode speed (ratio to fp32) and quality of each precision and quantization.
+
+    Introduced in notebook 04 (quantization). Reads quant_new_tokens,
+    quant_slow_new_tokens, quant_repeats and quant_eval_tokens.
+    """
     model, tok = ctx.model(torch.float32)
-    new_tokens = options.get("quant_new_tokens", 32)
-    slow_tokens = options.get("quant_slow_new_tokens", 8)
-    repeats = options.get("quant_repeats", 3)
-    ids = tok.encode(chat_prompt(tok, options.get("prompt", DEFAULT_PROMPT)))
-    eval_ids = eval_tokens(tok, max_tokens=options.get("quant_eval_tokens", 512))
+    new_tokens = options.quant_new_tokens
+    slow_tokens = options.quant_slow_new_tokens
+    repeats = options.quant_repeats
+    ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
+    eval_ids = eval_tokens(tok, max_tokens=options.quant_eval_tokens)
     fp16_runs = ctx.device.type == "cuda" or fp16_fast(ctx.device)
 
     # Build every row: a cast copy, or a handle on the fp32 model (restored until it runs).
@@ -152,38 +158,27 @@ def section_quantization(ctx, options: dict) -> dict:
     for name, row in rows.items():
         if name == "fp32" or "error" in row:
             if "error" in row:
-                figures.append(figure(f"{name}: not run", float("nan"), "", note=row["error"]))
+                figures.append(reported(f"{name}: not run", float("nan"), "", note=row["error"]))
             continue
         memory_note = (f"{row['weight_bytes'] / 2**20:.0f} MiB read per token vs {fp32_bytes / 2**20:.0f} MiB "
                        f"fp32; {row['tensor_bytes'] / 2**20:.0f} MiB resident")
-        figures.append(figure(f"{name} weights / fp32", row["memory_fraction"], "fraction",
-                              higher_is_better=False, claim=_claim(name, 0), note=memory_note))
+        figures.append(reported(f"{name} weights / fp32", row["memory_fraction"], "fraction",
+                                higher_is_better=False, claim=quantization_claim(name, 0), note=memory_note))
         if row.get("decode_speedup") is not None:
             how = (f"interleaved with every row, {new_tokens} new tokens" if name in fast_rows else
                    f"timed in a pair with fp32 on {slow_tokens} new tokens (about "
                    f"{warm[name] / warm['fp32']:.0f}x slower than fp32 in the warm-up)")
-            figures.append(figure(f"{name} / fp32 decode speed (batch 1)", row["decode_speedup"], "x",
-                                  target=TARGETS.get(name), claim=_claim(name, 1),
-                                  note=f"{row['decode_tokens_per_s']:.1f} tokens/s; {how}; kernels "
-                                       f"{row.get('kernels', 'dense')}"))
-        figures.append(figure(f"{name} perplexity increase over fp32", row["perplexity_increase"], "fraction",
-                              higher_is_better=False,
-                              note=f"perplexity {row['perplexity']:.2f} vs {math.exp(fp32_nll):.2f} on "
-                                   f"{len(eval_ids)} tokens of the evaluation text ({row['quality_from']})"))
-        figures.append(figure(f"{name} top-1 agreement with fp32", row["top1_agreement"], "fraction"))
+            figures.append(reported(f"{name} / fp32 decode speed (batch 1)", row["decode_speedup"], "x",
+                                    target=TARGETS.get(name), claim=quantization_claim(name, 1),
+                                    note=f"{row['decode_tokens_per_s']:.1f} tokens/s; {how}; kernels "
+                                         f"{row.get('kernels', 'dense')}"))
+        figures.append(reported(f"{name} perplexity increase over fp32", row["perplexity_increase"], "fraction",
+                                higher_is_better=False,
+                                note=f"perplexity {row['perplexity']:.2f} vs {math.exp(fp32_nll):.2f} on "
+                                     f"{len(eval_ids)} tokens of the evaluation text ({row['quality_from']})"))
+        figures.append(reported(f"{name} top-1 agreement with fp32", row["top1_agreement"], "fraction"))
     return {"rows": rows, "fp32_weight_bytes": fp32_bytes, "eval_tokens": len(eval_ids),
             "prompt_tokens": len(ids), "new_tokens": new_tokens,
             "timings_s": {k: v.to_dict() for k, v in timings.items()},
             "note": "weight-only quantization; activations stay fp32 (bf16 inside the fast kernels)",
             "figures": figures}
-
-
-class _Nothing:
-    """A context manager that does nothing (rows that need no swap)."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-

@@ -1,0 +1,32 @@
+"""Benchmarks: every speed figure of the course, measured side by side, as JSON.
+
+Introduced in notebook 00 (where the time goes); each notebook adds its section.
+Run ``python -m labsupport bench`` (see ``--help``). One module per notebook, each
+holding that notebook's section(s) and prompts:
+
+    core          --  BenchContext (models loaded once), `reported` entries, all_figures, write_json
+    options       --  BenchOptions: every knob, validated, with CPU and GPU presets
+    peers         --  the Hugging Face peers: generate(), a padded batch, continuous batching, the stack's
+    suite         --  SECTIONS in the course's order, and `run`
+    baseline      00  labsupport generate() vs Hugging Face's; the bandwidth a decode step reaches
+    roofline      00  decode-step sweep over batch sizes on this machine's roofline
+    kv_cache      01  the uncached loop vs the static KV cache; GQA and 128K-context arithmetic
+    batching      02  throughput vs batch size, padding waste, Hugging Face on a padded batch
+    precision     03  memory, decode and prefill speed, agreement per dtype
+    quantization  04  memory, decode speed and quality of int8 / int4 / bitsandbytes
+    speculative   05  prompt lookup and the int4 self-draft vs plain and Hugging Face decoding
+    serving       06  static vs continuous batching vs Hugging Face's continuous batching
+    stack         07  every technique stacked on one workload
+
+A section is a function ``(context, options) -> dict``; its dict holds the raw timings
+and a list of `reported` entries (name, value, unit, target, met, claim, note) under
+``"figures"``. Every ratio is measured in one run, with the candidates interleaved
+(`measure.time_side_by_side`), because shared machines are noisy. Absolute times mean
+something only on a dedicated GPU.
+"""
+
+from .core import BenchContext, all_figures, reported, write_json
+from .options import BenchOptions
+from .suite import SECTIONS, run
+
+__all__ = ["BenchContext", "BenchOptions", "SECTIONS", "all_figures", "reported", "run", "write_json"]

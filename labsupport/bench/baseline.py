@@ -1,0 +1,78 @@
+"""Notebook 00's first section: labsupport's generate() against Hugging Face's, and the
+bandwidth a decode step reaches.
+
+Introduced in notebook 00 (where the time goes); ``python -m labsupport bench --sections baseline``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..generate import chat_prompt, generate
+from ..kv_cache import kv_cache_bytes
+from ..measure import time_side_by_side, track_peak_memory
+from .core import BenchContext, reported
+from .options import BenchOptions
+from .peers import hf_generate_fn
+
+DEFAULT_PROMPT = "Explain in a few paragraphs why the sky is blue and why sunsets are red."
+
+
+def section_baseline(ctx: BenchContext, options: BenchOptions) -> dict:
+    """labsupport generate() against Hugging Face generate(): same model, prompt and
+    tokens; fp32, greedy, batch 1. Also the bandwidth a decode step reaches.
+
+    Introduced in notebook 00 (where the time goes). Reads new_tokens and repeats.
+    """
+    new_tokens, repeats = options.new_tokens, options.repeats
+    model, tok = ctx.model(torch.float32)
+    hf = ctx.hf_model(torch.float32)
+    ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
+
+    ours_out, hf_out = {}, {}
+
+    def ours():
+        ours_out["result"] = generate(model, ids, new_tokens, eos_token_ids=())
+
+    hf_run = hf_generate_fn(hf, ids, new_tokens)
+
+    def theirs():
+        hf_out["tokens"] = hf_run()[0, len(ids):].tolist()
+
+    with track_peak_memory(ctx.device) as memory:
+        timings = time_side_by_side({"labsupport": ours, "huggingface": theirs}, ctx.device,
+                                    warmup=1, repeats=repeats)
+    result = ours_out["result"]
+    same_tokens = result.row(0) == hf_out["tokens"]
+    ours_tps = new_tokens / timings["labsupport"].median
+    hf_tps = new_tokens / timings["huggingface"].median
+
+    # Bandwidth: bytes of weights a decode step reads x decode steps per second.
+    decode_tps = result.decode_tokens_per_s
+    weight_bytes = model.weight_bytes()
+    mean_context = len(ids) + new_tokens / 2
+    kv_bytes = kv_cache_bytes(model.config, int(mean_context), 1, model.dtype)
+    achieved = weight_bytes * decode_tps
+    copy_bw = ctx.hardware.bandwidth
+    return {
+        "prompt_tokens": len(ids), "new_tokens": new_tokens, "dtype": "float32", "batch": 1,
+        "same_tokens_as_huggingface": same_tokens,
+        "timings_s": {k: v.to_dict() for k, v in timings.items()},
+        "tokens_per_s": {"labsupport": ours_tps, "huggingface": hf_tps},
+        "decode_tokens_per_s": decode_tps,
+        "weight_bytes_per_token": weight_bytes,
+        "kv_cache_bytes_per_token_mean": kv_bytes,
+        "bandwidth_achieved_bytes_per_s": achieved,
+        "copy_bandwidth_bytes_per_s": copy_bw,
+        "peak_memory_bytes": memory.peak_bytes,
+        "figures": [
+            reported("labsupport generate / HF generate (fp32, greedy, batch 1)",
+                     ours_tps / hf_tps, "x", target=1.5,
+                     note=f"{ours_tps:.1f} vs {hf_tps:.1f} tokens/s, {new_tokens} new tokens; "
+                          f"same tokens: {same_tokens}"),
+            reported("decode bandwidth achieved / measured copy bandwidth", achieved / copy_bw, "fraction",
+                     target=0.5, claim="small batches are memory-bandwidth-bound",
+                     note=f"{weight_bytes / 1e6:.0f} MB of weights x {decode_tps:.1f} steps/s = "
+                          f"{achieved / 1e9:.1f} GB/s of {copy_bw / 1e9:.1f} GB/s"),
+        ],
+    }

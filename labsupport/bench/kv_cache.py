@@ -1,0 +1,98 @@
+"""Notebook 01's section: the chapter's loop without a cache against the static KV cache.
+
+Introduced in notebook 01 (KV cache); ``python -m labsupport bench --sections kv_cache``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..generate import generate, generate_naive
+from ..kv_cache import kv_cache_bytes
+from ..kv_timing import estimated_total_seconds, gqa_savings, time_per_token_by_position
+from ..measure import time_side_by_side
+from ..models.config import PRESETS
+from .core import BenchContext, reported
+from .options import BenchOptions
+
+KV_PROMPT = "Once upon a time, in a small village by the sea,"
+
+
+def kv_positions(lengths: list[int]) -> list[int]:
+    """Positions at which to time single steps: the first, and the middle and last of
+    every length, so that each length's estimate rests on points inside its own range.
+
+    Introduced in notebook 01 (KV cache)."""
+    return sorted({0} | {n // 2 for n in lengths} | {n - 1 for n in lengths})
+
+
+def section_kv_cache(ctx: BenchContext, options: BenchOptions) -> dict:
+    """The chapter's loop without a cache against the static KV cache.
+
+    Introduced in notebook 01 (KV cache). For each length in ``kv_lengths``: a full run
+    of both, side by side (``kv_repeats``) and with the same tokens checked, for the
+    shortest length and wherever the uncached run is cheap enough (estimated under
+    ``kv_naive_budget_s``); otherwise an estimate from single steps timed at a few
+    positions (``kv_step_repeats``) and summed over every position (`kv_timing`). The
+    figure's note says which. Also the memory arithmetic: GQA's saving, a 7B cache at
+    512 vs 128K.
+    """
+    model, tok = ctx.model(torch.float32)
+    ids = tok.encode(KV_PROMPT)
+    lengths = sorted(options.kv_lengths)
+    repeats = options.kv_repeats
+    budget = options.kv_naive_budget_s
+
+    positions = kv_positions(lengths)
+    steps = time_per_token_by_position(model, positions, prompt_len=len(ids), repeats=options.kv_step_repeats)
+    rows, estimated_rows, figures = [], [], []
+    for new_tokens in lengths:
+        estimate = estimated_total_seconds(steps, new_tokens)
+        estimated_speedup = estimate["naive_s"] / estimate["cached_s"]
+        if new_tokens != lengths[0] and estimate["naive_s"] > budget:
+            estimated_rows.append({"new_tokens": new_tokens, "speedup": estimated_speedup,
+                                   "estimated_s": estimate})
+            figures.append(reported(
+                f"KV cache speedup over the uncached loop, {new_tokens} new tokens (estimated)",
+                estimated_speedup, "x", target=4.0 if new_tokens == 256 else None,
+                note=f"ESTIMATE, not a full run: single steps timed at positions {positions} and summed over "
+                     f"positions 0..{new_tokens - 1} ({estimate['naive_s']:.0f} s vs {estimate['cached_s']:.1f} s; "
+                     f"a full uncached run would take about {estimate['naive_s']:.0f} s, over the "
+                     f"{budget:.0f} s budget)"))
+            continue
+        out = {}
+
+        def cached():
+            out["cached"] = generate(model, ids, new_tokens, eos_token_ids=())
+
+        def naive():
+            out["naive"] = generate_naive(model, ids, new_tokens, eos_token_ids=())
+
+        timings = time_side_by_side({"cached": cached, "naive": naive}, ctx.device,
+                                    warmup=0, repeats=repeats)
+        speedup = timings["naive"].median / timings["cached"].median
+        same = out["cached"].tokens.tolist() == out["naive"].tokens.tolist()
+        rows.append({"new_tokens": new_tokens, "same_tokens": same, "speedup": speedup,
+                     "estimated_speedup": estimated_speedup, "estimated_s": estimate,
+                     "timings_s": {k: v.to_dict() for k, v in timings.items()}})
+        figures.append(reported(
+            f"KV cache speedup over the uncached loop, {new_tokens} new tokens", speedup, "x",
+            target=4.0 if new_tokens == 256 else None,
+            note=f"measured: full runs side by side, {timings['naive'].median:.1f} s vs "
+                 f"{timings['cached'].median:.2f} s; same tokens: {same}"
+                 + ("" if same else " (TOKENS DIFFER)")
+                 + f"; the per-step estimate said {estimated_speedup:.1f}x"))
+
+    savings = gqa_savings(model.config, length=1024)
+    figures.append(reported(
+        f"KV cache saved by grouped-query attention ({savings['kv_heads']} vs {savings['num_heads']} kv heads)",
+        savings["ratio"], "x",
+        note=f"{savings['gqa_bytes'] / 2**20:.0f} MiB vs {savings['mha_bytes'] / 2**20:.0f} MiB "
+             f"at 1024 tokens, fp32, batch 1"))
+    seven_b = PRESETS["llama-7b-shape"]
+    small, large = (kv_cache_bytes(seven_b, n, 1, torch.float16) for n in (512, 128 * 1024))
+    figures.append(reported("KV cache of a 7B model (fp16, batch 1): 128K tokens / 512 tokens",
+                            large / small, "x", claim="contexts grew from 512 to 128K tokens",
+                            note=f"{small / 2**20:.0f} MiB at 512 tokens, {large / 2**30:.0f} GiB at 128K"))
+    return {"prompt_tokens": len(ids), "per_position_s": steps, "rows": rows,
+            "estimated_rows": estimated_rows, "gqa": savings, "figures": figures}

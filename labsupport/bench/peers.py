@@ -1,0 +1,122 @@
+"""The Hugging Face peers: transformers doing the same work as labsupport, to time beside it.
+
+Introduced in notebook 00 (where the time goes), where `generate()` is the first peer;
+notebooks 02 (a padded batch), 05 (prompt-lookup decoding), 06 (continuous batching)
+and 07 (the stack's last rung) add theirs.
+
+Every peer runs greedy for exactly the requested number of new tokens (end-of-sequence
+disabled), so that its tokens can be compared with ours and a ratio of times is a
+ratio of equal work.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from ..errors import LabError
+from ..hardware import synchronize
+from ..serving.request import Request
+from ..stack import HF_PEER, Stage
+
+
+def hf_greedy_config(hf_model, new_tokens: int):
+    """Hugging Face generation settings: greedy, exactly `new_tokens` tokens (end-of-sequence disabled).
+
+    Introduced in notebook 00 (where the time goes)."""
+    config = copy.deepcopy(hf_model.generation_config)
+    config.eos_token_id = None
+    config.max_new_tokens = new_tokens
+    config.do_sample = False
+    config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+    return config
+
+
+def hf_generate_fn(hf_model, prompt_ids: list[int], new_tokens: int, prompt_lookup: int | None = None):
+    """Hugging Face greedy generate() for exactly `new_tokens` tokens, batch 1: a zero-argument
+    function returning the output ids, prompt included, shape (1, prompt + new tokens).
+
+    Introduced in notebook 00 (where the time goes). prompt_lookup: draft that many tokens
+    by prompt-lookup decoding (transformers' ``prompt_lookup_num_tokens``; notebook 05).
+    """
+    config = hf_greedy_config(hf_model, new_tokens)
+    if prompt_lookup is not None:
+        config.prompt_lookup_num_tokens = prompt_lookup
+    inputs = torch.tensor([prompt_ids], device=hf_model.device)
+
+    @torch.inference_mode()
+    def run():
+        return hf_model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)
+    return run
+
+
+def hf_padded_generate_fn(hf_model, padded, new_tokens: int):
+    """Hugging Face greedy generate() on a left-padded batch (`batching.left_pad`): a zero-argument
+    function returning the new tokens only, shape (batch, new_tokens).
+
+    Introduced in notebook 02 (batching)."""
+    config = hf_greedy_config(hf_model, new_tokens)
+
+    @torch.inference_mode()
+    def run():
+        return hf_model.generate(padded.tokens, attention_mask=padded.attention_mask.long(),
+                                 generation_config=config)[:, padded.tokens.shape[1]:]
+    return run
+
+
+def hf_serve(hf_model, requests: list[Request], max_slots: int = 8, block_size: int = 16,
+             timeout: float = 600.0) -> dict:
+    """Serve `requests` (all at once) with transformers' own continuous batching.
+
+    Introduced in notebook 06 (continuous batching). transformers ships a
+    continuous-batching manager with a paged cache (`model.generate_batch`, built on
+    `init_continuous_batching`); this gives it the same requests as our engine (each
+    with its own output length, end-of-sequence ignored, greedy) and the same limit on
+    concurrent requests. Returns {"tokens": {request_id: [ids]}, "seconds": wall time
+    from the first request to the last token}. Only greedy requests without arrival
+    times are supported.
+    """
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    if any(not r.sampling.greedy for r in requests):
+        raise LabError("hf_serve compares greedy requests only; use temperature 0.")
+    config = hf_greedy_config(hf_model, max(r.max_new_tokens for r in requests))
+    config.eos_token_id = -1                      # stop at each request's own length only
+    cb_config = ContinuousBatchingConfig(page_size=block_size, max_requests_per_batch=max_slots,
+                                         use_cuda_graph=False)
+    manager = hf_model.init_continuous_batching(generation_config=config, continuous_batching_config=cb_config)
+    manager.start()
+    results, ids = {}, {}
+    try:
+        synchronize(hf_model.device)
+        start = time.perf_counter()
+        for r in requests:
+            hf_id = manager.add_request(list(r.prompt), request_id=str(r.request_id),
+                                        max_new_tokens=r.max_new_tokens)
+            ids[hf_id] = r.request_id
+        while len(results) < len(requests):
+            out = manager.get_result(timeout=timeout)
+            if out is None:
+                raise LabError("Hugging Face's continuous batching stopped without finishing every request.")
+            if out.is_finished():
+                if out.error:
+                    raise LabError(f"Hugging Face's continuous batching failed: {out.error}")
+                results[ids[out.request_id]] = list(out.generated_tokens)
+        synchronize(hf_model.device)
+        seconds = time.perf_counter() - start
+    finally:
+        manager.stop(block=True, timeout=10)
+        getattr(manager, "destroy", lambda: None)()
+    return {"tokens": results, "seconds": seconds}
+
+
+def hf_stack_stage(hf_model, requests: list[Request]) -> Stage:
+    """The stack's peer (`stack.run_stack(..., peers=[...])`): Hugging Face generate(), fp32,
+    one request at a time, each for its own number of new tokens.
+
+    Introduced in notebook 07 (putting it together)."""
+    runs = [(r, hf_generate_fn(hf_model, r.prompt, r.max_new_tokens)) for r in requests]
+    return Stage(HF_PEER, "transformers generate(), fp32, one request at a time",
+                 lambda: {r.request_id: run()[0, len(r.prompt):].tolist() for r, run in runs})

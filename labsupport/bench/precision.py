@@ -1,0 +1,78 @@
+"""Notebook 03's section: memory per dtype; fp32 against 16-bit in decode and prefill; agreement.
+
+Introduced in notebook 03 (mixed precision); ``python -m labsupport bench --sections precision``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..hardware import bf16_emulated, bf16_supported, dtype_label, fp16_fast
+from ..measure import time_side_by_side
+from ..models.config import PRESETS
+from ..precision import (bf16_report, cast_model, decode_run, emulation_note, logit_agreement, parameter_bytes,
+                         prefill_run, tensor_bytes)
+from .core import BenchContext, reported
+from .options import BenchOptions
+
+LIGHTHOUSE_PROMPT = "The history of the lighthouse begins with fires lit on hills by the sea."
+
+
+def section_precision(ctx: BenchContext, options: BenchOptions) -> dict:
+    """Memory per dtype; fp32 against 16-bit in decode (batch 1) and prefill; agreement.
+
+    Introduced in notebook 03 (mixed precision). Reads precision_new_tokens,
+    prefill_tokens and repeats.
+    """
+    model, tok = ctx.model(torch.float32)
+    # bf16 where the hardware has it, and emulated on a CPU without it (labelled so);
+    # fp16 only where it is fast (emulated fp16 is notebook 03's to show, not the bench's)
+    half = [torch.bfloat16] if bf16_supported(ctx.device) or bf16_emulated(ctx.device) else []
+    if ctx.device.type == "cuda" or fp16_fast(ctx.device):
+        half.append(torch.float16)
+    models = {"float32": model, **{str(d).removeprefix("torch."): cast_model(model, d) for d in half}}
+
+    gpt2 = PRESETS["gpt2"].num_parameters
+    memory = {name: tensor_bytes(m) for name, m in models.items()}
+    figures = [reported("GPT-2 weights in fp32 / fp16 (counted from its config)",
+                        parameter_bytes(gpt2, "float16") / parameter_bytes(gpt2, "float32"), "fraction",
+                        claim="474.7 MB -> 237.4 MB (50% less)",
+                        note=f"{gpt2:,} parameters: {parameter_bytes(gpt2, 'float32') / 2**20:.1f} MiB fp32, "
+                             f"{parameter_bytes(gpt2, 'float16') / 2**20:.1f} MiB fp16")]
+
+    ids = tok.encode(LIGHTHOUSE_PROMPT)
+    new_tokens = options.precision_new_tokens
+    long_prompt = (ids * 64)[: options.prefill_tokens]
+
+    def decode(m):
+        return decode_run(m, ids, new_tokens)
+
+    def prefill_once(m):
+        return prefill_run(m, long_prompt)
+
+    repeats = options.repeats
+    decode_t = time_side_by_side({n: decode(m) for n, m in models.items()}, ctx.device, repeats=repeats)
+    prefill_t = time_side_by_side({n: prefill_once(m) for n, m in models.items()}, ctx.device, repeats=repeats)
+    probe_tokens = torch.tensor([long_prompt[:128]], device=ctx.device)
+    rows = {}
+    for name, m in models.items():
+        rows[name] = {"bytes": memory[name],
+                      "decode_speedup": decode_t["float32"].median / decode_t[name].median,
+                      "prefill_speedup": prefill_t["float32"].median / prefill_t[name].median,
+                      **(logit_agreement(model, m, probe_tokens) if name != "float32" else {})}
+        if name != "float32":
+            label, emulated = dtype_label(ctx.device, name), emulation_note(ctx.device, name)
+            rows[name]["emulated"] = bool(emulated)
+            figures += [
+                reported(f"{label} / fp32 decode speed (batch 1)", rows[name]["decode_speedup"], "x",
+                         claim="fp16 ~1.5x", note="; ".join(filter(None, [f"{new_tokens} new tokens", emulated]))),
+                reported(f"{label} / fp32 prefill speed ({len(long_prompt)}-token prompt)",
+                         rows[name]["prefill_speedup"], "x", note=emulated),
+                reported(f"{name} top-1 agreement with fp32", rows[name]["top1_agreement"], "fraction",
+                         claim="fp16: minimal loss",
+                         note=f"max |logit difference| {rows[name]['max_abs_diff']:.3f}"),
+            ]
+    return {"models": rows, "memory_bytes": memory, "bf16": bf16_report(ctx.device),
+            "timings_s": {"decode": {k: v.to_dict() for k, v in decode_t.items()},
+                          "prefill": {k: v.to_dict() for k, v in prefill_t.items()}},
+            "figures": figures}

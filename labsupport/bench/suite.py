@@ -1,0 +1,67 @@
+"""The suite: every benchmark section in the course's order (`SECTIONS`), and the loop that
+runs them into one report (`run`).
+
+Introduced in notebook 00 (where the time goes). ``python -m labsupport bench`` and
+``python -m labsupport tour`` call `run`; `report` names each section's notebook from here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import LabError
+from ..hardware import pick_device
+from . import baseline, batching, kv_cache, precision, quantization, roofline, serving, speculative, stack
+from .core import BenchContext, machine_info
+from .options import BenchOptions
+
+
+@dataclass(frozen=True)
+class Section:
+    """One benchmark section: the notebook it measures, and its function ``(context, options) -> dict``.
+
+    Introduced in notebook 00 (where the time goes). Calling it runs the function."""
+
+    notebook: str
+    run: Callable[[BenchContext, BenchOptions], dict]
+
+    def __call__(self, ctx: BenchContext, options: BenchOptions) -> dict:
+        return self.run(ctx, options)
+
+
+SECTIONS: dict[str, Section] = {
+    "baseline": Section("00 where the time goes", baseline.section_baseline),
+    "roofline": Section("00 where the time goes", roofline.section_roofline),
+    "kv_cache": Section("01 KV cache", kv_cache.section_kv_cache),
+    "batching": Section("02 batching", batching.section_batching),
+    "precision": Section("03 mixed precision", precision.section_precision),
+    "quantization": Section("04 quantization", quantization.section_quantization),
+    "speculative": Section("05 speculative decoding", speculative.section_speculative),
+    "serving": Section("06 continuous batching", serving.section_serving),
+    "stack": Section("07 putting it together", stack.section_stack),
+}
+
+
+def run(sections=None, device=None, model_name: str = "smollm2-135m", options: BenchOptions | None = None,
+        progress=print) -> dict:
+    """Run the named sections (default: all, in the course's order) and return one report dict:
+    created, model, options, machine, and each section's dict (with the seconds it took).
+
+    Introduced in notebook 00 (where the time goes). options: default, the preset for
+    the device (`BenchOptions.for_device`). An unknown section name is one sentence.
+    """
+    unknown = sorted(set(sections or ()) - set(SECTIONS))
+    if unknown:
+        raise LabError(f"Unknown section(s) {unknown}; choose from {sorted(SECTIONS)}.")
+    ctx = BenchContext(device=pick_device(device), model_name=model_name)
+    options = options if options is not None else BenchOptions.for_device(ctx.device)
+    report = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "model": model_name,
+              "options": options.to_dict(), "machine": machine_info(ctx), "sections": {}}
+    for name in sections or SECTIONS:
+        progress(f"[bench] {name} ...")
+        start = time.perf_counter()
+        report["sections"][name] = SECTIONS[name](ctx, options)
+        report["sections"][name]["seconds"] = time.perf_counter() - start
+    return report
