@@ -32,7 +32,8 @@ The technique modules (hardware ... stack) never import the layers built on them
 from .errors import LabError
 from .generate import (GenerationResult, TextStreamer, chat_prompt, decode_step, generate,
                        generate_naive, generate_text, prefill)
-from .hardware import pick_device, pick_dtype, probe
+from .hardware import pick_device, pick_dtype
+from .measure import probe
 from .kv_cache import StaticKVCache, kv_cache_bytes
 from .models.config import PRESETS, ModelConfig
 from .models.loading import load_hf_model, load_model

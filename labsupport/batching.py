@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import LabError
+from .hardware import pick_device
 
 
 @dataclass
@@ -88,7 +89,6 @@ def batch_sizes(device) -> list[int]:
     """Batch sizes for the sweep: up to 64 on a CPU, 512 on a GPU.
 
     Introduced in notebook 02 (batching)."""
-    from .hardware import pick_device
     return list(CPU_BATCHES if pick_device(device).type == "cpu" else GPU_BATCHES)
 
 
@@ -125,46 +125,6 @@ def prompts_of_lengths(token_ids: list[int], lengths: list[int]) -> list[list[in
     longest = max(lengths)
     source = (list(token_ids) * (longest // len(token_ids) + 1))[:longest]
     return [source[:n] for n in lengths]
-
-
-def measure_batch(model, prompts, new_tokens: int = 16, repeats: int = 1, warmup: int = 1) -> dict:
-    """Generate `new_tokens` for every prompt of one batch (no early stop) and time it.
-
-    Introduced in notebook 02 (batching). Returns a dict: batch, seconds (whole
-    call, median), tokens_per_s (new tokens of all rows / seconds), ms_per_token
-    (one decode step: the time between two tokens of one row), prefill_s, and
-    padding_waste of the prompts.
-    """
-    from .generate import generate
-    from .measure import time_fn
-
-    results = []
-    timing = time_fn(lambda: results.append(generate(model, prompts, new_tokens, eos_token_ids=())),
-                     model.device, warmup=warmup, repeats=repeats)
-    timed = results[warmup:]
-    steps = max(new_tokens - 1, 1)
-    decode = sorted(r.decode_seconds for r in timed)[len(timed) // 2]
-    prefill_s = sorted(r.prefill_seconds for r in timed)[len(timed) // 2]
-    batch = len(prompts)
-    return {"batch": batch, "seconds": timing.median, "tokens_per_s": batch * new_tokens / timing.median,
-            "ms_per_token": 1e3 * decode / steps, "prefill_s": prefill_s,
-            "padding_waste": padding_waste([len(p) for p in prompts])}
-
-
-def sweep_batch_sizes(model, prompt: list[int], batches, new_tokens: int = 16, repeats: int = 1,
-                      progress=None) -> list[dict]:
-    """`measure_batch` for the same prompt repeated `batch` times, at each batch size.
-
-    Introduced in notebook 02 (batching). Small batches get a warm-up call;
-    larger ones are timed once as they come on a CPU (slow there; warmed up on a GPU).
-    """
-    rows = []
-    for batch in batches:
-        if progress is not None:
-            progress(f"batch {batch}...")
-        rows.append(measure_batch(model, [prompt] * batch, new_tokens, repeats=repeats,
-                                  warmup=1 if batch <= 4 or model.device.type != "cpu" else 0))
-    return rows
 
 
 def scaling_stops_at(rows: list[dict], efficiency: float = 0.5) -> int | None:

@@ -19,7 +19,8 @@ import math
 
 import torch
 
-from .hardware import HardwareProfile, dtype_label
+from .hardware import dtype_label
+from .measure import HardwareProfile
 from .precision import REGIMES, PrecisionLab, emulation_note, tensor_bytes
 
 

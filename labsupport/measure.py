@@ -17,13 +17,14 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
 from labsupport.errors import LabError
-from labsupport.hardware import pick_device, synchronize
+from labsupport.hardware import (as_dtype, bf16_supported, check_dtype, device_name, dtype_name, fp16_fast,
+                                 pick_device, synchronize)
 
 try:
     import resource  # Linux and macOS only
@@ -213,3 +214,164 @@ def track_peak_memory(device) -> Iterator[PeakMemory]:
     else:
         end = _peak_rss_bytes()
     mem.peak_bytes = max(0, end - start)
+
+
+# --------------------------------------------------------------------------
+# Measuring the two roofs: memory bandwidth and matmul speed
+# --------------------------------------------------------------------------
+
+
+# Default copy size for `measure_bandwidth`: far larger than any CPU cache,
+# so the copy really goes to main memory.
+CPU_COPY_BYTES = 256 * 2**20
+CUDA_COPY_BYTES = 2**30
+
+
+def measure_bandwidth(device, nbytes: int | None = None, repeats: int = 5) -> float:
+    """Memory bandwidth in bytes/s, from copying one buffer into another.
+
+    Introduced in notebook 00 (where the time goes). Each copy reads
+    `nbytes` and writes `nbytes`, so it moves 2 x nbytes. The default size
+    (256 MiB on CPU, 1 GiB on CUDA) is far larger than any cache, so this is
+    the speed of main memory, which is what a model's weights stream from.
+    Returns the median over `repeats` copies, after one warm-up copy.
+    """
+    device = pick_device(device)
+    if nbytes is None:
+        nbytes = CUDA_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
+    # Fill the source: reading never-touched memory can be served by the OS for free.
+    source = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    destination = torch.empty_like(source)
+    timing = time_fn(lambda: destination.copy_(source), device, warmup=1, repeats=repeats)
+    return 2 * nbytes / timing.median
+
+
+def _default_matmul_size(device: torch.device, dtype: torch.dtype) -> int:
+    """A matrix size that takes roughly 0.01-0.2 s, so the probe stays quick."""
+    if device.type == "cuda":
+        return 8192
+    if device.type == "mps":
+        return 4096
+    emulated = (dtype == torch.bfloat16 and not bf16_supported(device)) or (
+        dtype == torch.float16 and not fp16_fast(device)
+    )
+    return 256 if emulated else 1024  # emulated matmuls are ~100x slower
+
+
+def measure_matmul_flops(device, dtype, n: int | None = None, repeats: int = 5) -> float:
+    """Matrix-multiply speed in FLOP/s for an n x n by n x n product in `dtype`.
+
+    Introduced in notebook 00 (where the time goes). The product costs
+    2 n^3 floating-point operations (one multiply and one add per term).
+    The default n is 8192 on CUDA and 1024 on a CPU (256 when the dtype is
+    only emulated there). Returns the median over `repeats`, after one warm-up.
+    """
+    device = pick_device(device)
+    dtype = as_dtype(dtype)
+    if n is None:
+        n = _default_matmul_size(device, dtype)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    timing = time_fn(lambda: a @ b, device, warmup=1, repeats=repeats)
+    return 2 * n**3 / timing.median
+
+
+# --------------------------------------------------------------------------
+# The profile and the roofline
+# --------------------------------------------------------------------------
+
+
+def _human(value: float, unit: str) -> str:
+    """Format 4.2e10 as "42.0 G" + unit."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {prefix}{unit}"
+    return f"{value:.1f} {unit}"
+
+
+@dataclass
+class HardwareProfile:
+    """Measured limits of one device: the two roofs of a roofline plot.
+
+    Introduced in notebook 00 (where the time goes).
+    `bandwidth` is in bytes/s; `flops` maps a dtype name ("float32",
+    "bfloat16", ...) to the measured matmul FLOP/s in that dtype.
+    """
+
+    device: str
+    name: str
+    bandwidth: float
+    flops: dict[str, float] = field(default_factory=dict)
+
+    def _peak(self, dtype) -> float:
+        """Measured FLOP/s for `dtype`, or a LabError saying how to measure it."""
+        name = dtype_name(dtype)
+        if name not in self.flops:
+            raise LabError(
+                f"{name} was not measured on this device; call probe(dtypes=[...]) with it included."
+            )
+        return self.flops[name]
+
+    def ridge(self, dtype) -> float:
+        """Arithmetic intensity (FLOP per byte) where the memory roof meets the compute roof.
+
+        Work with fewer FLOP per byte than this is memory-bound; more, compute-bound.
+        """
+        return self._peak(dtype) / self.bandwidth
+
+    def attainable(self, intensity: float, dtype) -> float:
+        """Best FLOP/s possible at `intensity` FLOP per byte: min(peak, bandwidth x intensity)."""
+        return min(self._peak(dtype), self.bandwidth * intensity)
+
+    def to_dict(self) -> dict:
+        """A plain dict (for JSON, or a table in a notebook)."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        parts = [f"{self.name} [{self.device}]: memory {_human(self.bandwidth, 'B/s')}"]
+        for name, flops in self.flops.items():
+            parts.append(f"{name} {_human(flops, 'FLOP/s')} (ridge {self.ridge(name):.1f} FLOP/B)")
+        return " | ".join(parts)
+
+
+def _default_probe_dtypes(device: torch.device) -> list[torch.dtype]:
+    """float32 always, bfloat16 where the hardware has it (emulated bf16 is left out of
+    the roofline: notebook 03 measures what emulation costs), float16 on CUDA."""
+    dtypes = [torch.float32]
+    if bf16_supported(device):
+        dtypes.append(torch.bfloat16)
+    if device.type == "cuda":
+        dtypes.append(torch.float16)
+    return dtypes
+
+
+# Profiles already measured in this Python process, keyed by
+# (device, dtype names). Measuring takes a few seconds and the hardware does
+# not change, so every notebook cell that calls `probe()` reuses the first
+# answer. Pass refresh=True to measure again (say, after closing other programs).
+_PROBE_CACHE: dict[tuple[str, tuple[str, ...]], HardwareProfile] = {}
+
+
+def probe(device=None, dtypes=None, refresh: bool = False) -> HardwareProfile:
+    """Measure memory bandwidth and matmul speed of a device and return a `HardwareProfile`.
+
+    Introduced in notebook 00 (where the time goes). `device` defaults to
+    `pick_device()`. `dtypes` defaults to float32, plus bfloat16 where the
+    hardware has it, plus float16 on CUDA; each is checked with `check_dtype`.
+    Results are remembered per (device, dtypes) for the rest of the session;
+    `refresh=True` measures again. Takes a few seconds on a 2-core CPU.
+    """
+    device = pick_device(device)
+    dtypes = [as_dtype(d) for d in (dtypes or _default_probe_dtypes(device))]
+    for dtype in dtypes:
+        check_dtype(device, dtype)
+
+    key = (str(device), tuple(dtype_name(d) for d in dtypes))
+    if refresh or key not in _PROBE_CACHE:
+        _PROBE_CACHE[key] = HardwareProfile(
+            device=str(device),
+            name=device_name(device),
+            bandwidth=measure_bandwidth(device),
+            flops={dtype_name(d): measure_matmul_flops(device, d) for d in dtypes},
+        )
+    return _PROBE_CACHE[key]

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from .errors import LabError
-from .hardware import bf16_emulated, bf16_supported, check_dtype, dtype_label, fp16_fast
+from .hardware import as_dtype, bf16_emulated, bf16_supported, check_dtype, dtype_label, dtype_name, fp16_fast
 from .models.layout import apply_layout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,17 +30,6 @@ FP16_MAX = torch.finfo(torch.float16).max           # 65504
 MIB = 2**20                                          # the handbook chapter's "MB" are MiB
 # The handbook chapter's GPT-2 figures, in MiB (it writes "MB").
 CHAPTER_GPT2_MIB = {"float32": 474.7, "float16": 237.4}
-
-
-def as_dtype(name_or_dtype) -> torch.dtype:
-    """torch.float32 / "float32" / "fp32" / "bf16" ... -> a torch dtype."""
-    if isinstance(name_or_dtype, torch.dtype):
-        return name_or_dtype
-    aliases = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
-    name = aliases.get(str(name_or_dtype), str(name_or_dtype)).removeprefix("torch.")
-    if name not in DTYPES:
-        raise LabError(f"Unknown precision {name_or_dtype!r}; use one of {', '.join(DTYPES)}.")
-    return DTYPES[name]
 
 
 def tensor_bytes(model: torch.nn.Module) -> int:
@@ -302,7 +291,7 @@ class PrecisionLab:
 
     def model(self, name):
         """The model in dtype `name` (cast from the fp32 one on first use)."""
-        name = str(as_dtype(name)).removeprefix("torch.")
+        name = dtype_name(name)
         if name not in self.models:
             self.models[name] = cast_model(self.models["float32"], name)
         return self.models[name]
@@ -321,7 +310,7 @@ class PrecisionLab:
         fp32 alongside, in one side-by-side run. Each entry: speedup (None if skipped),
         seconds, fp32_seconds, note."""
         regime_label(regime, self.workload)                         # validates the name
-        names = [str(as_dtype(n)).removeprefix("torch.") for n in names]
+        names = [dtype_name(n) for n in names]
         for name in names:
             reason = speed_skip_reason(self.device, name, regime)
             if reason and (regime, name) not in self.speeds:
@@ -348,7 +337,7 @@ class PrecisionLab:
     def agreement(self, name: str) -> dict:
         """Logits of the `name` model against fp32's on `agreement_tokens` of the text:
         max and mean |difference|, top-1 agreement, and every |difference| (abs_diff)."""
-        name = str(as_dtype(name)).removeprefix("torch.")
+        name = dtype_name(name)
         if name not in self.agreements:
             tokens = torch.tensor([self.long_prompt[: self.workload.agreement_tokens]], device=self.device)
             if self._reference_logits is None:

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 from .errors import LabError
 from .generate import decode_step, prefill
-from .hardware import HardwareProfile, _as_dtype, bf16_supported, pick_device
+from .hardware import as_dtype, bf16_supported, pick_device
+from .measure import HardwareProfile
 from .kv_cache import StaticKVCache, kv_cache_bytes
 from .measure import time_fn
 from .models.config import ModelConfig
@@ -72,7 +73,7 @@ def bytes_per_value(dtype) -> int:
     """4 for torch.float32 (or "float32"), 2 for bfloat16 / float16; an int passes through."""
     if isinstance(dtype, int):
         return dtype
-    return torch.empty((), dtype=_as_dtype(dtype)).element_size()
+    return torch.empty((), dtype=as_dtype(dtype)).element_size()
 
 
 def matmul_params(config: ModelConfig) -> int:
@@ -126,7 +127,7 @@ def decode_step_cost(config: ModelConfig, batch: int, context: int, dtype=torch.
     flops = 2 * matmul_params(config) * batch + attention_flops(config, batch, context)
     weight_bytes = params_read_per_step(config) * size
     kv_bytes = (config.num_layers * 2 * config.num_kv_heads * config.head_dim * context * batch * size
-                if isinstance(dtype, int) else kv_cache_bytes(config, context, batch, _as_dtype(dtype)))
+                if isinstance(dtype, int) else kv_cache_bytes(config, context, batch, as_dtype(dtype)))
     total = weight_bytes + kv_bytes
     return StepCost(flops=flops, bytes=total, weight_bytes=weight_bytes, kv_bytes=kv_bytes,
                     intensity=flops / total)

@@ -47,6 +47,7 @@ import torch
 
 from .errors import LabError
 from .generate import check_lengths
+from .inputs import token_id_set, token_rows, whole_number
 from .hardware import synchronize
 from .kv_cache import StaticKVCache
 from .sampling import GREEDY, SamplingConfig, probabilities
@@ -339,14 +340,16 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
     [pending, d_1..d_k] and gets the k + 1 distributions that check the drafts.
     """
     check_compatible(target, draft)
-    if k < 0:
-        raise LabError(f"k (tokens drafted per step) must be at least 0, got {k}.")
-    prompt = torch.as_tensor(prompt, dtype=torch.long).flatten().tolist()
-    if not prompt:
-        raise LabError("The prompt is empty; give at least one token.")
-    check_lengths(target, len(prompt), max_new_tokens)
+    k = whole_number(k, "k (tokens drafted per step)", minimum=0)
+    rows = token_rows(prompt, target.config.vocab_size)         # the checks every entry point shares
+    if len(rows) != 1:
+        raise LabError(f"Speculative decoding runs one prompt at a time (batch 1), got {len(rows)}.")
+    prompt = rows[0]
+    max_new_tokens = check_lengths(target, len(prompt), max_new_tokens)
+    if not isinstance(sampling, SamplingConfig):
+        raise LabError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}.")
     device = target.device
-    eos = set(target.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    eos = set(target.config.eos_token_ids if eos_token_ids is None else token_id_set(eos_token_ids))
     generator = None
     if not sampling.greedy:
         generator = torch.Generator(device=device).manual_seed(sampling.seed if sampling.seed is not None

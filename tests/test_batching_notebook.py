@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from labsupport import batching
+from labsupport import batch_timing, batching
 from labsupport.checks import CheckFailed
 from labsupport.checks.batching import check_left_pad, check_padding_waste
 from labsupport.claims import batching_claims
@@ -85,7 +85,7 @@ def test_helpers():
 
 
 def test_measure_batch(tiny_model):
-    row = batching.measure_batch(tiny_model, [[1, 2, 3], [4]], new_tokens=3, warmup=0)
+    row = batch_timing.measure_batch(tiny_model, [[1, 2, 3], [4]], new_tokens=3, warmup=0)
     assert row["batch"] == 2 and row["tokens_per_s"] > 0 and row["ms_per_token"] > 0
     assert row["padding_waste"] == pytest.approx(1 / 3)
 

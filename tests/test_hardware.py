@@ -5,17 +5,15 @@ import torch
 
 from labsupport import hardware
 from labsupport.errors import LabError, UnsupportedDtype
+from labsupport import measure
+from labsupport.measure import HardwareProfile, measure_bandwidth, measure_matmul_flops, probe
 from labsupport.hardware import (
-    HardwareProfile,
     bf16_supported,
     check_dtype,
     device_name,
     fp16_fast,
-    measure_bandwidth,
-    measure_matmul_flops,
     pick_device,
     pick_dtype,
-    probe,
     synchronize,
 )
 
@@ -242,8 +240,8 @@ def test_profile_ridge_and_attainable():
 
 
 def test_probe_measures_and_memoizes(monkeypatch):
-    monkeypatch.setattr(hardware, "_PROBE_CACHE", {})
-    monkeypatch.setattr(hardware, "CPU_COPY_BYTES", 32 * 2**20)  # keep the test quick
+    monkeypatch.setattr(measure, "_PROBE_CACHE", {})
+    monkeypatch.setattr(measure, "CPU_COPY_BYTES", 32 * 2**20)  # keep the test quick
     profile = probe("cpu", dtypes=[torch.float32])
     assert profile.device == "cpu"
     assert 1e8 < profile.bandwidth < 1e13
@@ -256,9 +254,9 @@ def test_probe_measures_and_memoizes(monkeypatch):
 
 
 def test_probe_default_dtypes_follow_hardware(monkeypatch):
-    monkeypatch.setattr(hardware, "_PROBE_CACHE", {})
-    monkeypatch.setattr(hardware, "measure_bandwidth", lambda device: 1e10)
-    monkeypatch.setattr(hardware, "measure_matmul_flops", lambda device, dtype: 1e11)
+    monkeypatch.setattr(measure, "_PROBE_CACHE", {})
+    monkeypatch.setattr(measure, "measure_bandwidth", lambda device: 1e10)
+    monkeypatch.setattr(measure, "measure_matmul_flops", lambda device, dtype: 1e11)
     fake_cpu(monkeypatch, bf16=False)
     assert list(probe("cpu").flops) == ["float32"]
     fake_cpu(monkeypatch, bf16=True)

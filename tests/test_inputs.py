@@ -17,6 +17,7 @@ from labsupport.generate import generate, generate_naive
 from labsupport.inputs import finite_number, token_rows, whole_number
 from labsupport.models.loading import random_model
 from labsupport.sampling import SamplingConfig
+from labsupport.speculative import PromptLookupDraft, speculative_generate
 
 NAN, INF = float("nan"), float("inf")
 
@@ -125,3 +126,21 @@ def test_the_checkers_themselves():
         finite_number(0, "p", minimum=0, maximum=1, above_minimum=True)
     assert token_rows(torch.tensor([[1, 2], [3, 4]])) == [[1, 2], [3, 4]]
     assert token_rows([[1], (2, 3)], vocab_size=4) == [[1], [2, 3]]
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda m, d: speculative_generate(m, d, "hello"), "is text; give token ids"),
+    (lambda m, d: speculative_generate(m, d, [1, 260]), "token id 260, outside"),
+    (lambda m, d: speculative_generate(m, d, [1, -2]), "token id -2, outside"),
+    (lambda m, d: speculative_generate(m, d, [[1, 2], [3, 4]]), "one prompt at a time"),
+    (lambda m, d: speculative_generate(m, d, [1], k=1.5), "k .* must be a whole number"),
+    (lambda m, d: speculative_generate(m, d, [1], k=-1), "k .* must be at least 0"),
+    (lambda m, d: speculative_generate(m, d, [1], max_new_tokens=2.5), "max_new_tokens must be a whole number"),
+    (lambda m, d: speculative_generate(m, d, [1], sampling=0.8), "sampling must be a SamplingConfig"),
+    (lambda m, d: speculative_generate(m, d, [1], eos_token_ids=3), "eos_token_ids must be a list"),
+])
+def test_bad_speculative_input_is_one_sentence(model, call, words):
+    draft = PromptLookupDraft()
+    with pytest.raises(LabError, match=words) as info:
+        call(model, draft)
+    one_sentence(info.value)

@@ -27,14 +27,8 @@ MAX_LINES = 400
 LAYERS = ("bench", "claims", "report", "cli", "plots", "explorers", "checks")
 NOT_TECHNIQUE = LAYERS + ("delivery", "__main__")
 
-# Import cycles left between technique modules, owned by the engine's refactoring (not by
-# the bench layer): remove an entry, and the xfail below, once its cycle is gone.
-KNOWN_CYCLES = ("labsupport.hardware <-> labsupport.measure (hardware's probes time with measure.time_fn)",
-                "labsupport.generate <-> labsupport.batching (generate pads with batching.left_pad; "
-                "batching's measurements call generate)")
 # Modules over MAX_LINES, owned elsewhere: each one is an xfail until it is split.
-KNOWN_LONG = {"hardware.py": "hardware.py is 450 lines (device, dtype, probes: the engine's refactoring)",
-              "quantize.py": "quantize.py is 536 lines (formats, kernels and swaps: the engine's refactoring)",
+KNOWN_LONG = {"quantize.py": "quantize.py is 536 lines (formats, kernels and swaps: the engine's refactoring)",
               "speculative.py": "speculative.py is 417 lines without its benchmark section "
                                 "(drafts, the accept rule, the loop: the engine's refactoring)"}
 
@@ -174,7 +168,6 @@ def test_no_cycle_through_the_layers_built_on_the_techniques():
     assert not found, f"import cycle(s): {show(found)}"
 
 
-@pytest.mark.xfail(strict=True, reason="cycles left between technique modules: " + "; ".join(KNOWN_CYCLES))
 def test_no_import_cycle_at_all():
     found = cycles(GRAPH)
     assert not found, f"import cycle(s): {show(found)}"

@@ -53,8 +53,11 @@ def test_bf16_on_a_t4_is_refused_although_the_framework_says_yes(monkeypatch):
 
 
 def test_unknown_precision_is_one_sentence():
-    with pytest.raises(LabError, match="Unknown precision"):
-        as_dtype("int3")
+    with pytest.raises(LabError, match="Unknown precision 'fp12'"):
+        as_dtype("fp12")
+    assert as_dtype("bf16") == as_dtype("torch.bfloat16") == torch.bfloat16     # one parser, every spelling
+    with pytest.raises(LabError, match="int3 cannot be a model dtype"):         # a torch dtype, not a model's
+        cast_model(random_model("tiny-llama"), "int3")
 
 
 def test_bf16_without_bf16_instructions_is_emulated_not_refused(monkeypatch):

@@ -8,7 +8,7 @@ import torch
 from labsupport.checks import CheckFailed
 from labsupport.checks.roofline import check_decode_step_cost, check_ridge_batch
 from labsupport.explorers.roofline import roofline_explorer
-from labsupport.hardware import HardwareProfile
+from labsupport.measure import HardwareProfile
 from labsupport.models.config import PRESETS
 from labsupport.models.loading import random_model
 from labsupport.plots.roofline import roofline_figure, step_time_figure

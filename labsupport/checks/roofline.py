@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..hardware import HardwareProfile
+from ..measure import HardwareProfile
 from ..models.config import PRESETS, ModelConfig
 from ..roofline import attention_flops, decode_step_cost, matmul_params, ridge_batch
 from . import close_enough, fail, passed

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from ..batching import batch_sizes, measure_batch, padding_waste, prompts_of_lengths, spread_lengths
+from ..batch_timing import measure_batch
+from ..batching import batch_sizes, padding_waste, prompts_of_lengths, spread_lengths
 from ..generate import chat_prompt
 from ..plots.batching import padding_figure, scaling_figure
 from .base import Explorer

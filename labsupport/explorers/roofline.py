@@ -18,7 +18,7 @@ import ipywidgets as widgets
 import torch
 
 from ..errors import LabError
-from ..hardware import HardwareProfile
+from ..measure import HardwareProfile
 from ..plots.roofline import roofline_figure, step_time_figure
 from ..roofline import decode_batches, measure_decode_point, supported_dtypes
 from .base import Explorer
@@ -91,7 +91,7 @@ def roofline_explorer(models, profile: HardwareProfile, batches=None, context: i
     Introduced in notebook 00 (where the time goes).
     models: one model (other dtypes are converted copies), a dict {dtype: model}, or a
     factory dtype -> model (or -> (model, tokenizer)), called once per dtype when first chosen.
-    profile: the `HardwareProfile` from `hardware.probe()`; its dtypes the device runs
+    profile: the `HardwareProfile` from `measure.probe()`; its dtypes the device runs
     natively are the precision choices. batches: slider positions (default
     `roofline.decode_batches`). measured: rows already measured (from `sweep_decode`),
     so those settings show at once.

@@ -30,7 +30,7 @@ def scaling_figure(rows: Sequence[dict], highlight: dict | None = None) -> go.Fi
     Introduced in notebook 02 (batching).
     rows: dicts with "batch", "tokens_per_s", "ms_per_token" and an optional
     "group" (one line per group, e.g. a prompt-length spread), as returned by
-    `batching.measure_batch`. The dashed grey lines are ideal linear scaling from
+    `batch_timing.measure_batch`. The dashed grey lines are ideal linear scaling from
     the first group's batch-1 point: throughput batch x batch-1, latency flat.
     highlight: one row to circle (the explorer's current setting).
     """
