@@ -3,15 +3,19 @@
 The package is an index of the course; each module names the notebook that
 introduces it:
 
-    hardware     00  device, dtype, measured bandwidth and FLOP/s
-    models/      00  config, the compact Transformer, weight import and layout, the embedded model
-    measure      00  the one timing path (warm-up, sync, repeats, median, spread)
+    hardware     00  device and dtype choice (one dtype parser), bf16 in hardware or emulated
+    models/      00  config, the compact Transformer, weight import and layout, the embedded
+                     model and its shareable cache (model_cache)
+    measure      00  the one timing path (warm-up, sync, repeats, median, spread) and the
+                     machine's two roofs: bandwidth and FLOP/s (`probe`, `HardwareProfile`)
+    inputs       01  the one place where public inputs are checked (ids, whole numbers, NaN)
     roofline     00  FLOPs and bytes of a decode step, the ridge point, decode sweeps
     kv_cache     01  the static KV cache and its memory formula
     kv_timing    01  time per token by position, with and without the cache
     sampling     01  greedy, temperature, top-k, top-p
     generate     01  prefill / decode_step / generate, and the uncached loop
     batching     02  left padding, attention mask, positions, padding waste
+    batch_timing 02  throughput and latency against batch size (runs generate)
     precision    03  fp32 / bf16 / fp16: footprint, agreement, overflow, bf16 support
     quantize     04  int8 / int4 weight-only layers and kernels (quantize_bnb: bitsandbytes)
     speculative  05  drafts, the exact accept/resample rule, cache rollback
