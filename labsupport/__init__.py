@@ -36,7 +36,7 @@ The technique modules (hardware ... stack) never import the layers built on them
 from .errors import LabError
 from .generate import (GenerationResult, TextStreamer, chat_prompt, decode_step, generate,
                        generate_naive, generate_text, prefill)
-from .hardware import pick_device, pick_dtype
+from .hardware import check_platform, pick_device, pick_dtype
 from .measure import probe
 from .kv_cache import StaticKVCache, kv_cache_bytes
 from .models.config import PRESETS, ModelConfig
@@ -54,8 +54,6 @@ def notebook_setup() -> None:
     nbval and nbgrader count it. Earlier versions swallowed the error here; this one
     removes any such handler left in a running kernel.
     """
-    from .hardware import check_platform
-
     check_platform()
     try:
         from IPython import get_ipython

@@ -124,7 +124,7 @@ class Scheduler:
         self.blocks = blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in order of admission
-        self.free_slots = list(range(max_slots - 1, -1, -1))
+        self.free_slots = list(range(self.max_slots - 1, -1, -1))
         self.batch: list[Sequence] = []            # static: every member of the current batch
 
     def add(self, seq: Sequence) -> None:
