@@ -34,9 +34,9 @@ The technique modules (hardware ... stack) never import the layers built on them
 """
 
 from .errors import LabError
-from .generate import (GenerationResult, TextStreamer, chat_prompt, decode_step, generate,
+from .generation import (GenerationResult, TextStreamer, chat_prompt, decode_step, generate,
                        generate_naive, generate_text, prefill)
-from .hardware import check_platform, pick_device, pick_dtype
+from .hardware import require_supported_platform, pick_device, pick_dtype
 from .measure import probe
 from .kv_cache import StaticKVCache, kv_cache_bytes
 from .models.config import PRESETS, ModelConfig
@@ -47,14 +47,14 @@ __version__ = "0.1.0"
 
 
 def notebook_setup() -> None:
-    """Check that labsupport runs on this platform (one sentence if not: see `hardware.check_platform`).
+    """Check that labsupport runs on this platform (one sentence if not: see `hardware.require_supported_platform`).
 
     Introduced in notebook 00. A `LabError` needs no set-up to show as one sentence:
     it renders itself (`LabError._render_traceback_`) and still fails its cell, so
     nbval and nbgrader count it. Earlier versions swallowed the error here; this one
     removes any such handler left in a running kernel.
     """
-    check_platform()
+    require_supported_platform()
     try:
         from IPython import get_ipython
     except ImportError:

@@ -8,7 +8,7 @@ padding, the mask, positions), which `generate` builds on.
 from __future__ import annotations
 
 from .batching import padding_waste
-from .generate import generate
+from .generation import generate
 from .measure import time_fn
 
 

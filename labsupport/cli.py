@@ -11,7 +11,7 @@ import sys
 
 from .bench import BenchOptions, run, write_json
 from .errors import LabError
-from .hardware import check_platform, pick_device
+from .hardware import require_supported_platform, pick_device
 from .report import text_table, write_report
 
 
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        check_platform()
+        require_supported_platform()
         device = pick_device(args.device)
         options = BenchOptions.from_cli(device, new_tokens=args.new_tokens, repeats=args.repeats,
                                         kv_lengths=args.kv_lengths)

@@ -51,7 +51,7 @@ _BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\(.*\)\]\(.*\)\s*$")
 # --------------------------------------------------------------------------
 
 
-def check_slug(repo: str) -> str:
+def require_slug(repo: str) -> str:
     if not _SLUG.match(repo):
         raise LabError(f"{repo!r} is not a GitHub repository slug; give it as OWNER/NAME.")
     return repo
@@ -235,7 +235,7 @@ def write_badges(root: Path, repo: str = REPO, branch: str = BRANCH, dry_run: bo
     """Apply the templates to every notebooks/NN_*.ipynb and the README; return the files that changed."""
     import nbformat
 
-    check_slug(repo)
+    require_slug(repo)
     changed, titles = [], []
     for path in _notebook_paths(root):
         text = path.read_text(encoding="utf-8")
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     root = args.root
     if args.command == "badges":
-        repo = check_slug(args.repo or REPO)
+        repo = require_slug(args.repo or REPO)
         branch = args.branch or BRANCH
         if (repo, branch) != (REPO, BRANCH):
             module = root / "labsupport" / "delivery.py"          # this file, in the repository given

@@ -10,7 +10,7 @@ actually have, so notebook 00 can draw a roofline from real numbers:
 
 It also answers the practical questions every later notebook asks: which
 device to use (`pick_device`), which dtype it runs well (`pick_dtype`,
-`check_dtype`), and how to wait for it to finish (`synchronize`).
+`require_usable_dtype`), and how to wait for it to finish (`synchronize`).
 Device and dtype always come from arguments; nothing here assumes a GPU.
 """
 
@@ -52,7 +52,7 @@ def untested_platform_allowed() -> bool:
     return os.environ.get(UNTESTED_SWITCH, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def check_platform() -> None:
+def require_supported_platform() -> None:
     """Refuse Windows in one sentence (never run; WSL2 is Linux and works), unless the switch is set.
 
     Introduced in notebook 00 (where the time goes): `notebook_setup()` and the command
@@ -255,7 +255,7 @@ def dtype_name(dtype) -> str:
     return str(as_dtype(dtype)).removeprefix("torch.")
 
 
-def check_dtype(device, dtype) -> None:
+def require_usable_dtype(device, dtype) -> None:
     """Raise `UnsupportedDtype` (one sentence, with the fix) if the device cannot run `dtype`.
 
     Introduced in notebook 00 (where the time goes). Only float32, float16

@@ -24,7 +24,7 @@ import torch
 
 from .errors import LabError
 
-from .generate import decode_step
+from .generation import decode_step
 from .kv_cache import StaticKVCache, kv_cache_bytes
 from .measure import time_side_by_side
 from .models.config import ModelConfig

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 import torch
 
 from labsupport.errors import LabError
-from labsupport.hardware import (as_dtype, bf16_supported, check_dtype, device_name, dtype_name, fp16_fast,
+from labsupport.hardware import (as_dtype, bf16_supported, require_usable_dtype, device_name, dtype_name, fp16_fast,
                                  pick_device, synchronize)
 
 try:
@@ -357,14 +357,14 @@ def probe(device=None, dtypes=None, refresh: bool = False) -> HardwareProfile:
 
     Introduced in notebook 00 (where the time goes). `device` defaults to
     `pick_device()`. `dtypes` defaults to float32, plus bfloat16 where the
-    hardware has it, plus float16 on CUDA; each is checked with `check_dtype`.
+    hardware has it, plus float16 on CUDA; each is checked with `require_usable_dtype`.
     Results are remembered per (device, dtypes) for the rest of the session;
     `refresh=True` measures again. Takes a few seconds on a 2-core CPU.
     """
     device = pick_device(device)
     dtypes = [as_dtype(d) for d in (dtypes or _default_probe_dtypes(device))]
     for dtype in dtypes:
-        check_dtype(device, dtype)
+        require_usable_dtype(device, dtype)
 
     key = (str(device), tuple(dtype_name(d) for d in dtypes))
     if refresh or key not in _PROBE_CACHE:

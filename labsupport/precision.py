@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from .errors import LabError
-from .hardware import as_dtype, bf16_emulated, bf16_supported, check_dtype, dtype_label, dtype_name, fp16_fast
+from .hardware import as_dtype, bf16_emulated, bf16_supported, require_usable_dtype, dtype_label, dtype_name, fp16_fast
 from .models.layout import apply_layout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,7 +57,7 @@ def cast_model(model: torch.nn.Module, dtype) -> torch.nn.Module:
     """A copy of `model` with its weights in `dtype` (the original is untouched),
     laid out for the fastest kernel on its device (see models/layout.py)."""
     dtype = as_dtype(dtype)
-    check_dtype(model.device, dtype)
+    require_usable_dtype(model.device, dtype)
     copy_ = copy.deepcopy(model).to(dtype)
     apply_layout(copy_)
     return copy_
@@ -243,14 +243,14 @@ def speed_skip_reason(device, dtype, regime: str) -> str | None:
 def decode_run(model, prompt_ids, new_tokens: int) -> Callable[[], object]:
     """A zero-argument function: greedy generation of `new_tokens` at batch 1 (a short
     prompt's prefill, then one decode step per token). Introduced in notebook 03."""
-    from .generate import generate
+    from .generation import generate
     return lambda: generate(model, prompt_ids, new_tokens, eos_token_ids=())
 
 
 def prefill_run(model, prompt_ids) -> Callable[[], object]:
     """A zero-argument function: one prefill of the whole prompt into a fresh KV cache.
     Introduced in notebook 03 (mixed precision)."""
-    from .generate import prefill
+    from .generation import prefill
     from .kv_cache import StaticKVCache
     tokens = torch.tensor([list(prompt_ids)], device=model.device)          # (1, T)
 

@@ -96,7 +96,7 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -
     return (q.float() * scale.float()[:, None]).to(dtype)
 
 
-def check_group_size(group_size: int, in_features: int | None = None) -> None:
+def require_group_size(group_size: int, in_features: int | None = None) -> None:
     """Refuse group sizes that are not an even integer >= 2 (two 4-bit values share a byte)
     or, when `in_features` is given, that cannot cut a row into whole groups."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
@@ -115,7 +115,7 @@ def quantize_int4_groupwise(w: torch.Tensor, group_size: int = 32):
     """
     _check_matrix(w)
     out_features, in_features = w.shape
-    check_group_size(group_size, in_features)
+    require_group_size(group_size, in_features)
     groups = w.float().reshape(out_features, in_features // group_size, group_size)  # (out, G, g)
     low, high = groups.amin(dim=-1), groups.amax(dim=-1)                             # (out, G)
     scales = ((high - low) / 15).clamp(min=1e-12)
@@ -310,7 +310,7 @@ class Int4Linear(_QuantizedLinear):
                     warn: bool = True) -> "Int4Linear":
         cls._check_kernel(kernel)
         self = cls(linear)
-        check_group_size(group_size)
+        require_group_size(group_size)
         self.group_size = group_size
         self.padded_in = -(-self.in_features // group_size) * group_size
         weight = F.pad(linear.weight.detach().float(), (0, self.padded_in - self.in_features))  # (out, padded_in)
@@ -472,7 +472,7 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 32, kernel: 
                and (include_lm_head or name.split(".")[-1] != "lm_head")]
     # every argument is checked before the first swap, so a mistake never leaves a half-quantized model
     if method == "int4":
-        check_group_size(group_size)
+        require_group_size(group_size)
     if method.startswith("bnb-"):
         from .quantize_bnb import bnb_module
         bnb_module()

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import LabError
-from .generate import decode_step, prefill
+from .generation import decode_step, prefill
 from .hardware import as_dtype, bf16_supported, pick_device
 from .measure import HardwareProfile
 from .kv_cache import StaticKVCache, kv_cache_bytes

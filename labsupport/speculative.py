@@ -46,7 +46,7 @@ from typing import Sequence
 import torch
 
 from .errors import LabError
-from .generate import check_lengths
+from .generation import require_fits_context
 from .inputs import token_id_set, token_rows, whole_number
 from .hardware import synchronize
 from .kv_cache import StaticKVCache
@@ -289,7 +289,7 @@ class SpeculativeResult:
         return len(self.tokens) / self.seconds if self.seconds > 0 else float("nan")
 
 
-def check_compatible(target, draft: Draft) -> None:
+def require_compatible_draft(target, draft: Draft) -> None:
     """Refuse a draft whose token ids mean something else than the target's (notebook 05)."""
     vocab = target.config.vocab_size
     if draft.vocab_size is not None and draft.vocab_size != vocab:
@@ -339,13 +339,13 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
     The target's cache holds every token but the last ("pending") one; each pass feeds
     [pending, d_1..d_k] and gets the k + 1 distributions that check the drafts.
     """
-    check_compatible(target, draft)
+    require_compatible_draft(target, draft)
     k = whole_number(k, "k (tokens drafted per step)", minimum=0)
     rows = token_rows(prompt, target.config.vocab_size)         # the checks every entry point shares
     if len(rows) != 1:
         raise LabError(f"Speculative decoding runs one prompt at a time (batch 1), got {len(rows)}.")
     prompt = rows[0]
-    max_new_tokens = check_lengths(target, len(prompt), max_new_tokens)
+    max_new_tokens = require_fits_context(target, len(prompt), max_new_tokens)
     if not isinstance(sampling, SamplingConfig):
         raise LabError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}.")
     device = target.device

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import LabError
-from .generate import generate, generate_naive
+from .generation import generate, generate_naive
 from .hardware import bf16_supported
 from .measure import time_side_by_side
 

@@ -175,7 +175,7 @@ def test_repo_constant_rewrite():
     assert 'REPO = "alice/course"' in new and 'BRANCH = "trunk"' in new
     assert new.count("alice/course") == 1
     with pytest.raises(LabError, match="OWNER/NAME"):
-        delivery.check_slug("not a slug")
+        delivery.require_slug("not a slug")
 
 
 # --------------------------------------------------------------------------

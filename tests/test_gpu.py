@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from labsupport.generate import generate
+from labsupport.generation import generate
 from labsupport.models.loading import load_model, random_model
 
 pytestmark = pytest.mark.gpu
@@ -58,7 +58,7 @@ def test_serving_engine_on_cuda_gives_each_request_its_tokens_alone():
         assert engine.cache.keys.is_cuda
         assert list(result.tokens().values()) == [
             generate(model, r.prompt, r.max_new_tokens, eos_token_ids=()).row(0) for r in requests]
-        engine.blocks.check_no_leaks()
+        engine.blocks.assert_no_leaks()
 
 
 def test_stack_ladder_runs_on_cuda():

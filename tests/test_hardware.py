@@ -9,7 +9,7 @@ from labsupport import measure
 from labsupport.measure import HardwareProfile, measure_bandwidth, measure_matmul_flops, probe
 from labsupport.hardware import (
     bf16_supported,
-    check_dtype,
+    require_usable_dtype,
     device_name,
     fp16_fast,
     pick_device,
@@ -94,7 +94,7 @@ def test_bf16_supported_on_ampere(monkeypatch):
     fake_gpu(monkeypatch, (8, 0), "NVIDIA A100")
     assert bf16_supported("cuda") is True
     assert pick_dtype("cuda") == torch.bfloat16
-    check_dtype("cuda", torch.bfloat16)  # no error
+    require_usable_dtype("cuda", torch.bfloat16)  # no error
 
 
 def test_bf16_on_cpu_follows_instructions(monkeypatch):
@@ -127,16 +127,16 @@ def test_fp16_fast(monkeypatch):
 def test_check_dtype_bf16_on_t4_names_gpu_and_fix(monkeypatch):
     fake_gpu(monkeypatch, (7, 5), "Tesla T4")
     with pytest.raises(UnsupportedDtype) as info:
-        check_dtype("cuda", torch.bfloat16)
+        require_usable_dtype("cuda", torch.bfloat16)
     message = str(info.value)
     assert "Tesla T4" in message and "7.5" in message and "float16" in message
     assert_one_sentence(message)
-    check_dtype("cuda", torch.float16)  # no error
+    require_usable_dtype("cuda", torch.float16)  # no error
 
 
 def test_check_dtype_bf16_on_plain_cpu_is_allowed_and_labelled_emulated(monkeypatch):
     fake_cpu(monkeypatch, bf16=False, amx=False)
-    check_dtype("cpu", "bfloat16")                      # runs, emulated: same bits, lower speed
+    require_usable_dtype("cpu", "bfloat16")                      # runs, emulated: same bits, lower speed
     assert hardware.bf16_emulated("cpu") is True
     assert hardware.dtype_label("cpu", torch.bfloat16) == "bfloat16 (emulated)"
     assert hardware.dtype_label("cpu", torch.float32) == "float32"
@@ -152,7 +152,7 @@ def test_the_no_bf16_switch_hides_bf16_instructions(monkeypatch, no_gpu, value, 
     assert bf16_supported("cpu") is (not off)
     assert hardware.bf16_emulated("cpu") is off
     assert pick_dtype("cpu") == (torch.float32 if off else torch.bfloat16)
-    check_dtype("cpu", torch.bfloat16)                  # allowed either way
+    require_usable_dtype("cpu", torch.bfloat16)                  # allowed either way
 
 
 def test_the_switch_does_not_touch_a_gpu(monkeypatch):
@@ -162,15 +162,15 @@ def test_the_switch_does_not_touch_a_gpu(monkeypatch):
 
 
 def test_check_dtype_allows_fp16_and_fp32_on_cpu():
-    check_dtype("cpu", torch.float16)
-    check_dtype("cpu", torch.float32)
-    check_dtype("cpu", "torch.float32")
+    require_usable_dtype("cpu", torch.float16)
+    require_usable_dtype("cpu", torch.float32)
+    require_usable_dtype("cpu", "torch.float32")
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float64, "int4_nonsense"])
 def test_check_dtype_rejects_non_model_dtypes(dtype):
     with pytest.raises(UnsupportedDtype) as info:
-        check_dtype("cpu", dtype)
+        require_usable_dtype("cpu", dtype)
     message = str(info.value)
     assert "torch.float32, torch.float16 or torch.bfloat16" in message
     assert_one_sentence(message)
@@ -290,13 +290,13 @@ def test_native_windows_is_refused_in_one_sentence(monkeypatch):
     monkeypatch.delenv(hardware.UNTESTED_SWITCH, raising=False)
     monkeypatch.setattr(hardware.sys, "platform", "win32")
     with pytest.raises(LabError, match="WSL2") as info:
-        hardware.check_platform()
+        hardware.require_supported_platform()
     assert_one_sentence(str(info.value))
     monkeypatch.setenv(hardware.UNTESTED_SWITCH, "1")
-    hardware.check_platform()
+    hardware.require_supported_platform()
     monkeypatch.setattr(hardware.sys, "platform", "linux")
     monkeypatch.delenv(hardware.UNTESTED_SWITCH)
-    hardware.check_platform()
+    hardware.require_supported_platform()
 
 
 @pytest.mark.gpu

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.generate import generate, generate_naive
+from labsupport.generation import generate, generate_naive
 from labsupport.inputs import finite_number, token_rows, whole_number
 from labsupport.models.loading import random_model
 from labsupport.sampling import SamplingConfig

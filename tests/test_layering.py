@@ -150,14 +150,14 @@ from . import core, SECTIONS
 
 
 def late():
-    from ..generate import generate
+    from ..generation import generate
     import labsupport.serving.engine as engine
 """
     assert imports_in(source, "labsupport.bench.suite") == {
         "labsupport.kv_cache", "labsupport.errors", "labsupport.models.loading", "labsupport.bench.core",
-        "labsupport.bench", "labsupport.generate", "labsupport.serving.engine"}
+        "labsupport.bench", "labsupport.generation", "labsupport.serving.engine"}
     assert imports_in("from .errors import LabError", "labsupport.bench", is_package=True) == set()
-    assert imports_in("from .generate import generate", "labsupport", is_package=True) == {"labsupport.generate"}
+    assert imports_in("from .generation import generate", "labsupport", is_package=True) == {"labsupport.generation"}
     assert "labsupport.bench.baseline" in GRAPH["labsupport.bench.suite"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -190,3 +190,19 @@ def _long_file_params():
 def test_modules_stay_short(path):
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines (at most {MAX_LINES})"
+
+
+def test_check_means_grading_an_exercise():
+    """`check_*` names only the exercise checkers in checks/; validating an input is `require_*`."""
+    wrong = sorted(f"{path.relative_to(PACKAGE)}: {node.name}"
+                   for path in MODULES.values() if "checks" not in path.relative_to(PACKAGE).parts
+                   for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                   if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name.startswith("check_"))
+    assert not wrong, "named check_ outside labsupport/checks: " + "; ".join(wrong)
+
+
+def test_no_module_shares_its_name_with_a_public_function():
+    """`import labsupport.generation` is the module; `labsupport.generate` is the function."""
+    import labsupport
+    clashes = [name for name in labsupport.__all__ if f"labsupport.{name}" in MODULES]
+    assert not clashes, f"labsupport.{clashes[0]} is both a module and a public name of the package"

@@ -90,5 +90,5 @@ def test_bf16_on_a_gpu_without_bf16_units_is_refused(monkeypatch):
 
 
 def hardware_check(device, dtype):
-    from labsupport.hardware import check_dtype
-    check_dtype(device, dtype)
+    from labsupport.hardware import require_usable_dtype
+    require_usable_dtype(device, dtype)

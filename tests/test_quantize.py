@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from labsupport.errors import LabError
-from labsupport.generate import generate, generate_text
+from labsupport.generation import generate, generate_text
 from labsupport.models.loading import ByteTokenizer, random_model
 from labsupport.quantize import (Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, pack_int4,
                                  perplexity, quantize_int4_groupwise, quantize_int8_absmax, quantize_model,

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.generate import generate
+from labsupport.generation import generate
 from labsupport.kv_cache import StaticKVCache
 from labsupport.models.loading import random_model
 from labsupport.sampling import SamplingConfig
-from labsupport.serving import (BlockManager, Engine, PagedKVCache, Request, Scheduler, Sequence,
+from labsupport.serving import (BlockManager, Engine, PagedKVCache, Request, Scheduler, ServedSequence,
                                 blocks_needed, make_workload, reserved_vs_used, slot_bars,
                                 utilization_timeline)
 from labsupport.serving.model_runner import ModelRunner
@@ -47,7 +47,7 @@ def test_paged_logits_equal_contiguous_cache(model):
     blocks = BlockManager(num_blocks=40, block_size=block_size)
     cache = PagedKVCache(model.config, 40, block_size, dtype=model.dtype)
     runner = ModelRunner(model, cache, blocks.table)
-    seqs = [Sequence(Request(p, max_new_tokens=8), i, "cpu") for i, p in enumerate(prompts(3))]
+    seqs = [ServedSequence(Request(p, max_new_tokens=8), i, "cpu") for i, p in enumerate(prompts(3))]
     for seq in seqs:                       # grow in turns, so that block tables interleave
         blocks.grow(seq.index, 2)
     for seq in seqs:
@@ -71,7 +71,7 @@ def test_padding_rows_do_not_touch_real_rows(model):
     blocks = BlockManager(num_blocks=10, block_size=4)
     cache = PagedKVCache(model.config, 10, 4, dtype=model.dtype)
     runner = ModelRunner(model, cache, blocks.table)
-    seq = Sequence(Request(prompts(1)[0], max_new_tokens=4), 0, "cpu")
+    seq = ServedSequence(Request(prompts(1)[0], max_new_tokens=4), 0, "cpu")
     blocks.grow(0, len(seq.tokens) + 2)
     seq.output.append(int(runner.prefill(seq).argmax()))
     with_padding = runner.decode([seq], padding_rows=3)
@@ -92,7 +92,7 @@ def test_every_request_gets_its_tokens_alone(model, policy, cache_tokens):
     assert not result.rejected
     for request, seq in zip(requests, result.sequences):
         assert seq.output == alone(model, request), request.request_id
-    engine.blocks.check_no_leaks()
+    engine.blocks.assert_no_leaks()
     if cache_tokens is not None and policy == "continuous":
         assert result.metrics()["preemptions"] > 0          # the small cache forced preemptions
 
@@ -122,7 +122,7 @@ def test_policies_are_objects_and_a_new_one_is_a_small_subclass(model):
     assert result.policy == "drain-then-refill"
     assert [s.output for s in result.sequences] == [alone(model, r) for r in requests]
     assert len(result.steps) > len(by_name.steps)            # it waits for the drain
-    custom.blocks.check_no_leaks()
+    custom.blocks.assert_no_leaks()
 
 
 def test_sampled_requests_survive_preemption(model):
@@ -135,7 +135,7 @@ def test_sampled_requests_survive_preemption(model):
     assert tight.metrics()["preemptions"] > 0
     assert roomy.tokens() == tight.tokens()
     assert [alone(model, r) for r in requests] == list(roomy.tokens().values())
-    tight_engine.blocks.check_no_leaks()
+    tight_engine.blocks.assert_no_leaks()
 
 
 def test_end_of_sequence_and_streaming(model):
@@ -172,7 +172,7 @@ def test_continuous_scheduler_step_by_step():
     """One scheduler step: a finished sequence leaves and the next waiting one joins."""
     blocks = BlockManager(num_blocks=16, block_size=4)
     scheduler = Scheduler("continuous", max_slots=2, blocks=blocks)
-    seqs = [Sequence(Request([1, 2, 3], max_new_tokens=5), i, "cpu") for i in range(3)]
+    seqs = [ServedSequence(Request([1, 2, 3], max_new_tokens=5), i, "cpu") for i in range(3)]
     for s in seqs:
         scheduler.add(s)
     first = scheduler.schedule(now=0)
@@ -188,7 +188,7 @@ def test_continuous_scheduler_step_by_step():
 def test_preemption_frees_the_latest_and_requeues_it_first():
     blocks = BlockManager(num_blocks=4, block_size=2)
     scheduler = Scheduler("continuous", max_slots=4, blocks=blocks)
-    a, b = (Sequence(Request([1, 2], max_new_tokens=6), i, "cpu") for i in range(2))
+    a, b = (ServedSequence(Request([1, 2], max_new_tokens=6), i, "cpu") for i in range(2))
     scheduler.add(a), scheduler.add(b)
     scheduler.schedule(0)                                 # both admitted: 2 blocks each (3 positions)
     a.num_cached, b.num_cached = 4, 2                      # a needs a third block
@@ -210,7 +210,7 @@ def test_a_request_too_long_for_the_cache_is_refused_and_the_rest_served():
     assert [s.output for s in result.sequences] == [alone(model, r) for r in good]
     with pytest.raises(LabError, match="cache_tokens"):
         engine.add_request(too_long)
-    engine.blocks.check_no_leaks()
+    engine.blocks.assert_no_leaks()
 
 
 @pytest.mark.parametrize("make, message", [

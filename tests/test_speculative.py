@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.generate import generate
+from labsupport.generation import generate
 from labsupport.models.loading import random_model
 from labsupport.models.transformer import Transformer
 from labsupport.sampling import GREEDY, SamplingConfig, probabilities

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..generate import chat_prompt, generate
+from ..generation import chat_prompt, generate
 from ..kv_cache import kv_cache_bytes
 from ..measure import time_side_by_side, track_peak_memory
 from .core import BenchContext, reported

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..batching import left_pad, padding_waste, sorted_batches
-from ..generate import chat_prompt, generate
+from ..generation import chat_prompt, generate
 from ..hardware import bf16_supported
 from ..measure import time_fn, time_side_by_side
 from .core import BenchContext, reported

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..generate import generate, generate_naive
+from ..generation import generate, generate_naive
 from ..kv_cache import kv_cache_bytes
 from ..kv_timing import estimated_total_seconds, gqa_savings, time_per_token_by_position
 from ..measure import time_side_by_side

@@ -32,7 +32,7 @@ import torch
 
 from ..claims import quantization_claim
 from ..errors import LabError
-from ..generate import chat_prompt, generate
+from ..generation import chat_prompt, generate
 from ..hardware import fp16_fast
 from ..measure import time_side_by_side
 from ..precision import cast_model, tensor_bytes

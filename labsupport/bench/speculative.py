@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import LabError
-from ..generate import chat_prompt, generate
+from ..generation import chat_prompt, generate
 from ..measure import time_side_by_side
 from ..speculative import (PromptLookupDraft, QuantizedSelfDraft, SpeculativeResult, expected_speedup,
                            expected_tokens_per_call, speculative_generate)

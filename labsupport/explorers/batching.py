@@ -16,7 +16,7 @@ import ipywidgets as widgets
 
 from ..batch_timing import measure_batch
 from ..batching import batch_sizes, padding_waste, prompts_of_lengths, spread_lengths
-from ..generate import chat_prompt
+from ..generation import chat_prompt
 from ..plots.batching import padding_figure, scaling_figure
 from .base import Explorer
 

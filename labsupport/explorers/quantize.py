@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 import torch
 
 from ..errors import LabError
-from ..generate import generate
+from ..generation import generate
 from ..measure import time_side_by_side
 from ..quantize import perplexity, quantize_model, quantized_bytes, weight_error_stats
 from .base import Explorer

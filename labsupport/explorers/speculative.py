@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from ..generate import chat_prompt, generate
+from ..generation import chat_prompt, generate
 from ..measure import time_side_by_side
 from ..sampling import SamplingConfig
 from ..speculative import expected_speedup, speculative_generate

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelUnavailable
-from ..hardware import check_dtype, pick_device
+from ..hardware import require_usable_dtype, pick_device
 from .config import PRESETS, config_from_hf
 from .embedded import embedded_model_dir
 from .layout import apply_layout
@@ -124,7 +124,7 @@ def load_model(name: str = EMBEDDED, device=None, dtype=torch.float32, seed: int
     if dtype == "auto":
         from ..hardware import pick_dtype
         dtype = pick_dtype(device)
-    check_dtype(device, dtype)
+    require_usable_dtype(device, dtype)
     if name in TINY:
         return random_model(name, seed=seed, device=device, dtype=dtype), ByteTokenizer()
 
@@ -229,6 +229,6 @@ def load_hf_model(name: str = EMBEDDED, device=None, dtype=torch.float32):
     """The Hugging Face model of the same weights: the peer every benchmark compares against."""
     from transformers import AutoModelForCausalLM
     device = pick_device(device)
-    check_dtype(device, dtype)
+    require_usable_dtype(device, dtype)
     model = AutoModelForCausalLM.from_pretrained(resolve_hf_source(name), dtype=dtype)
     return model.to(device).eval()

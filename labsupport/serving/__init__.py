@@ -10,10 +10,10 @@ from .block_manager import BlockManager, blocks_needed
 from .engine import Engine, ServingResult, StepRecord
 from .metrics import reserved_vs_used, slot_bars, summarize, utilization_timeline
 from .paged_cache import PagedKVCache
-from .request import Request, Sequence, Status
+from .request import Request, ServedSequence, Status
 from .scheduler import POLICIES, ContinuousBatching, Policy, ScheduledStep, Scheduler, StaticBatching
 from .workload import chat_prompts, make_workload
 
 __all__ = ["BlockManager", "blocks_needed", "Engine", "ServingResult", "StepRecord", "reserved_vs_used",
-           "slot_bars", "summarize", "utilization_timeline", "PagedKVCache", "Request", "Sequence",
+           "slot_bars", "summarize", "utilization_timeline", "PagedKVCache", "Request", "ServedSequence",
            "Status", "POLICIES", "Policy", "StaticBatching", "ContinuousBatching", "ScheduledStep", "Scheduler", "chat_prompts", "make_workload"]

@@ -68,7 +68,7 @@ class BlockManager:
         """Return every block of a sequence to the free pool."""
         self.free_blocks.extend(reversed(self.tables.pop(seq_index, [])))
 
-    def check_no_leaks(self) -> None:
+    def assert_no_leaks(self) -> None:
         """Raise if any block is still owned or appears twice (tests call this at the end)."""
         owned = [b for table in self.tables.values() for b in table]
         if len(set(owned) | set(self.free_blocks)) != self.num_blocks or \

@@ -28,7 +28,7 @@ from ..hardware import synchronize
 from .block_manager import BlockManager, blocks_needed
 from .model_runner import ModelRunner
 from .paged_cache import PagedKVCache
-from .request import Request, Sequence, next_token
+from .request import Request, ServedSequence, next_token
 from .scheduler import Scheduler
 
 
@@ -49,7 +49,7 @@ class StepRecord:
 class ServingResult:
     """Everything a run produced. `sequences` are in order of arrival."""
 
-    sequences: list[Sequence]
+    sequences: list[ServedSequence]
     steps: list[StepRecord]
     rejected: dict = field(default_factory=dict)     # request id -> the reason, one sentence
     policy: str = ""
@@ -90,7 +90,7 @@ class Engine:
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.device, model.dtype)
         self.scheduler = Scheduler(policy, max_slots, self.blocks)
         self.runner = ModelRunner(model, self.cache, self.blocks.table)
-        self.sequences: list[Sequence] = []
+        self.sequences: list[ServedSequence] = []
         self.steps: list[StepRecord] = []
         self.clock = _RunClock("wall")
 
@@ -99,7 +99,7 @@ class Engine:
         """Positions the whole cache holds: a request longer than this can never run."""
         return self.blocks.num_blocks * self.blocks.block_size
 
-    def add_request(self, request: Request, now: float = 0.0) -> Sequence:
+    def add_request(self, request: Request, now: float = 0.0) -> ServedSequence:
         """Queue a request; a request that can never fit is refused here, in one sentence,
         and nothing else changes."""
         context = self.model.config.max_position
@@ -116,16 +116,16 @@ class Engine:
         vocab = self.model.config.vocab_size
         if max(request.prompt) >= vocab or min(request.prompt) < 0:
             raise LabError(f"Request {name!r} has token ids outside the vocabulary [0, {vocab}).")
-        seq = Sequence(request, len(self.sequences), self.model.device)
+        seq = ServedSequence(request, len(self.sequences), self.model.device)
         self.sequences.append(seq)
         self.scheduler.add(seq)
         return seq
 
-    def step(self) -> list[tuple[Sequence, int]]:
+    def step(self) -> list[tuple[ServedSequence, int]]:
         """Run one scheduled step; returns the (sequence, token) pairs it produced."""
         start = self.clock()
         plan = self.scheduler.schedule(start)
-        events: list[tuple[Sequence, int]] = []
+        events: list[tuple[ServedSequence, int]] = []
         for seq in plan.prefill:
             logits = self.runner.prefill(seq)
             events.append((seq, next_token(logits, seq)))

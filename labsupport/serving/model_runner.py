@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .paged_cache import PagedKVCache
-from .request import Sequence
+from .request import ServedSequence
 
 
 class ModelRunner:
@@ -26,7 +26,7 @@ class ModelRunner:
         self.block_tables = block_tables           # sequence index -> list of block ids
         self.device = model.device
 
-    def _tables(self, seqs: list[Sequence], padding_rows: int = 0) -> torch.Tensor:
+    def _tables(self, seqs: list[ServedSequence], padding_rows: int = 0) -> torch.Tensor:
         """Block tables as one (B, max_blocks) tensor, short rows (and padding rows)
         filled with the scratch block."""
         rows = [self.block_tables(seq.index) for seq in seqs] + [[]] * padding_rows
@@ -35,7 +35,7 @@ class ModelRunner:
         return torch.tensor(padded, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
-    def prefill(self, seq: Sequence) -> torch.Tensor:
+    def prefill(self, seq: ServedSequence) -> torch.Tensor:
         """Run every token of `seq` from position 0; returns the last logits (vocab,)."""
         tokens = torch.tensor([seq.tokens], dtype=torch.long, device=self.device)   # (1, T)
         T = tokens.shape[1]
@@ -47,7 +47,7 @@ class ModelRunner:
         return logits[0, -1]
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence], padding_rows: int = 0) -> torch.Tensor:
+    def decode(self, seqs: list[ServedSequence], padding_rows: int = 0) -> torch.Tensor:
         """Feed each sequence its last token; returns next-token logits (len(seqs), vocab).
 
         Padding rows (static batching's finished members) compute like real rows but

@@ -3,7 +3,7 @@
 Introduced in notebook 06 (continuous batching).
 
 A `Request` is what a user sends: a prompt, how to sample, when to stop, and
-when it arrived. A `Sequence` is the server's record of one request while it is
+when it arrived. A `ServedSequence` is the server's record of one request while it is
 served. It moves through three states::
 
     WAITING --admitted (prefill)--> RUNNING --last token--> FINISHED
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Sequence as Seq
+from typing import Callable, Sequence
 
 import torch
 
@@ -32,10 +32,10 @@ from ..sampling import GREEDY, SamplingConfig, sample
 class Request:
     """One user's request. `arrival` is in seconds from the start of a run."""
 
-    prompt: Seq[int]
+    prompt: Sequence[int]
     max_new_tokens: int = 32
     sampling: SamplingConfig = GREEDY
-    eos_token_ids: Seq[int] = ()
+    eos_token_ids: Sequence[int] = ()
     arrival: float = 0.0
     request_id: str | int | None = None
     on_token: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
@@ -67,7 +67,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-class Sequence:
+class ServedSequence:
     """The server's record of one request: its tokens, its state, its cache blocks, its timings."""
 
     def __init__(self, request: Request, index: int, device):
@@ -106,11 +106,11 @@ class Sequence:
                 or len(self.output) >= self.request.max_new_tokens)
 
     def __repr__(self):
-        return (f"Sequence(id={self.id!r}, {self.status.value}, prompt={len(self.request.prompt)}, "
+        return (f"ServedSequence(id={self.id!r}, {self.status.value}, prompt={len(self.request.prompt)}, "
                 f"output={len(self.output)}/{self.request.max_new_tokens}, slot={self.slot})")
 
 
-def next_token(logits: torch.Tensor, sequence: Sequence) -> int:
+def next_token(logits: torch.Tensor, sequence: ServedSequence) -> int:
     """Pick a sequence's next token from its logits (vocab,), with its own sampling and seed,
     so that what runs beside it never changes its random stream."""
     return int(sample(logits[None], sequence.request.sampling, sequence.generator)[0])

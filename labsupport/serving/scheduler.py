@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from ..errors import LabError
 from ..inputs import whole_number
 from .block_manager import BlockManager
-from .request import Sequence, Status
+from .request import ServedSequence, Status
 
 class Policy:
     """A scheduling policy: the rules by which waiting sequences join the running batch.
@@ -44,14 +44,14 @@ class Policy:
         """May waiting sequences be admitted in this step?"""
         raise NotImplementedError
 
-    def admitted(self, scheduler: "Scheduler", seq: Sequence) -> None:
+    def admitted(self, scheduler: "Scheduler", seq: ServedSequence) -> None:
         """`seq` has just been admitted."""
 
-    def padding_rows(self, scheduler: "Scheduler", decoding: list[Sequence]) -> int:
+    def padding_rows(self, scheduler: "Scheduler", decoding: list[ServedSequence]) -> int:
         """Rows computed as padding beside the decoding sequences."""
         return 0
 
-    def left(self, scheduler: "Scheduler", seq: Sequence) -> None:
+    def left(self, scheduler: "Scheduler", seq: ServedSequence) -> None:
         """`seq` finished or was preempted; give back what the policy lets it give back."""
 
     def __str__(self) -> str:
@@ -108,10 +108,10 @@ def as_policy(policy) -> Policy:
 class ScheduledStep:
     """The plan for one engine step."""
 
-    prefill: list[Sequence] = field(default_factory=list)    # admitted now: run prompt (+ output so far)
-    decode: list[Sequence] = field(default_factory=list)     # advance one token each
+    prefill: list[ServedSequence] = field(default_factory=list)    # admitted now: run prompt (+ output so far)
+    decode: list[ServedSequence] = field(default_factory=list)     # advance one token each
     padding_rows: int = 0                                     # static: finished members still computed
-    preempted: list[Sequence] = field(default_factory=list)
+    preempted: list[ServedSequence] = field(default_factory=list)
 
 
 class Scheduler:
@@ -122,12 +122,12 @@ class Scheduler:
         self.policy = self.rules.name               # the name, as results and plots show it
         self.max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
         self.blocks = blocks
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []          # in order of admission
+        self.waiting: deque[ServedSequence] = deque()
+        self.running: list[ServedSequence] = []          # in order of admission
         self.free_slots = list(range(self.max_slots - 1, -1, -1))
-        self.batch: list[Sequence] = []            # static: every member of the current batch
+        self.batch: list[ServedSequence] = []            # static: every member of the current batch
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: ServedSequence) -> None:
         self.waiting.append(seq)
 
     @property
@@ -178,18 +178,18 @@ class Scheduler:
 
     # --- leaving ----------------------------------------------------------------------
 
-    def finish(self, seq: Sequence, now: float) -> None:
+    def finish(self, seq: ServedSequence, now: float) -> None:
         """A sequence produced its last token: free its blocks (and, unless static, its slot)."""
         seq.status, seq.finished_at = Status.FINISHED, now
         self._leave(seq, now)
 
-    def _preempt(self, seq: Sequence, now: float) -> None:
+    def _preempt(self, seq: ServedSequence, now: float) -> None:
         seq.status, seq.num_cached = Status.WAITING, 0
         seq.preemptions += 1
         self._leave(seq, now)
         self.waiting.appendleft(seq)
 
-    def _leave(self, seq: Sequence, now: float) -> None:
+    def _leave(self, seq: ServedSequence, now: float) -> None:
         self.running.remove(seq)
         self.blocks.release(seq.index)
         slot, start, _ = seq.slot_spans[-1]

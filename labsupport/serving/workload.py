@@ -42,7 +42,7 @@ QUESTIONS = [
 
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:
     """`count` prompts in the model's chat template, cycling through a few everyday questions."""
-    from ..generate import chat_prompt
+    from ..generation import chat_prompt
     return [tokenizer.encode(chat_prompt(tokenizer, QUESTIONS[i % len(QUESTIONS)]), add_special_tokens=False)
             for i in range(count)]
 

@@ -59,7 +59,7 @@ class GenerationResult:
         return self.tokens[i, : self.new_token_counts[i]].tolist()
 
 
-def check_lengths(model, prompt_length: int, max_new_tokens) -> int:
+def require_fits_context(model, prompt_length: int, max_new_tokens) -> int:
     """`max_new_tokens` as an int, if it is a whole number >= 1 and the prompt plus that many
     tokens fit in the model's context; else one sentence."""
     max_new_tokens = whole_number(max_new_tokens, "max_new_tokens")
@@ -139,7 +139,7 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     eos_ids = _eos_ids(model, eos_token_ids)
     padded = left_pad(rows, pad_id=_pad_id(model, eos_ids), device=device)
     batch, prompt_length = padded.tokens.shape
-    max_new_tokens = check_lengths(model, prompt_length, max_new_tokens)
+    max_new_tokens = require_fits_context(model, prompt_length, max_new_tokens)
     eos = _eos_tensor(eos_ids, device)
     generator = _check_sampling(sampling).generator(device)
     cache = StaticKVCache(model.config, batch, prompt_length + max_new_tokens,
@@ -224,7 +224,7 @@ def generate_naive(model, prompt, max_new_tokens: int = 32, sampling: SamplingCo
                        "use generate for a padded batch.")
     sequence = torch.tensor(rows, dtype=torch.long, device=device)        # (batch, T)
     batch, prompt_length = sequence.shape
-    max_new_tokens = check_lengths(model, prompt_length, max_new_tokens)
+    max_new_tokens = require_fits_context(model, prompt_length, max_new_tokens)
     eos = _eos_tensor(_eos_ids(model, eos_token_ids), device)
     generator = _check_sampling(sampling).generator(device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
