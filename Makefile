@@ -24,4 +24,4 @@ lab: install           ## open the course in JupyterLab
 
 .PHONY: student
 student: install       ## student versions of every notebook (solutions -> stubs) in student/
-	$(PY) -m labsupport.delivery student --out student
+	$(PY) -m labsupport student --out student

@@ -17,16 +17,20 @@ introduces it:
     batching     02  left padding, attention mask, positions, padding waste
     batch_timing 02  throughput and latency against batch size (runs generate)
     precision    03  fp32 / bf16 / fp16: footprint, agreement, overflow, bf16 support
-    quantize     04  int8 / int4 weight-only layers and kernels (quantize_bnb: bitsandbytes)
+    variants     03  the model in each precision and weight format, each built once and shared
+    linear_swap  04  the linear-layer swap with an undo handle (quantization, weight layout)
+    quantize     04  int8 / int4 weight-only layers and kernels (quantize_bnb: bitsandbytes),
+                     built from quantize_formats, quantize_kernels, quantize_eval
     speculative  05  drafts, the exact accept/resample rule, cache rollback
     serving/     06  requests, block manager, paged KV cache, schedulers, engine, workloads, metrics
     stack        07  every technique stacked on one workload
-    bench/       00+ one module per notebook: its benchmark section(s), prompts and Hugging Face
+    bench/       00+ one module per notebook: its benchmark section(s) and Hugging Face
                      peers; options as a validated dataclass; ``python -m labsupport bench``
     claims       00+ every chapter claim against what was measured, in notebook order
+    workloads    00+ every prompt and every CPU / GPU size preset (`PRESETS`)
     plots/, explorers/, checks/   one module per notebook: figures, live explorers, exercise checkers
     report       --  the main job's table: ``python -m labsupport tour``
-    cli          --  ``python -m labsupport tour`` and ``bench``
+    cli          --  ``python -m labsupport tour``, ``bench``, ``student``, ``badges``, ``check``
     delivery     --  Colab badges and setup cells, student versions of the notebooks
 
 The technique modules (hardware ... stack) never import the layers built on them

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .batching import padding_waste
 from .generation import generate
-from .measure import time_fn
+from .measure import time_fn, time_side_by_side
 
 
 def measure_batch(model, prompts, new_tokens: int = 16, repeats: int = 1, warmup: int = 1) -> dict:
@@ -47,3 +47,16 @@ def sweep_batch_sizes(model, prompt: list[int], batches, new_tokens: int = 16, r
         rows.append(measure_batch(model, [prompt] * batch, new_tokens, repeats=repeats,
                                   warmup=1 if batch <= 4 or model.device.type != "cpu" else 0))
     return rows
+
+
+def batch_speedup(model, prompt: list[int], batch: int = 16, new_tokens: int = 16, warmup: int = 1,
+                  repeats: int = 3) -> tuple[float, dict]:
+    """Throughput at `batch` rows over batch 1: `prompt` repeated, timed side by side, no early stop.
+
+    Introduced in notebook 02 (batching): the chapter's "batch 1 -> 16" question. Returns
+    (batch x median of "batch 1" / median of "batch {batch}", the `Timing` of each by name).
+    """
+    runs = {f"batch {b}": (lambda b=b: generate(model, [prompt] * b, new_tokens, eos_token_ids=()))
+            for b in (1, batch)}
+    timings = time_side_by_side(runs, model.device, warmup=warmup, repeats=repeats)
+    return batch * timings["batch 1"].median / timings[f"batch {batch}"].median, timings

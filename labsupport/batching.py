@@ -26,7 +26,7 @@ from .hardware import pick_device
 
 @dataclass
 class PaddedBatch:
-    """Left-padded prompts. tokens, attention_mask, positions: (batch, T)."""
+    """Left-padded prompts. tokens, attention_mask, positions: (batch, T). Notebook 02 (batching)."""
 
     tokens: torch.Tensor
     attention_mask: torch.Tensor        # True for real tokens, False for padding
@@ -43,7 +43,8 @@ class PaddedBatch:
 
 
 def left_pad(prompts, pad_id: int, device="cpu") -> PaddedBatch:
-    """Line prompts (lists of ids, or a (batch, T) tensor) up on the right with `pad_id`."""
+    """Line prompts (lists of ids, or a (batch, T) tensor) up on the right with `pad_id`.
+    Notebook 02 (batching)."""
     if isinstance(prompts, torch.Tensor):
         prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
     elif prompts and isinstance(prompts[0], int):
@@ -64,7 +65,8 @@ def left_pad(prompts, pad_id: int, device="cpu") -> PaddedBatch:
 
 
 def padding_waste(lengths: list[int]) -> float:
-    """Fraction of a padded prefill's token slots that are padding: 1 - sum(L) / (B * max L)."""
+    """Fraction of a padded prefill's token slots that are padding: 1 - sum(L) / (B * max L).
+    Notebook 02 (batching)."""
     if not lengths:
         raise LabError("padding_waste needs at least one prompt length.")
     return 1.0 - sum(lengths) / (len(lengths) * max(lengths))
@@ -72,7 +74,7 @@ def padding_waste(lengths: list[int]) -> float:
 
 def sorted_batches(prompts: list, batch_size: int) -> list[list[int]]:
     """Indices of `prompts` grouped into batches of similar length (longest first),
-    the usual remedy for padding waste. Returns a list of index lists."""
+    the usual remedy for padding waste. Returns a list of index lists. Notebook 02 (batching)."""
     if batch_size < 1:
         raise LabError(f"batch_size must be at least 1, got {batch_size}.")
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))

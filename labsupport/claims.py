@@ -21,7 +21,7 @@ import torch
 
 from .hardware import dtype_label
 from .measure import HardwareProfile
-from .precision import REGIMES, PrecisionLab, emulation_note, tensor_bytes
+from .precision import REGIMES, emulation_note, tensor_bytes
 
 
 # --- notebook 00 (where the time goes) ------------------------------------------------
@@ -112,8 +112,9 @@ def _speed_verdict(ratio: float | None, device, emulated: bool = False) -> str:
     return f"not {place}"
 
 
-def precision_claims(lab: PrecisionLab, gpt2_mib: dict[str, float]) -> list[dict]:
-    """The handbook chapter's precision claims set against `lab`'s measurements.
+def precision_claims(lab, gpt2_mib: dict[str, float]) -> list[dict]:
+    """The handbook chapter's precision claims set against `lab`'s measurements
+    (an `explorers.precision.PrecisionLab`).
 
     Introduced in notebook 03 (mixed precision). gpt2_mib: GPT-2's counted MiB per dtype
     ({"float32": ..., "float16": ...}). Speed: the best 16-bit ratio measured in each regime
@@ -135,7 +136,7 @@ def precision_claims(lab: PrecisionLab, gpt2_mib: dict[str, float]) -> list[dict
 
     agreements = {n: a for n, a in lab.agreements.items()}
     worst = min(((a["top1_agreement"], n) for n, a in agreements.items()), default=(None, "-"))
-    model_name = lab.models["float32"].config.name
+    model_name = lab.reference.config.name
     rows = [
         {"claim": "fp16 halves the memory (GPT-2: 474.7 MB -> 237.4 MB)",
          "measured": f"GPT-2 counted from its config: {gpt2_mib['float32']:.1f} -> {gpt2_mib['float16']:.1f} MiB; "

@@ -1,16 +1,19 @@
 """How the course reaches people: Colab badges and setup cells, student versions.
 
 Not introduced by a notebook: this module writes the notebooks' first cells, and
-instructors use it to hand out exercises (see docs/instructors.md).
+instructors use it to hand out exercises (see docs/instructors.md). Its commands are
+part of the one command line (`labsupport.cli`; each takes --root, default here):
 
-    python -m labsupport.delivery badges [--repo OWNER/NAME] [--branch main]
+    python -m labsupport badges [--repo OWNER/NAME] [--branch main]
         rewrite every notebook's "Open in Colab" badge and setup cell, and the README's
         badge table, from the templates below (idempotent; --repo also updates REPO here)
-    python -m labsupport.delivery check
+    python -m labsupport check
         exit 1 if a notebook or the README is not what `badges` would write
-    python -m labsupport.delivery student --out student/
+    python -m labsupport student --out student/
         student versions of every notebook: solutions replaced by a stub that raises
         NotImplementedError, outputs cleared (nbgrader's ClearSolutions + ClearOutput)
+
+``python -m labsupport.delivery ...`` still works: it runs ``python -m labsupport ...``.
 
 The repository slug lives in one place, `REPO` below. Every notebook's badge and
 install line, and the README's badges, are generated from it.
@@ -18,7 +21,6 @@ install line, and the README's badges, are generated from it.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import re
 import sys
@@ -28,7 +30,7 @@ from typing import Callable, Mapping
 from .errors import LabError
 
 # The GitHub repository the course is published from: the one place the slug lives.
-# Change it with `python -m labsupport.delivery badges --repo OWNER/NAME`, which also
+# Change it with `python -m labsupport badges --repo OWNER/NAME`, which also
 # rewrites every badge and install cell.
 REPO = "OWNER/REPO"
 BRANCH = "main"
@@ -37,7 +39,7 @@ COLAB_BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BINDER_BADGE_IMAGE = "https://mybinder.org/badge_logo.svg"
 SETUP_CELL_ID = "colab-setup"
 SETUP_MARKER = "# Setup: on Google Colab this installs the course's package, labsupport, if it is missing."
-README_START = "<!-- delivery:badges:start (written by python -m labsupport.delivery badges) -->"
+README_START = "<!-- delivery:badges:start (written by python -m labsupport badges) -->"
 README_END = "<!-- delivery:badges:end -->"
 STUB_MESSAGE = "Exercise: replace this line with your solution"
 CODE_STUB = f'# YOUR CODE HERE\nraise NotImplementedError("{STUB_MESSAGE}")'
@@ -52,26 +54,31 @@ _BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\(.*\)\]\(.*\)\s*$")
 
 
 def require_slug(repo: str) -> str:
+    """`repo` if it is a GitHub OWNER/NAME slug, else a `LabError`. Notebooks 00-07: their badges."""
     if not _SLUG.match(repo):
         raise LabError(f"{repo!r} is not a GitHub repository slug; give it as OWNER/NAME.")
     return repo
 
 
 def colab_url(notebook: str, repo: str = REPO, branch: str = BRANCH) -> str:
-    """Colab's URL for notebooks/<notebook> on GitHub (Colab opens it straight from the repository)."""
+    """Colab's URL for notebooks/<notebook> on GitHub (Colab opens it straight from the repository).
+    Notebooks 00-07: their badges."""
     return f"https://colab.research.google.com/github/{repo}/blob/{branch}/notebooks/{notebook}"
 
 
 def colab_badge(notebook: str, repo: str = REPO, branch: str = BRANCH) -> str:
+    """The "Open in Colab" badge of notebooks/<notebook> (notebooks 00-07 and the README)."""
     return f"[![Open In Colab]({COLAB_BADGE_IMAGE})]({colab_url(notebook, repo, branch)})"
 
 
 def binder_url(repo: str = REPO, branch: str = BRANCH) -> str:
-    """mybinder.org builds binder/environment.yml + binder/postBuild and opens JupyterLab on notebooks/."""
+    """mybinder.org builds binder/environment.yml + binder/postBuild and opens JupyterLab on notebooks/.
+    Notebooks 00-07 at once."""
     return f"https://mybinder.org/v2/gh/{repo}/{branch}?urlpath=lab/tree/notebooks"
 
 
 def binder_badge(repo: str = REPO, branch: str = BRANCH) -> str:
+    """The README's Binder badge: notebooks 00-07 at once."""
     return f"[![Binder]({BINDER_BADGE_IMAGE})]({binder_url(repo, branch)})"
 
 
@@ -79,6 +86,7 @@ def install_spec(repo: str = REPO, branch: str = BRANCH) -> str:
     """What the Colab setup cell gives pip: the package straight from the repository.
 
     pyproject leaves torch unpinned (torch>=2.5), so pip keeps Colab's own CUDA build.
+    Notebooks 00-07: their setup cell.
     """
     return f"labsupport @ git+https://github.com/{repo}@{branch}"
 
@@ -94,6 +102,7 @@ def needs_install(modules: Mapping | None = None,
 
     The cell itself cannot import this (it runs before labsupport is installed), so it
     repeats these two lines; tests check that both agree.
+    Notebooks 00-07: their setup cell.
     """
     modules = sys.modules if modules is None else modules
     find_spec = importlib.util.find_spec if find_spec is None else find_spec
@@ -101,7 +110,7 @@ def needs_install(modules: Mapping | None = None,
 
 
 def setup_cell_source(repo: str = REPO, branch: str = BRANCH) -> str:
-    """The notebooks' first code cell. Self-contained until labsupport is importable."""
+    """The notebooks' first code cell. Self-contained until labsupport is importable. Notebooks 00-07."""
     return f'''{SETUP_MARKER}
 # Colab's own torch is kept. Elsewhere, install the course first (README: make install).
 import importlib.util, sys
@@ -124,6 +133,7 @@ def describe_runtime(device=None) -> str:
 
     Printed by every notebook's setup cell, so a learner (and whoever helps them) sees at
     once whether the GPU was picked up. The device is `hardware.pick_device`'s choice.
+    Notebooks 00-07 print it.
     """
     import torch
 
@@ -157,7 +167,8 @@ def _strip_setup_lines(source: str) -> str:
 
 
 def with_badge(title_source: str, badge: str) -> str:
-    """The title cell with the Colab badge on the line after the heading (replaced if present)."""
+    """The title cell with the Colab badge on the line after the heading (replaced if present).
+    Notebooks 00-07: their title cells."""
     lines = title_source.split("\n")
     for index, line in enumerate(lines):
         if _BADGE_LINE.match(line):
@@ -169,7 +180,7 @@ def with_badge(title_source: str, badge: str) -> str:
 
 
 def apply_delivery_cells(nb, notebook_name: str, repo: str = REPO, branch: str = BRANCH) -> bool:
-    """Write the badge and the setup cell into a notebook (an nbformat node). True if it changed."""
+    """Write the badge and the setup cell into a notebook (an nbformat node). True if it changed. Notebooks 00-07."""
     import nbformat
 
     before = nbformat.writes(nb)
@@ -178,7 +189,9 @@ def apply_delivery_cells(nb, notebook_name: str, repo: str = REPO, branch: str =
         raise LabError(f"{notebook_name}: the first cell must be the markdown title cell.")
     title.source = with_badge(title.source, colab_badge(notebook_name, repo, branch))
 
-    first_code = next(i for i, cell in enumerate(nb.cells) if cell.cell_type == "code")
+    first_code = next((i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"), None)
+    if first_code is None:
+        raise LabError(f"{notebook_name} has no code cell; a course notebook needs one for its setup cell.")
     cell = nb.cells[first_code]
     if cell.source.startswith(SETUP_MARKER):
         cell.source = setup_cell_source(repo, branch)
@@ -191,13 +204,13 @@ def apply_delivery_cells(nb, notebook_name: str, repo: str = REPO, branch: str =
 
 
 def notebook_title(nb) -> str:
-    """'Where the time goes' from a title cell '# 00 · Where the time goes'."""
+    """'Where the time goes' from a title cell '# 00 · Where the time goes'. Notebooks 00-07: the README's table."""
     heading = next((line for line in nb.cells[0].source.split("\n") if line.startswith("# ")), "# ?")
     return re.sub(r"^#\s*\d+\s*[·:.-]?\s*", "", heading).strip()
 
 
 def readme_block(notebooks: list[tuple[str, str]], repo: str = REPO, branch: str = BRANCH) -> str:
-    """The README's badge table: one row per notebook, plus the Binder badge."""
+    """The README's badge table: one row per notebook, plus the Binder badge. Notebooks 00-07."""
     rows = [README_START,
             f"Everything at once on Binder (CPU, JupyterLab): {binder_badge(repo, branch)}",
             "",
@@ -210,6 +223,7 @@ def readme_block(notebooks: list[tuple[str, str]], repo: str = REPO, branch: str
 
 
 def with_readme_block(readme: str, block: str) -> str:
+    """`readme` with its badge block (README_START ... README_END) replaced by `block` (notebooks 00-07)."""
     start, end = readme.find(README_START), readme.find(README_END)
     if start < 0 or end < start:
         raise LabError(f"README.md has no badge block; put the two lines {README_START} and {README_END} "
@@ -218,7 +232,8 @@ def with_readme_block(readme: str, block: str) -> str:
 
 
 def set_repo_constant(module_source: str, repo: str, branch: str) -> str:
-    """This module's source with REPO and BRANCH set (so the slug keeps living in one place)."""
+    """This module's source with REPO and BRANCH set (so the slug keeps living in one place).
+    Notebooks 00-07: their badges."""
     source = re.sub(r'^REPO = ".*"$', f'REPO = "{repo}"', module_source, count=1, flags=re.M)
     return re.sub(r'^BRANCH = ".*"$', f'BRANCH = "{branch}"', source, count=1, flags=re.M)
 
@@ -232,7 +247,8 @@ def _notebook_paths(root: Path) -> list[Path]:
 
 
 def write_badges(root: Path, repo: str = REPO, branch: str = BRANCH, dry_run: bool = False) -> list[Path]:
-    """Apply the templates to every notebooks/NN_*.ipynb and the README; return the files that changed."""
+    """Apply the templates to every notebooks/NN_*.ipynb and the README; return the files that changed.
+    Notebooks 00-07."""
     import nbformat
 
     require_slug(repo)
@@ -248,6 +264,8 @@ def write_badges(root: Path, repo: str = REPO, branch: str = BRANCH, dry_run: bo
             if not dry_run:
                 path.write_text(new_text, encoding="utf-8")
     readme = root / "README.md"
+    if not readme.is_file():
+        raise LabError(f"No README.md in {root}; run this from the repository root or give --root.")
     text = readme.read_text(encoding="utf-8")
     new_text = with_readme_block(text, readme_block(titles, repo, branch))
     if new_text != text:
@@ -263,15 +281,19 @@ def write_badges(root: Path, repo: str = REPO, branch: str = BRANCH, dry_run: bo
 
 
 def is_solution_cell(cell) -> bool:
+    """True for a cell nbgrader marks as a solution (the exercises of notebooks 00-07)."""
     return bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution"))
 
 
-def student_version(nb):
+def student_version(nb, name: str = "this notebook"):
     """A student copy of an instructor notebook: solutions -> stub, outputs cleared.
 
     Uses nbgrader's ClearSolutions (the preprocessor behind `nbgrader generate_assignment`)
     with a stub that says what to do, then nbconvert's ClearOutput. nbgrader metadata is
-    kept, so nbgrader can still collect and grade the submissions.
+    kept, so nbgrader can still collect and grade the submissions. Markup nbgrader refuses
+    (an unclosed or nested solution region, one outside a solution cell, a kernel other
+    than Python) is a `LabError` naming `name`.
+    Notebooks 00-07: their exercises.
     """
     import copy
 
@@ -284,19 +306,31 @@ def student_version(nb):
 
     nb = copy.deepcopy(nb)
     resources: dict = {}
-    nb, resources = ClearSolutions(code_stub={"python": CODE_STUB}, enforce_metadata=True).preprocess(nb, resources)
+    try:
+        nb, resources = ClearSolutions(code_stub={"python": CODE_STUB}, enforce_metadata=True).preprocess(nb, resources)
+    except (RuntimeError, ValueError) as error:        # nbgrader's words for bad markup
+        raise LabError(f"{name}: nbgrader cannot make a student version ({error}); mark each solution "
+                       "with # BEGIN SOLUTION / # END SOLUTION inside a cell marked as a solution.") from None
     nb, resources = ClearOutputPreprocessor().preprocess(nb, resources)
     return nb
 
 
 def write_student_versions(root: Path, out: Path) -> list[Path]:
-    """Student versions of every notebook under root/notebooks, written to `out`."""
+    """Student versions of every notebook under root/notebooks, written to `out`. Notebooks 00-07."""
     import nbformat
 
+    paths = _notebook_paths(root)
+    if out.exists() and not out.is_dir():
+        raise LabError(f"{out} is a file, not a folder; give a folder for the student notebooks (--out).")
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for path in _notebook_paths(root):
-        nb = student_version(nbformat.read(path, as_version=4))
+    for path in paths:
+        try:
+            teacher = nbformat.read(path, as_version=4)
+        except (ValueError, OSError) as error:          # not JSON, not a notebook, unreadable
+            raise LabError(f"{path} is not a readable notebook ({type(error).__name__}); "
+                           "restore it from git.") from None
+        nb = student_version(teacher, path.name)
         nbformat.validate(nb)
         target = out / path.name
         target.write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
@@ -305,51 +339,42 @@ def write_student_versions(root: Path, out: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------
-# Command line
+# The commands (`labsupport.cli` parses them: python -m labsupport badges|check|student)
 # --------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labsupport.delivery", description=__doc__.split("\n")[0])
-    parser.add_argument("--root", type=Path, default=Path("."), help="the repository (default: here)")
-    commands = parser.add_subparsers(dest="command", required=True)
-    badges = commands.add_parser("badges", help="rewrite Colab badges, setup cells and the README's badges")
-    badges.add_argument("--repo", help=f"OWNER/NAME on GitHub (default: REPO = {REPO!r}); also stored in REPO")
-    badges.add_argument("--branch", help=f"branch the badges open (default: {BRANCH!r})")
-    commands.add_parser("check", help="exit 1 if a notebook or the README is stale")
-    student = commands.add_parser("student", help="write student versions of every notebook")
-    student.add_argument("--out", type=Path, default=Path("student"), help="output folder (default: student/)")
-    args = parser.parse_args(argv)
-    try:
-        return _run(args)
-    except LabError as error:                        # a learner's or instructor's mistake: one sentence
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
-
-def _run(args) -> int:
-    root = args.root
-    if args.command == "badges":
-        repo = require_slug(args.repo or REPO)
-        branch = args.branch or BRANCH
-        if (repo, branch) != (REPO, BRANCH):
-            module = root / "labsupport" / "delivery.py"          # this file, in the repository given
-            module = module if module.is_file() else Path(__file__)
-            module.write_text(set_repo_constant(module.read_text(encoding="utf-8"), repo, branch), encoding="utf-8")
-            print(f"REPO = {repo!r}, BRANCH = {branch!r} stored in {module}")
-        changed = write_badges(root, repo, branch)
-        print(f"{len(changed)} file(s) rewritten" + "".join(f"\n  {p}" for p in changed))
-    elif args.command == "check":
-        stale = write_badges(root, dry_run=True)
-        if stale:
-            print("Stale (run python -m labsupport.delivery badges):" + "".join(f"\n  {p}" for p in stale))
-            return 1
-        print("Badges and setup cells are up to date.")
-    else:
-        written = write_student_versions(root, args.out)
-        print(f"{len(written)} student notebook(s) in {args.out}/")
+def command_badges(root: Path, repo: str | None = None, branch: str | None = None) -> int:
+    """``python -m labsupport badges``: store a new slug in REPO (if given), rewrite every badge. Notebooks 00-07."""
+    repo = require_slug(repo or REPO)
+    branch = branch or BRANCH
+    if (repo, branch) != (REPO, BRANCH):
+        module = root / "labsupport" / "delivery.py"          # this file, in the repository given
+        module = module if module.is_file() else Path(__file__)
+        module.write_text(set_repo_constant(module.read_text(encoding="utf-8"), repo, branch), encoding="utf-8")
+        print(f"REPO = {repo!r}, BRANCH = {branch!r} stored in {module}")
+    changed = write_badges(root, repo, branch)
+    print(f"{len(changed)} file(s) rewritten" + "".join(f"\n  {p}" for p in changed))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def command_check(root: Path) -> int:
+    """``python -m labsupport check``: 1 if a notebook or the README is not what `badges` would write.
+    Notebooks 00-07."""
+    stale = write_badges(root, dry_run=True)
+    if stale:
+        print("Stale (run python -m labsupport badges):" + "".join(f"\n  {p}" for p in stale))
+        return 1
+    print("Badges and setup cells are up to date.")
+    return 0
+
+
+def command_student(root: Path, out: Path) -> int:
+    """``python -m labsupport student --out student``: `write_student_versions`, and say where. Notebooks 00-07."""
+    written = write_student_versions(root, out)
+    print(f"{len(written)} student notebook(s) in {out}/")
+    return 0
+
+
+if __name__ == "__main__":        # the old command: python -m labsupport.delivery ... = python -m labsupport ...
+    import runpy
+    runpy.run_module("labsupport", run_name="__main__", alter_sys=True)

@@ -10,7 +10,7 @@ see it as an error.
 
 
 class LabError(Exception):
-    """A user-facing error: one sentence that says what to do."""
+    """A user-facing error: one sentence that says what to do. Raised throughout notebooks 00-07."""
 
     def _render_traceback_(self) -> list[str]:
         """What IPython shows in place of the traceback: the class and the sentence."""
@@ -18,19 +18,23 @@ class LabError(Exception):
 
 
 class ModelUnavailable(LabError):
-    """The requested model cannot be had on this machine (no hub, unknown name)."""
+    """The requested model cannot be had on this machine (no hub, unknown name).
+    Raised by `load_model`, from notebook 00 (where the time goes) on."""
 
 
 class UnsupportedDtype(LabError):
-    """The device cannot run the requested dtype (for example bf16 on a T4)."""
+    """The device cannot run the requested dtype (for example bf16 on a T4).
+    Raised by `hardware.as_dtype` and `require_usable_dtype`, from notebook 00 (where the time goes) on."""
 
 
 class MissingPackage(LabError):
-    """An optional package is needed for this feature and is not installed."""
+    """An optional package is needed for this feature and is not installed.
+    Raised for bitsandbytes (notebook 04) and the embedded model's converters (notebook 00)."""
 
 
 def require_package(module: str, pip_name: str | None = None, feature: str = "this feature"):
-    """Import an optional package, or raise `MissingPackage` with the pip command to get it."""
+    """Import an optional package, or raise `MissingPackage` with the pip command to get it.
+    Used for bitsandbytes (notebook 04) and the embedded model's converters (notebook 00)."""
     import importlib
 
     try:

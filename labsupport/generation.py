@@ -26,7 +26,8 @@ from .batching import left_pad
 from .errors import LabError
 from .hardware import synchronize
 from .inputs import token_id_set, token_rows, whole_number
-from .kv_cache import StaticKVCache
+from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
+from .models.masks import padded_key_mask
 from .sampling import GREEDY, SamplingConfig, sample
 
 StreamCallback = Callable[[torch.Tensor], None]
@@ -35,7 +36,7 @@ StreamCallback = Callable[[torch.Tensor], None]
 @dataclass
 class GenerationResult:
     """What `generate` returns. tokens: (batch, new_tokens) generated ids; rows that
-    finished early are padded after their end-of-sequence token with that token."""
+    finished early are padded after their end-of-sequence token with that token. Notebook 01 (KV cache)."""
 
     tokens: torch.Tensor
     prompt_length: int
@@ -61,7 +62,7 @@ class GenerationResult:
 
 def require_fits_context(model, prompt_length: int, max_new_tokens) -> int:
     """`max_new_tokens` as an int, if it is a whole number >= 1 and the prompt plus that many
-    tokens fit in the model's context; else one sentence."""
+    tokens fit in the model's context; else one sentence. Notebook 01 (KV cache)."""
     max_new_tokens = whole_number(max_new_tokens, "max_new_tokens")
     context = model.config.max_position
     if prompt_length + max_new_tokens > context:
@@ -82,13 +83,13 @@ def _check_sampling(sampling) -> SamplingConfig:
 @torch.inference_mode()
 def prefill(model, tokens: torch.Tensor, cache, positions=None, key_mask=None) -> torch.Tensor:
     """Run the prompt (batch, T) through the model, filling `cache`; returns the
-    logits of the last position, (batch, vocab)."""
+    logits of the last position, (batch, vocab). Notebook 01 (KV cache)."""
     return model(tokens, cache=cache, positions=positions, key_mask=key_mask, last_only=True)[:, -1]
 
 
 @torch.inference_mode()
 def decode_step(model, cache, next_tokens: torch.Tensor, positions=None, key_mask=None) -> torch.Tensor:
-    """Feed one token per row (batch,) and return the next logits (batch, vocab)."""
+    """Feed one token per row (batch,) and return the next logits (batch, vocab). Notebook 01 (KV cache)."""
     return model(next_tokens.unsqueeze(1), cache=cache, positions=positions,
                  key_mask=key_mask)[:, -1]
 
@@ -123,8 +124,9 @@ def _next_tokens(logits, sampling, generator, new_tokens: list, finished, counts
 
 def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig = GREEDY,
              eos_token_ids: Sequence[int] | None = None, stream: StreamCallback | None = None,
-             return_logits: bool = False, compile: bool = False) -> GenerationResult:
-    """Generate with a static KV cache: one prefill, then one decode step per token.
+             return_logits: bool = False, compile: bool = False,
+             cache: KVCache | None = None) -> GenerationResult:
+    """Generate with a KV cache: one prefill, then one decode step per token.
 
     prompt: ids as a list or 1-D tensor, a (batch, T) tensor, or a list of prompts of any
         lengths (left-padded into one batch; see batching.py, notebook 02).
@@ -133,6 +135,8 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     compile: run decode steps through `compiled_decode` (fixed shapes, torch.compile;
         on CUDA also captured as CUDA graphs). Off by default: compiling takes a while,
         and on a CPU it pays only for long generations.
+    cache: an empty `KVCache` with one row per prompt and room for the longest prompt plus
+        max_new_tokens (checked); default a new `StaticKVCache` of exactly that size.
     """
     device = model.device
     rows = token_rows(prompt, model.config.vocab_size)
@@ -142,14 +146,18 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     max_new_tokens = require_fits_context(model, prompt_length, max_new_tokens)
     eos = _eos_tensor(eos_ids, device)
     generator = _check_sampling(sampling).generator(device)
-    cache = StaticKVCache(model.config, batch, prompt_length + max_new_tokens,
-                          device=device, dtype=model.dtype)
+    if cache is None:
+        cache = StaticKVCache.for_model(model, batch, prompt_length + max_new_tokens)
+    else:
+        require_fitting_cache(cache, batch, prompt_length + max_new_tokens, model)
+    if compile and not hasattr(cache, "writer_at"):
+        raise LabError(f"compile=True needs a cache with fixed-shape writes (a StaticKVCache), "
+                       f"got a {type(cache).__name__}; pass compile=False or no cache.")
     # Without padding the model's defaults (positions from the cache, no mask) are exact
     # and fastest. With padding: a mask over every cache slot, and per-row positions.
     key_mask = positions = None
     if padded.is_padded:
-        key_mask = torch.ones((batch, cache.max_len), dtype=torch.bool, device=device)
-        key_mask[:, :prompt_length] = padded.attention_mask
+        key_mask = padded_key_mask(padded.attention_mask, cache.max_len)  # (batch, max_len)
         positions = padded.positions[:, -1:]                              # (batch, 1)
 
     synchronize(device)
@@ -191,6 +199,8 @@ def compiled_decode(model):
     On CUDA the mode is "reduce-overhead", which also captures the step as a CUDA
     graph: one launch replays every kernel of the step, removing the per-kernel
     launch cost that dominates a small model's decode step on a fast GPU.
+
+    Notebooks 03 and 07 point to it (`generate(..., compile=True)`) for a fast GPU.
     """
     if getattr(model, "_compiled_decode", None) is None:
         mode = "reduce-overhead" if model.device.type == "cuda" else None
@@ -216,6 +226,8 @@ def generate_naive(model, prompt, max_new_tokens: int = 32, sampling: SamplingCo
 
     Same interface and (for the same seed) the same tokens as `generate`; use it
     only to see why the cache matters. Batch 1 or equal-length prompts.
+
+    Notebook 01 (KV cache).
     """
     device = model.device
     rows = token_rows(prompt, model.config.vocab_size)
@@ -250,7 +262,8 @@ def generate_naive(model, prompt, max_new_tokens: int = 32, sampling: SamplingCo
 # --- text in, text out ----------------------------------------------------------------
 
 def chat_prompt(tokenizer, message: str, system: str | None = None) -> str:
-    """The instruct model's chat template around one user message (plain text if it has none)."""
+    """The instruct model's chat template around one user message (plain text if it has none).
+    Notebooks 02 and 05."""
     if getattr(tokenizer, "chat_template", None) is None:
         return message
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -263,6 +276,8 @@ class TextStreamer:
 
     It decodes everything so far and prints only what is new, so that tokens
     that are parts of one character or word print correctly.
+
+    It streams notebook 01's `generate` (`generate_text(..., stream=True)`: the README's first example).
     """
 
     def __init__(self, tokenizer, print_fn=None):
@@ -283,7 +298,8 @@ class TextStreamer:
 def generate_text(model, tokenizer, message: str, max_new_tokens: int = 64,
                   sampling: SamplingConfig = GREEDY, chat: bool = True, system: str | None = None,
                   stream: bool = False) -> str:
-    """Reply to `message` (inside the chat template when `chat`), optionally printing as it goes."""
+    """Reply to `message` (inside the chat template when `chat`), optionally printing as it goes.
+    Text in, text out around notebook 01's `generate` (the README's first example)."""
     text = chat_prompt(tokenizer, message, system) if chat else message
     ids = tokenizer.encode(text, add_special_tokens=False)
     eos = set(model.config.eos_token_ids)

@@ -48,7 +48,8 @@ UNTESTED_SWITCH = "LABSUPPORT_UNTESTED_PLATFORM"
 
 
 def untested_platform_allowed() -> bool:
-    """True when LABSUPPORT_UNTESTED_PLATFORM is set to anything but "", "0" or "false"."""
+    """True when LABSUPPORT_UNTESTED_PLATFORM is set to anything but "", "0" or "false".
+    Notebook 00 (where the time goes): the switch `require_supported_platform` reads."""
     return os.environ.get(UNTESTED_SWITCH, "").strip().lower() not in ("", "0", "false", "no")
 
 
@@ -168,7 +169,8 @@ NO_BF16_SWITCH = "LABSUPPORT_NO_BF16"
 
 
 def cpu_bf16_switched_off() -> bool:
-    """True when LABSUPPORT_NO_BF16 is set to anything but "", "0" or "false"."""
+    """True when LABSUPPORT_NO_BF16 is set to anything but "", "0" or "false".
+    Notebook 00 (where the time goes): the switch `bf16_supported` reads on a CPU."""
     return os.environ.get(NO_BF16_SWITCH, "").strip().lower() not in ("", "0", "false", "no")
 
 

@@ -26,7 +26,8 @@ from .errors import LabError
 
 
 def whole_number(value, name: str, minimum: int = 1, maximum: int | None = None) -> int:
-    """`value` as an int, if it is a whole number from `minimum` to `maximum`; else one sentence."""
+    """`value` as an int, if it is a whole number from `minimum` to `maximum`; else one sentence.
+    Notebook 01 (KV cache)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -43,6 +44,8 @@ def finite_number(value, name: str, minimum: float | None = None, maximum: float
     """`value` as a float, if it is a finite number in range; else one sentence.
 
     above_minimum: the minimum itself is excluded (`minimum < value`).
+
+    Notebook 01 (KV cache).
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise LabError(f"{name} must be a number, got {value!r} ({type(value).__name__}).")
@@ -84,6 +87,8 @@ def token_rows(prompt, vocab_size: int | None = None, what: str = "prompt") -> l
     Accepts a list of ids, a 1-D tensor (one prompt), a 2-D tensor (a batch), or a list of
     prompts of any lengths. Refuses text, non-integer values, an empty prompt, and (when
     `vocab_size` is given) ids outside [0, vocab_size), naming the first bad one.
+
+    Notebook 01 (KV cache).
     """
     if isinstance(prompt, str):
         raise LabError(f"The {what} is text; give token ids instead, e.g. tokenizer.encode(text).")
@@ -113,7 +118,8 @@ def token_rows(prompt, vocab_size: int | None = None, what: str = "prompt") -> l
 
 
 def token_id_set(ids, name: str = "eos_token_ids") -> list[int]:
-    """A collection of token ids, such as end-of-sequence ids, as a list of ints (may be empty)."""
+    """A collection of token ids, such as end-of-sequence ids, as a list of ints (may be empty).
+    Notebook 01 (KV cache)."""
     if isinstance(ids, (numbers.Number, str)):
         raise LabError(f"{name} must be a list of token ids (or () for none), got {ids!r}.")
     return [whole_number(t, f"each of {name}", minimum=0) for t in ids]

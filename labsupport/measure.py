@@ -160,6 +160,8 @@ class PeakMemory:
     `peak_bytes` is the highest memory use during the block above the use at
     its start. `exact` says whether the device could report a true peak
     (CUDA can; on CPU and Apple GPUs the figure is coarse, see below).
+
+    Notebook 00 (where the time goes).
     """
 
     device: str

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -33,7 +32,8 @@ CHAPTER_GPT2_MIB = {"float32": 474.7, "float16": 237.4}
 
 
 def tensor_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every parameter and buffer of `model`, shared tensors counted once."""
+    """Bytes of every parameter and buffer of `model`, shared tensors counted once.
+    Notebook 03 (mixed precision)."""
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
         if t.data_ptr() not in seen:
@@ -43,7 +43,7 @@ def tensor_bytes(model: torch.nn.Module) -> int:
 
 
 def parameter_bytes(num_parameters: int, dtype) -> int:
-    """The footprint of `num_parameters` weights stored in `dtype`."""
+    """The footprint of `num_parameters` weights stored in `dtype`. Notebook 03 (mixed precision)."""
     return num_parameters * torch.empty((), dtype=as_dtype(dtype)).element_size()
 
 
@@ -55,7 +55,13 @@ def footprint_mib(config, dtype) -> float:
 
 def cast_model(model: torch.nn.Module, dtype) -> torch.nn.Module:
     """A copy of `model` with its weights in `dtype` (the original is untouched),
-    laid out for the fastest kernel on its device (see models/layout.py)."""
+    laid out for the fastest kernel on its device (see models/layout.py).
+
+    Introduced in notebook 03 (mixed precision). Not a linear swap
+    (`linear_swap.swap_linears`): every parameter and buffer is cast, embeddings,
+    norms and position tables included, so the whole forward runs in `dtype` and the
+    memory halves; the swap would cast the Linear weights alone. Only the layout
+    step (`apply_layout`) goes through the swap."""
     dtype = as_dtype(dtype)
     require_usable_dtype(model.device, dtype)
     copy_ = copy.deepcopy(model).to(dtype)
@@ -73,7 +79,7 @@ def _agreement(ref: torch.Tensor, out: torch.Tensor) -> dict:
 @torch.inference_mode()
 def logit_agreement(reference, other, tokens: torch.Tensor) -> dict:
     """How far `other`'s logits are from `reference`'s on the same tokens (batch, T):
-    max and mean absolute difference, and how often the top-1 token agrees."""
+    max and mean absolute difference, and how often the top-1 token agrees. Notebook 03 (mixed precision)."""
     ref = reference(tokens).float()
     out = other(tokens.to(other.device)).float().to(ref.device)
     return _agreement(ref, out)
@@ -93,14 +99,14 @@ def autocast_logits(model, tokens: torch.Tensor, dtype) -> torch.Tensor:
     """Logits with fp32 weights under torch.autocast: matmuls run in `dtype`, while
     numerically sensitive ops (softmax, norms) stay in fp32. Compare with `cast_model`,
     which stores the weights themselves in `dtype` (half the memory, and the only one
-    of the two that halves the bytes a decode step reads)."""
+    of the two that halves the bytes a decode step reads). Notebook 03 (mixed precision)."""
     with torch.autocast(device_type=model.device.type, dtype=as_dtype(dtype)):
         return model(tokens).float()
 
 
 def overflow_demo(values=(100.0, 255.0, 256.0, 300.0)) -> list[dict]:
     """Square a few activations-sized numbers in fp32, fp16 and bf16: fp16 overflows to
-    inf once the result passes 65504, bf16 does not (but rounds coarsely)."""
+    inf once the result passes 65504, bf16 does not (but rounds coarsely). Notebook 03 (mixed precision)."""
     rows = []
     for v in values:
         row = {"x": v, "x*x (fp32)": v * v}
@@ -112,7 +118,8 @@ def overflow_demo(values=(100.0, 255.0, 256.0, 300.0)) -> list[dict]:
 
 
 def first_overflow(values: torch.Tensor) -> int | None:
-    """Index of the first value that is finite in fp32 but not in fp16 (None if none)."""
+    """Index of the first value that is finite in fp32 but not in fp16 (None if none).
+    Notebook 03 (mixed precision)."""
     bad = torch.isfinite(values.float()) & ~torch.isfinite(values.float().to(torch.float16))
     indices = bad.nonzero()
     return int(indices[0, 0]) if len(indices) else None
@@ -147,7 +154,7 @@ def format_bits(dtype) -> dict:
     dtype = as_dtype(dtype)
     info = torch.finfo(dtype)
     mantissa = round(-math.log2(info.eps))          # eps = 2**-mantissa_bits: the step just above 1
-    return {"dtype": str(dtype).removeprefix("torch."), "bits": info.bits,
+    return {"dtype": dtype_name(dtype), "bits": info.bits,
             "exponent_bits": info.bits - 1 - mantissa, "mantissa_bits": mantissa,
             "max": info.max, "smallest_normal": info.tiny, "eps": info.eps}
 
@@ -158,6 +165,8 @@ def bf16_report(device) -> dict:
     On a GPU, `torch.cuda.is_bf16_supported()` can answer True on a T4 (compute
     capability 7.5), where bf16 is emulated and slow; the capability (>= 8.0) is
     the real test. On a CPU, the instructions (AVX512-BF16, AMX) are.
+
+    Notebook 03 (mixed precision).
     """
     device = torch.device(device)
     framework = None
@@ -175,39 +184,21 @@ KNOWN_GPUS = {"V100": (7, 0), "T4 (Colab's free GPU)": (7, 5), "A100": (8, 0), "
 
 
 def bf16_in_hardware(capability) -> bool:
-    """True for a CUDA compute capability (major, minor) with bf16 units: 8.0 or newer."""
+    """True for a CUDA compute capability (major, minor) with bf16 units: 8.0 or newer.
+    Notebook 03 (mixed precision)."""
     return tuple(capability) >= (8, 0)
 
 
-# --- speed in two regimes, agreement, all remembered (notebook 03's lab and explorer) -------
+# --- speed in two regimes (notebook 03's lab and explorer: `explorers.precision.PrecisionLab`) ---
 
 REGIMES = ("decode", "prefill")
 
 
-@dataclass(frozen=True)
-class Workload:
-    """How big each measurement is: small on a CPU, larger on a GPU (`for_device`).
+def regime_label(regime: str, workload) -> str:
+    """ "decode" -> "decode, batch 1 (memory-bound)"; "prefill" -> "prefill, 256 tokens (compute-bound)".
 
-    decode_tokens: new tokens generated at batch 1 (memory-bound);
-    prefill_tokens: prompt length of the prefill (compute-bound);
-    agreement_tokens: positions whose logits are compared with fp32;
-    repeats: timed rounds per side-by-side comparison.
-    """
-
-    decode_tokens: int = 16
-    prefill_tokens: int = 256
-    agreement_tokens: int = 64
-    repeats: int = 3
-
-    @classmethod
-    def for_device(cls, device) -> "Workload":
-        if torch.device(device).type == "cpu":
-            return cls()
-        return cls(decode_tokens=64, prefill_tokens=2048, agreement_tokens=256, repeats=10)
-
-
-def regime_label(regime: str, workload: Workload) -> str:
-    """ "decode" -> "decode, batch 1 (memory-bound)"; "prefill" -> "prefill, 256 tokens (compute-bound)"."""
+    Introduced in notebook 03 (mixed precision). workload: anything with ``prefill_tokens``
+    (a `workloads.PrecisionWorkload`)."""
     if regime == "decode":
         return "decode, batch 1 (memory-bound)"
     if regime == "prefill":
@@ -218,13 +209,14 @@ def regime_label(regime: str, workload: Workload) -> str:
 def precision_choices(device) -> list[str]:
     """The dtypes a model can run in here: float32; bfloat16 where the hardware has it, and on
     every CPU (emulated where it has no bf16 instructions: same memory and logits, its own
-    speed); float16. A GPU without bf16 units (a T4) gets no bfloat16."""
+    speed); float16. A GPU without bf16 units (a T4) gets no bfloat16. Notebook 03 (mixed precision)."""
     bf16 = bf16_supported(device) or bf16_emulated(device)
     return ["float32"] + (["bfloat16"] if bf16 else []) + ["float16"]
 
 
 def emulation_note(device, dtype) -> str:
-    """ "" or one phrase saying that `dtype` is emulated here (shown beside its speed)."""
+    """ "" or one phrase saying that `dtype` is emulated here (shown beside its speed).
+    Notebook 03 (mixed precision)."""
     if dtype_label(device, dtype).endswith("(emulated)"):
         kind = "bf16 (AVX512-BF16 or AMX)" if as_dtype(dtype) == torch.bfloat16 else "fp16 (AMX-FP16)"
         return f"emulated: this CPU has no {kind} instructions"
@@ -233,7 +225,8 @@ def emulation_note(device, dtype) -> str:
 
 def speed_skip_reason(device, dtype, regime: str) -> str | None:
     """Why a timing is not worth running here, or None. A CPU without AMX-FP16 converts
-    every fp16 value before multiplying, so a long fp16 prefill takes minutes."""
+    every fp16 value before multiplying, so a long fp16 prefill takes minutes.
+    Notebook 03 (mixed precision)."""
     if as_dtype(dtype) == torch.float16 and regime == "prefill" and not fp16_fast(device):
         return ("skipped: this CPU has no fp16 matrix instructions (AMX-FP16), so fp16 matmuls are "
                 "emulated and a long prefill would take minutes")
@@ -261,87 +254,9 @@ def prefill_run(model, prompt_ids) -> Callable[[], object]:
 
 
 def repeat_to_length(ids, length: int) -> list[int]:
-    """`ids` repeated and cut to `length` tokens (a long prompt for timing a prefill)."""
+    """`ids` repeated and cut to `length` tokens (a long prompt for timing a prefill).
+    Notebook 03 (mixed precision)."""
     ids = list(ids)
     if not ids:
         raise LabError("Cannot build a prompt from no tokens; give at least one token id.")
     return (ids * (length // len(ids) + 1))[:length]
-
-
-class PrecisionLab:
-    """One fp32 model, its 16-bit copies, and every measurement made on them, remembered.
-
-    Introduced in notebook 03 (mixed precision). The notebook measures through it, and
-    the explorer reuses it, so a setting measured once shows at once afterwards.
-    Speeds are ratios to fp32, timed side by side in one run (`time_side_by_side`).
-    """
-
-    def __init__(self, model, prompt_ids, text_ids=None, workload: Workload | None = None, models=None):
-        if model.dtype != torch.float32:
-            raise LabError(f"PrecisionLab needs the float32 model as its reference, got {model.dtype}.")
-        self.device = model.device
-        self.workload = workload or Workload.for_device(self.device)
-        self.models = {"float32": model, **{str(k).removeprefix("torch."): m for k, m in (models or {}).items()}}
-        self.prompt_ids = list(prompt_ids)
-        longest = min(self.workload.prefill_tokens, model.config.max_position)
-        self.long_prompt = repeat_to_length(text_ids or prompt_ids, longest)
-        self.speeds: dict[tuple[str, str], dict] = {}
-        self.agreements: dict[str, dict] = {}
-        self._reference_logits = None
-
-    def model(self, name):
-        """The model in dtype `name` (cast from the fp32 one on first use)."""
-        name = dtype_name(name)
-        if name not in self.models:
-            self.models[name] = cast_model(self.models["float32"], name)
-        return self.models[name]
-
-    def memory(self, names=None) -> dict[str, int]:
-        """Bytes of each model's tensors, counted (`tensor_bytes`)."""
-        return {n: tensor_bytes(self.model(n)) for n in (names or self.models)}
-
-    def _run(self, name: str, regime: str):
-        if regime == "decode":
-            return decode_run(self.model(name), self.prompt_ids, self.workload.decode_tokens)
-        return prefill_run(self.model(name), self.long_prompt)
-
-    def speed(self, regime: str, names) -> dict[str, dict]:
-        """Speed ratio to fp32 of each dtype in `regime`; measures what is not known yet,
-        fp32 alongside, in one side-by-side run. Each entry: speedup (None if skipped),
-        seconds, fp32_seconds, note."""
-        regime_label(regime, self.workload)                         # validates the name
-        names = [dtype_name(n) for n in names]
-        for name in names:
-            reason = speed_skip_reason(self.device, name, regime)
-            if reason and (regime, name) not in self.speeds:
-                self.speeds[(regime, name)] = {"speedup": None, "seconds": None, "fp32_seconds": None,
-                                               "note": reason}
-        todo = [n for n in names if n != "float32" and (regime, n) not in self.speeds]
-        if todo or (regime, "float32") not in self.speeds:
-            from .measure import time_side_by_side
-            runs = {n: self._run(n, regime) for n in ["float32"] + todo}
-            timings = time_side_by_side(runs, self.device, repeats=self.workload.repeats)
-            fp32 = timings["float32"].median
-            for n, timing in timings.items():
-                if n == "float32" and (regime, n) in self.speeds:
-                    continue
-                self.speeds[(regime, n)] = {"speedup": fp32 / timing.median, "seconds": timing.median,
-                                            "fp32_seconds": fp32, "note": emulation_note(self.device, n)}
-        return {n: self.speeds[(regime, n)] for n in names}
-
-    def speed_rows(self) -> list[dict]:
-        """Every speed measured so far, as rows for `plots.precision.speed_figure`."""
-        return [{"regime": regime_label(regime, self.workload), "dtype": name, **row}
-                for (regime, name), row in self.speeds.items()]
-
-    def agreement(self, name: str) -> dict:
-        """Logits of the `name` model against fp32's on `agreement_tokens` of the text:
-        max and mean |difference|, top-1 agreement, and every |difference| (abs_diff)."""
-        name = dtype_name(name)
-        if name not in self.agreements:
-            tokens = torch.tensor([self.long_prompt[: self.workload.agreement_tokens]], device=self.device)
-            if self._reference_logits is None:
-                with torch.inference_mode():
-                    self._reference_logits = self.models["float32"](tokens).float()
-            self.agreements[name] = logit_differences(self._reference_logits, self.model(name), tokens)
-        return self.agreements[name]

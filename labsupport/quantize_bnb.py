@@ -32,7 +32,7 @@ KINDS = ("int8", "nf4", "fp4")
 
 
 def bnb_module():
-    """bitsandbytes, imported on first use (it is optional)."""
+    """bitsandbytes, imported on first use (it is optional). Notebook 04 (quantization)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.jit.script_method.*")   # its own, not ours
         return require_package("bitsandbytes", feature="bitsandbytes quantization")
@@ -40,7 +40,8 @@ def bnb_module():
 
 @torch.no_grad()
 def bnb_linear(linear: nn.Linear, kind: str) -> nn.Module:
-    """An nn.Linear -> bitsandbytes' Linear8bitLt ("int8") or Linear4bit ("nf4", "fp4")."""
+    """An nn.Linear -> bitsandbytes' Linear8bitLt ("int8") or Linear4bit ("nf4", "fp4").
+    Notebook 04 (quantization)."""
     if kind not in KINDS:
         raise LabError(f"Unknown bitsandbytes method {kind!r}; use one of {', '.join(KINDS)}.")
     bnb = bnb_module()
@@ -79,7 +80,8 @@ def _build(bnb, linear: nn.Linear, kind: str) -> nn.Module:
 
 def bnb_side_bytes(module: nn.Module) -> int:
     """Bytes bitsandbytes keeps outside parameters and buffers (0 for other modules):
-    LLM.int8()'s per-row scales (SCB), the 4-bit layers' block absmax and code book."""
+    LLM.int8()'s per-row scales (SCB), the 4-bit layers' block absmax and code book.
+    Notebook 04 (quantization)."""
     weight = getattr(module, "weight", None)
     total = 0
     scb = getattr(weight, "SCB", None)
@@ -97,7 +99,8 @@ def bnb_side_bytes(module: nn.Module) -> int:
 
 @torch.no_grad()
 def bnb_roundtrip(w: torch.Tensor, kind: str = "nf4") -> torch.Tensor:
-    """w quantized by bitsandbytes' 4-bit format (blocks of 64) and dequantized again."""
+    """w quantized by bitsandbytes' 4-bit format (blocks of 64) and dequantized again.
+    Notebook 04 (quantization)."""
     bnb = bnb_module()
     if kind not in ("nf4", "fp4"):
         raise LabError(f"bnb_roundtrip takes 'nf4' or 'fp4', got {kind!r}.")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .bench.core import all_figures, write_json
 from .bench.suite import SECTIONS
+from .tables import markdown_table
 
 
 def _value(f: dict) -> str:
@@ -28,6 +29,7 @@ def _verdict(f: dict) -> str:
 
 
 def table_rows(report: dict) -> list[list[str]]:
+    """The report's figures as rows of strings, the columns of HEADER. Covers notebooks 00-07 (the tour)."""
     return [[f["name"], _value(f), _verdict(f), f.get("claim") or "", f.get("note") or ""]
             for f in all_figures(report)]
 
@@ -36,7 +38,8 @@ HEADER = ["measurement", "measured", "course target", "handbook chapter's claim"
 
 
 def text_table(report: dict) -> str:
-    """A plain-text table for the terminal (the detail column goes on its own line)."""
+    """A plain-text table for the terminal (the detail column goes on its own line).
+    Covers notebooks 00-07 (the tour)."""
     rows = table_rows(report)
     widths = [max(len(HEADER[i]), *(len(r[i]) for r in rows)) for i in range(4)]
     line = "  ".join(h.ljust(w) for h, w in zip(HEADER, widths))
@@ -48,21 +51,23 @@ def text_table(report: dict) -> str:
     return "\n".join(out)
 
 
-def markdown_table(report: dict) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in table_rows(report)]
-    return "\n".join(lines)
+def markdown_report_table(report: dict) -> str:
+    """The report's figures as a Markdown table (`tables.markdown_table`; a "|" in a cell becomes "/").
+
+    Used by ``python -m labsupport tour`` for report.md (notebook 07 runs the same sections)."""
+    return markdown_table(HEADER, [[c.replace("|", "/") for c in r] for r in table_rows(report)])
 
 
 def write_report(report: dict, directory: str | Path) -> Path:
-    """Save report.json, report.md and report.html in `directory`; returns the HTML path."""
+    """Save report.json, report.md and report.html in `directory`; returns the HTML path.
+    Covers notebooks 00-07 (the tour)."""
     directory = Path(directory)
     write_json(report, directory / "report.json")
     machine = report["machine"]
     md = [f"# What this machine measured ({report['created']})", "",
           f"Model: {report['model']}; device: {machine['device_name']} ({machine['device']}); "
           f"torch {machine['torch']}, {machine['threads']} threads.", "",
-          markdown_table(report), ""]
+          markdown_report_table(report), ""]
     (directory / "report.md").write_text("\n".join(md))
     return write_html(report, directory / "report.html")
 
@@ -254,7 +259,8 @@ _UNIT_TITLES = {"x": "ratio [x]", "fraction": "fraction [%]"}
 
 
 def ratio_figures(section: dict) -> list:
-    """The fallback: one horizontal bar chart per unit of the section's figures, targets marked."""
+    """The fallback: one horizontal bar chart per unit of the section's figures, targets marked.
+    Covers notebooks 00-07 (the tour)."""
     import plotly.graph_objects as go
     by_unit: dict[str, list[dict]] = {}
     for f in section.get("figures", []):
@@ -283,7 +289,8 @@ def ratio_figures(section: dict) -> list:
 
 
 def section_figures(name: str, section: dict) -> list:
-    """The plots of one section: its own builder where there is one, else (or if it fails) `ratio_figures`."""
+    """The plots of one section: its own builder where there is one, else (or if it fails) `ratio_figures`.
+    Covers notebooks 00-07 (the tour)."""
     builder = SECTION_PLOTS.get(name)
     if builder is not None:
         try:
@@ -296,7 +303,8 @@ def section_figures(name: str, section: dict) -> list:
 
 
 def html_report(report: dict) -> str:
-    """The report as one self-contained HTML page (plotly.js inlined once; no network needed)."""
+    """The report as one self-contained HTML page (plotly.js inlined once; no network needed).
+    Covers notebooks 00-07 (the tour)."""
     parts = []
     plotly_included = False
     for name, section in report.get("sections", {}).items():
@@ -328,6 +336,7 @@ def html_report(report: dict) -> str:
 
 
 def write_html(report: dict, path: str | Path) -> Path:
+    """Write `html_report` to `path`; returns it. Covers notebooks 00-07 (the tour)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html_report(report), encoding="utf-8")

@@ -31,11 +31,12 @@ import torch.nn.functional as F
 
 from .errors import LabError
 from .generation import decode_step, prefill
-from .hardware import as_dtype, bf16_supported, pick_device
+from .hardware import as_dtype, bf16_supported, dtype_name, pick_device
 from .measure import HardwareProfile
 from .kv_cache import StaticKVCache, kv_cache_bytes
 from .measure import time_fn
 from .models.config import ModelConfig
+from .tables import records_table
 
 # Batch sizes swept by default: a CPU crosses its ridge after a few dozen rows,
 # a GPU (ridge of 100-300 FLOP/byte) only after a few hundred.
@@ -70,7 +71,8 @@ class StepCost:
 
 
 def bytes_per_value(dtype) -> int:
-    """4 for torch.float32 (or "float32"), 2 for bfloat16 / float16; an int passes through."""
+    """4 for torch.float32 (or "float32"), 2 for bfloat16 / float16; an int passes through.
+    Notebook 00 (where the time goes)."""
     if isinstance(dtype, int):
         return dtype
     return torch.empty((), dtype=as_dtype(dtype)).element_size()
@@ -109,7 +111,8 @@ def params_read_per_step(config: ModelConfig) -> int:
 
 def attention_flops(config: ModelConfig, batch: int, context: int) -> int:
     """FLOPs of one new token per row attending to `context` cached positions:
-    q.k scores and the weighted sum of values, 2 x head_dim each, per head and layer."""
+    q.k scores and the weighted sum of values, 2 x head_dim each, per head and layer.
+    Notebook 00 (where the time goes)."""
     return 4 * config.num_layers * config.num_heads * config.head_dim * context * batch
 
 
@@ -223,7 +226,7 @@ def time_linear(out_features: int, in_features: int, batch: int, dtype=torch.flo
 
 def _row(batch: int, seconds: float, cost: StepCost, dtype) -> dict:
     """One measured point: time, throughput, and where it sits on the roofline."""
-    return {"batch": batch, "dtype": str(dtype).removeprefix("torch."), "seconds": seconds,
+    return {"batch": batch, "dtype": dtype_name(dtype), "seconds": seconds,
             "tokens_per_s": batch / seconds, "flops_per_s": cost.flops / seconds,
             "bytes_per_s": cost.bytes / seconds, "intensity": cost.intensity,
             "flops": cost.flops, "bytes": cost.bytes}
@@ -264,17 +267,20 @@ def sweep_linear(out_features: int, in_features: int, batches=None, dtype=torch.
 
 
 def decode_batches(device) -> list[int]:
-    """Batch sizes that reach past the ridge: a few dozen on a CPU, hundreds on a GPU."""
+    """Batch sizes that reach past the ridge: a few dozen on a CPU, hundreds on a GPU.
+    Notebook 00 (where the time goes)."""
     return list(CPU_DECODE_BATCHES if pick_device(device).type == "cpu" else GPU_DECODE_BATCHES)
 
 
 def linear_batches(device) -> list[int]:
-    """Batch sizes for one linear layer: it crosses the ridge at about the same batch."""
+    """Batch sizes for one linear layer: it crosses the ridge at about the same batch.
+    Notebook 00 (where the time goes)."""
     return list(CPU_LINEAR_BATCHES if pick_device(device).type == "cpu" else GPU_LINEAR_BATCHES)
 
 
 def supported_dtypes(profile: HardwareProfile) -> list[str]:
-    """The dtypes of `profile` this device computes natively (bfloat16 only with hardware support)."""
+    """The dtypes of `profile` this device computes natively (bfloat16 only with hardware support).
+    Notebook 00 (where the time goes)."""
     names = list(profile.flops)
     if "bfloat16" in names and not bf16_supported(profile.device):
         names.remove("bfloat16")
@@ -293,8 +299,6 @@ def growth_batch(rows: list[dict], factor: float = 1.5) -> int | None:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """A list of same-keyed dicts as a Markdown table (for `IPython.display.Markdown`)."""
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in rows]
-    return "\n".join(lines)
+    """A list of same-keyed dicts as a Markdown table: `tables.records_table`, under the name
+    notebooks 00, 03 and 04 import. Introduced in notebook 00 (where the time goes)."""
+    return records_table(rows)

@@ -18,7 +18,8 @@ from .inputs import finite_number, whole_number
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How to pick tokens. temperature 0 means greedy (argmax)."""
+    """How to pick tokens. temperature 0 means greedy (argmax).
+    Notebook 01 (KV cache); notebook 05 (speculative decoding) samples with it."""
 
     temperature: float = 0.0
     top_k: int | None = None
@@ -52,7 +53,8 @@ GREEDY = SamplingConfig()
 
 def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """The distribution the sampler draws from: softmax(logits / T) restricted to
-    the top-k tokens and the top-p nucleus, renormalized. logits: (..., vocab)."""
+    the top-k tokens and the top-p nucleus, renormalized. logits: (..., vocab).
+    Notebook 05 (speculative decoding)."""
     logits = logits.float() / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
@@ -70,7 +72,7 @@ def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tenso
 
 def sample(logits: torch.Tensor, sampling: SamplingConfig = GREEDY,
            generator: torch.Generator | None = None) -> torch.Tensor:
-    """Next token for each row: logits (batch, vocab) -> tokens (batch,)."""
+    """Next token for each row: logits (batch, vocab) -> tokens (batch,). Notebook 01 (KV cache)."""
     if sampling.greedy:
         return logits.argmax(dim=-1)
     probs = probabilities(logits, sampling)

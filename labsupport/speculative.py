@@ -23,7 +23,8 @@ line per case in both papers; tests/test_speculative.py checks it with a
 chi-square test). Greedy decoding is temperature 0: accept while the target's
 argmax equals the draft token, then take the target's argmax.
 
-Drafts (all behind one small interface, `Draft`):
+Drafts (all behind one small interface, `Draft`; they live in drafts.py and are
+exported here too, with the rest of the technique):
 
 * `ModelDraft`: any causal LM with the target's tokenizer, with its own KV cache;
 * `QuantizedSelfDraft`: the target's own int4 (or int8) copy (notebook 04);
@@ -38,26 +39,31 @@ costing c target steps the speedup is that over (k c + 1) (Leviathan et al.).
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
+from .drafts import Draft, ModelDraft, PromptLookupDraft, QuantizedSelfDraft, quantized_copy
 from .errors import LabError
 from .generation import require_fits_context
 from .inputs import token_id_set, token_rows, whole_number
 from .hardware import synchronize
-from .kv_cache import StaticKVCache
+from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
 from .sampling import GREEDY, SamplingConfig, probabilities
+
+__all__ = ["expected_tokens_per_call", "expected_speedup", "Draft", "ModelDraft", "QuantizedSelfDraft",
+           "quantized_copy", "PromptLookupDraft", "SpeculativeStep", "SpeculativeStats", "SpeculativeResult",
+           "require_compatible_draft", "verify", "speculative_generate"]
 
 
 # --- what to expect ----------------------------------------------------------------------
 
 def expected_tokens_per_call(alpha: float, k: int) -> float:
     """Mean tokens per target pass when each drafted token is accepted with probability
-    alpha: 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023)."""
+    alpha: 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023).
+    Notebook 05 (speculative decoding)."""
     if not 0 <= alpha <= 1:
         raise LabError(f"alpha is an acceptance rate, between 0 and 1; got {alpha}.")
     if k < 0:
@@ -70,147 +76,11 @@ def expected_tokens_per_call(alpha: float, k: int) -> float:
 def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     """Expected speedup over plain decoding: (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)),
     c = cost of one draft step / cost of one target step (Leviathan et al. 2023, Theorem 3.8).
-    It assumes a target pass over k + 1 tokens costs the same as over one."""
+    It assumes a target pass over k + 1 tokens costs the same as over one.
+    Notebook 05 (speculative decoding)."""
     if cost_ratio < 0:
         raise LabError(f"cost_ratio (draft step time / target step time) must be >= 0, got {cost_ratio}.")
     return expected_tokens_per_call(alpha, k) / (k * cost_ratio + 1)
-
-
-# --- drafts ------------------------------------------------------------------------------
-
-class Draft:
-    """What speculative decoding needs from a draft. Introduced in notebook 05.
-
-    `start` is called once per generation, `propose` once per step, and `accept`
-    after the target has checked the proposal, with how many drafted tokens it kept,
-    so that a draft with state (a KV cache) can roll back the rest.
-    """
-
-    vocab_size: int | None = None       # None: the draft works on any vocabulary
-    name = "draft"
-
-    def start(self, prompt: Sequence[int], max_len: int, generator: torch.Generator | None) -> None:
-        """Get ready for a new generation of at most `max_len` tokens in all."""
-
-    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
-        """Up to k tokens that might follow `context`, and their draft distributions
-        (len(tokens), vocab), or None when the draft is deterministic (a point mass)."""
-        raise NotImplementedError
-
-    def accept(self, n_accepted: int) -> None:
-        """The target kept the first `n_accepted` tokens of the last proposal."""
-
-
-class ModelDraft(Draft):
-    """A smaller causal LM sharing the target's tokenizer, with its own static KV cache.
-
-    It samples with the same `SamplingConfig` as the target (temperature, top-k,
-    top-p), so its distributions are comparable; at temperature 0 it is greedy and
-    returns no probabilities. Its cache always holds a prefix of the context: the
-    tokens it has drafted beyond what the target kept are cut off by `truncate`.
-    """
-
-    def __init__(self, model, sampling: SamplingConfig = GREEDY, name: str | None = None):
-        self.model, self.sampling = model, sampling
-        self.vocab_size = model.config.vocab_size
-        self.name = name or f"model draft ({model.config.name})"
-        self.cache: StaticKVCache | None = None
-        self.generator = None
-        self._base = 0                      # context length when the last proposal started
-
-    def start(self, prompt, max_len, generator):
-        self.cache = StaticKVCache(self.model.config, 1, max_len, device=self.model.device,
-                                   dtype=self.model.dtype)
-        self.generator = generator
-
-    def _next(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        """One token from the last logits (vocab,), and its distribution (None if greedy)."""
-        if self.sampling.greedy:
-            return int(logits.argmax()), None
-        probs = probabilities(logits, self.sampling)                        # (vocab,)
-        return int(torch.multinomial(probs, 1, generator=self.generator)), probs
-
-    @torch.inference_mode()
-    def propose(self, context, k):
-        if self.cache is None:
-            raise LabError("Call draft.start(...) before propose (speculative_generate does this).")
-        self._base = len(context)
-        tokens, probs = [], []
-        # the cache holds context[:length]; feed what it has not seen yet in one pass
-        new = torch.tensor([list(context[self.cache.length:])], device=self.model.device)  # (1, T)
-        for _ in range(k):
-            logits = self.model(new, cache=self.cache, last_only=True)[0, -1]            # (vocab,)
-            token, p = self._next(logits)
-            tokens.append(token)
-            probs.append(p)
-            if len(tokens) < k:
-                new = torch.tensor([[token]], device=self.model.device)                  # (1, 1)
-        # d_k itself is never fed: the cache now holds context + d_1..d_{k-1}
-        draft_probs = None if self.sampling.greedy or not tokens else torch.stack(probs)  # (k, vocab)
-        return tokens, draft_probs
-
-    def accept(self, n_accepted):
-        # keep context + the accepted drafts; the token the target adds is fed next time
-        self.cache.truncate(min(self.cache.length, self._base + n_accepted))
-
-
-class QuantizedSelfDraft(ModelDraft):
-    """The target's own weights quantized (int4 groups of 32 by default) as its draft.
-
-    Same vocabulary and nearly the same predictions (high acceptance), fewer bytes
-    per step (notebook 04). The target itself is untouched: a copy is quantized.
-    """
-
-    def __init__(self, target, method: str = "int4", group_size: int = 32,
-                 sampling: SamplingConfig = GREEDY):
-        draft_model, self.handle = quantized_copy(target, method, group_size)
-        super().__init__(draft_model, sampling, name=f"{method} self-draft")
-
-
-def quantized_copy(model, method: str = "int4", group_size: int = 32):
-    """A deep copy of `model` with its linear layers quantized, and the quantization handle.
-
-    labsupport.quantize (notebook 04) is imported only here, so speculative decoding
-    works without it; if it cannot be imported the error says so in one sentence."""
-    try:
-        from .quantize import quantize_model
-    except ImportError as error:
-        raise LabError(f"The quantized self-draft needs labsupport.quantize (notebook 04), which "
-                       f"cannot be imported here ({error}); use another draft.") from None
-    draft = copy.deepcopy(model)
-    handle = quantize_model(draft, method, group_size=group_size)
-    return draft, handle
-
-
-class PromptLookupDraft(Draft):
-    """Prompt-lookup decoding: find the last `ngram` tokens earlier in the context and
-    propose the tokens that followed them (falling back to shorter n-grams, down to
-    `min_ngram`). No model, no cost worth counting; a point-mass proposal, so for
-    sampling the draft distribution is one-hot and d is accepted with probability p(d).
-
-    k: a cap on the tokens proposed per step (None: as many as the caller asks for).
-    """
-
-    name = "prompt lookup"
-
-    def __init__(self, ngram: int = 3, k: int | None = None, min_ngram: int = 1):
-        if not 1 <= min_ngram <= ngram:
-            raise LabError(f"Need 1 <= min_ngram <= ngram, got min_ngram={min_ngram}, ngram={ngram}.")
-        self.ngram, self.max_tokens, self.min_ngram = ngram, k, min_ngram
-
-    def propose(self, context, k):
-        k = k if self.max_tokens is None else min(k, self.max_tokens)
-        ids = torch.as_tensor(list(context), dtype=torch.long)
-        for n in range(self.ngram, self.min_ngram - 1, -1):
-            if len(ids) <= n or k == 0:
-                continue
-            tail = ids[-n:]
-            windows = ids[:-1].unfold(0, n, 1)                # (len - n, n): every earlier n-gram
-            starts = (windows == tail).all(dim=1).nonzero().flatten()
-            if len(starts):
-                after = int(starts[-1]) + n                   # the most recent earlier match
-                return ids[after: after + k].tolist(), None
-        return [], None
 
 
 # --- the generation loop -----------------------------------------------------------------
@@ -218,7 +88,8 @@ class PromptLookupDraft(Draft):
 @dataclass
 class SpeculativeStep:
     """One target pass: what was drafted, how much of it the target kept, and the token
-    the target added itself ("resampled" after a rejection, "bonus" after none)."""
+    the target added itself ("resampled" after a rejection, "bonus" after none).
+    Notebook 05 (speculative decoding)."""
 
     drafted: list[int]
     n_accepted: int
@@ -300,7 +171,8 @@ def require_compatible_draft(target, draft: Draft) -> None:
 def verify(target_probs: torch.Tensor | None, target_argmax: torch.Tensor, drafted: list[int],
            draft_probs: torch.Tensor | None, generator: torch.Generator | None) -> tuple[int, int, str]:
     """The acceptance rule. target_probs: (k+1, vocab) or None for greedy; target_argmax: (k+1,).
-    Returns (tokens accepted n, the token the target adds, "resampled" or "bonus")."""
+    Returns (tokens accepted n, the token the target adds, "resampled" or "bonus").
+    Notebook 05 (speculative decoding)."""
     for i, d in enumerate(drafted):
         if target_probs is None:                                         # greedy: exact match
             if int(target_argmax[i]) != d:
@@ -328,7 +200,7 @@ def verify(target_probs: torch.Tensor | None, target_argmax: torch.Tensor, draft
 @torch.inference_mode()
 def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32, k: int = 4,
                          sampling: SamplingConfig = GREEDY, eos_token_ids: Sequence[int] | None = None,
-                         trace: bool = False) -> SpeculativeResult:
+                         trace: bool = False, cache: KVCache | None = None) -> SpeculativeResult:
     """Generate from `target` with speculative decoding (batch 1); exact for any sampling.
 
     Introduced in notebook 05 (speculative decoding); Leviathan et al. 2023, Chen et al. 2023.
@@ -336,6 +208,9 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
     prompt: a list or 1-D tensor of token ids. k: tokens drafted per step.
     eos_token_ids: ids that end generation (default: the target's; () never stops).
     trace: keep a `SpeculativeStep` per target pass (for the notebook's coloured trace).
+    cache: the target's cache, an empty `KVCache` of one row and at least prompt +
+        max_new_tokens positions (checked); default a new `StaticKVCache` of that size.
+        (A `ModelDraft` makes its own, with its `cache_factory`.)
     The target's cache holds every token but the last ("pending") one; each pass feeds
     [pending, d_1..d_k] and gets the k + 1 distributions that check the drafts.
     """
@@ -355,7 +230,10 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
         generator = torch.Generator(device=device).manual_seed(sampling.seed if sampling.seed is not None
                                                                else torch.seed())
     max_len = len(prompt) + max_new_tokens
-    cache = StaticKVCache(target.config, 1, max_len, device=device, dtype=target.dtype)
+    if cache is None:
+        cache = StaticKVCache.for_model(target, 1, max_len)
+    else:
+        require_fitting_cache(cache, 1, max_len, target)
     draft.start(prompt, max_len, generator)
     stats, steps = SpeculativeStats(), [] if trace else None
     context = list(prompt)

@@ -3,23 +3,29 @@
 Introduced in notebook 07 (putting it together).
 
 One workload (chat requests with long-tailed answer lengths, end-of-sequence
-ignored so that every stage produces the same number of tokens) is served by a
-ladder of configurations, each adding one technique to the best one before it:
+ignored so that every stage produces the same number of tokens:
+`workloads.stack_workload`) is served by a ladder of configurations, each adding
+one technique to the stage before it:
 
-    naive loop -> + KV cache -> + static batching -> + bf16 -> + int4 weights
-               -> + speculative decoding -> + continuous batching
+    naive loop -> + KV cache -> + static batching -> + bf16 -> + int4 weights -> + continuous batching
+                                                                 + int4 weights -> + speculative decoding
 
-All stages are timed side by side in one run (`measure.time_side_by_side`).
-A stage that does not pay on this hardware is still measured and shown, and the
-next stage builds on the best stage before it (`builds_on`). The whole stack is
-finally compared with Hugging Face `generate()`, one request at a time, in fp32:
-the way most people first run a model (a peer stage, `bench.peers.hf_stack_stage`).
+Each stage is compared with the stage it builds on (`builds_on`), and that chain is
+fixed in advance, whatever the timings say: a stage that does not pay on this
+hardware is still measured and shown (its row is not ``kept``), and the next stage
+builds on it all the same. Speculative decoding runs one request at a time, so it
+cannot stack on batching: it is a side branch of the int4 stage, and continuous
+batching builds on the batched int4 stage. The 16-bit stage is bf16 (fp16 on a GPU
+without bf16); without a native 16-bit type it is left out and int4 builds on
+static batching. All stages are timed side by side in one run
+(`measure.time_side_by_side`). The fastest stage that paid is the ``best``, finally
+compared with Hugging Face `generate()`, one request at a time, in fp32: the way
+most people first run a model (a peer stage, `bench.peers.hf_stack_stage`).
 The chapter's claims against this run are `claims.stack_claims`.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -28,11 +34,13 @@ from .errors import LabError
 from .generation import generate, generate_naive
 from .hardware import bf16_supported
 from .measure import time_side_by_side
+from .variants import ModelVariants
 
 
 @dataclass
 class Stage:
-    """One rung of the ladder: how it serves the workload, and what it builds on."""
+    """One rung of the ladder: how it serves the workload, and what it builds on.
+    Notebook 07 (putting it together)."""
 
     name: str
     technique: str
@@ -42,45 +50,14 @@ class Stage:
     note: str = ""
 
 
-def stack_workload(tokenizer, device, count: int | None = None, seed: int = 0):
-    """The workload of notebook 07: chat requests, answer lengths log-normal (median 16,
-    sigma 0.8, 4..64 tokens); 8 requests on a CPU, 64 on a GPU."""
-    from .serving.workload import chat_prompts, make_workload
-    if count is None:
-        count = 64 if torch.device(device).type == "cuda" else 8
-    return make_workload(chat_prompts(tokenizer, count), median_new_tokens=16, sigma=0.8,
-                         min_new_tokens=4, max_new_tokens=64, seed=seed)
-
-
 def low_precision(device) -> tuple[torch.dtype | None, str]:
-    """The 16-bit type this device computes natively, or None and the reason."""
+    """The 16-bit type this device computes natively, or None and the reason.
+    Notebook 07 (putting it together)."""
     if bf16_supported(device):
         return torch.bfloat16, "bf16"
     if torch.device(device).type == "cuda":
         return torch.float16, "fp16"                     # a T4: fp16 tensor cores, no bf16
     return None, "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX), so 16-bit would be emulated"
-
-
-class ModelVariants:
-    """The model in each precision and weight format, made once and reused: "fp32",
-    "bf16"/"fp16" (`precision.cast_model`), each optionally with "int8"/"int4" weights."""
-
-    def __init__(self, model):
-        self.base, self._made = model, {}
-
-    def get(self, precision: str = "fp32", weights: str = "float"):
-        from .precision import cast_model
-        from .quantize import quantize_model
-        key = (precision, weights)
-        if key not in self._made:
-            if weights == "float":
-                self._made[key] = self.base if precision == "fp32" else cast_model(self.base, precision)
-            else:
-                quantized = copy.deepcopy(self.get(precision))
-                handle = quantize_model(quantized, weights, group_size=32)
-                quantized.kernels = handle.kernels               # e.g. {"fast": 211}: shown in notes
-                self._made[key] = quantized
-        return self._made[key]
 
 
 BATCHING = ("none", "static", "continuous")
@@ -176,7 +153,7 @@ def build_stages(model, requests, slots: int = 8, draft_k: int = 4,
 
 
 def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1,
-              progress=None) -> dict:
+              progress=None, variants: ModelVariants | None = None) -> dict:
     """Time every stage side by side; returns one row per stage with its tokens/s, its gain
     over the stage it builds on, its gain over the naive loop, and how many of its tokens
     equal the fp32 reference (the KV-cache stage).
@@ -184,10 +161,11 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1,
     Introduced in notebook 07 (putting it together). peers: extra `Stage`s timed with the
     ladder but not on it, e.g. Hugging Face generate() (`bench.peers.hf_stack_stage`); a
     peer named `HF_PEER` gives ``stack_vs_hf``, the best stage's tokens/s over the peer's.
+    variants: the `ModelVariants` of `model` to build the stages from (default: a new one).
     """
     if not requests:
         raise LabError("run_stack needs at least one request.")
-    stages = build_stages(model, requests, slots) + list(peers)
+    stages = build_stages(model, requests, slots, variants=variants) + list(peers)
     outputs: dict = {}
 
     def timed(stage):

@@ -1,8 +1,22 @@
-"""Shared fixtures. The embedded model is loaded once per session (about 3 s once
-its converted weights are cached; the first run ever converts them, about 20 s)."""
+"""Shared fixtures.
+
+The tiny random-weight models (`labsupport.models.loading.random_model`: the presets
+"tiny-llama" and "tiny-gpt2", seed 0, built in milliseconds) come from these fixtures:
+`tiny_llama`, `tiny_gpt2`, `tiny_model` (both presets, parametrised), `tiny_model_f64` (both in
+float64) and `fresh_tiny_llama` (a new one for each test). The shared ones are built
+once per test module; a test that changes a model in place (quantizes it, swaps its
+layers) takes `fresh_tiny_llama`. A test about seeds, dtypes or devices calls
+`random_model` itself.
+
+The embedded model is loaded once per session (about 3 s once its converted
+weights are cached; the first run ever converts them, about 20 s).
+"""
 
 import pytest
 import torch
+
+# test ids are the preset names; never "gpu" (a test whose keywords hold it is skipped without CUDA)
+TINY_PRESETS = ("tiny-llama", "tiny-gpt2")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -26,3 +40,50 @@ def smollm_hf():
     """The Hugging Face model with the same weights."""
     from labsupport.models.loading import load_hf_model
     return load_hf_model("smollm2-135m", device="cpu", dtype=torch.float32)
+
+
+def _tiny(name: str, dtype=torch.float32):
+    from labsupport.models.loading import random_model
+    return random_model(name, seed=0, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    """The "tiny-llama" preset (2 layers, hidden 64, 4 query / 2 key-value heads, vocabulary
+    260, context 256) with seeded random weights (seed 0), float32 on the CPU.
+
+    Module scope: the tests of one module share it, so they must not change it."""
+    return _tiny("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2():
+    """The "tiny-gpt2" preset (learned positions, LayerNorm, GELU; 2 layers, hidden 64,
+    vocabulary 260) with seeded random weights (seed 0), float32 on the CPU.
+
+    Module scope: the tests of one module share it, so they must not change it."""
+    return _tiny("tiny-gpt2")
+
+
+@pytest.fixture(scope="module", params=TINY_PRESETS)
+def tiny_model(request):
+    """Each tiny preset in turn ("tiny-llama", then "tiny-gpt2": the test ids), seed 0,
+    float32 on the CPU, for tests that must hold for both families.
+
+    Module scope: shared by the tests of one module, never to be changed."""
+    return _tiny(request.param)
+
+
+@pytest.fixture(scope="module", params=TINY_PRESETS)
+def tiny_model_f64(request):
+    """Each tiny preset in turn, seed 0, in float64: there batching cannot flip an argmax
+    by rounding, so token equality between batched and lone runs is exact (the serving
+    tests). Module scope: shared, never to be changed."""
+    return _tiny(request.param, torch.float64)
+
+
+@pytest.fixture
+def fresh_tiny_llama():
+    """A new "tiny-llama" (seed 0, float32, CPU) for each test (function scope): for a
+    test that changes the model in place, even when it undoes the change."""
+    return _tiny("tiny-llama")

@@ -1,75 +1,13 @@
-"""Notebook 02 (batching): its checkers, figures and explorer, on a tiny random model."""
+"""Notebook 02 (batching): its helpers, figures and explorer, on a tiny random model
+(its checkers: tests/test_checkers.py)."""
 
 import pytest
-import torch
 
 from labsupport import batch_timing, batching
-from labsupport.checks import CheckFailed
-from labsupport.checks.batching import check_left_pad, check_padding_waste
 from labsupport.claims import batching_claims
 from labsupport.explorers.batching import batching_explorer
-from labsupport.models.loading import ByteTokenizer, random_model
+from labsupport.models.loading import ByteTokenizer
 from labsupport.plots.batching import padding_figure, peer_figure, scaling_figure
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    return random_model("tiny-llama")
-
-
-def reference_left_pad(prompts, pad_id):
-    batch = batching.left_pad(prompts, pad_id)
-    return batch.tokens, batch.attention_mask, batch.positions
-
-
-def test_check_left_pad_accepts_reference(capsys):
-    check_left_pad(reference_left_pad)
-    check_left_pad(lambda prompts, pad_id: reference_left_pad(prompts, pad_id)[:2])     # positions optional
-    check_left_pad(lambda prompts, pad_id: batching.left_pad(prompts, pad_id))         # a PaddedBatch
-    check_left_pad(lambda prompts, pad_id: (reference_left_pad(prompts, pad_id)[0],
-                                            reference_left_pad(prompts, pad_id)[1].long()))  # 0/1 mask
-    assert capsys.readouterr().out.count("Correct") == 4
-
-
-def test_check_left_pad_rejects_right_padding():
-    def right_pad(prompts, pad_id):
-        width = max(map(len, prompts))
-        tokens = torch.tensor([p + [pad_id] * (width - len(p)) for p in prompts])
-        mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
-        return tokens, mask
-
-    with pytest.raises(CheckFailed, match="padding on the right"):
-        check_left_pad(right_pad)
-
-
-def test_check_left_pad_rejects_inverted_mask_and_bad_positions():
-    def inverted(prompts, pad_id):
-        tokens, mask, _ = reference_left_pad(prompts, pad_id)
-        return tokens, ~mask
-
-    with pytest.raises(CheckFailed, match="mask inverted"):
-        check_left_pad(inverted)
-
-    def counting_padding(prompts, pad_id):
-        tokens, mask, _ = reference_left_pad(prompts, pad_id)
-        return tokens, mask, torch.arange(tokens.shape[1]).expand_as(tokens)
-
-    with pytest.raises(CheckFailed, match="positions count the padding"):
-        check_left_pad(counting_padding)
-
-    with pytest.raises(CheckFailed, match="shape"):
-        check_left_pad(lambda prompts, pad_id: (torch.zeros(1, 1), torch.zeros(1, 1)))
-
-
-def test_check_padding_waste(capsys):
-    check_padding_waste(batching.padding_waste)
-    assert "Correct" in capsys.readouterr().out
-    with pytest.raises(CheckFailed, match="fraction of real tokens"):
-        check_padding_waste(lambda lengths: sum(lengths) / (len(lengths) * max(lengths)))
-    with pytest.raises(CheckFailed, match="percentage"):
-        check_padding_waste(lambda lengths: 100 * batching.padding_waste(lengths))
-    with pytest.raises(CheckFailed, match="not by the real tokens"):
-        check_padding_waste(lambda lengths: (len(lengths) * max(lengths) - sum(lengths)) / sum(lengths))
 
 
 def test_helpers():
@@ -84,8 +22,8 @@ def test_helpers():
     assert len(checks) == 4 and checks[1]["verdict"].startswith("course target")
 
 
-def test_measure_batch(tiny_model):
-    row = batch_timing.measure_batch(tiny_model, [[1, 2, 3], [4]], new_tokens=3, warmup=0)
+def test_measure_batch(tiny_llama):
+    row = batch_timing.measure_batch(tiny_llama, [[1, 2, 3], [4]], new_tokens=3, warmup=0)
     assert row["batch"] == 2 and row["tokens_per_s"] > 0 and row["ms_per_token"] > 0
     assert row["padding_waste"] == pytest.approx(1 / 3)
 
@@ -110,8 +48,8 @@ def test_padding_figure_and_peer_figure():
 
 
 @pytest.mark.parametrize("use_widget", [False, True])
-def test_explorer_responds(tiny_model, use_widget):
-    explorer = batching_explorer(tiny_model, ByteTokenizer(), batches=[1, 2, 4], spreads=(0.0, 1.0),
+def test_explorer_responds(tiny_llama, use_widget):
+    explorer = batching_explorer(tiny_llama, ByteTokenizer(), batches=[1, 2, 4], spreads=(0.0, 1.0),
                                  longest=12, new_tokens=2, use_widget=use_widget)
     assert set(explorer.controls) == {"batch", "spread"}
     assert all(c.continuous_update is False for c in explorer.controls.values())

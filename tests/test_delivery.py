@@ -9,6 +9,7 @@ executed with nbclient up to its first exercise. What cannot run here: Colab, Bi
 import os
 import re
 import stat
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -17,7 +18,7 @@ import nbformat
 import pytest
 import yaml  # PyYAML: a dependency of jupyter-events, which jupyterlab requires
 
-from labsupport import delivery
+from labsupport import cli, delivery
 from labsupport.errors import LabError
 from labsupport.delivery import (CODE_STUB, README_END, README_START, SETUP_MARKER, STUB_MESSAGE,
                                  apply_delivery_cells, is_solution_cell, needs_install,
@@ -113,7 +114,7 @@ def test_setup_cell_keeps_colab_torch():
 
 def test_notebooks_and_readme_are_up_to_date():
     stale = write_badges(ROOT, dry_run=True)
-    assert not stale, f"stale: {stale}; run python -m labsupport.delivery badges"
+    assert not stale, f"stale: {stale}; run python -m labsupport badges"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
@@ -163,7 +164,7 @@ def test_badges_command_stores_the_slug_in_one_place(tmp_path, capsys):
     (tmp_path / "notebooks" / NOTEBOOKS[0].name).write_text(NOTEBOOKS[0].read_text())
     (tmp_path / "labsupport" / "delivery.py").write_text(Path(delivery.__file__).read_text())
     (tmp_path / "README.md").write_text(f"{README_START}\n{README_END}\n")
-    assert delivery.main(["--root", str(tmp_path), "badges", "--repo", "bob/course"]) == 0
+    assert cli.main(["badges", "--root", str(tmp_path), "--repo", "bob/course"]) == 0
     assert 'REPO = "bob/course"' in (tmp_path / "labsupport" / "delivery.py").read_text()
     assert 'REPO = "bob/course"' not in Path(delivery.__file__).read_text()       # the real one untouched
     assert "github.com/bob/course@main" in (tmp_path / "notebooks" / NOTEBOOKS[0].name).read_text()
@@ -304,10 +305,69 @@ def test_student_version_has_stubs_and_no_solutions(path):
     compile(compile_all, path.name, "exec")                          # the stubs leave valid Python
 
 
-def test_student_command_writes_every_notebook(tmp_path):
-    assert delivery.main(["--root", str(ROOT), "student", "--out", str(tmp_path / "student")]) == 0
+def test_student_command_writes_every_notebook(tmp_path, capsys):
+    """`python -m labsupport student` (one command line, `labsupport.cli`), as `make student` runs it."""
+    assert cli.main(["student", "--root", str(ROOT), "--out", str(tmp_path / "student")]) == 0
     written = sorted(p.name for p in (tmp_path / "student").glob("*.ipynb"))
     assert written == [p.name for p in NOTEBOOKS]
+    assert f"{len(NOTEBOOKS)} student notebook(s) in {tmp_path / 'student'}/" in capsys.readouterr().out
+    for path in written:                                             # solutions gone, outputs empty
+        assert "BEGIN SOLUTION" not in (tmp_path / "student" / path).read_text()
+    make = (ROOT / "Makefile").read_text()
+    assert "\t$(PY) -m labsupport student --out student\n" in make
+
+
+def _run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_the_old_delivery_command_forwards_and_mistakes_are_one_sentence(tmp_path):
+    """`python -m labsupport.delivery` runs the one command line; a mistake is one line, status 2."""
+    done = _run("labsupport.delivery", "student", "--root", str(tmp_path), "--out", str(tmp_path / "s"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().startswith("error: No notebooks under") and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert _run("labsupport", "check").returncode == 0
+
+
+def _notebook(*cells):
+    nb = nbformat.v4.new_notebook(cells=list(cells))
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    return nb
+
+
+@pytest.mark.parametrize("case, words", [
+    ("unclosed solution", "no end solution statement found"),
+    ("solution outside a solution cell", "Solution region detected in a non-solution cell"),
+    ("another kernel", "language 'julia'"),
+])
+def test_bad_markup_for_a_student_version_is_a_lab_error(case, words):
+    source = "x = 1\n# BEGIN SOLUTION\nx = 2" + ("" if case == "unclosed solution" else "\n# END SOLUTION")
+    cell = nbformat.v4.new_code_cell(source)
+    if case != "solution outside a solution cell":
+        cell.metadata["nbgrader"] = {"solution": True, "grade": False, "locked": False, "grade_id": "x",
+                                     "schema_version": 3}
+    nb = _notebook(nbformat.v4.new_markdown_cell("# 09 · Title"), cell)
+    if case == "another kernel":
+        nb.metadata["kernelspec"]["language"] = "julia"
+    with pytest.raises(LabError, match=re.escape(words)) as err:
+        student_version(nb, "09_bad.ipynb")
+    assert str(err.value).startswith("09_bad.ipynb: ") and "\n" not in str(err.value)
+
+
+def test_bad_input_to_the_delivery_commands_is_a_lab_error(tmp_path):
+    with pytest.raises(LabError, match="has no code cell"):
+        apply_delivery_cells(_notebook(nbformat.v4.new_markdown_cell("# 09 · Title")), "09_x.ipynb")
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / NOTEBOOKS[0].name).write_text(NOTEBOOKS[0].read_text())
+    with pytest.raises(LabError, match="No README.md"):
+        write_badges(tmp_path, dry_run=True)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(LabError, match="is a file, not a folder"):
+        delivery.write_student_versions(tmp_path, tmp_path / "file")
+    (tmp_path / "notebooks" / "09_broken.ipynb").write_text("{ not json")
+    with pytest.raises(LabError, match="09_broken.ipynb is not a readable notebook"):
+        delivery.write_student_versions(tmp_path, tmp_path / "out")
 
 
 def test_code_stub_is_nbgraders_form():

@@ -6,51 +6,83 @@ import torch
 from labsupport.errors import LabError
 from labsupport.generation import (TextStreamer, chat_prompt, decode_step, generate, generate_naive,
                                  generate_text, prefill)
-from labsupport.kv_cache import StaticKVCache, kv_cache_bytes
+from labsupport.kv_cache import KVCache, KVWriter, StaticKVCache, kv_cache_bytes
 from labsupport.models.loading import random_model
 from labsupport.sampling import SamplingConfig, probabilities, sample
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 
 
-@pytest.fixture(params=["tiny-llama", "tiny-gpt2"])
-def tiny(request):
-    return random_model(request.param, seed=3)
-
-
-def test_cached_and_uncached_generation_agree(tiny):
-    cached = generate(tiny, PROMPT, 40, eos_token_ids=(), return_logits=True)
-    naive = generate_naive(tiny, PROMPT, 40, eos_token_ids=(), return_logits=True)
+def test_cached_and_uncached_generation_agree(tiny_model):
+    cached = generate(tiny_model, PROMPT, 40, eos_token_ids=(), return_logits=True)
+    naive = generate_naive(tiny_model, PROMPT, 40, eos_token_ids=(), return_logits=True)
     assert cached.tokens.tolist() == naive.tokens.tolist()
     for a, b in zip(cached.logits, naive.logits):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-def test_prefill_then_decode_equals_one_full_forward(tiny):
+def test_prefill_then_decode_equals_one_full_forward(tiny_model):
     tokens = torch.tensor([PROMPT])
-    cache = StaticKVCache(tiny.config, 1, 32)
-    prefill(tiny, tokens[:, :4], cache)
-    steps = [decode_step(tiny, cache, tokens[:, i]) for i in range(4, len(PROMPT))]
+    cache = StaticKVCache(tiny_model.config, 1, 32)
+    prefill(tiny_model, tokens[:, :4], cache)
+    steps = [decode_step(tiny_model, cache, tokens[:, i]) for i in range(4, len(PROMPT))]
     with torch.no_grad():
-        full = tiny(tokens)[0, 4:]
+        full = tiny_model(tokens)[0, 4:]
     torch.testing.assert_close(torch.cat(steps), full, atol=1e-5, rtol=1e-5)
     assert cache.length == len(PROMPT)
 
 
-def test_cache_memory_formula_equals_allocation(tiny):
-    cache = StaticKVCache(tiny.config, batch_size=3, max_len=50)
-    assert cache.nbytes == kv_cache_bytes(tiny.config, length=50, batch_size=3)
+def test_cache_memory_formula_equals_allocation(tiny_model):
+    cache = StaticKVCache(tiny_model.config, batch_size=3, max_len=50)
+    assert cache.nbytes == kv_cache_bytes(tiny_model.config, length=50, batch_size=3)
 
 
-def test_sampling_is_reproducible_with_a_seed(tiny):
+def test_the_static_cache_implements_the_protocol(tiny_model):
+    cache = StaticKVCache(tiny_model.config, 1, 8)
+    assert isinstance(cache, KVCache) and isinstance(cache, KVWriter)
+    writer = cache.writer_at(torch.zeros(1, dtype=torch.long))      # one fixed-shape pass: update only
+    assert isinstance(writer, KVWriter) and not isinstance(writer, KVCache)
+    assert not isinstance(object(), KVWriter)
+
+
+def test_generate_uses_a_cache_passed_in(tiny_model):
+    for prompt, batch in ((PROMPT, 1), ([PROMPT, [9, 8, 7]], 2)):       # plain, and left-padded
+        expected = generate(tiny_model, prompt, 12, eos_token_ids=(), return_logits=True)
+        exact = StaticKVCache(tiny_model.config, batch, len(PROMPT) + 12)
+        same = generate(tiny_model, prompt, 12, eos_token_ids=(), return_logits=True, cache=exact)
+        assert same.tokens.tolist() == expected.tokens.tolist()
+        assert all(torch.equal(a, b) for a, b in zip(same.logits, expected.logits))
+        assert exact.length == len(PROMPT) + 11                         # the prompt and 11 decode steps
+        longer = StaticKVCache(tiny_model.config, batch, len(PROMPT) + 20)
+        assert generate(tiny_model, prompt, 12, eos_token_ids=(), cache=longer).tokens.tolist() == \
+            expected.tokens.tolist()
+
+
+def test_a_cache_that_does_not_fit_is_refused_in_one_sentence(tiny_model):
+    needed = len(PROMPT) + 8
+    used = StaticKVCache(tiny_model.config, 1, needed)
+    used.advance(2)
+    refused = {"2 rows": StaticKVCache(tiny_model.config, 2, needed),
+               "needs 15": StaticKVCache(tiny_model.config, 1, needed - 1),
+               "already holds 2": used,
+               "must be a KV cache": object(),
+               "float64": StaticKVCache(tiny_model.config, 1, needed, dtype=torch.float64)}
+    for words, cache in refused.items():
+        with pytest.raises(LabError, match=words) as error:
+            generate(tiny_model, PROMPT, 8, cache=cache)
+        message = str(error.value)
+        assert "\n" not in message and ". " not in message and message.endswith("."), message
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_model):
     s = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95, seed=7)
-    a = generate(tiny, PROMPT, 20, s, eos_token_ids=())
-    b = generate(tiny, PROMPT, 20, s, eos_token_ids=())
-    c = generate(tiny, PROMPT, 20, SamplingConfig(temperature=1.0, seed=8), eos_token_ids=())
+    a = generate(tiny_model, PROMPT, 20, s, eos_token_ids=())
+    b = generate(tiny_model, PROMPT, 20, s, eos_token_ids=())
+    c = generate(tiny_model, PROMPT, 20, SamplingConfig(temperature=1.0, seed=8), eos_token_ids=())
     assert a.tokens.tolist() == b.tokens.tolist()
     assert a.tokens.tolist() != c.tokens.tolist()
     # sampling with a seed gives the same tokens with and without the cache
-    assert generate_naive(tiny, PROMPT, 20, s, eos_token_ids=()).tokens.tolist() == a.tokens.tolist()
+    assert generate_naive(tiny_model, PROMPT, 20, s, eos_token_ids=()).tokens.tolist() == a.tokens.tolist()
 
 
 def test_top_k_and_top_p_filter_the_distribution():
@@ -64,37 +96,37 @@ def test_top_k_and_top_p_filter_the_distribution():
     assert sample(logits, SamplingConfig(temperature=1.0, top_k=1)).item() == 0
 
 
-def test_stops_at_end_of_sequence_and_at_max_new_tokens(tiny):
-    first = generate(tiny, PROMPT, 5, eos_token_ids=()).tokens[0, 0].item()
-    stopped = generate(tiny, PROMPT, 30, eos_token_ids=(first,))
+def test_stops_at_end_of_sequence_and_at_max_new_tokens(tiny_model):
+    first = generate(tiny_model, PROMPT, 5, eos_token_ids=()).tokens[0, 0].item()
+    stopped = generate(tiny_model, PROMPT, 30, eos_token_ids=(first,))
     assert stopped.new_token_counts == [1] and stopped.tokens.shape == (1, 1)
-    assert generate(tiny, PROMPT, 9, eos_token_ids=()).tokens.shape == (1, 9)
+    assert generate(tiny_model, PROMPT, 9, eos_token_ids=()).tokens.shape == (1, 9)
 
 
-def test_finished_rows_stop_counting(tiny):
+def test_finished_rows_stop_counting(tiny_model):
     prompts = torch.tensor([PROMPT, PROMPT[::-1]])
-    alone = [generate(tiny, [p], 12, eos_token_ids=()).row(0) for p in prompts.tolist()]
+    alone = [generate(tiny_model, [p], 12, eos_token_ids=()).row(0) for p in prompts.tolist()]
     eos = alone[0][3]                                     # row 0 ends by its 4th token
-    batched = generate(tiny, prompts, 12, eos_token_ids=(eos,))
+    batched = generate(tiny_model, prompts, 12, eos_token_ids=(eos,))
     assert batched.row(0) == alone[0][: alone[0].index(eos) + 1]
     assert batched.new_token_counts[0] <= 4
     expected_1 = alone[1][: alone[1].index(eos) + 1] if eos in alone[1] else alone[1]
     assert batched.row(1) == expected_1
 
 
-def test_streaming_callback_sees_every_token(tiny):
+def test_streaming_callback_sees_every_token(tiny_model):
     seen = []
-    result = generate(tiny, PROMPT, 10, eos_token_ids=(), stream=lambda t: seen.append(t.item()))
+    result = generate(tiny_model, PROMPT, 10, eos_token_ids=(), stream=lambda t: seen.append(t.item()))
     assert seen == result.row(0)
 
 
-def test_bad_lengths_get_one_sentence(tiny):
+def test_bad_lengths_get_one_sentence(tiny_model):
     with pytest.raises(LabError, match="max_new_tokens must be at least 1"):
-        generate(tiny, PROMPT, 0)
+        generate(tiny_model, PROMPT, 0)
     with pytest.raises(LabError, match="context holds 256 tokens"):
-        generate(tiny, list(range(250)), 10)
+        generate(tiny_model, list(range(250)), 10)
     with pytest.raises(LabError, match="prompt is empty"):
-        generate(tiny, [], 10)
+        generate(tiny_model, [], 10)
 
 
 @pytest.mark.slow
@@ -126,18 +158,18 @@ def test_chat_reply_streams_text(smollm, capsys):
     assert capsys.readouterr().out.strip() == text.strip()
 
 
-def test_fixed_shape_decode_step_equals_the_plain_one(tiny):
+def test_fixed_shape_decode_step_equals_the_plain_one(tiny_model):
     """decode_static (what torch.compile and CUDA graphs run) gives the same tokens."""
-    plain = generate(tiny, PROMPT, 16, eos_token_ids=())
-    cache = StaticKVCache(tiny.config, 1, len(PROMPT) + 16)
-    logits = prefill(tiny, torch.tensor([PROMPT]), cache)
+    plain = generate(tiny_model, PROMPT, 16, eos_token_ids=())
+    cache = StaticKVCache(tiny_model.config, 1, len(PROMPT) + 16)
+    logits = prefill(tiny_model, torch.tensor([PROMPT]), cache)
     tokens = []
     with torch.inference_mode():
         for _ in range(16):
             next_token = logits.argmax(-1)
             tokens.append(next_token.item())
             slot = torch.full((1,), cache.length)
-            logits = tiny.decode_static(next_token[:, None], slot[None], cache, slot)
+            logits = tiny_model.decode_static(next_token[:, None], slot[None], cache, slot)
             cache.advance(1)
     assert tokens == plain.row(0)
 
@@ -154,12 +186,10 @@ def test_compiled_decoding_gives_the_same_tokens():
     assert padded_compiled.tokens.tolist() == padded_plain.tokens.tolist()
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
-def test_every_row_of_a_padded_batch_equals_the_prompt_alone(name):
-    model = random_model(name, seed=5)
+def test_every_row_of_a_padded_batch_equals_the_prompt_alone(tiny_model):
     prompts = [PROMPT, [9, 8], list(range(30, 52)), [200, 100, 50, 25]]
-    alone = [generate(model, p, 15, eos_token_ids=()).row(0) for p in prompts]
-    batched = generate(model, prompts, 15, eos_token_ids=())
+    alone = [generate(tiny_model, p, 15, eos_token_ids=()).row(0) for p in prompts]
+    batched = generate(tiny_model, prompts, 15, eos_token_ids=())
     assert [batched.row(i) for i in range(len(prompts))] == alone
 
 

@@ -1,23 +1,14 @@
-"""Notebook 01 (KV cache): per-step timing and its integration, GQA arithmetic,
-the exercise checkers, the figures and the explorer. Tiny random models only: fast."""
+"""Notebook 01 (KV cache): per-step timing and its integration, GQA arithmetic, the
+figures and the explorer (its checkers: tests/test_checkers.py). Tiny random models only: fast."""
 
 import pytest
-import torch
 
-from labsupport.checks import CheckFailed
 from labsupport.errors import LabError
-from labsupport.checks.kv_cache import check_cache_size, check_cache_update
 from labsupport.kv_cache import kv_cache_bytes
 from labsupport.kv_timing import (estimated_step_seconds, estimated_total_seconds, gqa_savings,
                                   time_per_token_by_position)
 from labsupport.models.config import PRESETS
-from labsupport.models.loading import random_model
 from labsupport.plots.kv_cache import cache_memory_figure, cumulative_time_figure, per_token_time_figure
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return random_model("tiny-llama")
 
 
 # --- estimated_total_seconds: the integration math ---------------------------------------
@@ -49,15 +40,15 @@ def test_integration_of_a_constant_and_of_both_modes():
         estimated_total_seconds(rows, 0)
 
 
-def test_time_per_token_by_position_returns_both_modes(tiny):
-    rows = time_per_token_by_position(tiny, [40, 0, 20], prompt_len=8, repeats=1)
+def test_time_per_token_by_position_returns_both_modes(tiny_llama):
+    rows = time_per_token_by_position(tiny_llama, [40, 0, 20], prompt_len=8, repeats=1)
     assert [r["position"] for r in rows] == [0, 20, 40]
     assert [r["sequence_length"] for r in rows] == [8, 28, 48]
     assert all(r["naive_s"] > 0 and r["cached_s"] > 0 for r in rows)
-    only_cached = time_per_token_by_position(tiny, [5], prompt_len=1, use_cache=True, repeats=1)
+    only_cached = time_per_token_by_position(tiny_llama, [5], prompt_len=1, use_cache=True, repeats=1)
     assert set(only_cached[0]) == {"position", "sequence_length", "cached_s"}
     with pytest.raises(LabError, match="context"):
-        time_per_token_by_position(tiny, [1000], prompt_len=8)
+        time_per_token_by_position(tiny_llama, [1000], prompt_len=8)
 
 
 # --- GQA -------------------------------------------------------------------------------
@@ -68,72 +59,6 @@ def test_gqa_savings_of_the_embedded_config():
     assert s["gqa_bytes"] == 30 * 2 * 3 * 64 * 1024 * 4
     assert s["mha_bytes"] == 3 * s["gqa_bytes"]
     assert gqa_savings(PRESETS["gpt2"])["ratio"] == 1.0
-
-
-# --- checkers --------------------------------------------------------------------------
-
-def reference_update(key_buffer, value_buffer, new_keys, new_values, length):
-    end = length + new_keys.shape[2]
-    key_buffer[:, :, length:end] = new_keys
-    value_buffer[:, :, length:end] = new_values
-    return key_buffer[:, :, :end], value_buffer[:, :, :end]
-
-
-def not_in_place(key_buffer, value_buffer, new_keys, new_values, length):
-    return (torch.cat([key_buffer[:, :, :length], new_keys], dim=2),
-            torch.cat([value_buffer[:, :, :length], new_values], dim=2))
-
-
-def wrong_position(key_buffer, value_buffer, new_keys, new_values, length):
-    end = length + new_keys.shape[2]
-    key_buffer[:, :, length + 1:end + 1] = new_keys
-    value_buffer[:, :, length + 1:end + 1] = new_values
-    return key_buffer[:, :, :end], value_buffer[:, :, :end]
-
-
-def whole_buffer(key_buffer, value_buffer, new_keys, new_values, length):
-    reference_update(key_buffer, value_buffer, new_keys, new_values, length)
-    return key_buffer, value_buffer
-
-
-def swapped(key_buffer, value_buffer, new_keys, new_values, length):
-    keys, values = reference_update(key_buffer, value_buffer, new_keys, new_values, length)
-    return values, keys
-
-
-def test_check_cache_update_accepts_the_reference(capsys):
-    check_cache_update(reference_update)
-    assert "Correct" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (not_in_place, "in place"), (wrong_position, "position"), (whole_buffer, "shape"),
-    (swapped, "swapped"), (lambda *args: None, "pair"),
-])
-def test_check_cache_update_rejects_wrong_answers(wrong, message):
-    with pytest.raises(CheckFailed, match=message):
-        check_cache_update(wrong)
-
-
-def size_formula(config, length, batch, bytes_per_value):
-    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * length * batch * bytes_per_value
-
-
-def test_check_cache_size_accepts_the_reference(capsys):
-    check_cache_size(size_formula)
-    assert "Correct" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda c, n, b, by: size_formula(c, n, b, by) // 2, "multiply by 2"),
-    (lambda c, n, b, by: size_formula(c, n, b, by) * c.num_heads // c.num_kv_heads, "num_kv_heads"),
-    (lambda c, n, b, by: size_formula(c, n, b, by) // c.num_layers, "num_layers"),
-    (lambda c, n, b, by: size_formula(c, n, b, 1), "bytes_per_value"),
-    (lambda c, n, b, by: -1, "positive"),
-])
-def test_check_cache_size_rejects_wrong_answers_with_a_hint(wrong, hint):
-    with pytest.raises(CheckFailed, match=hint):
-        check_cache_size(wrong)
 
 
 # --- figures ---------------------------------------------------------------------------
@@ -170,7 +95,7 @@ def test_cache_memory_figure_puts_measured_points_on_the_formula():
 # --- explorer --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("use_widget", [True, False])
-def test_explorer_redraws_when_a_control_changes(tiny, use_widget, monkeypatch):
+def test_explorer_redraws_when_a_control_changes(tiny_llama, use_widget, monkeypatch):
     from labsupport.explorers import kv_cache as module
 
     calls = []
@@ -179,7 +104,7 @@ def test_explorer_redraws_when_a_control_changes(tiny, use_widget, monkeypatch):
                         lambda *args, **kwargs: calls.append(args) or original(*args, **kwargs))
     kv_cache_explorer = module.kv_cache_explorer
 
-    explorer = kv_cache_explorer(tiny, max_length=128, initial_length=64, repeats=1, use_widget=use_widget)
+    explorer = kv_cache_explorer(tiny_llama, max_length=128, initial_length=64, repeats=1, use_widget=use_widget)
     timing, memory = (live.figure for live in explorer.figures)
     before = [list(t.x) for t in timing.data]
     explorer.controls["length"].value = 112

@@ -7,7 +7,9 @@ inside functions alike, relative (``from .x import y``) and absolute
 * the import graph between labsupport's modules has no cycle;
 * no technique module imports the layers built on the techniques (bench/, claims,
   report, cli, plots/, explorers/, checks/);
-* no module is longer than 400 lines.
+* no module is longer than 400 lines;
+* every public function and class at the top of a module has a docstring that names the
+  notebook introducing it (COURSE.md: "the package is an index of the book").
 
 A cycle or a long file that is known and owned elsewhere is marked ``xfail(strict=True)``
 with its name: the mark fails as soon as it is fixed, so that it is removed then.
@@ -16,6 +18,7 @@ with its name: the mark fails as soon as it is fixed, so that it is removed then
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -28,9 +31,7 @@ LAYERS = ("bench", "claims", "report", "cli", "plots", "explorers", "checks")
 NOT_TECHNIQUE = LAYERS + ("delivery", "__main__")
 
 # Modules over MAX_LINES, owned elsewhere: each one is an xfail until it is split.
-KNOWN_LONG = {"quantize.py": "quantize.py is 536 lines (formats, kernels and swaps: the engine's refactoring)",
-              "speculative.py": "speculative.py is 417 lines without its benchmark section "
-                                "(drafts, the accept rule, the loop: the engine's refactoring)"}
+KNOWN_LONG: dict[str, str] = {}
 
 
 def module_name(path: Path) -> str:
@@ -206,3 +207,19 @@ def test_no_module_shares_its_name_with_a_public_function():
     import labsupport
     clashes = [name for name in labsupport.__all__ if f"labsupport.{name}" in MODULES]
     assert not clashes, f"labsupport.{clashes[0]} is both a module and a public name of the package"
+
+
+NOTEBOOK = re.compile(r"notebooks? \d\d", re.IGNORECASE)      # "Notebook 04", "notebooks 00-07"
+
+
+def test_every_public_definition_names_its_notebook():
+    """d2l's rule: every public function and class says which notebook introduces it (or, for
+    infrastructure, which notebooks use it), e.g. "Notebook 04 (quantization)."."""
+    missing = sorted(f"{path.relative_to(PACKAGE).as_posix()}:{node.name}"
+                     for path in MODULES.values()
+                     for node in ast.parse(path.read_text(encoding="utf-8")).body
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and not node.name.startswith("_")
+                     and not NOTEBOOK.search(ast.get_docstring(node) or ""))
+    assert not missing, (f"{len(missing)} public definition(s) whose docstring names no notebook "
+                         f"(add e.g. 'Notebook 04 (quantization).'): " + ", ".join(missing))

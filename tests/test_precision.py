@@ -18,6 +18,19 @@ def test_half_precision_halves_the_tensors():
     assert next(model.parameters()).dtype == torch.float32          # the original is untouched
 
 
+def test_cast_model_casts_the_whole_model_in_a_copy_not_a_linear_swap():
+    """Embeddings, norms and position tables are cast too (a linear swap would cast only the
+    Linear layers), in new modules: the original keeps every module and fp32 tensor."""
+    model = random_model("tiny-llama")
+    half = cast_model(model, "bf16")
+    tensors = list(half.parameters()) + list(half.buffers())
+    assert {t.dtype for t in tensors if t.is_floating_point()} == {torch.bfloat16}
+    assert half.embed.weight.dtype == half.final_norm.weight.dtype == half.rope_cos.dtype == torch.bfloat16
+    assert half.lm_head.weight is half.embed.weight                  # still tied in the copy
+    assert not {id(m) for m in half.modules()} & {id(m) for m in model.modules()}
+    assert {t.dtype for t in model.parameters()} == {torch.float32}
+
+
 def test_gpt2_footprint_matches_the_chapter():
     n = PRESETS["gpt2"].num_parameters
     assert parameter_bytes(n, "float32") / 2**20 == pytest.approx(474.7, abs=0.05)

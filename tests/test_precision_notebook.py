@@ -1,4 +1,5 @@
-"""Notebook 03 (mixed precision): checkers, figures, the lab's caching, the explorer."""
+"""Notebook 03 (mixed precision): figures, the lab's caching, the explorer (its checkers:
+tests/test_checkers.py)."""
 
 import math
 
@@ -6,21 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from labsupport.checks import CheckFailed
-from labsupport.checks.precision import check_first_overflow, check_footprint
-from labsupport.explorers.precision import precision_explorer
+from labsupport.explorers.precision import PrecisionLab, precision_explorer
 from labsupport.models.config import PRESETS
-from labsupport.models.loading import random_model
 from labsupport.plots.precision import agreement_figure, memory_figure, overflow_figure, speed_figure
 from labsupport import precision
-from labsupport.precision import MIB, PrecisionLab, Workload
+from labsupport.workloads import PrecisionWorkload
 
-TINY_WORK = Workload(decode_tokens=3, prefill_tokens=24, agreement_tokens=12, repeats=1)
+TINY_WORK = PrecisionWorkload(decode_tokens=3, prefill_tokens=24, agreement_tokens=12, repeats=1)
 
 
 @pytest.fixture(scope="module")
-def tiny_lab():
-    return PrecisionLab(random_model("tiny-llama"), prompt_ids=[1, 2, 3, 4], workload=TINY_WORK)
+def tiny_lab(tiny_llama):
+    return PrecisionLab(tiny_llama, prompt_ids=[1, 2, 3, 4], workload=TINY_WORK)
 
 
 # --- the reference functions -----------------------------------------------------------
@@ -51,53 +49,6 @@ def test_skip_reason_only_for_fp16_prefill_without_fp16_units(monkeypatch):
     assert "emulated" in precision.speed_skip_reason("cpu", torch.float16, "prefill")
     assert precision.speed_skip_reason("cpu", torch.float16, "decode") is None
     assert precision.speed_skip_reason("cpu", torch.bfloat16, "prefill") is None
-
-
-# --- checkers ---------------------------------------------------------------------------
-
-def test_check_footprint_accepts_reference(capsys):
-    check_footprint(precision.footprint_mib)
-    assert "Correct" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda config, dtype: config.num_parameters * dtype.itemsize / 1e6, "MiB"),
-    (lambda config, dtype: config.num_parameters * 4 / MIB, "bytes per value"),
-    (lambda config, dtype: config.num_parameters * dtype.itemsize, "bytes; divide"),
-    (lambda config, dtype: 474.7, "used 4 bytes per value"),
-    (lambda config, dtype: config.num_parameters / MIB, "multiply the parameter count"),
-    (lambda config, dtype: "big", "a number"),
-])
-def test_check_footprint_rejects_wrong_answers(wrong, hint):
-    with pytest.raises(CheckFailed, match=hint):
-        check_footprint(wrong)
-
-
-def test_check_first_overflow_accepts_reference_and_fp16_arithmetic(capsys):
-    check_first_overflow(precision.first_square_overflow)
-
-    def in_fp16(values):                                   # the square computed in fp16 itself
-        bad = torch.isinf(values.half() * values.half()).nonzero()
-        return int(bad[0, 0]) if len(bad) else None
-
-    check_first_overflow(in_fp16)
-    assert capsys.readouterr().out.count("Correct") == 2
-
-
-def _first(mask):
-    hits = mask.nonzero()
-    return int(hits[0, 0]) if len(hits) else None
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda v: _first(v.abs() > 65504), "square"),
-    (lambda v: _first(v > 256), "negative"),
-    (lambda v: (lambda i: None if i is None else i + 1)(_first(v.abs() > 256)), "index itself"),
-    (lambda v: (lambda i: -1 if i is None else i)(_first(v.abs() > 256)), "None rather than -1"),
-])
-def test_check_first_overflow_rejects_wrong_answers(wrong, hint):
-    with pytest.raises(CheckFailed, match=hint):
-        check_first_overflow(wrong)
 
 
 # --- figures ----------------------------------------------------------------------------
@@ -173,9 +124,8 @@ def test_explorer_redraws_on_a_new_setting(tiny_lab):
     assert outlines[list(explorer.controls["dtype"].options).index("float32")] == 3
 
 
-def test_explorer_as_figure_widget():
-    model = random_model("tiny-gpt2")
-    explorer = precision_explorer(model, prompt_ids=[5, 6], workload=TINY_WORK, use_widget=True)
+def test_explorer_as_figure_widget(tiny_gpt2):
+    explorer = precision_explorer(tiny_gpt2, prompt_ids=[5, 6], workload=TINY_WORK, use_widget=True)
     old = [t.to_plotly_json().get("y") for t in explorer.figures[1].figure.data]
     explorer.controls["regime"].value = "prefill"
     assert [t.to_plotly_json().get("y") for t in explorer.figures[1].figure.data] != old

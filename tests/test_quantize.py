@@ -1,4 +1,4 @@
-"""Weight-only quantization (notebook 04): arithmetic, kernels, model swaps, quality."""
+"""Weight-only quantization (notebook 04): arithmetic, kernels, the linear swap, model swaps, quality."""
 
 import math
 import warnings
@@ -10,9 +10,12 @@ import torch.nn as nn
 from labsupport.errors import LabError
 from labsupport.generation import generate, generate_text
 from labsupport.models.loading import ByteTokenizer, random_model
+from labsupport.linear_swap import SwapHandle, swap_linears
+from labsupport.models.layout import apply_layout, relayout
 from labsupport.quantize import (Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, pack_int4,
                                  perplexity, quantize_int4_groupwise, quantize_int8_absmax, quantize_model,
-                                 quantized_bytes, top1_agreement, unpack_int4, weight_error_stats)
+                                 quantized_bytes, quantized_replacement, top1_agreement, unpack_int4,
+                                 weight_error_stats)
 
 
 def _weight(out_features=96, in_features=128, seed=0):
@@ -195,6 +198,167 @@ def test_bitsandbytes_layers_on_the_tiny_model(method):
     handle.restore()
     with torch.inference_mode():
         assert torch.equal(model(tokens), before)
+
+
+# --- the linear swap: every format through one function, undone exactly --------------------------
+
+FORMATS = ["int8", "int4", "bnb-int8", "bnb-nf4", "bnb-fp4"]
+
+
+def _snapshot(model):
+    """Every module object, every parameter object and a copy of its values."""
+    return (dict(model.named_modules()),
+            {name: (p, p.detach().clone(), p.stride()) for name, p in model.named_parameters()})
+
+
+def _assert_same(model, snapshot):
+    modules, parameters = snapshot
+    assert dict(model.named_modules()).keys() == modules.keys()
+    assert all(module is modules[name] for name, module in model.named_modules())
+    for name, p in model.named_parameters():
+        original, values, stride = parameters[name]
+        assert p is original and torch.equal(p, values) and p.stride() == stride, name
+
+
+def _swapped(method, model):
+    """swap_linears with the replacement for `method`; skips where bitsandbytes cannot run here."""
+    if method.startswith("bnb-"):
+        pytest.importorskip("bitsandbytes")
+    try:
+        return swap_linears(model, quantized_replacement(method, group_size=32))
+    except LabError as error:
+        pytest.skip(f"bitsandbytes cannot run here: {error}")
+
+
+@pytest.mark.parametrize("method", FORMATS)
+def test_each_format_goes_through_the_swap_and_back(method):
+    model, tokens = random_model("tiny-llama"), _tokens()
+    snapshot = _snapshot(model)
+    with torch.inference_mode():
+        before = model(tokens)
+    handle = _swapped(method, model)
+    assert isinstance(handle, SwapHandle) and len(handle.names) == 9
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    with torch.inference_mode():
+        assert not torch.equal(model(tokens), before)
+    handle.restore()
+    _assert_same(model, snapshot)
+    with torch.inference_mode():
+        assert torch.equal(model(tokens), before)
+    with handle:                                            # the same replacements, applied again
+        assert all(model.get_submodule(swap.name) is swap.replacement for swap in handle.swaps)
+    _assert_same(model, snapshot)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_a_with_block_restores_even_when_the_forward_pass_raises(method):
+    model, tokens = random_model("tiny-llama"), _tokens()
+    snapshot = _snapshot(model)
+    with torch.inference_mode():
+        before = model(tokens)
+
+    def fail(*_):
+        raise RuntimeError("a failure in the middle of the forward pass")
+
+    hook = model.blocks[-1].register_forward_hook(fail)       # after the quantized layers of block 0 ran
+    with pytest.raises(RuntimeError, match="middle of the forward pass"):
+        with swap_linears(model, quantized_replacement(method)):
+            with torch.inference_mode():
+                model(tokens)
+    hook.remove()
+    _assert_same(model, snapshot)
+    with torch.inference_mode():
+        assert torch.equal(model(tokens), before)
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2"])
+@pytest.mark.parametrize("method,group_size", [("int8", 32), ("int4", 32), ("int4", 16)])
+def test_quantize_model_is_the_swap_with_the_quantized_replacement(family, method, group_size):
+    model, tokens = random_model(family), _tokens()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                    # g16: the reference kernel, with a warning
+        with quantize_model(model, method, group_size=group_size) as handle:
+            with torch.inference_mode():
+                via_quantize_model = model(tokens)
+        with swap_linears(model, quantized_replacement(method, group_size=group_size)) as swap:
+            with torch.inference_mode():
+                via_swap = model(tokens)
+    assert torch.equal(via_quantize_model, via_swap) and handle.names == swap.names
+
+
+def test_a_replacement_that_fails_halfway_leaves_the_model_as_it_was():
+    model = random_model("tiny-llama")
+    snapshot, calls = _snapshot(model), []
+
+    def replacement(name, linear):
+        calls.append(name)
+        if len(calls) == 4:
+            raise LabError("This layer cannot be replaced.")
+        return Int8Linear.from_linear(linear)
+
+    with pytest.raises(LabError):
+        swap_linears(model, replacement)
+    assert len(calls) == 4
+    _assert_same(model, snapshot)
+
+
+def test_bitsandbytes_that_cannot_run_here_is_refused_in_one_sentence(monkeypatch):
+    """An older bitsandbytes raises on a machine without CUDA: one sentence, and no layer is left swapped."""
+    pytest.importorskip("bitsandbytes")
+    import labsupport.quantize_bnb as quantize_bnb
+    built = []
+
+    def build_on_cpu(bnb, linear, kind):
+        built.append(kind)
+        if len(built) > 2:
+            raise RuntimeError("CUDA is required but not available for bitsandbytes.\nmore lines")
+        return nn.Identity()
+
+    monkeypatch.setattr(quantize_bnb, "_build", build_on_cpu)
+    model = random_model("tiny-llama")
+    snapshot = _snapshot(model)
+    for method in ("bnb-int8", "bnb-nf4"):
+        built.clear()
+        with pytest.raises(LabError) as info:
+            quantize_model(model, method)
+        assert _one_sentence(info.value) and "use method 'int8' or 'int4'" in str(info.value), str(info.value)
+        _assert_same(model, snapshot)
+
+
+def test_the_layout_is_an_argument_of_the_swap_done_in_place_and_undone():
+    model, tokens = random_model("tiny-llama"), _tokens()
+    snapshot = _snapshot(model)
+    with torch.inference_mode():
+        before = model(tokens)
+    with swap_linears(model, layout=lambda w: relayout(w, "column")) as handle:
+        assert handle.swaps == [] and len(handle.restored) == 9
+        assert model.lm_head.weight is model.embed.weight                     # still tied
+        assert model.lm_head.weight.t().is_contiguous() and not model.lm_head.weight.is_contiguous()
+        assert all(m is snapshot[0][n] for n, m in model.named_modules())     # no module replaced
+        with torch.inference_mode():
+            torch.testing.assert_close(model(tokens), before)
+    _assert_same(model, snapshot)                                              # row-major again
+
+
+def test_the_layout_applies_to_the_layers_a_replacement_keeps():
+    model = random_model("tiny-llama")
+    keep_head = quantized_replacement("int8", include_lm_head=False)
+    with swap_linears(model, keep_head, layout=lambda w: relayout(w, "column")) as handle:
+        assert "lm_head" not in handle.names and [r.name for r in handle.restored] == ["lm_head"]
+        assert type(model.lm_head) is nn.Linear and model.lm_head.weight.t().is_contiguous()
+    assert model.lm_head.weight.is_contiguous()
+
+
+def test_apply_layout_keeps_its_behaviour():
+    model = random_model("tiny-llama")
+    weights = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+    shapes = {tuple(m.weight.shape) for m in model.modules() if type(m) is nn.Linear}
+    assert apply_layout(model, "column") == dict.fromkeys(shapes, "column")
+    for name, p in model.named_parameters():                  # the same Parameters, the same values
+        assert p is weights[name][0] and torch.equal(p, weights[name][1])
+    assert model.blocks[0].mlp.down.weight.t().is_contiguous() and model.lm_head.weight is model.embed.weight
+    assert apply_layout(model, "row") == dict.fromkeys(shapes, "row")
+    assert model.blocks[0].mlp.down.weight.is_contiguous()
 
 
 # --- the embedded model ------------------------------------------------------------------------

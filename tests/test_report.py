@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from labsupport.bench import SECTIONS, all_figures, reported
-from labsupport.report import SECTION_PLOTS, html_report, section_figures, write_report
+from labsupport.report import SECTION_PLOTS, html_report, markdown_report_table, section_figures, write_report
+from labsupport.tables import markdown_table, records_table
 
 ROOT = Path(__file__).resolve().parent.parent
 TOUR = ROOT / "docs" / "results" / "2core-cpu-2026-11-30.json"
@@ -92,6 +93,39 @@ def test_html_from_a_synthetic_report(tmp_path):
     assert "MISSES target 2x" in page and "meets target 50%" in page
     assert f"notebook {SECTIONS['serving'].notebook}" in page
     assert json.loads((tmp_path / "report.json").read_text())["sections"].keys() == report["sections"].keys()
+
+
+def _notebooks_markdown_table(header, rows):
+    """The definition notebooks 05, 06 and 07 each carried before `labsupport.tables`."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
+
+
+def test_one_markdown_table_for_notebooks_claims_and_the_report():
+    header, rows = ["server", "tokens/s", "vs static", "same"], [["static", 12.5, "1.00x", True], ["hf", 3, None, 0.1]]
+    table = markdown_table(header, rows)
+    assert table == ("| server | tokens/s | vs static | same |\n|---|---|---|---|\n"
+                     "| static | 12.5 | 1.00x | True |\n| hf | 3 | None | 0.1 |")     # str() of each cell
+    assert table == _notebooks_markdown_table(header, rows)
+    assert markdown_table(["a"], []) == "| a |\n|---|"
+    records = [{"claim": "batch 16 / batch 1", "measured": 7.25}, {"claim": "ridge", "measured": "12 rows"}]
+    assert records_table(records) == markdown_table(["claim", "measured"], [[r["claim"], r["measured"]] for r in records])
+
+
+def test_the_reports_markdown_table_is_as_before(tmp_path):
+    report = synthetic_report()
+    report["sections"]["serving"]["figures"][0]["note"] = "a | b"                  # a "|" in a cell becomes "/"
+    expected = "\n".join([
+        "| measurement | measured | course target | handbook chapter's claim | detail |",
+        "|---|---|---|---|---|",
+        "| KV cache speedup, 64 new tokens | 3.50x | meets target 2x | quadratic -> linear |  |",
+        "| GQA saving | 3.00x |  |  |  |",
+        "| throughput, continuous / static batching | 1.70x | MISSES target 2x |  | a / b |",
+        "| KV pages used | 40% | meets target 50% |  |  |",
+        "| scheduler is exact | True |  |  |  |"])
+    assert markdown_report_table(report) == expected
+    write_report(report, tmp_path)
+    assert expected in (tmp_path / "report.md").read_text()
 
 
 def test_every_section_has_its_own_plots():

@@ -14,6 +14,7 @@ from labsupport.models.loading import random_model
 from labsupport.plots.roofline import roofline_figure, step_time_figure
 from labsupport import roofline
 from labsupport.claims import roofline_claims
+from labsupport.tables import records_table
 
 TINY = PRESETS["tiny-llama"]
 
@@ -187,4 +188,5 @@ def test_roofline_claims(fake_profile):
     assert [c["verdict"] for c in checks] == ["holds", "holds", "less here"]
     table = roofline.markdown_table(checks)
     assert table.count("\n") == 4 and "| claim |" in table
+    assert table == records_table(checks)                     # the one table format, labsupport.tables
 

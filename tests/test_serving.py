@@ -11,20 +11,15 @@ import torch
 
 from labsupport.errors import LabError
 from labsupport.generation import generate
-from labsupport.kv_cache import StaticKVCache
+from labsupport.kv_cache import KVCache, KVWriter, StaticKVCache
 from labsupport.models.loading import random_model
 from labsupport.sampling import SamplingConfig
 from labsupport.serving import (BlockManager, Engine, PagedKVCache, Request, Scheduler, ServedSequence,
                                 blocks_needed, make_workload, reserved_vs_used, slot_bars,
                                 utilization_timeline)
 from labsupport.serving.model_runner import ModelRunner
+from labsupport.speculative import Draft, speculative_generate
 from labsupport.serving.workload import arrival_times, output_lengths
-
-
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt2"])
-def model(request):
-    torch.manual_seed(0)
-    return random_model(request.param, dtype=torch.float64)
 
 
 def prompts(n=6, seed=0, vocab=256):
@@ -40,13 +35,13 @@ def alone(model, request):
 
 # --- the paged cache ----------------------------------------------------------------
 
-def test_paged_logits_equal_contiguous_cache(model):
+def test_paged_logits_equal_contiguous_cache(tiny_model_f64):
     """Prefill three sequences of different lengths into scattered blocks, decode them
     together, and compare every row with the same sequence in a static cache."""
     block_size = 4
     blocks = BlockManager(num_blocks=40, block_size=block_size)
-    cache = PagedKVCache(model.config, 40, block_size, dtype=model.dtype)
-    runner = ModelRunner(model, cache, blocks.table)
+    cache = PagedKVCache(tiny_model_f64.config, 40, block_size, dtype=tiny_model_f64.dtype)
+    runner = ModelRunner(tiny_model_f64, cache, blocks.table)
     seqs = [ServedSequence(Request(p, max_new_tokens=8), i, "cpu") for i, p in enumerate(prompts(3))]
     for seq in seqs:                       # grow in turns, so that block tables interleave
         blocks.grow(seq.index, 2)
@@ -55,49 +50,96 @@ def test_paged_logits_equal_contiguous_cache(model):
     assert blocks.table(0) != list(range(len(blocks.table(0))))         # not contiguous
     for seq in seqs:
         paged_prefill = runner.prefill(seq)
-        static = StaticKVCache(model.config, 1, 32, dtype=model.dtype)
-        reference = model(torch.tensor([seq.tokens]), cache=static)[0, -1]
+        static = StaticKVCache(tiny_model_f64.config, 1, 32, dtype=tiny_model_f64.dtype)
+        reference = tiny_model_f64(torch.tensor([seq.tokens]), cache=static)[0, -1]
         torch.testing.assert_close(paged_prefill, reference, rtol=0, atol=1e-10)
         seq.output.append(int(reference.argmax()))
     for _ in range(3):                     # three batched decode steps
         logits = runner.decode(seqs)
         for row, seq in enumerate(seqs):
-            full = model(torch.tensor([seq.tokens]))[0, -1]               # no cache at all
+            full = tiny_model_f64(torch.tensor([seq.tokens]))[0, -1]      # no cache at all
             torch.testing.assert_close(logits[row], full, rtol=0, atol=1e-10)
             seq.output.append(int(full.argmax()))
 
 
-def test_padding_rows_do_not_touch_real_rows(model):
+def test_padding_rows_do_not_touch_real_rows(tiny_model_f64):
     blocks = BlockManager(num_blocks=10, block_size=4)
-    cache = PagedKVCache(model.config, 10, 4, dtype=model.dtype)
-    runner = ModelRunner(model, cache, blocks.table)
+    cache = PagedKVCache(tiny_model_f64.config, 10, 4, dtype=tiny_model_f64.dtype)
+    runner = ModelRunner(tiny_model_f64, cache, blocks.table)
     seq = ServedSequence(Request(prompts(1)[0], max_new_tokens=4), 0, "cpu")
     blocks.grow(0, len(seq.tokens) + 2)
     seq.output.append(int(runner.prefill(seq).argmax()))
     with_padding = runner.decode([seq], padding_rows=3)
     seq.num_cached -= 1                                                    # redo the same step
     without = runner.decode([seq])
-    assert with_padding.shape == (1, model.config.vocab_size)
+    assert with_padding.shape == (1, tiny_model_f64.config.vocab_size)
     torch.testing.assert_close(with_padding, without, rtol=0, atol=1e-10)
+
+
+def paged_rows(model, rows: int, positions: int, block_size: int = 4):
+    """A `PagedRows` cache of `rows` rows, their blocks interleaved in the pool (not contiguous)."""
+    blocks = BlockManager(num_blocks=40, block_size=block_size)
+    for grown in (2, positions):
+        for row in range(rows):
+            blocks.grow(row, grown)
+    pool = PagedKVCache(model.config, 40, block_size, dtype=model.dtype)
+    return pool.rows([blocks.table(row) for row in range(rows)])
+
+
+def test_the_paged_side_implements_what_it_can_of_the_protocol(tiny_model_f64):
+    pool = PagedKVCache(tiny_model_f64.config, 8, 4, dtype=tiny_model_f64.dtype)
+    assert isinstance(pool.rows([[3, 1, 5]]), KVCache)                 # rows sharing one length
+    view = pool.view(torch.tensor([[0]]), torch.tensor([[0]]), None)    # one pass, rows at their own lengths
+    assert isinstance(view, KVWriter) and not isinstance(view, KVCache)
+    assert not isinstance(pool, KVCache)                                # the pool: many lengths at once
+    with pytest.raises(LabError, match="outside the pool"):
+        pool.rows([[3, 8]])
+
+
+def test_generate_on_the_paged_cache_gives_the_same_tokens(tiny_model_f64):
+    batch = prompts(2)                                                  # lengths 5 and 9: left-padded
+    expected = generate(tiny_model_f64, batch, 10, eos_token_ids=())
+    cache = paged_rows(tiny_model_f64, 2, 9 + 10)
+    assert cache.tables[0].tolist() != list(range(cache.tables.shape[1]))   # scattered blocks
+    paged = generate(tiny_model_f64, batch, 10, eos_token_ids=(), cache=cache)
+    assert paged.tokens.tolist() == expected.tokens.tolist()
+    with pytest.raises(LabError, match="compile=True"):
+        generate(tiny_model_f64, batch, 10, cache=paged_rows(tiny_model_f64, 2, 9 + 10), compile=True)
+
+
+class WrongDraft(Draft):
+    """Proposes the last token plus one, k times: mostly rejected, so the cache rolls back."""
+
+    def propose(self, context, k):
+        return [(context[-1] + 1) % 256] * k, None
+
+
+def test_speculative_decoding_rolls_the_paged_cache_back(tiny_model_f64):
+    prompt = prompts(1)[0]
+    expected = generate(tiny_model_f64, prompt, 12, eos_token_ids=()).row(0)
+    result = speculative_generate(tiny_model_f64, WrongDraft(), prompt, 12, k=3, eos_token_ids=(),
+                                  cache=paged_rows(tiny_model_f64, 1, len(prompt) + 12))
+    assert result.tokens == expected
+    assert result.stats.rejected > 0                                    # truncate did roll back
 
 
 # --- the engine: same tokens as alone, both policies, with preemption ------------------
 
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 @pytest.mark.parametrize("cache_tokens", [None, 48])
-def test_every_request_gets_its_tokens_alone(model, policy, cache_tokens):
+def test_every_request_gets_its_tokens_alone(tiny_model_f64, policy, cache_tokens):
     requests = make_workload(prompts(), count=10, rate=0.5, median_new_tokens=10, max_new_tokens=30, seed=3)
-    engine = Engine(model, max_slots=4, policy=policy, block_size=4, cache_tokens=cache_tokens)
+    engine = Engine(tiny_model_f64, max_slots=4, policy=policy, block_size=4, cache_tokens=cache_tokens)
     result = engine.run(requests, clock="steps")
     assert not result.rejected
     for request, seq in zip(requests, result.sequences):
-        assert seq.output == alone(model, request), request.request_id
+        assert seq.output == alone(tiny_model_f64, request), request.request_id
     engine.blocks.assert_no_leaks()
     if cache_tokens is not None and policy == "continuous":
         assert result.metrics()["preemptions"] > 0          # the small cache forced preemptions
 
 
-def test_policies_are_objects_and_a_new_one_is_a_small_subclass(model):
+def test_policies_are_objects_and_a_new_one_is_a_small_subclass(tiny_model_f64):
     """The names still work; a Policy object gives the same schedule; a custom policy
     (admit only into an empty server: batches of whatever is waiting, no padding rows)
     plugs into the same engine and still gives every request its tokens alone."""
@@ -113,56 +155,56 @@ def test_policies_are_objects_and_a_new_one_is_a_small_subclass(model):
             scheduler.free_slots.append(seq.slot)
 
     requests = make_workload(prompts(), count=8, median_new_tokens=6, max_new_tokens=12, seed=1)
-    by_name = Engine(model, max_slots=3, policy="continuous", block_size=4).run(requests, clock="steps")
-    by_object = Engine(model, max_slots=3, policy=ContinuousBatching(), block_size=4).run(requests, clock="steps")
+    by_name = Engine(tiny_model_f64, max_slots=3, policy="continuous", block_size=4).run(requests, clock="steps")
+    by_object = Engine(tiny_model_f64, max_slots=3, policy=ContinuousBatching(), block_size=4).run(
+        requests, clock="steps")
     assert [s.output for s in by_object.sequences] == [s.output for s in by_name.sequences]
     assert len(by_object.steps) == len(by_name.steps) and by_object.policy == "continuous"
-    custom = Engine(model, max_slots=3, policy=DrainThenRefill(), block_size=4)
+    custom = Engine(tiny_model_f64, max_slots=3, policy=DrainThenRefill(), block_size=4)
     result = custom.run(requests, clock="steps")
     assert result.policy == "drain-then-refill"
-    assert [s.output for s in result.sequences] == [alone(model, r) for r in requests]
+    assert [s.output for s in result.sequences] == [alone(tiny_model_f64, r) for r in requests]
     assert len(result.steps) > len(by_name.steps)            # it waits for the drain
     custom.blocks.assert_no_leaks()
 
 
-def test_sampled_requests_survive_preemption(model):
+def test_sampled_requests_survive_preemption(tiny_model_f64):
     sampling = SamplingConfig(temperature=1.0, top_k=20, seed=5)
     requests = make_workload(prompts(), count=8, median_new_tokens=12, max_new_tokens=30, seed=3,
                              sampling=sampling)
-    roomy = Engine(model, max_slots=4, block_size=4).run(requests, clock="steps")
-    tight_engine = Engine(model, max_slots=4, block_size=4, cache_tokens=48)
+    roomy = Engine(tiny_model_f64, max_slots=4, block_size=4).run(requests, clock="steps")
+    tight_engine = Engine(tiny_model_f64, max_slots=4, block_size=4, cache_tokens=48)
     tight = tight_engine.run(requests, clock="steps")
     assert tight.metrics()["preemptions"] > 0
     assert roomy.tokens() == tight.tokens()
-    assert [alone(model, r) for r in requests] == list(roomy.tokens().values())
+    assert [alone(tiny_model_f64, r) for r in requests] == list(roomy.tokens().values())
     tight_engine.blocks.assert_no_leaks()
 
 
-def test_end_of_sequence_and_streaming(model):
+def test_end_of_sequence_and_streaming(tiny_model_f64):
     prompt = prompts(1)[0]
     sampling = SamplingConfig(temperature=1.0, seed=1)      # a random tiny model repeats itself when greedy
-    free_run = alone(model, Request(prompt, max_new_tokens=8, sampling=sampling))
+    free_run = alone(tiny_model_f64, Request(prompt, max_new_tokens=8, sampling=sampling))
     stop = next(k for k in range(1, 8) if free_run[k] not in free_run[:k])   # a token new at step k
     seen = []
     request = Request(prompt, max_new_tokens=20, sampling=sampling, eos_token_ids=(free_run[stop],),
                       on_token=seen.append)
-    result = Engine(model, max_slots=2).run([request])
+    result = Engine(tiny_model_f64, max_slots=2).run([request])
     assert result.sequences[0].output == free_run[: stop + 1] == seen
 
 
 # --- the scheduler's policies ------------------------------------------------------
 
-def test_static_admits_a_batch_together_and_keeps_finished_rows():
+def test_static_admits_a_batch_together_and_keeps_finished_rows(tiny_llama):
     lengths = [2, 9, 3, 4, 1]
     requests = [Request([1, 2, 3], max_new_tokens=n, request_id=i) for i, n in enumerate(lengths)]
-    model = random_model("tiny-llama")
-    result = Engine(model, max_slots=2, policy="static").run(requests, clock="steps")
+    result = Engine(tiny_llama, max_slots=2, policy="static").run(requests, clock="steps")
     admitted = [s.admitted_at for s in result.sequences]
     assert admitted[0] == admitted[1]                     # seated together
     assert admitted[2] >= result.sequences[1].finished_at  # waited for the longest member
     padded = [r.padding_rows for r in result.steps]
     assert max(padded) == 1                               # request 0 ended early but kept its row
-    continuous = Engine(model, max_slots=2, policy="continuous").run(requests, clock="steps")
+    continuous = Engine(tiny_llama, max_slots=2, policy="continuous").run(requests, clock="steps")
     assert continuous.sequences[2].admitted_at < admitted[2]
     assert len(continuous.steps) < len(result.steps)
     assert all(r.padding_rows == 0 for r in continuous.steps)
@@ -241,9 +283,9 @@ def test_a_request_too_long_for_the_cache_is_refused_and_the_rest_served():
     (lambda m: make_workload([[1]], rate=float("nan")), "arrival rate .* got nan"),
     (lambda m: make_workload([[1]], sigma=-1), "sigma .* must be finite and >= 0"),
 ])
-def test_bad_input_gets_one_sentence(make, message):
+def test_bad_input_gets_one_sentence(tiny_llama, make, message):
     with pytest.raises(LabError, match=message):
-        make(random_model("tiny-llama"))
+        make(tiny_llama)
 
 
 # --- workloads and metrics --------------------------------------------------------
@@ -257,15 +299,14 @@ def test_workload_is_seeded_and_long_tailed():
     assert arrivals == sorted(arrivals) and abs(500 / arrivals[-1] - 4.0) < 0.6
 
 
-def test_metrics_timeline_and_memory():
-    model = random_model("tiny-llama")
+def test_metrics_timeline_and_memory(tiny_llama):
     requests = make_workload(prompts(), count=12, rate=1.0, median_new_tokens=6, max_new_tokens=20, seed=2)
-    result = Engine(model, max_slots=3, block_size=4).run(requests, clock="steps")
+    result = Engine(tiny_llama, max_slots=3, block_size=4).run(requests, clock="steps")
     m = result.metrics()
     assert m["requests"] == 12 and m["tokens"] == sum(r.max_new_tokens for r in requests)
     assert 0 < m["slot_utilization"] <= 1 and m["ttft_p50"] <= m["latency_p50"] <= m["latency_p99"]
     assert m["throughput_tokens_per_s"] == pytest.approx(m["tokens"] / m["duration"])
-    again = Engine(model, max_slots=3, block_size=4).run(requests, clock="steps").metrics()
+    again = Engine(tiny_llama, max_slots=3, block_size=4).run(requests, clock="steps").metrics()
     assert again == m                                                 # the steps clock is exact
     bars = slot_bars(result)
     assert len(bars) >= 12 and all(0 <= b["slot"] < 3 and b["end"] >= b["start"] for b in bars)
@@ -274,7 +315,7 @@ def test_metrics_timeline_and_memory():
         assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
     timeline = utilization_timeline(result)
     assert len(timeline["start"]) == m["steps"] and max(timeline["busy_slots"]) <= 3
-    memory = reserved_vs_used(result, max_length=model.config.max_position)
+    memory = reserved_vs_used(result, max_length=tiny_llama.config.max_position)
     assert 0 < memory["used_bytes"] < memory["reserved_bytes"]
     assert blocks_needed(17, 16) == 2 and blocks_needed(16, 16) == 1
 

@@ -15,26 +15,12 @@ import torch
 
 from labsupport.errors import LabError
 from labsupport.generation import generate
-from labsupport.models.loading import random_model
+from labsupport.kv_cache import StaticKVCache
+from labsupport.models.loading import lively_model as lively
 from labsupport.models.transformer import Transformer
 from labsupport.sampling import GREEDY, SamplingConfig, probabilities
 from labsupport.speculative import (ModelDraft, PromptLookupDraft, QuantizedSelfDraft, expected_speedup,
                                     expected_tokens_per_call, speculative_generate)
-
-
-def lively(name="tiny-llama", seed=0, scale=15.0, noise=0.0, noise_seed=1):
-    """A tiny random model whose weights are scaled up so that its predictions vary from
-    token to token (the plain presets, std 0.02, repeat one token forever); `noise`
-    adds a perturbation, to make a draft that agrees with the target only partly."""
-    model = random_model(name, seed=seed)
-    generator = torch.Generator().manual_seed(noise_seed)
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "norm" not in pname:
-                p.mul_(scale)
-                if noise:
-                    p.add_(torch.randn(p.shape, generator=generator) * noise * p.std())
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +162,37 @@ def test_same_seed_same_sample(target, one_thread):
     runs = [speculative_generate(target, ModelDraft(lively(noise=0.05), sampling), PROMPTS[0], 20, k=3,
                                  sampling=sampling, eos_token_ids=()).tokens for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+# --- caches passed in ----------------------------------------------------------------------
+
+def test_caches_passed_in_are_used(target, one_thread):
+    prompt = PROMPTS[0]
+    expected = generate(target, prompt, 20, eos_token_ids=()).row(0)
+    made = []
+
+    def factory(model, batch_size, max_len):
+        made.append(max_len)
+        return StaticKVCache.for_model(model, batch_size, max_len)
+
+    cache = StaticKVCache.for_model(target, 1, len(prompt) + 20)
+    result = speculative_generate(target, ModelDraft(lively(noise=0.3), cache_factory=factory), prompt, 20,
+                                  k=3, eos_token_ids=(), cache=cache)
+    assert result.tokens == expected
+    assert made == [len(prompt) + 20] and cache.length > len(prompt)
+
+
+def test_caches_that_do_not_fit_are_refused_in_one_sentence(target):
+    too_short = ModelDraft(target, cache_factory=lambda m, b, n: StaticKVCache.for_model(m, b, n - 1))
+    cases = [("rows", PromptLookupDraft(), StaticKVCache.for_model(target, 2, 64)),
+             ("positions", too_short, None),
+             ("must be a KV cache", PromptLookupDraft(), "a cache")]
+    for words, draft, cache in cases:
+        with pytest.raises(LabError, match=words) as error:
+            speculative_generate(target, draft, PROMPTS[0], 8, cache=cache)
+        assert "\n" not in str(error.value) and ". " not in str(error.value)
+    with pytest.raises(LabError, match="cache_factory"):
+        ModelDraft(target, cache_factory="static")
 
 
 # --- refusals, formulas, bookkeeping ---------------------------------------------------------

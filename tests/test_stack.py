@@ -6,16 +6,9 @@ import torch
 
 from labsupport.claims import stack_claims
 from labsupport.errors import LabError
-from labsupport.models.loading import random_model
 from labsupport.plots.stack import cumulative_figure
 from labsupport.serving import make_workload
 from labsupport.stack import HF_PEER, Stage, build_stages, run_stack
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return random_model("tiny-llama")
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +18,8 @@ def requests_():
     return make_workload(prompts, median_new_tokens=6, max_new_tokens=12, min_new_tokens=3, seed=2)
 
 
-def test_every_stage_serves_every_request(model, requests_):
-    stages = build_stages(model, requests_, slots=2)
+def test_every_stage_serves_every_request(tiny_llama, requests_):
+    stages = build_stages(tiny_llama, requests_, slots=2)
     names = [s.name for s in stages]
     assert names[:3] == ["naive loop", "+ KV cache", "+ static batching"]
     assert names[-2:] == ["+ speculative decoding", "+ continuous batching"]
@@ -38,10 +31,10 @@ def test_every_stage_serves_every_request(model, requests_):
             assert out == reference, stage.name            # fp32 stages: exactly the cached tokens
 
 
-def test_run_stack_rows_figure_and_claims(model, requests_):
+def test_run_stack_rows_figure_and_claims(tiny_llama, requests_):
     # a stand-in for Hugging Face generate() (`bench.peers.hf_stack_stage`): timed, never on the ladder
     peer = Stage(HF_PEER, "a stand-in peer", lambda: {r.request_id: [0] * r.max_new_tokens for r in requests_})
-    result = run_stack(model, requests_, slots=2, peers=[peer])
+    result = run_stack(tiny_llama, requests_, slots=2, peers=[peer])
     rows = {r["stage"]: r for r in result["stages"]}
     assert list(rows)[-1] == HF_PEER and not rows[HF_PEER]["kept"] and result["best"] != HF_PEER
     assert ("stack_vs_hf" in result) == (result["best"] is not None)
@@ -55,18 +48,18 @@ def test_run_stack_rows_figure_and_claims(model, requests_):
     assert rows["+ static batching"]["same_tokens_as_fp32"] == 1.0
     fig = cumulative_figure(result)
     assert len(fig.data) == 2 and list(fig.data[0].x) == list(rows)
-    table = stack_claims(result, model)
+    table = stack_claims(result, tiny_llama)
     assert len(table) == 8 and all(r["measured here"] for r in table)
 
 
-def test_run_stack_refuses_an_empty_workload(model):
+def test_run_stack_refuses_an_empty_workload(tiny_llama):
     with pytest.raises(LabError, match="at least one request"):
-        run_stack(model, [])
+        run_stack(tiny_llama, [])
 
 
-def test_stack_explorer_runs_a_setting_and_explains_impossible_ones(model, requests_):
+def test_stack_explorer_runs_a_setting_and_explains_impossible_ones(tiny_llama, requests_):
     from labsupport.explorers.stack import stack_explorer
-    explorer = stack_explorer(model, requests_[:3], slots=2, use_widget=False)
+    explorer = stack_explorer(tiny_llama, requests_[:3], slots=2, use_widget=False)
     first = explorer.figures[0].figure
     assert len(first.data[0].y) == 1
     explorer.controls["batching"].value = "static"
@@ -77,25 +70,3 @@ def test_stack_explorer_runs_a_setting_and_explains_impossible_ones(model, reque
     explorer.refresh()
     assert "one request at a time" in explorer.status.value
     assert len(explorer.figures[0].figure.data[0].y) == 2
-
-
-def test_checkers_accept_the_reference_and_catch_mistakes():
-    from labsupport.checks import CheckFailed
-    from labsupport.checks.stack import (check_ceiling, check_cumulative, reference_ceiling,
-                                         reference_cumulative)
-    check_cumulative(reference_cumulative)
-    check_ceiling(reference_ceiling)
-
-    def multiply_in_order(rows):              # compounds the side branch too
-        out, total = {}, 1.0
-        for r in rows:
-            total *= r["gain"] or 1.0
-            out[r["stage"]] = total
-        return out
-
-    with pytest.raises(CheckFailed, match="builds on B"):
-        check_cumulative(multiply_in_order)
-    with pytest.raises(CheckFailed, match="multiply by the batch size"):
-        check_ceiling(lambda bw, w, b: bw / w)
-    with pytest.raises(CheckFailed, match="no factor of 8"):
-        check_ceiling(lambda bw, w, b: b * bw / (8 * w))

@@ -11,11 +11,10 @@ import torch
 from ..generation import chat_prompt, generate
 from ..kv_cache import kv_cache_bytes
 from ..measure import time_side_by_side, track_peak_memory
+from ..workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions
 from .peers import hf_generate_fn
-
-DEFAULT_PROMPT = "Explain in a few paragraphs why the sky is blue and why sunsets are red."
 
 
 def section_baseline(ctx: BenchContext, options: BenchOptions) -> dict:

@@ -8,25 +8,37 @@ from __future__ import annotations
 
 import torch
 
+from ..batch_timing import batch_speedup
 from ..batching import left_pad, padding_waste, sorted_batches
 from ..generation import chat_prompt, generate
 from ..hardware import bf16_supported
 from ..measure import time_fn, time_side_by_side
+from ..workloads import BATCHING_PROMPTS, STORY_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions
 from .peers import hf_padded_generate_fn
 
-STORY_PROMPT = "Tell me a story about a lighthouse keeper."
-BATCHING_PROMPTS = [        # very different lengths in one batch: the padding example (notebook 02 too)
-    "Hi!",
-    "Name three colours.",
-    "What is the capital of France?",
-    "Write a short poem about the sea.",
-    "Explain in detail, step by step, how a refrigerator moves heat from its inside to the room around it.",
-    "Summarize the plot of a detective story in which a missing painting is found in the museum's own basement.",
-    "List five vegetables.",
-    "Why is the sky blue? Give the physical reason, mention Rayleigh scattering, and explain sunsets too.",
-]
+
+def versus_huggingface(model, hf_model, prompts: list[list[int]], padded, new_tokens: int,
+                       repeats: int = 3) -> tuple[dict, dict]:
+    """labsupport's `generate` on `prompts` and Hugging Face's greedy generate() on the same batch
+    left-padded (`padded`, from `batching.left_pad`), timed side by side, no early stop.
+
+    Introduced in notebook 02 (batching). Returns (the `Timing` of "labsupport" and of
+    "huggingface", the new tokens of each one's last run by the same names, each (batch, new_tokens)).
+    """
+    tokens = {}
+    hf_run = hf_padded_generate_fn(hf_model, padded, new_tokens)
+
+    def ours():
+        tokens["labsupport"] = generate(model, prompts, new_tokens, eos_token_ids=()).tokens
+
+    def huggingface():
+        tokens["huggingface"] = hf_run()
+
+    timings = time_side_by_side({"labsupport": ours, "huggingface": huggingface}, model.device, warmup=1,
+                                repeats=repeats)
+    return timings, tokens
 
 
 def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
@@ -50,16 +62,11 @@ def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
                       "ms_per_step": 1e3 * seconds / new_tokens})
     # the headline ratio: batch 16 against batch 1, interleaved; in fp32, and in bf16
     # where the hardware has it (16-bit matrix units make the compute-bound side cheaper)
-    def batch16_over_batch1(m):
-        runs = {b: (lambda b=b: generate(m, [prompt] * b, new_tokens, eos_token_ids=())) for b in (1, 16)}
-        timings = time_side_by_side({f"batch {b}": fn for b, fn in runs.items()}, ctx.device, warmup=1,
-                                    repeats=options.repeats)
-        return 16 * timings["batch 1"].median / timings["batch 16"].median, timings
-
-    ratio, pair = batch16_over_batch1(model)
+    ratio, pair = batch_speedup(model, prompt, 16, new_tokens, warmup=1, repeats=options.repeats)
     bf16_ratio, bf16_skipped = None, None
     if bf16_supported(ctx.device):
-        bf16_ratio, _ = batch16_over_batch1(ctx.model(torch.bfloat16)[0])
+        bf16_ratio, _ = batch_speedup(ctx.model(torch.bfloat16)[0], prompt, 16, new_tokens, warmup=1,
+                                      repeats=options.repeats)
     else:
         bf16_skipped = ("bf16 not timed: this device has no bf16 hardware, and emulated 16-bit "
                         "matmuls would measure the emulation, not batching (notebook 03 times it)")
@@ -73,19 +80,8 @@ def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
     # Hugging Face generate() on the same left-padded batch
     hf = ctx.hf_model(torch.float32)
     padded = left_pad(prompts, pad_id=tok.pad_token_id or 0)
-    ours_out, hf_out = {}, {}
-
-    def ours():
-        ours_out["r"] = generate(model, prompts, new_tokens, eos_token_ids=())
-
-    hf_run = hf_padded_generate_fn(hf, padded, new_tokens)
-
-    def theirs():
-        hf_out["t"] = hf_run()
-
-    side = time_side_by_side({"labsupport": ours, "huggingface": theirs}, ctx.device, warmup=1,
-                             repeats=options.repeats)
-    same = ours_out["r"].tokens.tolist() == hf_out["t"].tolist()
+    side, tokens = versus_huggingface(model, hf, prompts, padded, new_tokens, repeats=options.repeats)
+    same = tokens["labsupport"].tolist() == tokens["huggingface"].tolist()
     vs_hf = side["huggingface"].median / side["labsupport"].median
     return {
         "new_tokens": new_tokens, "sweep": sweep,

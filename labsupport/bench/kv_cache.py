@@ -12,10 +12,9 @@ from ..kv_cache import kv_cache_bytes
 from ..kv_timing import estimated_total_seconds, gqa_savings, time_per_token_by_position
 from ..measure import time_side_by_side
 from ..models.config import PRESETS
+from ..workloads import KV_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions
-
-KV_PROMPT = "Once upon a time, in a small village by the sea,"
 
 
 def kv_positions(lengths: list[int]) -> list[int]:

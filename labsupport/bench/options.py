@@ -5,8 +5,10 @@ own fields (named after the section: ``kv_*`` for notebook 01, ``batch_*`` for 0
 
 `BenchOptions()` is the CPU preset (small: a 2-core machine runs every section in
 about a quarter of an hour); `BenchOptions.gpu()` sizes the sweeps and workloads for
-a GPU; `BenchOptions.for_device` picks one. `from_cli` applies the command line's
-``--new-tokens``, ``--repeats`` and ``--kv-lengths`` to every field they stand for.
+a GPU; `BenchOptions.for_device` picks one. The fields that differ between the two
+(`device_sizes`) come from `workloads.PRESETS`, the course's one home for sizes.
+`from_cli` applies the command line's ``--new-tokens``, ``--repeats`` and
+``--kv-lengths`` to every field they stand for.
 Every field is checked when an instance is made (also by `dataclasses.replace`): a
 wrong value is one sentence (`LabError`), never a traceback from deep inside a section.
 """
@@ -15,14 +17,21 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-import torch
-
-from ..batching import CPU_BATCHES
 from ..errors import LabError
 from ..inputs import finite_number, whole_number
-from ..roofline import CPU_DECODE_BATCHES, GPU_DECODE_BATCHES
+from ..workloads import PRESETS, DevicePreset, device_class
 
-GPU_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)       # batching's sweep in the bench: up to 256
+
+def device_sizes(preset: DevicePreset) -> dict:
+    """The fields of `BenchOptions` that a device preset (`workloads.PRESETS`) decides.
+
+    Introduced in notebook 00 (where the time goes)."""
+    return dict(roofline_batches=preset.roofline_batches, batch_sizes=preset.batch_sizes,
+                serving_slots=preset.serving_slots, serving_requests=preset.serving_requests,
+                stack_requests=preset.stack.requests)
+
+
+CPU_SIZES = device_sizes(PRESETS["cpu"])         # the defaults below
 
 # The fields the command line's --new-tokens and --repeats stand for (see `from_cli`).
 NEW_TOKENS_FIELDS = ("new_tokens", "batch_new_tokens", "precision_new_tokens", "quant_new_tokens")
@@ -51,7 +60,7 @@ class BenchOptions:
     other ``*_repeats`` field."""
 
     # -- roofline (notebook 00) -----------------------------------------------------------
-    roofline_batches: tuple[int, ...] = CPU_DECODE_BATCHES
+    roofline_batches: tuple[int, ...] = CPU_SIZES["roofline_batches"]
     """Batch sizes of roofline's decode-step sweep (past the ridge: dozens on a CPU, hundreds on a GPU)."""
     roofline_context: int = 64
     """Cached positions behind each timed decode step: roofline."""
@@ -72,7 +81,7 @@ class BenchOptions:
     # -- batching (notebook 02) -----------------------------------------------------------
     batch_new_tokens: int = 32
     """New tokens per row in batching's sweep, pair and Hugging Face peer."""
-    batch_sizes: tuple[int, ...] = CPU_BATCHES
+    batch_sizes: tuple[int, ...] = CPU_SIZES["batch_sizes"]
     """Batch sizes of batching's throughput sweep."""
 
     # -- mixed precision (notebook 03) ----------------------------------------------------
@@ -96,18 +105,18 @@ class BenchOptions:
     """Tokens drafted per target pass: speculative (ours and Hugging Face's prompt lookup)."""
 
     # -- continuous batching (notebook 06) ------------------------------------------------
-    serving_slots: int = 8
+    serving_slots: int = CPU_SIZES["serving_slots"]
     """Batch slots of every server in serving (two cores saturate early: notebook 02)."""
-    serving_requests: int = 48
-    """Requests in serving's long-tailed workload (`bench.serving.serving_workload`)."""
+    serving_requests: int = CPU_SIZES["serving_requests"]
+    """Requests in serving's long-tailed workload (`workloads.serving_workload`)."""
     serving_repeats: int = 1
     """Timed repeats of serving's whole workload per server."""
 
     # -- putting it together (notebook 07) ------------------------------------------------
     stack_slots: int = 8
     """Batch slots of stack's batched stages."""
-    stack_requests: int = 8
-    """Requests in stack's workload (`stack.stack_workload`)."""
+    stack_requests: int = CPU_SIZES["stack_requests"]
+    """Requests in stack's workload (`workloads.stack_workload`)."""
     stack_repeats: int = 1
     """Timed repeats of every stage of stack."""
 
@@ -125,21 +134,20 @@ class BenchOptions:
     # -- presets ----------------------------------------------------------------------------
     @classmethod
     def cpu(cls, **changes) -> BenchOptions:
-        """The CPU preset (the defaults), with `changes`. Introduced in notebook 00."""
-        return cls(**changes)
+        """The CPU preset (the defaults: `workloads.PRESETS["cpu"]`), with `changes`.
+        Introduced in notebook 00."""
+        return cls(**{**CPU_SIZES, **changes})
 
     @classmethod
     def gpu(cls, **changes) -> BenchOptions:
-        """The GPU preset: longer sweeps, a larger serving workload, with `changes`.
-        Introduced in notebook 00."""
-        sizes = dict(batch_sizes=GPU_BATCH_SIZES, roofline_batches=GPU_DECODE_BATCHES,
-                     serving_slots=64, serving_requests=256, stack_requests=64)
-        return cls(**{**sizes, **changes})
+        """The GPU preset (`workloads.PRESETS["gpu"]`): longer sweeps, a larger serving
+        workload, with `changes`. Introduced in notebook 00."""
+        return cls(**{**device_sizes(PRESETS["gpu"]), **changes})
 
     @classmethod
     def for_device(cls, device, **changes) -> BenchOptions:
         """`gpu()` on a CUDA device, `cpu()` anywhere else. Introduced in notebook 00."""
-        return cls.gpu(**changes) if torch.device(device).type == "cuda" else cls.cpu(**changes)
+        return cls.gpu(**changes) if device_class(device) == "gpu" else cls.cpu(**changes)
 
     @classmethod
     def from_cli(cls, device, new_tokens: int | None = None, repeats: int | None = None,

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import torch
 
-from ..hardware import bf16_emulated, bf16_supported, dtype_label, fp16_fast
+from ..hardware import bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast
 from ..measure import time_side_by_side
 from ..models.config import PRESETS
-from ..precision import (bf16_report, cast_model, decode_run, emulation_note, logit_agreement, parameter_bytes,
-                         prefill_run, tensor_bytes)
+from ..precision import (bf16_report, decode_run, emulation_note, logit_agreement, parameter_bytes, prefill_run,
+                         tensor_bytes)
+from ..variants import ModelVariants
+from ..workloads import LIGHTHOUSE_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions
-
-LIGHTHOUSE_PROMPT = "The history of the lighthouse begins with fires lit on hills by the sea."
 
 
 def section_precision(ctx: BenchContext, options: BenchOptions) -> dict:
@@ -30,7 +30,8 @@ def section_precision(ctx: BenchContext, options: BenchOptions) -> dict:
     half = [torch.bfloat16] if bf16_supported(ctx.device) or bf16_emulated(ctx.device) else []
     if ctx.device.type == "cuda" or fp16_fast(ctx.device):
         half.append(torch.float16)
-    models = {"float32": model, **{str(d).removeprefix("torch."): cast_model(model, d) for d in half}}
+    variants = ModelVariants(model)
+    models = {name: variants.get(name) for name in ["float32"] + [dtype_name(d) for d in half]}
 
     gpt2 = PRESETS["gpt2"].num_parameters
     memory = {name: tensor_bytes(m) for name, m in models.items()}

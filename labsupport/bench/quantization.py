@@ -36,7 +36,8 @@ from ..generation import chat_prompt, generate
 from ..hardware import fp16_fast
 from ..measure import time_side_by_side
 from ..precision import cast_model, tensor_bytes
-from ..quantize import _score, eval_tokens, quantize_model, quantized_bytes
+from ..quantize import eval_tokens, quantize_model, quantized_bytes
+from ..quantize_eval import _score
 from .baseline import DEFAULT_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions

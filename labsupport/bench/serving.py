@@ -11,30 +11,43 @@ import torch
 from ..measure import time_side_by_side
 from ..serving.engine import Engine
 from ..serving.metrics import reserved_vs_used
-from ..serving.workload import chat_prompts, make_workload
+from ..workloads import preset, serving_workload
 from .core import BenchContext, reported
 from .options import BenchOptions
 from .peers import hf_serve
 
 
-def serving_workload(tokenizer, device, count: int | None = None, rate: float | None = None, seed: int = 0):
-    """The course's long-tailed workload: chat prompts, log-normal answer lengths (median 16,
-    sigma 1.0, at most 256 tokens); `count` requests, by default the device's preset
-    (`BenchOptions.serving_requests`: 48 on a CPU, 256 on a GPU).
-
-    Introduced in notebook 06 (continuous batching)."""
-    if count is None:
-        count = BenchOptions.for_device(device).serving_requests
-    return make_workload(chat_prompts(tokenizer, count), rate=rate, median_new_tokens=16, sigma=1.0,
-                         max_new_tokens=256, seed=seed)
-
-
 def default_slots(device) -> int:
-    """Batch slots, the device's preset (`BenchOptions.serving_slots`): 8 on a CPU (two cores
-    saturate early, notebook 02), 64 on a GPU.
+    """Batch slots, the device's preset (`workloads.PRESETS`, ``serving_slots``): 8 on a CPU
+    (two cores saturate early, notebook 02), 64 on a GPU. The requests: `workloads.serving_workload`.
 
     Introduced in notebook 06 (continuous batching)."""
-    return BenchOptions.for_device(device).serving_slots
+    return preset(device).serving_slots
+
+
+def serve_side_by_side(model, hf_model, requests: list, slots: int, repeats: int = 1) -> tuple[dict, dict]:
+    """Serve `requests` (all arriving at once) three ways, timed side by side: our engine with
+    continuous and with static batching (`slots` slots, a paged cache the size of a per-slot
+    reservation for the longest request) and Hugging Face's continuous batching (`peers.hf_serve`).
+
+    Introduced in notebook 06 (continuous batching). Returns (the `Timing` of "continuous",
+    "static" and "hf", the last run of each by the same names: a `ServingResult` for ours,
+    `hf_serve`'s dict for "hf").
+    """
+    longest = max(r.max_length for r in requests)
+    runs: dict = {}
+
+    def ours(policy):
+        def fn():
+            runs[policy] = Engine(model, max_slots=slots, policy=policy, cache_tokens=slots * longest).run(requests)
+        return fn
+
+    def huggingface():
+        runs["hf"] = hf_serve(hf_model, requests, max_slots=slots)
+
+    timings = time_side_by_side({"continuous": ours("continuous"), "static": ours("static"),
+                                 "hf": huggingface}, model.device, warmup=0, repeats=repeats)
+    return timings, runs
 
 
 def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
@@ -51,18 +64,7 @@ def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
     requests = serving_workload(tok, ctx.device, options.serving_requests)
     repeats = options.serving_repeats
     longest = max(r.max_length for r in requests)
-    runs: dict = {}
-
-    def ours(policy):
-        def fn():
-            runs[policy] = Engine(model, max_slots=slots, policy=policy, cache_tokens=slots * longest).run(requests)
-        return fn
-
-    def huggingface():
-        runs["hf"] = hf_serve(hf, requests, max_slots=slots)
-
-    timings = time_side_by_side({"continuous": ours("continuous"), "static": ours("static"),
-                                 "hf": huggingface}, ctx.device, warmup=0, repeats=repeats)
+    timings, runs = serve_side_by_side(model, hf, requests, slots, repeats)
     tokens = sum(r.max_new_tokens for r in requests)
     speed = {name: tokens / t.median for name, t in timings.items()}
     metrics = {policy: runs[policy].metrics() for policy in ("continuous", "static")}

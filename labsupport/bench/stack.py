@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from ..claims import stack_claims
-from ..stack import run_stack, stack_workload
+from ..stack import run_stack
+from ..workloads import stack_workload
 from .core import BenchContext, reported
 from .options import BenchOptions
 from .peers import hf_stack_stage

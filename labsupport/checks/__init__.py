@@ -12,18 +12,22 @@ from ..errors import LabError
 
 
 class CheckFailed(LabError):
-    """A learner's answer is not right yet; the message says why and hints at a fix."""
+    """A learner's answer is not right yet; the message says why and hints at a fix.
+    Raised by the exercise checkers of notebooks 00-07."""
 
 
 def passed(exercise: str, detail: str = "") -> None:
-    """Tell the learner an exercise is right."""
+    """Tell the learner an exercise is right. Used by the exercise checkers of notebooks 00-07."""
     print(f"Correct: {exercise}." + (f" {detail}" if detail else ""))
 
 
 def fail(exercise: str, expected, got, hint: str) -> None:
-    """Raise CheckFailed with the three things a learner needs."""
+    """Raise CheckFailed with the three things a learner needs.
+    Used by the exercise checkers of notebooks 00-07."""
     raise CheckFailed(f"{exercise}: expected {expected}, got {got}. Hint: {hint}")
 
 
 def close_enough(got: float, expected: float, rel: float = 1e-6) -> bool:
+    """True when `got` is within a relative tolerance `rel` of `expected`.
+    Used by the exercise checkers of notebooks 00, 02, 03, 05 and 07."""
     return abs(got - expected) <= rel * max(abs(expected), 1e-12)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..hardware import dtype_name
 from ..models.config import PRESETS
 from ..precision import MIB, first_square_overflow, footprint_mib
 from . import close_enough, fail, passed
@@ -28,7 +29,7 @@ def _footprint_hint(config, dtype, got: float) -> str:
     """Guess the usual slip behind a wrong footprint."""
     expected_bytes = footprint_mib(config, dtype) * MIB
     size = dtype.itemsize
-    name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     if close_enough(got, expected_bytes / 1e6, 1e-3):
         return ("that is MB (10^6 bytes). The handbook chapter's 'MB' are MiB: divide the bytes "
                 "by 2**20 = 1,048,576.")
@@ -54,7 +55,7 @@ def check_footprint(fn) -> None:
     """
     exercise = "model footprint per precision"
     for config, dtype in FOOTPRINT_CASES:
-        case = f"{config.name} in {str(dtype).removeprefix('torch.')}"
+        case = f"{config.name} in {dtype_name(dtype)}"
         expected = footprint_mib(config, dtype)
         answer = fn(config, dtype)
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..hardware import dtype_name
 from ..measure import HardwareProfile
 from ..models.config import PRESETS, ModelConfig
 from ..roofline import attention_flops, decode_step_cost, matmul_params, ridge_batch
@@ -83,7 +84,7 @@ def check_ridge_batch(answer: float, profile: HardwareProfile, config: ModelConf
     """
     exercise = "ridge batch size"
     expected = ridge_batch(profile, config, dtype, context)
-    name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     try:
         got = float(answer)
     except (TypeError, ValueError):

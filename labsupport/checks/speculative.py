@@ -21,7 +21,8 @@ EXPECTED = "expected tokens per target call"
 def reference_accept_step(p_target: torch.Tensor, p_draft: torch.Tensor, token: int,
                           u: float) -> tuple[bool, torch.Tensor | None]:
     """Accept `token` if u < min(1, p_t[x] / p_d[x]); otherwise return the residual
-    normalize(max(0, p_t - p_d)) that the replacement token is drawn from."""
+    normalize(max(0, p_t - p_d)) that the replacement token is drawn from.
+    Notebook 05 (speculative decoding)."""
     ratio = float(p_target[token]) / float(p_draft[token])
     if u < min(1.0, ratio):
         return True, None
@@ -50,7 +51,8 @@ def _cases() -> list[tuple[torch.Tensor, torch.Tensor, int, float]]:
 
 def check_accept_step(fn) -> None:
     """Check `fn(p_target, p_draft, token, u) -> (accepted, residual)`: residual is the
-    normalized distribution to resample from after a rejection, or None when accepted."""
+    normalized distribution to resample from after a rejection, or None when accepted.
+    Notebook 05 (speculative decoding)."""
     for p, q, token, u in _cases():
         want_ok, want_res = reference_accept_step(p, q, token, u)
         try:
@@ -89,7 +91,8 @@ def check_accept_step(fn) -> None:
 
 
 def check_expected_tokens(fn) -> None:
-    """Check `fn(alpha, k) -> float`: (1 - alpha^(k+1)) / (1 - alpha), and k + 1 at alpha = 1."""
+    """Check `fn(alpha, k) -> float`: (1 - alpha^(k+1)) / (1 - alpha), and k + 1 at alpha = 1.
+    Notebook 05 (speculative decoding)."""
     cases = [(0.0, 4), (0.5, 1), (0.5, 4), (0.8, 4), (0.9, 8), (0.3, 2), (0.99, 5), (1.0, 4), (1.0, 1),
              (0.7, 0)]
     for alpha, k in cases:

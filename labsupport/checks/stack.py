@@ -14,7 +14,8 @@ CEILING = "the memory-bound ceiling of decode throughput"
 
 def reference_cumulative(rows: list[dict]) -> dict[str, float]:
     """Each stage's speedup over the first: the product of the gains along its chain of
-    `builds_on` (a stage that did not pay is a side branch: nothing builds on it)."""
+    `builds_on` (a stage that did not pay is a side branch: nothing builds on it).
+    Notebook 07 (putting it together)."""
     total: dict[str, float] = {}
     for row in rows:
         total[row["stage"]] = 1.0 if row["builds_on"] is None else total[row["builds_on"]] * row["gain"]
@@ -40,7 +41,7 @@ def _ladders(measured: list[dict] | None) -> list[list[dict]]:
 
 
 def check_cumulative(fn, measured_rows: list[dict] | None = None) -> None:
-    """Check `fn(rows) -> {stage: speedup over the first stage}`."""
+    """Check `fn(rows) -> {stage: speedup over the first stage}`. Notebook 07 (putting it together)."""
     for rows in _ladders(measured_rows):
         want = reference_cumulative(rows)
         got = fn([dict(r) for r in rows])
@@ -58,12 +59,14 @@ def check_cumulative(fn, measured_rows: list[dict] | None = None) -> None:
 
 
 def reference_ceiling(bandwidth_bytes_per_s: float, weight_bytes: float, batch: int = 1) -> float:
-    """Decode tokens/s if a step costs only reading every weight once: batch x bandwidth / bytes."""
+    """Decode tokens/s if a step costs only reading every weight once: batch x bandwidth / bytes.
+    Notebook 07 (putting it together)."""
     return batch * bandwidth_bytes_per_s / weight_bytes
 
 
 def check_ceiling(fn) -> None:
-    """Check `fn(bandwidth_bytes_per_s, weight_bytes, batch) -> tokens/s`."""
+    """Check `fn(bandwidth_bytes_per_s, weight_bytes, batch) -> tokens/s`.
+    Notebook 07 (putting it together)."""
     cases = [(20e9, 538e6, 1), (20e9, 269e6, 1), (3.3e12, 14e9, 1), (20e9, 80e6, 8), (1e12, 1e9, 16)]
     for bandwidth, weights, batch in cases:
         want = reference_ceiling(bandwidth, weights, batch)

@@ -29,12 +29,14 @@ from ..errors import LabError
 
 
 def figure_widgets_render() -> bool:
-    """False where plotly's FigureWidget is known not to render (Colab)."""
+    """False where plotly's FigureWidget is known not to render (Colab).
+    Notebook 00 (where the time goes); shared by the explorers of notebooks 00-07."""
     return "google.colab" not in sys.modules
 
 
 class LiveFigure:
-    """A plotly figure that can be redrawn in place, as a FigureWidget or in an Output."""
+    """A plotly figure that can be redrawn in place, as a FigureWidget or in an Output.
+    Notebook 00 (where the time goes); shared by the explorers of notebooks 00-07."""
 
     def __init__(self, figure: go.Figure, use_widget: bool | None = None):
         self.use_widget = figure_widgets_render() if use_widget is None else use_widget
@@ -78,7 +80,8 @@ class LiveFigure:
 
 
 class Explorer:
-    """Controls + live figures + a status line; `render(values)` draws the figures."""
+    """Controls + live figures + a status line; `render(values)` draws the figures.
+    Notebook 00 (where the time goes); shared by the explorers of notebooks 00-07."""
 
     def __init__(self, controls: dict[str, widgets.ValueWidget],
                  render: Callable[[dict], list[go.Figure]], title: str = "",

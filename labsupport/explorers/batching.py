@@ -18,20 +18,20 @@ from ..batch_timing import measure_batch
 from ..batching import batch_sizes, padding_waste, prompts_of_lengths, spread_lengths
 from ..generation import chat_prompt
 from ..plots.batching import padding_figure, scaling_figure
+from ..workloads import BATCHING_SOURCE_TEXT, preset
 from .base import Explorer
 
-SOURCE_TEXT = ("A lighthouse keeper lived alone on a rock far out at sea. Every evening he climbed the "
-               "spiral stairs, trimmed the wick, polished the great lens and watched the beam sweep "
-               "across the water, counting the ships that passed safely in the dark. ")
 SPREADS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def spread_label(spread: float) -> str:
+    """The group name of one prompt-length spread in the figures, e.g. 'spread 0.50'.
+    Notebook 02 (batching)."""
     return f"spread {spread:.2f}"
 
 
 class BatchPoints:
-    """Measured batches keyed by (batch, spread); measures on a miss."""
+    """Measured batches keyed by (batch, spread); measures on a miss. Notebook 02 (batching)."""
 
     def __init__(self, model, source_ids: list[int], longest: int, new_tokens: int, measured=()):
         self.model, self.source_ids = model, source_ids
@@ -60,15 +60,17 @@ def batching_explorer(model, tokenizer, batches=None, spreads=SPREADS, longest: 
 
     Introduced in notebook 02 (batching).
     model, tokenizer: labsupport's model and its tokenizer (prompts are cut from a
-    fixed text). batches: slider positions (default `batching.batch_sizes`, up to 32
-    on a CPU). spreads: 0 = every prompt `longest` tokens; 1 = lengths from `longest`
+    fixed text, `workloads.BATCHING_SOURCE_TEXT`). batches: slider positions (default
+    `batching.batch_sizes`, up to the device's ``batching_explorer_max_batch``, `workloads.PRESETS`:
+    32 on a CPU). spreads: 0 = every prompt `longest` tokens; 1 = lengths from `longest`
     down to 1. new_tokens: tokens generated per row at each measurement (few, so
     that a CPU answers in seconds). measured: rows already measured (dicts from
     `measure_batch` with a "spread" key), shown at once.
     """
-    batches = list(batches or [b for b in batch_sizes(model.device) if b <= 32 or model.device.type != "cpu"])
+    largest = preset(model.device).batching_explorer_max_batch
+    batches = list(batches or [b for b in batch_sizes(model.device) if largest is None or b <= largest])
     spreads = list(spreads)
-    source = tokenizer.encode(chat_prompt(tokenizer, SOURCE_TEXT * 4), add_special_tokens=False)
+    source = tokenizer.encode(chat_prompt(tokenizer, BATCHING_SOURCE_TEXT * 4), add_special_tokens=False)
     points = BatchPoints(model, source, longest, new_tokens, measured)
 
     controls = {

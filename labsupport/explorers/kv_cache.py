@@ -16,11 +16,13 @@ import ipywidgets as widgets
 from ..kv_cache import StaticKVCache
 from ..kv_timing import MODES, time_per_token_by_position
 from ..plots.kv_cache import cache_memory_figure, per_token_time_figure
+from ..workloads import preset
 from .base import Explorer
 
 
 class StepTimes:
-    """Measured seconds per step, keyed by (sequence length, use_cache); measures on a miss."""
+    """Measured seconds per step, keyed by (sequence length, use_cache); measures on a miss.
+    Notebook 01 (KV cache)."""
 
     def __init__(self, model, prompt_len: int, repeats: int):
         self.model, self.prompt_len, self.repeats = model, prompt_len, repeats
@@ -50,12 +52,13 @@ def kv_cache_explorer(model, max_length: int | None = None, initial_length: int 
     """Controls: sequence length (slider) and KV cache on/off; figures: time per token
     and cache memory.
 
-    Introduced in notebook 01 (KV cache). max_length defaults to 1024 on a CPU and
-    4096 on a GPU (never past the model's context).
+    Introduced in notebook 01 (KV cache). max_length defaults to the device's
+    ``kv_explorer_max_length`` (`workloads.PRESETS`: 1024 on a CPU, 4096 on a GPU), never
+    past the model's context.
     """
     config = model.config
     if max_length is None:
-        max_length = 1024 if model.device.type == "cpu" else 4096
+        max_length = preset(model.device).kv_explorer_max_length
     max_length = min(max_length, config.max_position)
     times = StepTimes(model, prompt_len, repeats)
     allocated: dict[int, int] = {}      # length -> bytes a StaticKVCache of that length allocates

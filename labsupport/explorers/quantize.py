@@ -32,21 +32,22 @@ _LABEL = {"description_width": "initial"}
 
 
 def setting_label(bits: int, group_size: int, method: str) -> str:
-    """A short name for one setting, e.g. 'int4 g32' or 'bnb nf4'."""
+    """A short name for one setting, e.g. 'int4 g32' or 'bnb nf4'. Notebook 04 (quantization)."""
     if method == "bitsandbytes":
         return "bnb int8" if bits == 8 else "bnb nf4"
     return "int8" if bits == 8 else f"int4 g{group_size}"
 
 
 def method_name(bits: int, group_size: int, method: str) -> tuple[str, int]:
-    """(quantize_model method, group size) for one setting."""
+    """(quantize_model method, group size) for one setting. Notebook 04 (quantization)."""
     if method == "bitsandbytes":
         return ("bnb-int8" if bits == 8 else "bnb-nf4"), group_size
     return ("int8" if bits == 8 else "int4"), group_size
 
 
 def error_histogram_figure(errors: dict[str, np.ndarray], title: str = "") -> go.Figure:
-    """Histograms of quantization errors (dequantized - original), one trace per setting."""
+    """Histograms of quantization errors (dequantized - original), one trace per setting.
+    Notebook 04 (quantization)."""
     fig = go.Figure()
     for name, values in errors.items():
         fig.add_trace(go.Histogram(x=np.asarray(values).ravel(), name=name, nbinsx=80, opacity=0.6))
@@ -58,7 +59,8 @@ def error_histogram_figure(errors: dict[str, np.ndarray], title: str = "") -> go
 
 def bar_figure(values: dict[str, float | None], title: str, y_title: str, highlight: str | None = None,
                reference: float | None = None, fmt: str = "{:.2f}") -> go.Figure:
-    """One bar per setting (None: not measured, left out), the current one highlighted."""
+    """One bar per setting (None: not measured, left out), the current one highlighted.
+    Notebook 04 (quantization)."""
     names = [n for n, v in values.items() if v is not None]
     ys = [values[n] for n in names]
     colors = ["#d62728" if n == highlight else "#1f77b4" for n in names]

@@ -11,51 +11,42 @@ measurement is kept, so going back to a setting already seen is instant.
 
 from __future__ import annotations
 
-import copy
-from typing import Callable
-
 import ipywidgets as widgets
 import torch
 
 from ..errors import LabError
 from ..measure import HardwareProfile
 from ..plots.roofline import roofline_figure, step_time_figure
-from ..roofline import decode_batches, measure_decode_point, supported_dtypes
+from ..roofline import measure_decode_point, supported_dtypes
+from ..variants import ModelVariants
+from ..workloads import preset
 from .base import Explorer
 
 
-class ModelsByDtype:
-    """One model per dtype name, built on first use from a factory, a dict, or one model."""
+def _unpack(model_or_pair):
+    """Accept a model or load_model's (model, tokenizer) pair."""
+    return model_or_pair[0] if isinstance(model_or_pair, tuple) else model_or_pair
 
-    def __init__(self, source):
-        self.models: dict[str, torch.nn.Module] = {}
-        self.factory: Callable | None = None
-        if isinstance(source, dict):
-            self.models = {str(k).removeprefix("torch."): self._unpack(m) for k, m in source.items()}
-        elif callable(source) and not isinstance(source, torch.nn.Module):
-            self.factory = source
-        else:
-            model = self._unpack(source)
-            self.models[str(model.dtype).removeprefix("torch.")] = model
-            self.factory = lambda dtype: copy.deepcopy(model).to(dtype)   # a converted copy
 
-    @staticmethod
-    def _unpack(model_or_pair):
-        """Accept a model or load_model's (model, tokenizer) pair."""
-        return model_or_pair[0] if isinstance(model_or_pair, tuple) else model_or_pair
-
-    def get(self, dtype_name: str):
-        if dtype_name not in self.models:
-            if self.factory is None:
-                raise LabError(f"No {dtype_name} model was given to the explorer; pass one for each dtype.")
-            self.models[dtype_name] = self._unpack(self.factory(getattr(torch, dtype_name)))
-        return self.models[dtype_name]
+def model_variants(models) -> ModelVariants:
+    """The explorer's models as a `ModelVariants`: from one model (or load_model's (model,
+    tokenizer) pair), whose other precisions are cast from it (`precision.cast_model`); from a
+    dict {dtype: model or pair}, each kept as given; or from a factory dtype -> model (or pair),
+    called once per precision. Introduced in notebook 00 (where the time goes)."""
+    if isinstance(models, ModelVariants):
+        return models
+    if isinstance(models, dict):
+        return ModelVariants(models={dtype: _unpack(m) for dtype, m in models.items()})
+    if callable(models) and not isinstance(models, torch.nn.Module):
+        return ModelVariants(factory=lambda dtype: _unpack(models(dtype)))
+    return ModelVariants(_unpack(models))
 
 
 class DecodePoints:
-    """Measured decode steps keyed by (dtype name, batch); measures on a miss."""
+    """Measured decode steps keyed by (dtype name, batch); measures on a miss.
+    Notebook 00 (where the time goes)."""
 
-    def __init__(self, models: ModelsByDtype, context: int, repeats: int, measured=()):
+    def __init__(self, models: ModelVariants, context: int, repeats: int, measured=()):
         self.models, self.context, self.repeats = models, context, repeats
         self.rows: dict[tuple[str, int], dict] = {(r["dtype"], r["batch"]): r for r in measured}
 
@@ -71,7 +62,8 @@ class DecodePoints:
 
 
 def roofline_points(rows: list[dict], current: dict) -> list[dict]:
-    """Points for `roofline_figure`: every measured step, and the current one large."""
+    """Points for `roofline_figure`: every measured step, and the current one large.
+    Notebook 00 (where the time goes)."""
     points = [{"intensity": r["intensity"], "flops_per_s": r["flops_per_s"], "dtype": r["dtype"],
                "group": "measured decode steps", "size": 8,
                "label": f"{r['dtype']}, batch {r['batch']}: {1e3 * r['seconds']:.1f} ms/step"}
@@ -89,22 +81,23 @@ def roofline_explorer(models, profile: HardwareProfile, batches=None, context: i
     the measured point, and time per step and tokens/s against batch size.
 
     Introduced in notebook 00 (where the time goes).
-    models: one model (other dtypes are converted copies), a dict {dtype: model}, or a
-    factory dtype -> model (or -> (model, tokenizer)), called once per dtype when first chosen.
+    models: one model (other dtypes are copies cast by `precision.cast_model`), a dict
+    {dtype: model}, a factory dtype -> model (or -> (model, tokenizer)), called once per dtype
+    when first chosen, or a `ModelVariants` (see `model_variants`).
     profile: the `HardwareProfile` from `measure.probe()`; its dtypes the device runs
-    natively are the precision choices. batches: slider positions (default
-    `roofline.decode_batches`). measured: rows already measured (from `sweep_decode`),
+    natively are the precision choices. batches: slider positions (default: the device's
+    ``roofline_batches``, `workloads.PRESETS`). measured: rows already measured (from `sweep_decode`),
     so those settings show at once.
     """
-    sources = ModelsByDtype(models)
-    first_model = next(iter(sources.models.values()), None)
-    device = first_model.device if first_model is not None else profile.device
-    batches = list(batches or decode_batches(device))
+    sources = model_variants(models)
+    given = sources.names()
+    device = sources.get(given[0]).device if given else profile.device
+    batches = list(batches or preset(device).roofline_batches)
     dtype_names = supported_dtypes(profile)
     if not dtype_names:
         raise LabError("The hardware profile has no dtype this device runs; call probe() again.")
     points = DecodePoints(sources, context, repeats, measured)
-    start_dtype = next((n for n in dtype_names if n in sources.models), dtype_names[0])
+    start_dtype = next((n for n in dtype_names if n in given), dtype_names[0])
 
     controls = {
         "batch": widgets.SelectionSlider(options=batches, value=batches[0], description="batch size",

@@ -36,7 +36,8 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 def speculative_explorer(target, tokenizer, drafts: dict, prompts: dict, new_tokens: int = 24,
                          repeats: int = 1, use_widget: bool | None = None) -> Explorer:
-    """drafts: name -> Draft; prompts: name -> prompt text. Controls: prompt, draft, k, temperature."""
+    """drafts: name -> Draft; prompts: name -> prompt text. Controls: prompt, draft, k, temperature.
+    Notebook 05 (speculative decoding)."""
     encoded = {name: _encode(tokenizer, text) for name, text in prompts.items()}
     plain_cache: dict = {}
     results: dict = {}

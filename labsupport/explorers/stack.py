@@ -17,13 +17,15 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..measure import time_side_by_side
-from ..stack import BATCHING, ModelVariants, low_precision, serve_fn
+from ..stack import BATCHING, low_precision, serve_fn
+from ..variants import ModelVariants
 from .base import Explorer
 
 
 def stack_explorer(model, requests, slots: int = 4, variants: ModelVariants | None = None,
                    repeats: int = 1, use_widget: bool | None = None) -> Explorer:
-    """Controls: KV cache, batching, precision, weights, speculative; a Run button."""
+    """Controls: KV cache, batching, precision, weights, speculative; a Run button.
+    Notebook 07 (putting it together)."""
     variants = variants or ModelVariants(model)
     dtype, half = low_precision(model.device)
     precisions = ["fp32"] + ([half] if dtype is not None else [])

@@ -24,7 +24,8 @@ FAMILIES = ("llama", "gpt2")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a decoder-only transformer; validated on construction."""
+    """The shape of a decoder-only transformer; validated on construction.
+    Notebook 00 (where the time goes)."""
 
     family: str
     vocab_size: int
@@ -268,6 +269,8 @@ def config_from_hf(hf_config, name: str = "custom") -> ModelConfig:
 
     Every field that changes the computation is either read or refused in one sentence
     (`ModelUnavailable`); the table above this function lists which is which.
+
+    Notebook 00 (where the time goes).
     """
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in FAMILIES:

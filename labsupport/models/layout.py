@@ -24,12 +24,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..linear_swap import swap_linears
+
 LAYOUTS = ("row", "column")
 _chosen: dict[tuple[str, torch.dtype], str] = {}
 
 
 def relayout(weight: torch.Tensor, layout: str) -> torch.Tensor:
-    """The same (out, in) matrix stored row-major ("row") or column-major ("column")."""
+    """The same (out, in) matrix stored row-major ("row") or column-major ("column").
+    Notebook 00 (where the time goes)."""
     if layout == "row":
         return weight.contiguous()
     return weight.t().contiguous().t()           # (out, in) view of an (in, out) buffer
@@ -54,6 +57,8 @@ def preferred_layout(device: torch.device, dtype: torch.dtype,
 
     Enough copies of the matrix are timed to exceed the CPU caches, as in a real
     model whose weights stream from memory at every decode step.
+
+    Notebook 00 (where the time goes).
     """
     device = torch.device(device)
     out_features, in_features = shape
@@ -77,19 +82,18 @@ def apply_layout(model: nn.Module, layout: str | None = None) -> dict[tuple[int,
     """Store every float Linear weight of `model` in `layout`, or by default in the
     measured preference for its shape, dtype and device. Returns {shape: layout}.
 
-    Tied weights (the embedding shared with the output projection) stay tied:
+    Introduced in notebook 00 (where the time goes). It is the layout argument of the
+    linear swap (`linear_swap.swap_linears`), with no layer replaced and nothing to undo
+    later. Tied weights (the embedding shared with the output projection) stay tied:
     the Parameter object is kept and only its storage changes.
     """
     chosen: dict[tuple[int, int], str] = {}
-    done: set[int] = set()
-    with torch.no_grad():
-        for module in model.modules():
-            weight = getattr(module, "weight", None)
-            if not isinstance(module, nn.Linear) or not weight.is_floating_point() or id(weight) in done:
-                continue
-            shape = tuple(weight.shape)
-            if shape not in chosen:
-                chosen[shape] = layout or preferred_layout(weight.device, weight.dtype, shape)
-            weight.data = relayout(weight.data, chosen[shape])
-            done.add(id(weight))
+
+    def store(weight: torch.Tensor) -> torch.Tensor:
+        shape = tuple(weight.shape)
+        if shape not in chosen:
+            chosen[shape] = layout or preferred_layout(weight.device, weight.dtype, shape)
+        return relayout(weight, chosen[shape])
+
+    swap_linears(model, layout=store)
     return chosen

@@ -50,6 +50,8 @@ class ByteTokenizer:
     """A tokenizer for the tiny presets: one token per UTF-8 byte, plus specials.
 
     It offers the part of the Hugging Face tokenizer interface labsupport uses.
+
+    Notebook 00 (where the time goes).
     """
 
     bos_token_id, eos_token_id, pad_token_id = 256, 257, 257
@@ -68,7 +70,8 @@ class ByteTokenizer:
 
 
 def random_model(name: str, seed: int = 0, device="cpu", dtype=torch.float32) -> Transformer:
-    """A tiny preset with seeded random weights (std 0.02, norms at 1)."""
+    """A tiny preset with seeded random weights (std 0.02, norms at 1).
+    Notebook 06 (continuous batching); the unit tests use it throughout."""
     generator = torch.Generator().manual_seed(seed)
     model = Transformer(PRESETS[name])
     with torch.no_grad():
@@ -79,6 +82,26 @@ def random_model(name: str, seed: int = 0, device="cpu", dtype=torch.float32) ->
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
     model = model.to(device=device, dtype=dtype).eval()
     apply_layout(model)
+    return model
+
+
+def lively_model(name: str = "tiny-llama", seed: int = 0, scale: float = 15.0, noise: float = 0.0,
+                 noise_seed: int = 1) -> Transformer:
+    """A tiny random preset whose predictions vary from token to token: a target or draft for tests.
+
+    Introduced in notebook 05 (speculative decoding). The plain presets (`random_model`,
+    std 0.02) repeat one token forever; here every weight but the norms is scaled by
+    `scale`, and `noise` adds a seeded perturbation (that fraction of each weight's
+    std) to make a draft that agrees with the target only partly.
+    """
+    model = random_model(name, seed=seed)
+    generator = torch.Generator().manual_seed(noise_seed)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" not in pname:
+                p.mul_(scale)
+                if noise:
+                    p.add_(torch.randn(p.shape, generator=generator) * noise * p.std())
     return model
 
 
@@ -94,7 +117,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def resolve_hf_source(name: str) -> str:
-    """The directory or hub repository a name refers to, checking availability first."""
+    """The directory or hub repository a name refers to, checking availability first.
+    Notebook 00 (where the time goes)."""
     if name == EMBEDDED:
         return str(embedded_model_dir())
     if Path(name).is_dir():
@@ -119,6 +143,8 @@ def load_model(name: str = EMBEDDED, device=None, dtype=torch.float32, seed: int
 
     device: "cpu", "cuda", ... (default: the best available); dtype: a torch dtype,
     or "auto" for the fastest the device really supports (see hardware.pick_dtype).
+
+    Notebook 00 (where the time goes).
     """
     device = pick_device(device)
     if dtype == "auto":
@@ -171,7 +197,8 @@ WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
 def weight_files(directory: Path) -> list[Path]:
     """The safetensors files that make up a model, as transformers chooses them:
     model.safetensors, else the shards that model.safetensors.index.json lists.
-    Any other *.safetensors file in the directory (an adapter, a stray copy) is not the model's."""
+    Any other *.safetensors file in the directory (an adapter, a stray copy) is not the model's.
+    Notebook 00 (where the time goes)."""
     if (directory / WEIGHTS).is_file():
         return [directory / WEIGHTS]
     index = directory / WEIGHTS_INDEX
@@ -226,7 +253,8 @@ def _read_state_dict(source: str) -> dict[str, torch.Tensor]:
 
 
 def load_hf_model(name: str = EMBEDDED, device=None, dtype=torch.float32):
-    """The Hugging Face model of the same weights: the peer every benchmark compares against."""
+    """The Hugging Face model of the same weights: the peer every benchmark compares against.
+    Notebook 02 (batching), and the peers of notebooks 05-07."""
     from transformers import AutoModelForCausalLM
     device = pick_device(device)
     require_usable_dtype(device, dtype)

@@ -35,10 +35,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .masks import causal_mask, fixed_decode_mask
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (Llama). Computed in float32, as the reference does."""
+    """Root-mean-square norm (Llama). Computed in float32, as the reference does.
+    Notebook 00 (where the time goes)."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -52,7 +54,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every position's rotation angles, each (max_position, head_dim)."""
+    """cos and sin of every position's rotation angles, each (max_position, head_dim).
+    Notebook 00 (where the time goes)."""
     half = config.head_dim // 2
     inv_freq = 1.0 / config.rope_theta ** (torch.arange(half, dtype=torch.float32) / half)
     angles = torch.outer(torch.arange(config.max_position, dtype=torch.float32), inv_freq)
@@ -64,6 +67,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate each (first-half, second-half) pair of x by its position's angle.
 
     x: (batch, heads, T, head_dim); cos, sin: (batch, 1, T, head_dim).
+
+    Notebook 00 (where the time goes).
     """
     first, second = x.chunk(2, dim=-1)
     rotated_half = torch.cat([-second, first], dim=-1)
@@ -71,7 +76,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Causal self-attention with an optional KV cache and grouped-query heads."""
+    """Causal self-attention with an optional KV cache and grouped-query heads.
+    Notebook 00 (where the time goes)."""
 
     def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__()
@@ -109,7 +115,8 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """Llama's MLP: down(silu(gate(x)) * up(x)), with gate and up fused."""
+    """Llama's MLP: down(silu(gate(x)) * up(x)), with gate and up fused.
+    Notebook 00 (where the time goes)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -122,7 +129,8 @@ class SwiGLU(nn.Module):
 
 
 class GeluMLP(nn.Module):
-    """GPT-2's MLP: proj(gelu(fc(x))), with the tanh approximation GPT-2 was trained with."""
+    """GPT-2's MLP: proj(gelu(fc(x))), with the tanh approximation GPT-2 was trained with.
+    Notebook 00 (where the time goes)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -134,7 +142,8 @@ class GeluMLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """One pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x)).
+    Notebook 00 (where the time goes)."""
 
     def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__()
@@ -154,7 +163,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The course's decoder: tokens (batch, T) -> logits (batch, T, vocab)."""
+    """The course's decoder: tokens (batch, T) -> logits (batch, T, vocab).
+    Notebook 00 (where the time goes)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -199,7 +209,7 @@ class Transformer(nn.Module):
         start = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(start, start + T, device=tokens.device).expand(batch, T)
-        mask = self.attention_mask(T, start, key_mask, tokens.device)
+        mask = causal_mask(T, start, key_mask, tokens.device)
         logits = self.run_layers(tokens, positions, cache, mask, last_only)
         if cache is not None:
             cache.advance(T)
@@ -231,31 +241,8 @@ class Transformer(nn.Module):
         masked out, so step 10 and step 500 run the same kernels on the same shapes.
         The caller moves `cache.length` on. Returns logits (batch, vocab).
         """
-        key_slots = torch.arange(cache.max_len, device=tokens.device)
-        mask = (key_slots <= slot)[None, None, None, :]                  # (1, 1, 1, max_len)
-        if key_mask is not None:
-            mask = mask & key_mask[:, None, None, :]                      # (B, 1, 1, max_len)
+        mask = fixed_decode_mask(cache.max_len, slot, key_mask)           # (B or 1, 1, 1, max_len)
         return self.run_layers(tokens, positions, cache.writer_at(slot), mask)[:, -1]
-
-    @staticmethod
-    def attention_mask(T: int, start: int, key_mask, device):
-        """Which keys each query may see: a boolean (B or 1, 1, T, start + T) tensor,
-        or "causal" / None when scaled_dot_product_attention can do without one."""
-        if key_mask is None:
-            if T == 1:
-                return None                      # one new token sees every cached key
-            if start == 0:
-                return "causal"                  # a fresh prompt: plain causal attention
-        query_pos = torch.arange(start, start + T, device=device)
-        key_pos = torch.arange(start + T, device=device)
-        mask = (key_pos[None, :] <= query_pos[:, None])[None, None]   # (1, 1, T, S)
-        if key_mask is not None:
-            # padding keys are hidden; every query still sees itself, so that a padding
-            # query has one key to attend to (else its softmax is 0/0 = NaN, and NaN
-            # values would leak into real rows through the cache: 0 x NaN = NaN)
-            is_self = key_pos[None, :] == query_pos[:, None]               # (T, S)
-            mask = mask & (key_mask[:, None, None, :].bool() | is_self)    # (B, 1, T, S)
-        return mask
 
     def weight_bytes(self) -> int:
         """Bytes of weights read by one decode step: every parameter and buffer

@@ -39,7 +39,7 @@ RECOMPUTED = {
 def expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a Hugging Face checkpoint of this config holds, with its shape
     (GPT-2 names without their optional ``transformer.`` prefix). The output
-    projection ``lm_head.weight`` is listed only when it is not tied."""
+    projection ``lm_head.weight`` is listed only when it is not tied. Notebook 00 (where the time goes)."""
     h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     shapes: dict[str, tuple[int, ...]] = {}
@@ -185,7 +185,8 @@ def _gpt2_state_dict(config: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[s
 
 def model_from_state_dict(config: ModelConfig, hf_state: dict[str, torch.Tensor],
                           device="cpu", dtype=torch.float32) -> Transformer:
-    """Build a Transformer from a Hugging Face-format state dict (checked first: see the module doc)."""
+    """Build a Transformer from a Hugging Face-format state dict (checked first: see the module doc).
+    Notebook 00 (where the time goes)."""
     hf = _checked_checkpoint(config, hf_state)
     convert = _llama_state_dict if config.family == "llama" else _gpt2_state_dict
     try:
@@ -210,7 +211,8 @@ def model_from_state_dict(config: ModelConfig, hf_state: dict[str, torch.Tensor]
 
 
 def from_hf(hf_model, name: str = "custom", device=None, dtype=None) -> Transformer:
-    """labsupport's Transformer with the weights of a loaded Hugging Face model."""
+    """labsupport's Transformer with the weights of a loaded Hugging Face model.
+    Notebook 00 (where the time goes)."""
     config = config_from_hf(hf_model.config, name=name)
     state = hf_model.state_dict()
     weight = next(hf_model.parameters())

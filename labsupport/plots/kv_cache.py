@@ -12,6 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
+from ..hardware import dtype_name
 from ..kv_cache import kv_cache_bytes
 from ..kv_timing import estimated_step_seconds
 from ..models.config import ModelConfig
@@ -109,6 +110,5 @@ def cache_memory_figure(config: ModelConfig, lengths: Sequence[int],
                                                     line=dict(width=2))))
     if highlight_length is not None:
         fig.add_vline(x=highlight_length, line=dict(color="black", dash="dot"))
-    dtype_name = str(dtype).removeprefix("torch.")
-    return _layout(fig, f"KV cache memory ({dtype_name}, batch {batch_size})",
+    return _layout(fig, f"KV cache memory ({dtype_name(dtype)}, batch {batch_size})",
                    "sequence length (tokens)", "cache size (MiB)")

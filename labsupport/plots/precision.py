@@ -108,7 +108,7 @@ def agreement_figure(results: dict[str, dict], highlight: str | None = None,
 
     Introduced in notebook 03 (mixed precision).
     results: {dtype: {"abs_diff": array of |differences|, "top1_agreement": fraction,
-    "max_abs_diff": float}} (as from `PrecisionLab.agreement`). Differences below `floor`
+    "max_abs_diff": float}} (as from `explorers.precision.PrecisionLab.agreement`). Differences below `floor`
     (exact matches included) are counted in the first bin.
     highlight: the dtype drawn opaque, the others faint.
     """

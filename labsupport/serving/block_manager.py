@@ -18,12 +18,14 @@ from ..errors import LabError
 
 
 def blocks_needed(num_positions: int, block_size: int) -> int:
-    """Blocks that hold `num_positions` positions: the ceiling of num_positions / block_size."""
+    """Blocks that hold `num_positions` positions: the ceiling of num_positions / block_size.
+    Notebook 06 (continuous batching)."""
     return -(-num_positions // block_size)
 
 
 class BlockManager:
-    """Hands out blocks 0 .. num_blocks - 1 and keeps each sequence's block table."""
+    """Hands out blocks 0 .. num_blocks - 1 and keeps each sequence's block table.
+    Notebook 06 (continuous batching)."""
 
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 1:

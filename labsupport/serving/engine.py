@@ -34,7 +34,8 @@ from .scheduler import Scheduler
 
 @dataclass
 class StepRecord:
-    """What one engine step did, for the timeline and the utilization plot."""
+    """What one engine step did, for the timeline and the utilization plot.
+    Notebook 06 (continuous batching)."""
 
     start: float
     end: float
@@ -47,7 +48,7 @@ class StepRecord:
 
 @dataclass
 class ServingResult:
-    """Everything a run produced. `sequences` are in order of arrival."""
+    """Everything a run produced. `sequences` are in order of arrival. Notebook 06 (continuous batching)."""
 
     sequences: list[ServedSequence]
     steps: list[StepRecord]
@@ -75,6 +76,8 @@ class Engine:
         full-context request per slot, capped at 1,024 positions each);
         the pool has ceil(cache_tokens / block_size) blocks.
     policy: "continuous" or "static" (see scheduler.py).
+
+    Notebook 06 (continuous batching).
     """
 
     def __init__(self, model, max_slots: int = 8, policy: str = "continuous",

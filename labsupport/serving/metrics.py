@@ -15,11 +15,13 @@ import numpy as np
 
 
 def percentile(values, q: float) -> float:
+    """The q-th percentile (0-100) of `values`, or nan when there are none.
+    Notebook 06 (continuous batching)."""
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
 def summarize(result) -> dict:
-    """The headline numbers of a `ServingResult`, as a flat dict."""
+    """The headline numbers of a `ServingResult`, as a flat dict. Notebook 06 (continuous batching)."""
     done = [s for s in result.sequences if s.is_finished]
     if not done:
         return {"requests": 0, "tokens": 0, "throughput_tokens_per_s": float("nan")}
@@ -47,7 +49,8 @@ def summarize(result) -> dict:
 
 
 def utilization_timeline(result) -> dict:
-    """Per step: its start and end time and the fraction of slots in use (for a plot)."""
+    """Per step: its start and end time and the fraction of slots in use (for a plot).
+    Notebook 06 (continuous batching)."""
     return {
         "start": [r.start for r in result.steps],
         "end": [r.end for r in result.steps],
@@ -58,7 +61,8 @@ def utilization_timeline(result) -> dict:
 
 
 def slot_bars(result) -> list[dict]:
-    """One bar per stay of a request in a slot: {request, slot, start, end, preempted}."""
+    """One bar per stay of a request in a slot: {request, slot, start, end, preempted}.
+    Notebook 06 (continuous batching)."""
     bars = []
     for seq in result.sequences:
         for i, (slot, start, end) in enumerate(seq.slot_spans):
@@ -70,7 +74,7 @@ def slot_bars(result) -> list[dict]:
 
 def reserved_vs_used(result, max_length: int) -> dict:
     """Cache bytes a per-slot reservation of `max_length` positions would hold, against
-    the paged cache's peak use in this run."""
+    the paged cache's peak use in this run. Notebook 06 (continuous batching)."""
     bytes_per_position = result.block_bytes / result.block_size
     reserved = result.max_slots * max_length * bytes_per_position
     return {"reserved_bytes": reserved, "used_bytes": result.peak_blocks * result.block_bytes}

@@ -10,17 +10,27 @@ Two kinds of forward pass, both through the paged cache:
   already compute-bound, so batching prefills buys little on a CPU.
 * `decode(seqs)`: one new token for each running sequence, all in one batched
   pass, each row attending to its own context through its own block table.
+
+The runner takes the paged pool it is given (`cache`) and builds the masks with
+models/masks.py, like every other caller of the model.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..models.masks import causal_mask, context_mask
 from .paged_cache import PagedKVCache
 from .request import ServedSequence
 
 
 class ModelRunner:
+    """Forward passes of scheduled sequences through a paged pool. Notebook 06.
+
+    cache: the `PagedKVCache` to read and write; block_tables: sequence index -> its
+    list of block ids (the block manager's `table`).
+    """
+
     def __init__(self, model, cache: PagedKVCache, block_tables):
         self.model, self.cache = model, cache
         self.block_tables = block_tables           # sequence index -> list of block ids
@@ -41,7 +51,7 @@ class ModelRunner:
         T = tokens.shape[1]
         positions = torch.arange(T, device=self.device)[None]                       # (1, T)
         view = self.cache.view(self._tables([seq]), positions, context_lengths=None)
-        mask = self.model.attention_mask(T, 0, None, self.device)                   # causal
+        mask = causal_mask(T, 0, None, self.device)                                 # "causal"
         logits = self.model.run_layers(tokens, positions, view, mask, last_only=True)
         seq.num_cached = T
         return logits[0, -1]
@@ -59,8 +69,7 @@ class ModelRunner:
                                  dtype=torch.long, device=self.device)[:, None]           # (B, 1)
         context = positions[:, 0] + 1                                                    # (B,)
         view = self.cache.view(self._tables(seqs, padding_rows), positions, context)
-        key_positions = torch.arange(int(context.max()), device=self.device)
-        mask = (key_positions[None, :] < context[:, None])[:, None, None, :]            # (B, 1, 1, S)
+        mask = context_mask(context)                                                     # (B, 1, 1, S)
         logits = self.model.run_layers(tokens, positions, view, mask)                    # (B, 1, vocab)
         for seq in seqs:
             seq.num_cached += 1

@@ -9,7 +9,7 @@ positions per layer. Position p of a sequence is stored at pool slot
 
 A forward pass gets a `PagedView`, which the `Transformer` uses exactly like the
 static cache of notebook 01 (`update(layer, k, v)` returns every key and value the
-new tokens may attend to). The view scatters the new keys/values into their slots
+new tokens may attend to: the `KVWriter` protocol of kv_cache.py). The view scatters the new keys/values into their slots
 and gathers each row's whole context back through its block table, padded to the
 longest row; a key mask hides the padding. Production engines fuse the gather
 into the attention kernel (PagedAttention); here it is a plain index, so that the
@@ -17,6 +17,19 @@ logits can be checked against the contiguous cache (they are equal: tested).
 
 One extra block at the end of the pool is scratch space: rows that only pad a
 batch (static batching keeps finished rows in the batch) write there.
+
+What of the `KVCache` protocol the paged side implements, and why:
+
+* `PagedKVCache` is the pool, not a cache: it holds many sequences, each at its
+  own length, so it has no single `length` to advance or truncate.
+* `PagedView` (one forward pass of the serving engine) is a `KVWriter` only: its
+  rows are at different lengths, so `length`, `advance` and `truncate` have no
+  single meaning; the model runner keeps each sequence's `num_cached` instead.
+* `PagedRows` (`PagedKVCache.rows`) is a full `KVCache` over pages: rows that share
+  one length (as `generate`'s left-padded batches do), so `generate` and
+  `speculative_generate` can run on the paged cache. Its block tables are fixed
+  when it is made (no growing on demand: that is the block manager's job in the
+  engine), and `truncate` forgets positions without freeing blocks.
 """
 
 from __future__ import annotations
@@ -30,7 +43,8 @@ from ..models.config import ModelConfig
 
 class PagedKVCache:
     """The block pool: keys and values of shape (num_layers, num_slots, kv_heads, head_dim),
-    num_slots = (num_blocks + 1) * block_size (the last block is scratch)."""
+    num_slots = (num_blocks + 1) * block_size (the last block is scratch).
+    Notebook 06 (continuous batching)."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
                  device="cpu", dtype: torch.dtype = torch.float32):
@@ -47,6 +61,10 @@ class PagedKVCache:
     @property
     def device(self) -> torch.device:
         return self.keys.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.keys.dtype
 
     def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Pool slot of each position: tables (B, max_blocks), positions (B, N) -> slots (B, N)."""
@@ -70,9 +88,15 @@ class PagedKVCache:
             read_slots = self.slots(tables, positions)                              # (B, S)
         return PagedView(self, write_slots, read_slots)
 
+    def rows(self, tables) -> "PagedRows":
+        """A `KVCache` for rows that share one length, stored through `tables`: (B, blocks)
+        block ids (a tensor or a list of equal-length lists), one row per sequence."""
+        return PagedRows(self, tables)
+
 
 class PagedView:
-    """What `Transformer` calls during one forward pass over a paged cache."""
+    """What `Transformer` calls during one forward pass over a paged cache: a `KVWriter`
+    (kv_cache.py) only, since its rows are at different lengths. Notebook 06."""
 
     def __init__(self, cache: PagedKVCache, write_slots: torch.Tensor, read_slots: torch.Tensor | None):
         self.cache, self.write_slots, self.read_slots = cache, write_slots, read_slots
@@ -89,3 +113,57 @@ class PagedView:
         keys = self.cache.keys[layer][self.read_slots]    # (B, S, kv_heads, D)
         values = self.cache.values[layer][self.read_slots]
         return keys.transpose(1, 2), values.transpose(1, 2)   # (B, kv_heads, S, D)
+
+
+class PagedRows:
+    """The paged pool as a `KVCache` (kv_cache.py): `batch_size` rows sharing one `length`,
+    each stored through its own block table. Notebook 06 (continuous batching).
+
+    tables: (B, blocks) block ids, each below `num_blocks`; a row holds
+    max_len = blocks * block_size positions. The tables are fixed: a row cannot grow
+    past them, and `truncate` does not free blocks (the block manager owns them).
+    """
+
+    def __init__(self, pool: PagedKVCache, tables):
+        tables = torch.as_tensor(tables, dtype=torch.long, device=pool.device)
+        if tables.dim() != 2 or tables.numel() == 0:
+            raise LabError("tables must be one non-empty list of block ids per row, all of the same length.")
+        if int(tables.min()) < 0 or int(tables.max()) >= pool.num_blocks:
+            raise LabError(f"A block table names a block outside the pool's 0..{pool.num_blocks - 1}; "
+                           "take block ids from the pool's block manager.")
+        self.pool, self.tables = pool, tables
+        self.batch_size = tables.shape[0]
+        self.max_len = tables.shape[1] * pool.block_size
+        self.length = 0
+        self._view, self._view_span = None, None
+
+    @property
+    def device(self) -> torch.device:
+        return self.pool.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pool.dtype
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store k, v (B, kv_heads, T, D) at positions [length, length + T) of every row;
+        return positions [0, length + T), each (B, kv_heads, length + T, D)."""
+        start, end = self.length, self.length + k.shape[2]
+        if end > self.max_len:
+            raise LabError(f"These block tables hold {self.max_len} positions and this step needs {end}; "
+                           "give each row more blocks or generate fewer tokens.")
+        if self._view_span != (start, end):               # one view per forward pass, for every layer
+            positions = torch.arange(start, end, device=self.device).expand(self.batch_size, end - start)
+            context = None if start == 0 else torch.full((self.batch_size,), end, device=self.device)
+            self._view, self._view_span = self.pool.view(self.tables, positions, context), (start, end)
+        return self._view.update(layer, k, v)
+
+    def advance(self, n: int) -> None:
+        """Mark `n` more positions of every row as filled."""
+        self.length += n
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on; the blocks stay this cache's."""
+        if not 0 <= length <= self.length:
+            raise LabError(f"Cannot truncate a cache of length {self.length} to {length}.")
+        self.length = length

@@ -30,7 +30,8 @@ from ..sampling import GREEDY, SamplingConfig, sample
 
 @dataclass
 class Request:
-    """One user's request. `arrival` is in seconds from the start of a run."""
+    """One user's request. `arrival` is in seconds from the start of a run.
+    Notebook 06 (continuous batching)."""
 
     prompt: Sequence[int]
     max_new_tokens: int = 32
@@ -62,13 +63,17 @@ class Request:
 
 
 class Status(enum.Enum):
+    """Where a sequence stands: waiting for a slot, running, or finished.
+    Notebook 06 (continuous batching)."""
+
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
 
 
 class ServedSequence:
-    """The server's record of one request: its tokens, its state, its cache blocks, its timings."""
+    """The server's record of one request: its tokens, its state, its cache blocks, its timings.
+    Notebook 06 (continuous batching)."""
 
     def __init__(self, request: Request, index: int, device):
         self.request = request
@@ -112,5 +117,5 @@ class ServedSequence:
 
 def next_token(logits: torch.Tensor, sequence: ServedSequence) -> int:
     """Pick a sequence's next token from its logits (vocab,), with its own sampling and seed,
-    so that what runs beside it never changes its random stream."""
+    so that what runs beside it never changes its random stream. Notebook 06 (continuous batching)."""
     return int(sample(logits[None], sequence.request.sampling, sequence.generator)[0])

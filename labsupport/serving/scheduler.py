@@ -60,7 +60,8 @@ class Policy:
 
 class StaticBatching(Policy):
     """A batch is admitted together, when the previous batch has ended, and runs until its
-    longest member ends; finished members keep their slot as padding rows."""
+    longest member ends; finished members keep their slot as padding rows.
+    Notebook 06 (continuous batching)."""
 
     name = "static"
 
@@ -80,7 +81,8 @@ class StaticBatching(Policy):
 
 
 class ContinuousBatching(Policy):
-    """Between any two steps, finished sequences leave and waiting ones take their slots."""
+    """Between any two steps, finished sequences leave and waiting ones take their slots.
+    Notebook 06 (continuous batching)."""
 
     name = "continuous"
 
@@ -95,7 +97,8 @@ POLICIES = {"static": StaticBatching, "continuous": ContinuousBatching}
 
 
 def as_policy(policy) -> Policy:
-    """A `Policy` object, or one of the names "static" and "continuous"."""
+    """A `Policy` object, or one of the names "static" and "continuous".
+    Notebook 06 (continuous batching)."""
     if isinstance(policy, Policy):
         return policy
     if isinstance(policy, str) and policy in POLICIES:
@@ -106,7 +109,7 @@ def as_policy(policy) -> Policy:
 
 @dataclass
 class ScheduledStep:
-    """The plan for one engine step."""
+    """The plan for one engine step. Notebook 06 (continuous batching)."""
 
     prefill: list[ServedSequence] = field(default_factory=list)    # admitted now: run prompt (+ output so far)
     decode: list[ServedSequence] = field(default_factory=list)     # advance one token each
@@ -115,7 +118,8 @@ class ScheduledStep:
 
 
 class Scheduler:
-    """FCFS admission under slot and block limits, with one policy (`Policy`, or its name)."""
+    """FCFS admission under slot and block limits, with one policy (`Policy`, or its name).
+    Notebook 06 (continuous batching)."""
 
     def __init__(self, policy, max_slots: int, blocks: BlockManager):
         self.rules = as_policy(policy)

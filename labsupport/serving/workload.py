@@ -41,7 +41,8 @@ QUESTIONS = [
 
 
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:
-    """`count` prompts in the model's chat template, cycling through a few everyday questions."""
+    """`count` prompts in the model's chat template, cycling through a few everyday questions.
+    Notebook 06 (continuous batching)."""
     from ..generation import chat_prompt
     return [tokenizer.encode(chat_prompt(tokenizer, QUESTIONS[i % len(QUESTIONS)]), add_special_tokens=False)
             for i in range(count)]
@@ -49,14 +50,15 @@ def chat_prompts(tokenizer, count: int) -> list[list[int]]:
 
 def output_lengths(count: int, median_new_tokens: float = 16, sigma: float = 1.0,
                    min_new_tokens: int = 2, max_new_tokens: int = 256, seed: int = 0) -> list[int]:
-    """Long-tailed answer lengths: log-normal, clipped."""
+    """Long-tailed answer lengths: log-normal, clipped. Notebook 06 (continuous batching)."""
     rng = np.random.default_rng(seed)
     lengths = rng.lognormal(np.log(median_new_tokens), sigma, size=count)
     return np.clip(np.round(lengths), min_new_tokens, max_new_tokens).astype(int).tolist()
 
 
 def arrival_times(count: int, rate: float | None, seed: int = 0) -> list[float]:
-    """Poisson arrivals at `rate` per second (per step on the steps clock); None: all at once."""
+    """Poisson arrivals at `rate` per second (per step on the steps clock); None: all at once.
+    Notebook 06 (continuous batching)."""
     if rate is None:
         return [0.0] * count
     rate = finite_number(rate, "The arrival rate (requests per second; None for all at once)",
@@ -69,7 +71,8 @@ def make_workload(prompts: list[list[int]], count: int | None = None, rate: floa
                   median_new_tokens: float = 16, sigma: float = 1.0, min_new_tokens: int = 2,
                   max_new_tokens: int = 256, sampling: SamplingConfig = GREEDY,
                   seed: int = 0) -> list[Request]:
-    """`count` requests (default: one per prompt, prompts reused in turn), seeded."""
+    """`count` requests (default: one per prompt, prompts reused in turn), seeded.
+    Notebook 06 (continuous batching)."""
     if not prompts:
         raise LabError("make_workload needs at least one prompt.")
     count = whole_number(len(prompts) if count is None else count, "count (requests in the workload)")

@@ -1,0 +1,84 @@
+"""Attention masks: which keys each query may attend to, built in one place.
+
+Introduced in notebook 01 (KV cache); padding joins in notebook 02 (batching), the
+paged decode in notebook 06 (continuous batching).
+
+A mask is True where a query may see a key. `scaled_dot_product_attention` takes
+it as a boolean tensor broadcast to (batch, heads, queries, keys), or no tensor at
+all when plain causal attention (or none) is exact, which is faster. Four shapes
+of the same rule, "a query sees the keys at or before its own position, and never
+a padding key":
+
+* `causal_mask`: T new queries after `start` cached keys, with optional left padding;
+* `padded_key_mask`: which slots of a preallocated cache hold real tokens;
+* `fixed_decode_mask`: one decode step over the whole preallocated buffer (fixed
+  shapes for torch.compile and CUDA graphs);
+* `context_mask`: one decode step over rows of different context lengths (the paged
+  cache of notebook 06).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def causal_mask(T: int, start: int, key_mask: torch.Tensor | None, device) -> torch.Tensor | str | None:
+    """Which keys each of T queries at positions [start, start + T) may see: a boolean
+    (B or 1, 1, T, start + T) tensor, or "causal" / None when scaled_dot_product_attention
+    can do without one. key_mask: (batch, start + T), False on padding keys, or None.
+
+    Notebook 01 (KV cache); the key mask is notebook 02's (batching).
+    """
+    if key_mask is None:
+        if T == 1:
+            return None                      # one new token sees every cached key
+        if start == 0:
+            return "causal"                  # a fresh prompt: plain causal attention
+    query_pos = torch.arange(start, start + T, device=device)
+    key_pos = torch.arange(start + T, device=device)
+    mask = (key_pos[None, :] <= query_pos[:, None])[None, None]   # (1, 1, T, S)
+    if key_mask is not None:
+        # padding keys are hidden; every query still sees itself, so that a padding
+        # query has one key to attend to (else its softmax is 0/0 = NaN, and NaN
+        # values would leak into real rows through the cache: 0 x NaN = NaN)
+        is_self = key_pos[None, :] == query_pos[:, None]               # (T, S)
+        mask = mask & (key_mask[:, None, None, :].bool() | is_self)    # (B, 1, T, S)
+    return mask
+
+
+def padded_key_mask(prompt_mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Which of a preallocated cache's `max_len` slots hold real tokens, for a left-padded
+    batch: (batch, max_len), False on the prompt's padding. prompt_mask: (batch, T), the
+    prompt's attention mask; every slot after the prompt holds a generated token.
+
+    Notebook 02 (batching).
+    """
+    batch, prompt_length = prompt_mask.shape
+    key_mask = torch.ones((batch, max_len), dtype=torch.bool, device=prompt_mask.device)
+    key_mask[:, :prompt_length] = prompt_mask                          # padding stays hidden for good
+    return key_mask
+
+
+def fixed_decode_mask(max_len: int, slot: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """One decode step over a whole preallocated buffer of `max_len` slots: the query
+    written at `slot` (1,) sees every slot up to its own; slots not written yet are hidden.
+    Returns (1, 1, 1, max_len), or (B, 1, 1, max_len) with key_mask (B, max_len).
+
+    Notebook 01 (KV cache): the fixed shapes let torch.compile and CUDA graphs replay the step.
+    """
+    key_slots = torch.arange(max_len, device=slot.device)
+    mask = (key_slots <= slot)[None, None, None, :]                    # (1, 1, 1, max_len)
+    if key_mask is not None:
+        mask = mask & key_mask[:, None, None, :]                       # (B, 1, 1, max_len)
+    return mask
+
+
+def context_mask(context_lengths: torch.Tensor) -> torch.Tensor:
+    """One decode step over rows whose contexts differ in length: row b sees its first
+    context_lengths[b] keys; the rest pads it to the longest row. context_lengths: (B,).
+    Returns (B, 1, 1, S), S = the longest context.
+
+    Notebook 06 (continuous batching).
+    """
+    key_positions = torch.arange(int(context_lengths.max()), device=context_lengths.device)   # (S,)
+    return (key_positions[None, :] < context_lengths[:, None])[:, None, None, :]             # (B, 1, 1, S)
