@@ -180,7 +180,8 @@ def with_badge(title_source: str, badge: str) -> str:
 
 
 def apply_delivery_cells(nb, notebook_name: str, repo: str = REPO, branch: str = BRANCH) -> bool:
-    """Write the badge and the setup cell into a notebook (an nbformat node). True if it changed. Notebooks 00-07."""
+    """Write the badge and the setup cell into a notebook (an nbformat node). True if it changed.
+    Notebooks 00-07."""
     import nbformat
 
     before = nbformat.writes(nb)
@@ -204,7 +205,8 @@ def apply_delivery_cells(nb, notebook_name: str, repo: str = REPO, branch: str =
 
 
 def notebook_title(nb) -> str:
-    """'Where the time goes' from a title cell '# 00 · Where the time goes'. Notebooks 00-07: the README's table."""
+    """'Where the time goes' from a title cell '# 00 · Where the time goes'.
+    Notebooks 00-07: the README's table."""
     heading = next((line for line in nb.cells[0].source.split("\n") if line.startswith("# ")), "# ?")
     return re.sub(r"^#\s*\d+\s*[·:.-]?\s*", "", heading).strip()
 
@@ -344,7 +346,8 @@ def write_student_versions(root: Path, out: Path) -> list[Path]:
 
 
 def command_badges(root: Path, repo: str | None = None, branch: str | None = None) -> int:
-    """``python -m labsupport badges``: store a new slug in REPO (if given), rewrite every badge. Notebooks 00-07."""
+    """``python -m labsupport badges``: store a new slug in REPO (if given), rewrite every badge.
+    Notebooks 00-07."""
     repo = require_slug(repo or REPO)
     branch = branch or BRANCH
     if (repo, branch) != (REPO, BRANCH):
@@ -369,7 +372,8 @@ def command_check(root: Path) -> int:
 
 
 def command_student(root: Path, out: Path) -> int:
-    """``python -m labsupport student --out student``: `write_student_versions`, and say where. Notebooks 00-07."""
+    """``python -m labsupport student --out student``: `write_student_versions`, and say where.
+    Notebooks 00-07."""
     written = write_student_versions(root, out)
     print(f"{len(written)} student notebook(s) in {out}/")
     return 0

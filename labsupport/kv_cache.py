@@ -88,7 +88,26 @@ class KVCache(KVWriter, Protocol):
         ...
 
 
-class StaticKVCache:
+class FilledLength:
+    """The bookkeeping every `KVCache` here shares: `length` positions of every row are
+    filled; `advance` moves it on once per forward pass, `truncate` rolls it back.
+    Notebook 01 (KV cache); the rollback is notebook 05's (speculative decoding).
+    """
+
+    length: int = 0
+
+    def advance(self, n: int) -> None:
+        """Mark `n` more positions as filled (called once per forward pass)."""
+        self.length += n
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (speculative decoding's rollback)."""
+        if not 0 <= length <= self.length:
+            raise LabError(f"Cannot truncate a cache of length {self.length} to {length}.")
+        self.length = length
+
+
+class StaticKVCache(FilledLength):
     """Preallocated keys and values for every layer of a model: the `KVCache` of
     notebook 01 (KV cache).
 
@@ -142,16 +161,6 @@ class StaticKVCache:
         """An `update` that writes at the given positions (a tensor) and returns the whole
         buffer: fixed shapes for a compiled or graph-captured decode step."""
         return FixedShapeWriter(self, positions)
-
-    def advance(self, n: int) -> None:
-        """Mark `n` more positions as filled (called once per forward pass)."""
-        self.length += n
-
-    def truncate(self, length: int) -> None:
-        """Forget every position from `length` on (speculative decoding's rollback)."""
-        if not 0 <= length <= self.length:
-            raise LabError(f"Cannot truncate a cache of length {self.length} to {length}.")
-        self.length = length
 
     @property
     def nbytes(self) -> int:

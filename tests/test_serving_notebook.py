@@ -1,85 +1,21 @@
-"""Notebook 06's checkers, figures and explorer: the reference passes, typical mistakes fail
-with the right hint, the figures draw what a run did, the explorer is live."""
-
-import math
+"""Notebook 06's figures and explorer: the figures draw what a run did, the explorer is live
+(its checkers: tests/test_checkers.py)."""
 
 import pytest
 import torch
 
-from labsupport.checks import CheckFailed
-from labsupport.checks.serving import (check_blocks_for, check_schedule_step, reference_blocks_for,
-                                       reference_schedule_step)
-from labsupport.models.loading import random_model
 from labsupport.serving import Engine, make_workload
-
-
-def test_schedule_checker_accepts_reference(capsys):
-    check_schedule_step(reference_schedule_step)
-    assert "Correct" in capsys.readouterr().out
-
-
-def _too_many(running, waiting, max_slots, free_blocks, policy):
-    leaving, _ = reference_schedule_step(running, waiting, max_slots, free_blocks, policy)
-    if policy == "static" and len(leaving) < len(running):
-        return [], []
-    return leaving, [sid for sid, _ in waiting][:max_slots]          # ignores the ones that stay
-
-
-def _jumps_queue(running, waiting, max_slots, free_blocks, policy):
-    leaving, _ = reference_schedule_step(running, waiting, max_slots, free_blocks, policy)
-    if policy == "static" and len(leaving) < len(running):
-        return [], []
-    slots = max_slots - (len(running) - len(leaving) if policy == "continuous" else 0)
-    joining = []
-    for sid, need in waiting:                                        # skips what does not fit
-        if len(joining) < slots and need <= free_blocks:
-            joining.append(sid)
-            free_blocks -= need
-    return leaving, joining
-
-
-def _static_refills(running, waiting, max_slots, free_blocks, policy):
-    return reference_schedule_step(running, waiting, max_slots, free_blocks, "continuous")
-
-
-def _no_blocks(running, waiting, max_slots, free_blocks, policy):
-    return reference_schedule_step(running, waiting, max_slots, 10**9, policy)
-
-
-@pytest.mark.parametrize("fn, words", [(_too_many, "only \\d+ slots are free"), (_jumps_queue, "jump the queue"),
-                                       (_static_refills, "keeps its slot"), (_no_blocks, "free blocks"),
-                                       (lambda *a: None, "pair")])
-def test_schedule_checker_rejects_wrong_answers(fn, words):
-    with pytest.raises(CheckFailed, match=words):
-        check_schedule_step(fn)
-
-
-def test_blocks_checker_accepts_reference(capsys):
-    check_blocks_for(reference_blocks_for)
-    assert "Correct" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("fn, words", [
-    (lambda lengths, b: math.ceil(sum(lengths) / b), "round up for each sequence"),
-    (lambda lengths, b: sum(n // b for n in lengths), "round up, not down"),
-    (lambda lengths, b: sum(n // b + 1 for n in lengths), "ceil"),
-    (lambda lengths, b: "many", "integer"),
-])
-def test_blocks_checker_rejects_wrong_answers(fn, words):
-    with pytest.raises(CheckFailed, match=words):
-        check_blocks_for(fn)
 
 
 # --- figures ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def runs():
-    model = random_model("tiny-llama")
+def runs(tiny_llama):
     prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
     requests = make_workload(prompts, count=8, median_new_tokens=6, max_new_tokens=20, seed=2)
-    out = {policy: Engine(model, max_slots=3, policy=policy, block_size=4).run(requests, clock="steps")
+    out = {policy: Engine(tiny_llama, max_slots=3, policy=policy, block_size=4).run(requests, clock="steps")
            for policy in ("static", "continuous")}
-    out["preempted"] = Engine(model, max_slots=3, block_size=4, cache_tokens=40).run(requests, clock="steps")
+    out["preempted"] = Engine(tiny_llama, max_slots=3, block_size=4, cache_tokens=40).run(requests, clock="steps")
     return out
 
 
@@ -107,11 +43,10 @@ def test_utilization_and_blocks_figures(runs):
 
 # --- the explorer ------------------------------------------------------------------
 
-def test_explorer_redraws_when_a_control_changes():
+def test_explorer_redraws_when_a_control_changes(tiny_llama):
     from labsupport.explorers.serving import serving_explorer
     torch.manual_seed(0)
-    model = random_model("tiny-llama")
-    explorer = serving_explorer(model, [[1, 2, 3, 4], [5, 6, 7, 8, 9]], count=6, median_new_tokens=4,
+    explorer = serving_explorer(tiny_llama, [[1, 2, 3, 4], [5, 6, 7, 8, 9]], count=6, median_new_tokens=4,
                                 max_new_tokens=10, max_slots=4, block_size=4, use_widget=False)
     before = [f.figure.to_plotly_json()["data"] for f in explorer.figures]
     assert len(before) == 2 and explorer.status.value == ""

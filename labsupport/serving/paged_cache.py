@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import LabError
-from ..kv_cache import kv_cache_bytes
+from ..kv_cache import FilledLength, kv_cache_bytes
 from ..models.config import ModelConfig
 
 
@@ -115,7 +115,7 @@ class PagedView:
         return keys.transpose(1, 2), values.transpose(1, 2)   # (B, kv_heads, S, D)
 
 
-class PagedRows:
+class PagedRows(FilledLength):
     """The paged pool as a `KVCache` (kv_cache.py): `batch_size` rows sharing one `length`,
     each stored through its own block table. Notebook 06 (continuous batching).
 
@@ -158,12 +158,3 @@ class PagedRows:
             self._view, self._view_span = self.pool.view(self.tables, positions, context), (start, end)
         return self._view.update(layer, k, v)
 
-    def advance(self, n: int) -> None:
-        """Mark `n` more positions of every row as filled."""
-        self.length += n
-
-    def truncate(self, length: int) -> None:
-        """Forget every position from `length` on; the blocks stay this cache's."""
-        if not 0 <= length <= self.length:
-            raise LabError(f"Cannot truncate a cache of length {self.length} to {length}.")
-        self.length = length
