@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .bench.core import all_figures, write_json
 from .bench.suite import SECTIONS
+from .busy import BUSY_VERDICT
 from .tables import markdown_table
 
 
@@ -22,6 +23,8 @@ def _value(f: dict) -> str:
 
 
 def _verdict(f: dict) -> str:
+    if f.get("busy"):
+        return f"{BUSY_VERDICT} ({f['busy']})"
     if f["met"] is None:
         return ""
     target = f"{100 * f['target']:.0f}%" if f["unit"] == "fraction" else f"{f['target']:g}{f['unit']}"

@@ -43,3 +43,20 @@ def test_the_load_probe_reads_the_os():
 def test_bad_input_is_refused_in_one_sentence():
     with pytest.raises(LabError, match="Timing"):
         relative_spread(1.5)
+
+
+def test_the_tour_withholds_the_verdicts_of_a_section_measured_on_a_busy_machine():
+    from labsupport.bench.core import reported
+    from labsupport.bench.suite import mark_busy
+    from labsupport.report import table_rows
+
+    section = {"figures": [reported("speedup", 3.0, "x", target=2.0),
+                           reported("spread-judged", 1.0, "x", target=2.0, busy="the repeats of x disagree")]}
+    assert section["figures"][0]["met"] is True and section["figures"][1]["met"] is None
+    mark_busy(section, None)
+    assert section["figures"][0]["met"] is True
+    mark_busy(section, busy_reason(load=4.0))
+    assert section["figures"][0]["met"] is None
+    assert section["figures"][1]["busy"] == "the repeats of x disagree"
+    rows = table_rows({"sections": {"s": section}})
+    assert all(BUSY_VERDICT in row[2] for row in rows)

@@ -23,18 +23,22 @@ from ..models.loading import load_hf_model, load_model
 
 
 def reported(name: str, value: float, unit: str, target: float | None = None,
-             higher_is_better: bool = True, claim: str | None = None, note: str = "") -> dict:
-    """One reported number as a JSON-ready dict: name, value, unit, target, met, claim, note.
+             higher_is_better: bool = True, claim: str | None = None, note: str = "",
+             busy: str | None = None) -> dict:
+    """One reported number as a JSON-ready dict: name, value, unit, target, met, claim, note, busy.
 
     Introduced in notebook 00 (where the time goes). `met` says whether `value`
     reaches the course's `target` (None without a target); `claim` is the handbook
-    chapter's claim it is set against. `report` turns these entries into tables and plots.
+    chapter's claim it is set against. `busy`: why the machine looked busy while this
+    figure was measured (`busy.busy_reason`), or None; a busy figure gets no verdict
+    (`met` is None) and the report says to re-run. `report` turns these entries into
+    tables and plots.
     """
     met = None
-    if target is not None:
+    if target is not None and busy is None:
         met = bool(value >= target) if higher_is_better else bool(value <= target)
     return {"name": name, "value": value, "unit": unit, "target": target, "met": met,
-            "claim": claim, "note": note}
+            "claim": claim, "note": note, "busy": busy}
 
 
 @dataclass

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..busy import busy_reason, load_per_core
 from ..errors import LabError
 from ..hardware import pick_device
 from . import baseline, batching, kv_cache, precision, quantization, roofline, serving, speculative, stack
@@ -62,6 +63,22 @@ def run(sections=None, device=None, model_name: str = "smollm2-135m", options: B
     for name in sections or SECTIONS:
         progress(f"[bench] {name} ...")
         start = time.perf_counter()
-        report["sections"][name] = SECTIONS[name](ctx, options)
-        report["sections"][name]["seconds"] = time.perf_counter() - start
+        section = report["sections"][name] = SECTIONS[name](ctx, options)
+        section["seconds"] = time.perf_counter() - start
+        section["load_per_core"] = load_per_core()
+        mark_busy(section, busy_reason(load=section["load_per_core"]))
     return report
+
+
+def mark_busy(section: dict, reason: str | None) -> None:
+    """Withhold the verdict of every figure of `section` measured while the machine was busy.
+
+    Introduced in notebook 00 (where the time goes). reason: `busy.busy_reason`'s
+    sentence (the load probe taken when the section ended), or None for a quiet run; a
+    figure that already carries its own reason (its spread) keeps it.
+    """
+    if reason is None:
+        return
+    for figure in section.get("figures", []):
+        if not figure.get("busy"):
+            figure["busy"], figure["met"] = reason, None
