@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install labsupport with its test extras into it.
+# Create .venv (if missing) and install labsupport with its test and lab extras into it
+# (JupyterLab is an extra: the core dependencies are what Colab installs).
 #
 # torch: a torch that is already importable in the venv is kept. Otherwise
 # TORCH_SPEC is installed first (default torch==2.13.0: on the course's build
@@ -21,5 +22,5 @@ python -m pip install --disable-pip-version-check -q "pip>=24.1"
 if ! python -c "import torch" 2>/dev/null; then
   python -m pip install --disable-pip-version-check -q "$TORCH_SPEC"
 fi
-python -m pip install --disable-pip-version-check -q -e ".[test]"
+python -m pip install --disable-pip-version-check -q -e ".[test,lab]"
 python -c "import torch, labsupport; print('installed labsupport with torch', torch.__version__)"

@@ -250,8 +250,51 @@ def test_binder_gets_the_cpu_build_and_root_lets_conda_choose():
     assert "-e ." in pip                                             # labsupport itself
     extras = _pyproject()["optional-dependencies"]
     _, conda, pip_names = _env_packages(ROOT / "environment.yml")
-    missing = {_name(d) for d in extras["test"] + extras["instructor"]} - conda - pip_names
-    assert not missing, f"environment.yml lacks {missing} (pyproject.toml's test/instructor extras)"
+    missing = {_name(d) for d in extras["test"] + extras["instructor"] + extras["lab"]} - conda - pip_names
+    assert not missing, f"environment.yml lacks {missing} (pyproject.toml's test/instructor/lab extras)"
+
+
+# Jupyter's server side and the tools for developers: a hosted Jupyter (Colab) has its own,
+# and installing another version replaces them. None may be reachable from the core.
+SERVER_AND_TOOLS = {"jupyterlab", "notebook", "jupyter-server", "jupyter", "nbclassic", "jupyter-lsp",
+                    "jupyterlab-server", "nbconvert", "nbgrader", "pytest", "nbval", "playwright"}
+
+
+def _requirement_names(distribution: str) -> set[str]:
+    """The names of what `distribution` requires unconditionally (no extras, no markers that fail)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    names = set()
+    for text in metadata.requires(distribution) or []:
+        req = Requirement(text)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            names.add(req.name.lower().replace("_", "-"))
+    return names
+
+
+def test_the_core_dependencies_pull_no_jupyter_server_and_no_test_tool():
+    """What Colab installs (pyproject's core list, and everything it requires in turn) never
+    reaches JupyterLab, a Jupyter server, nbgrader or a test tool: those are extras."""
+    from importlib import metadata
+
+    core = {_name(d).replace("_", "-") for d in _pyproject()["dependencies"]}
+    assert not core & SERVER_AND_TOOLS, f"move {core & SERVER_AND_TOOLS} to an extra"
+    seen, todo, path = set(), sorted(core), {name: name for name in core}
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            required = _requirement_names(name)
+        except metadata.PackageNotFoundError:        # an optional platform package not installed here
+            continue
+        for child in required - seen:
+            path.setdefault(child, f"{path[name]} -> {child}")
+            todo.append(child)
+    pulled = sorted(path[name] for name in seen & SERVER_AND_TOOLS)
+    assert not pulled, f"the core dependencies pull {pulled}"
 
 
 def test_postbuild_installs_and_fetches_the_model():
