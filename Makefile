@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: tour test bench install lab
+.PHONY: tour test bench install lab gpu-check
 
 install: $(VENV)/.installed
 
@@ -18,6 +18,9 @@ test: install          ## unit tests + every notebook under nbval
 
 bench: install         ## every benchmark, as JSON
 	$(PY) -m labsupport bench --out reports/bench.json
+
+gpu-check: install     ## on a GPU: gpu tests, every notebook, a short tour (about 8 min); a dry run without one
+	$(PY) scripts/gpu_check.py
 
 lab: install           ## open the course in JupyterLab
 	$(VENV)/bin/jupyter lab notebooks/
