@@ -1,0 +1,89 @@
+"""What labsupport chooses on a T4, an A100 and an H100, with torch.cuda's queries patched
+(tests/simulated_gpu.py). No CUDA kernel runs here: that is `make gpu-check` on a real GPU.
+
+A T4 (compute capability 7.5, 15 GB) is what most learners get on Colab: no bf16 units,
+so fp16 is offered instead of bf16, and every GPU workload must fit in its memory.
+"""
+
+import pytest
+import torch
+
+from labsupport import batching, roofline
+from labsupport.delivery import describe_runtime
+from labsupport.errors import UnsupportedDtype
+from labsupport.hardware import (bf16_emulated, bf16_supported, device_name, dtype_label, fp16_fast, pick_device,
+                                 pick_dtype, require_usable_dtype)
+from labsupport.kv_cache import kv_cache_bytes
+from labsupport.models.config import PRESETS as MODELS
+from labsupport.workloads import PRESETS, device_class, preset
+
+from simulated_gpu import GPUS, simulated
+
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(params=sorted(GPUS), ids=str)
+def gpu(request):
+    with simulated(GPUS[request.param]) as simulated_gpu:
+        yield simulated_gpu
+
+
+def test_the_gpu_is_picked_and_named(gpu):
+    assert pick_device() == CUDA
+    assert device_name(CUDA) == gpu.name
+    assert device_class(CUDA) == "gpu" and preset(CUDA) is PRESETS["gpu"]
+
+
+def test_bf16_where_the_gpu_has_it_else_fp16(gpu):
+    has_bf16 = gpu.capability >= (8, 0)
+    assert bf16_supported(CUDA) is has_bf16
+    assert pick_dtype(CUDA) == (torch.bfloat16 if has_bf16 else torch.float16)
+    assert fp16_fast(CUDA) and not bf16_emulated(CUDA)
+    assert dtype_label(CUDA, torch.float16) == "float16"          # never "(emulated)" on a GPU
+    require_usable_dtype(CUDA, torch.float16)                      # every CUDA GPU runs fp16
+    if has_bf16:
+        require_usable_dtype(CUDA, torch.bfloat16)
+    else:
+        with pytest.raises(UnsupportedDtype, match=r"Tesla T4.*7\.5.*8\.0.*float16"):
+            require_usable_dtype(CUDA, torch.bfloat16)
+
+
+def test_describe_runtime_names_the_gpu_and_its_bf16(gpu):
+    line = describe_runtime()
+    assert f"device cuda ({gpu.name})" in line
+    assert f"bf16 in hardware: {'yes' if gpu.capability >= (8, 0) else 'no'}" in line
+
+
+def test_the_sweeps_take_the_gpu_sizes(gpu):
+    assert roofline.decode_batches(CUDA) == list(roofline.GPU_DECODE_BATCHES)
+    assert batching.batch_sizes(CUDA) == list(batching.GPU_BATCHES)
+    assert max(batching.batch_sizes(CUDA)) > max(batching.batch_sizes("cpu"))
+    assert preset(CUDA).kv_explorer_max_length > preset("cpu").kv_explorer_max_length
+
+
+def peak_bytes_estimate(batch: int, tokens: int, dtype=torch.float32) -> int:
+    """A generous upper bound of one run's GPU memory with the embedded model: the weights,
+    a KV cache for `tokens` positions of `batch` rows, and the widest activations (the MLP's
+    gate and up projections and their product for every position of a prefill) three times over."""
+    config = MODELS["smollm2-135m"]
+    size = torch.empty((), dtype=dtype).element_size()
+    weights = 135e6 * size
+    activations = 3 * batch * tokens * config.intermediate_size * size * 3
+    return int(weights + kv_cache_bytes(config, tokens, batch, dtype) + activations)
+
+
+def test_every_gpu_workload_fits_a_t4():
+    """The GPU presets are sized so that a free Colab T4 (15 GiB) holds every run in fp32."""
+    t4 = GPUS["T4"].total_memory
+    gpu = PRESETS["gpu"]
+    runs = {
+        "roofline sweep (notebook 00)": (max(gpu.roofline_batches), 64 + 1),
+        "batching sweep (notebook 02)": (max(batching.GPU_BATCHES), 64 + 32),
+        "KV-cache explorer (notebook 01)": (1, gpu.kv_explorer_max_length),
+        "precision prefill (notebook 03)": (1, gpu.precision.prefill_tokens),
+        "serving (notebook 06)": (gpu.serving_slots, 64 + 256),
+        "stack (notebook 07)": (gpu.stack.slots, 64 + 64),
+    }
+    too_big = {name: f"{peak_bytes_estimate(*shape) / 2**30:.1f} GiB" for name, shape in runs.items()
+               if peak_bytes_estimate(*shape) > 0.8 * t4}
+    assert not too_big, f"these GPU workloads may not fit a T4: {too_big}"
