@@ -184,6 +184,9 @@ def bf16_supported(device) -> bool:
     """
     device = pick_device(device)
     if device.type == "cuda":
+        # torch.cuda.get_device_capability(device=None) -> (major, minor). bf16 tensor-core math
+        # starts with Ampere (8.0); torch.cuda.is_bf16_supported() would also say True on older
+        # GPUs, where bf16 is emulated (its including_emulation=True default), so it is not used.
         return torch.cuda.get_device_capability(device) >= (8, 0)
     if device.type == "mps":
         try:

@@ -199,6 +199,9 @@ def track_peak_memory(device) -> Iterator[PeakMemory]:
     mem = PeakMemory(device=str(device), exact=device.type == "cuda")
     synchronize(device)
     if device.type == "cuda":
+        # torch.cuda.reset_peak_memory_stats(device=None) -> None and memory_allocated(device=None)
+        # -> int: the caching allocator's counters, tensors only (not its reserved pool, cuBLAS
+        # workspaces or CUDA graphs' private pools), per device; checked in torch 2.13's docs.
         torch.cuda.reset_peak_memory_stats(device)
         start = torch.cuda.memory_allocated(device)
     elif device.type == "mps":
@@ -210,7 +213,7 @@ def track_peak_memory(device) -> Iterator[PeakMemory]:
 
     synchronize(device)
     if device.type == "cuda":
-        end = torch.cuda.max_memory_allocated(device)
+        end = torch.cuda.max_memory_allocated(device)       # (device=None) -> int, peak since the reset
     elif device.type == "mps":
         end = torch.mps.current_allocated_memory()
     else:
@@ -229,18 +232,32 @@ CPU_COPY_BYTES = 256 * 2**20
 CUDA_COPY_BYTES = 2**30
 
 
+def default_copy_bytes(device) -> int:
+    """The bandwidth probe's buffer: 256 MiB on a CPU; on CUDA 1 GiB, or an eighth of the free
+    memory where less is free (a small GPU, a MIG slice), since the probe holds two buffers.
+
+    Introduced in notebook 00 (where the time goes)."""
+    device = pick_device(device)
+    if device.type != "cuda":
+        return CPU_COPY_BYTES
+    free, _total = torch.cuda.mem_get_info(device)     # (device=None) -> (free, total) bytes, cudaMemGetInfo
+    return int(min(CUDA_COPY_BYTES, free // 8))
+
+
 def measure_bandwidth(device, nbytes: int | None = None, repeats: int = 5) -> float:
     """Memory bandwidth in bytes/s, from copying one buffer into another.
 
     Introduced in notebook 00 (where the time goes). Each copy reads
     `nbytes` and writes `nbytes`, so it moves 2 x nbytes. The default size
-    (256 MiB on CPU, 1 GiB on CUDA) is far larger than any cache, so this is
-    the speed of main memory, which is what a model's weights stream from.
+    (`default_copy_bytes`: 256 MiB on CPU, up to 1 GiB on CUDA) is far larger than
+    any cache (an H100's L2 is 50 MB), so this is the speed of main memory, which
+    is what a model's weights stream from. On CUDA `copy_` is one device-to-device
+    kernel and `time_fn` synchronizes around it.
     Returns the median over `repeats` copies, after one warm-up copy.
     """
     device = pick_device(device)
     if nbytes is None:
-        nbytes = CUDA_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
+        nbytes = default_copy_bytes(device)
     # Fill the source: reading never-touched memory can be served by the OS for free.
     source = torch.ones(nbytes, dtype=torch.uint8, device=device)
     destination = torch.empty_like(source)
@@ -272,6 +289,10 @@ def measure_matmul_flops(device, dtype, n: int | None = None, repeats: int = 5) 
     dtype = as_dtype(dtype)
     if n is None:
         n = _default_matmul_size(device, dtype)
+    # On CUDA, float32 matmuls stay in true fp32 unless torch.backends.cuda.matmul.allow_tf32
+    # (default False since torch 1.12) is set, so this measures fp32, not TF32, units; fp16 and
+    # bf16 use the tensor cores (bf16 only from capability 8.0: `require_usable_dtype` refuses it
+    # before). 8192 x 8192 in fp32 holds 3 x 256 MiB, small for any CUDA GPU.
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     timing = time_fn(lambda: a @ b, device, warmup=1, repeats=repeats)

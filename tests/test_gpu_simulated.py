@@ -87,3 +87,12 @@ def test_every_gpu_workload_fits_a_t4():
     too_big = {name: f"{peak_bytes_estimate(*shape) / 2**30:.1f} GiB" for name, shape in runs.items()
                if peak_bytes_estimate(*shape) > 0.8 * t4}
     assert not too_big, f"these GPU workloads may not fit a T4: {too_big}"
+
+
+def test_the_bandwidth_probe_fits_the_free_memory(gpu):
+    from unittest import mock
+
+    from labsupport.measure import CUDA_COPY_BYTES, default_copy_bytes
+    assert default_copy_bytes(CUDA) == CUDA_COPY_BYTES               # a whole GPU: 1 GiB buffers
+    with mock.patch.object(torch.cuda, "mem_get_info", return_value=(2 * 2**30, gpu.total_memory)):
+        assert default_copy_bytes(CUDA) == 2 * 2**30 // 8              # a MIG slice with 2 GiB free
