@@ -115,3 +115,17 @@ def test_hub_probe_honours_offline_mode(monkeypatch):
     from labsupport.models import loading
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert loading._hub_reachable() is False
+
+
+def test_the_course_model_is_the_embedded_one_unless_the_setting_names_another(monkeypatch):
+    from labsupport.errors import ModelUnavailable
+    from labsupport.models.loading import EMBEDDED, MODEL_SETTING, course_model_name
+    monkeypatch.delenv(MODEL_SETTING, raising=False)
+    assert course_model_name() == EMBEDDED
+    monkeypatch.setenv(MODEL_SETTING, "smollm2-1.7b")
+    assert course_model_name() == "smollm2-1.7b"
+    monkeypatch.setenv(MODEL_SETTING, "HuggingFaceTB/SmolLM2-360M-Instruct")
+    assert course_model_name() == "HuggingFaceTB/SmolLM2-360M-Instruct"
+    monkeypatch.setenv(MODEL_SETTING, "smollm-huge")
+    with pytest.raises(ModelUnavailable, match="LABSUPPORT_MODEL='smollm-huge' names no model"):
+        course_model_name()

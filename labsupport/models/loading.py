@@ -138,6 +138,29 @@ def resolve_hf_source(name: str) -> str:
     return repo
 
 
+MODEL_SETTING = "LABSUPPORT_MODEL"
+LARGER_MODELS = ("smollm2-360m", "smollm2-1.7b")     # the same family, from the hub: memory-bound on a GPU
+
+
+def course_model_name() -> str:
+    """The model every notebook loads: the embedded SmolLM2-135M, unless the one setting
+    LABSUPPORT_MODEL names another (``%env LABSUPPORT_MODEL=smollm2-1.7b`` in a notebook's
+    first cell, or in the shell before ``make lab``).
+
+    Introduced in notebook 00 (where the time goes). On a GPU the 135M model is
+    launch-bound (kernels finish faster than Python can start them), so its batching curve
+    is flat for a reason other than bandwidth; SmolLM2-360M and -1.7B (3.4 GB in fp16, which
+    fits a T4) show memory-bound behaviour there. They come from the Hugging Face hub, so
+    they need a connection or a cached copy; offline the embedded model stays the default.
+    """
+    name = os.environ.get(MODEL_SETTING, "").strip() or EMBEDDED
+    if name not in KNOWN_NAMES and "/" not in name and not Path(name).is_dir():
+        raise ModelUnavailable(f"{MODEL_SETTING}={name!r} names no model; use {EMBEDDED!r} (the default), "
+                               f"{' or '.join(repr(n) for n in LARGER_MODELS)}, a hub name like 'owner/model', "
+                               "or a local model directory.")
+    return name
+
+
 def load_model(name: str = EMBEDDED, device=None, dtype=torch.float32, seed: int = 0):
     """labsupport's Transformer and its tokenizer: ``model, tokenizer = load_model("smollm2-135m")``.
 
