@@ -12,6 +12,11 @@ disturbed, both cheap:
   The measurement itself keeps every core busy (load about 1 per core); well above
   that, other programs were competing for the cores.
 
+A figure timed once has no spread, and a sweep's load can come and go between its
+points. One more sign is then cheap and certain: more work never takes much less time.
+`more_work_faster_reason` finds a larger batch, or a longer sequence, that took under
+half the time of a smaller one (notebooks 00, 01 and 02 apply it to their sweeps).
+
 `busy_reason` turns both into one sentence (or None when the run looks quiet), and
 `judge` puts `BUSY_VERDICT` in place of a verdict when there is a reason.
 """
@@ -19,12 +24,13 @@ disturbed, both cheap:
 from __future__ import annotations
 
 import os
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 from .errors import LabError
 from .measure import Timing
 
 BUSY_VERDICT = "the machine was busy: re-run for a verdict"
+FASTER_LIMIT = 0.5         # more work in under half the time of less work: the machine was busy
 SPREAD_LIMIT = 0.25        # interquartile range / median above which a figure is not trusted
 LOAD_LIMIT = 1.5           # load average per usable core above which the machine was shared
 
@@ -84,6 +90,24 @@ def busy_reason(timings: Mapping[str, Timing | Mapping] | Iterable = (), load: f
     if worst is not None and spreads[worst] > spread_limit:
         reasons.append(f"the repeats of {worst} disagree by {spreads[worst]:.0%} of their median")
     return "; ".join(reasons) or None
+
+
+def more_work_faster_reason(points: Sequence[tuple[float, float]], name: Callable[[float], str],
+                            limit: float = FASTER_LIMIT) -> str | None:
+    """One sentence when more work took far less time, else None.
+
+    Introduced in notebook 00 (where the time goes); notebooks 01 and 02 use it too.
+    points: (size of the work, seconds), e.g. (batch, seconds per step) or (tokens in the
+    sequence, seconds per step); the time of a larger size should never fall under
+    `limit` x the time of a smaller one. name(size) words a size, e.g. ``lambda b: f"batch {b}"``.
+    """
+    points = sorted(points)
+    for i, (small, small_s) in enumerate(points):
+        for large, large_s in points[i + 1:]:
+            if large > small and small_s > 0 and large_s < limit * small_s:
+                return (f"a step at {name(large)} took {1 - large_s / small_s:.0%} less time than at "
+                        f"{name(small)}, though it does more work")
+    return None
 
 
 def judge(verdict: str, reason: str | None) -> str:

@@ -30,9 +30,10 @@ CacheFactory = Callable[..., KVCache]       # (model, batch_size, max_len) -> an
 class Draft:
     """What speculative decoding needs from a draft. Introduced in notebook 05.
 
-    `start` is called once per generation, `propose` once per step, and `accept`
-    after the target has checked the proposal, with how many drafted tokens it kept,
-    so that a draft with state (a KV cache) can roll back the rest.
+    `start` is called once per generation (a model draft reads the prompt there, timed
+    with the target's prefill), `propose` once per step, and `accept` after the target
+    has checked the proposal, with how many drafted tokens it kept, so that a draft
+    with state (a KV cache) can roll back the rest.
     """
 
     vocab_size: int | None = None       # None: the draft works on any vocabulary
@@ -75,11 +76,16 @@ class ModelDraft(Draft):
         self.generator = None
         self._base = 0                      # context length when the last proposal started
 
+    @torch.inference_mode()
     def start(self, prompt, max_len, generator):
         cache = self.cache_factory(self.model, 1, max_len)
         require_fitting_cache(cache, 1, max_len, self.model)
         self.cache = cache
         self.generator = generator
+        # read the prompt now (like the target's prefill), so that each step's drafting
+        # time is the drafting alone: the first proposal then feeds one token, as all others
+        if len(prompt) > 1:
+            self.model(torch.tensor([list(prompt[:-1])], device=self.model.device), cache=cache, last_only=True)
 
     def _next(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """One token from the last logits (vocab,), and its distribution (None if greedy)."""

@@ -73,8 +73,9 @@ def time_per_token_by_position(model, positions: Iterable[int], prompt_len: int 
     positions: how many tokens were already generated (0 = the first new token);
         the model then sees `prompt_len + position` tokens.
     use_cache: True, False, or both (the default); both are timed side by side.
-    Returns one dict per position: position, sequence_length, and the median
-    seconds per step as ``cached_s`` and/or ``naive_s``.
+    Returns one dict per position: position, sequence_length, the median
+    seconds per step as ``cached_s`` and/or ``naive_s``, and under ``timings`` each
+    mode's `measure.Timing.to_dict()` (its spread tells a busy machine: `busy`).
     """
     modes = [use_cache] if isinstance(use_cache, bool) else list(use_cache)
     positions = sorted(set(int(p) for p in positions))
@@ -98,6 +99,7 @@ def time_per_token_by_position(model, positions: Iterable[int], prompt_len: int 
                                     repeats=repeats)
         row = {"position": position, "sequence_length": prompt_len + position}
         row.update({name: timing.median for name, timing in timings.items()})
+        row["timings"] = {name: timing.to_dict() for name, timing in timings.items()}
         rows.append(row)
     return rows
 

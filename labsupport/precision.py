@@ -53,6 +53,27 @@ def footprint_mib(config, dtype) -> float:
     return parameter_bytes(config.num_parameters, dtype) / MIB
 
 
+def table_parameters(config) -> int:
+    """Parameters of the lookup tables and the output layer: the token embedding
+    (vocab x hidden), GPT-2's learned position table (max_position x hidden), and the
+    output layer (vocab x hidden) unless it is tied to the embedding (then it is the
+    same tensor, counted once). Introduced in notebook 03 (mixed precision)."""
+    tables = config.vocab_size * config.hidden_size                         # token embedding
+    if config.family == "gpt2":
+        tables += config.max_position * config.hidden_size                   # learned positions
+    if not config.tie_embeddings:
+        tables += config.vocab_size * config.hidden_size                     # its own output layer
+    return tables
+
+
+def block_parameters(config) -> int:
+    """Parameters of the transformer blocks and the final norm: everything `table_parameters`
+    leaves out. Introduced in notebook 03 (mixed precision), given to its first exercise.
+    Buffers (the RoPE tables of Llama-style models) are not parameters: they are
+    recomputed from the config, and the handbook chapter's figures leave them out."""
+    return config.num_parameters - table_parameters(config)
+
+
 def cast_model(model: torch.nn.Module, dtype) -> torch.nn.Module:
     """A copy of `model` with its weights in `dtype` (the original is untouched),
     laid out for the fastest kernel on its device (see models/layout.py).
@@ -135,6 +156,37 @@ def first_square_overflow(values) -> int | None:
     squares = torch.as_tensor(values, dtype=torch.float64).flatten() ** 2
     indices = (squares > FP16_MAX).nonzero()
     return int(indices[0, 0]) if len(indices) else None
+
+
+def spacing(value: float, dtype) -> float:
+    """The gap between |value| and the next larger number `dtype` can store: how finely a
+    value of that size is kept (22000 in bf16: 128; in fp16: 16). Notebook 03 (mixed precision)."""
+    dtype = as_dtype(dtype)
+    x = torch.tensor(abs(float(value)), dtype=torch.float64).to(dtype)
+    above = torch.nextafter(x, torch.tensor(math.inf, dtype=dtype))
+    return (above.double() - x.double()).item()
+
+
+def matmul_accumulate(a: torch.Tensor, b: torch.Tensor, accumulate_dtype) -> torch.Tensor:
+    """a @ b with the products added one k at a time into a running sum kept in
+    `accumulate_dtype`, the result rounded to a's dtype at the end.
+
+    Introduced in notebook 03 (mixed precision): the reference for its third exercise.
+    a (M, K) and b (K, N) share one float dtype (fp16 or bf16). Tensor cores and the
+    CPU's bf16 kernels multiply 16-bit inputs but accumulate in fp32
+    (accumulate_dtype=torch.float32: each product of two 16-bit numbers is exact in
+    fp32); a 16-bit running sum (accumulate_dtype=a.dtype) stops growing once each
+    product is below half its step: 1024 ones sum to 256 in bf16.
+    """
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() == 2
+            and a.shape[1] == b.shape[0] and a.dtype == b.dtype and a.is_floating_point()):
+        raise LabError("matmul_accumulate takes two float matrices of one dtype, a (M, K) and b (K, N).")
+    accumulate_dtype = as_dtype(accumulate_dtype)
+    total = torch.zeros(a.shape[0], b.shape[1], dtype=accumulate_dtype, device=a.device)     # (M, N)
+    for k in range(a.shape[1]):
+        # column k of a times row k of b: (M, 1) * (1, N) -> (M, N), then one rounding per addition
+        total = total + a[:, k, None].to(accumulate_dtype) * b[None, k, :].to(accumulate_dtype)
+    return total.to(a.dtype)
 
 
 def squares_by_dtype(xs) -> dict[str, list[float]]:

@@ -33,17 +33,18 @@ import torch.nn as nn
 
 from .errors import LabError
 from .linear_swap import SwapHandle, swap_linears
-from .quantize_eval import eval_text, eval_tokens, perplexity, quantized_bytes, top1_agreement
+from .quantize_eval import eval_text, eval_tokens, perplexity, quantized_bytes, resident_bytes, top1_agreement
 from .quantize_formats import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                                quantize_int8_absmax, require_group_size, unpack_int4, weight_error_stats)
-from .quantize_kernels import Int4Linear, Int8Linear, require_kernel
+from .quantize_kernels import Int4Linear, Int8Linear, kernel_description, require_kernel
 
 METHODS = ("int8", "int4", "bnb-int8", "bnb-nf4", "bnb-fp4")
 
 __all__ = ["METHODS", "QuantizedHandle", "quantize_linear", "quantized_replacement", "quantize_model",
            "quantize_int8_absmax", "dequantize_int8", "require_group_size", "quantize_int4_groupwise",
            "dequantize_int4", "pack_int4", "unpack_int4", "weight_error_stats", "Int8Linear", "Int4Linear",
-           "quantized_bytes", "eval_text", "eval_tokens", "perplexity", "top1_agreement"]
+           "kernel_description", "quantized_bytes", "resident_bytes", "eval_text", "eval_tokens", "perplexity",
+           "top1_agreement"]
 
 
 class QuantizedHandle(SwapHandle):
@@ -69,6 +70,24 @@ class QuantizedHandle(SwapHandle):
             kind = getattr(swap.replacement, "kernel", "bitsandbytes")
             counts[kind] = counts.get(kind, 0) + 1
         return counts
+
+    @property
+    def kernel_names(self) -> dict[str, int]:
+        """How many layers run each kernel, in words (`quantize_kernels.kernel_description`),
+        e.g. {"fused int4 kernel (aten._weight_int4pack_mm_for_cpu, bf16 arithmetic)": 211}."""
+        counts: dict[str, int] = {}
+        for swap in self.swaps:
+            name = kernel_description(swap.replacement)
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    def describe(self) -> str:
+        """The kernels in one phrase: the most common one, and how many layers run another."""
+        names = sorted(self.kernel_names.items(), key=lambda item: -item[1])
+        if not names:
+            return "no layer swapped"
+        main, others = names[0][0], sum(count for _, count in names[1:])
+        return main + (f" ({others} of {len(self.swaps)} layers: another kernel)" if others else "")
 
     def __repr__(self) -> str:
         return (f"QuantizedHandle(method={self.method!r}, layers={len(self.swaps)}, "

@@ -11,9 +11,9 @@ The embedded SmolLM2 weights were distributed as Q4_1 (4 bits, blocks of 32):
 int4 with groups of 32 reproduces every block's weights exactly (error 0), so
 on this model all of its loss comes from the output layer, tied to the embedding,
 which the file stored at a finer precision (``include_lm_head=False`` keeps it
-float). Other group sizes cut across the original blocks and lose more (on the
-evaluation text: perplexity 22.3 fp32, 23.1 g32, 34.8 g64, 43.6 g128). Models
-that arrive in 16-bit show the usual pattern instead: smaller groups, less error.
+float). Other group sizes cut across the original blocks and lose more (notebook
+04 measures how much, on this machine's kernels). Models that arrive in 16-bit
+show the usual pattern instead: smaller groups, less error.
 """
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ def quantized_bytes(model: nn.Module) -> int:
     Notebook 04 (quantization)."""
     from .quantize_bnb import bnb_side_bytes
     return model.weight_bytes() + sum(bnb_side_bytes(m) for m in model.modules())
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes the model holds in memory, its footprint: every parameter and buffer once
+    (`precision.tensor_bytes`: lookup tables included, such as a float embedding kept beside
+    its quantized output layer), plus bitsandbytes' side tensors. Notebook 04 (quantization)."""
+    from .precision import tensor_bytes
+    from .quantize_bnb import bnb_side_bytes
+    return tensor_bytes(model) + sum(bnb_side_bytes(m) for m in model.modules())
 
 
 # --- quality -------------------------------------------------------------------------------

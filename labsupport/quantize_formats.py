@@ -14,6 +14,11 @@ the activations stay in floating point:
   Two values are packed into one byte. 4 bits per weight plus a scale and a
   zero per group: about 12.5% of fp32 plus 2 x 16 / group_size bits.
 
+Zero: the int8 grid is symmetric (-127..127 steps of `scale`), so a weight of exactly
+0 is a grid point and comes back exactly 0. The int4 grid starts at each group's
+minimum (`zero`), so 0 is in general between two levels and comes back a little off:
+an asymmetric grid trades exact zero for using all 16 levels on the group's range.
+
 The layers that compute with these weights are in quantize_kernels.py.
 """
 
@@ -89,18 +94,25 @@ def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """Two 4-bit values per byte: column 2j in the low nibble, 2j + 1 in the high one.
-    q: (out, in) values 0..15 -> uint8 (out, in / 2). Notebook 04 (quantization)."""
-    if q.shape[-1] % 2:
-        raise LabError(f"pack_int4 needs an even number of columns, got {q.shape[-1]}.")
+    q: (out, in) values 0..15 -> uint8 (out, ceil(in / 2)); an odd last column is paired
+    with a zero high nibble (`unpack_int4(packed, in)` drops it). Notebook 04 (quantization)."""
+    if q.dim() != 2 or q.is_floating_point() or (q.numel() and (int(q.min()) < 0 or int(q.max()) > 15)):
+        raise LabError("pack_int4 takes a 2-D integer tensor of values 0..15 (out_features, in_features).")
     q = q.to(torch.uint8)
+    if q.shape[1] % 2:
+        q = torch.cat([q, q.new_zeros(q.shape[0], 1)], dim=1)               # (out, in + 1): a zero to pair with
     return q[:, 0::2] | (q[:, 1::2] << 4)
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """The inverse of `pack_int4`: uint8 (out, in / 2) -> uint8 (out, in) values 0..15.
-    Notebook 04 (quantization)."""
+def unpack_int4(packed: torch.Tensor, columns: int | None = None) -> torch.Tensor:
+    """The inverse of `pack_int4`: uint8 (out, in / 2) -> uint8 (out, columns) values 0..15
+    (columns: the original count, default every nibble). Notebook 04 (quantization)."""
     low, high = packed & 0x0F, packed >> 4
-    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)     # interleave columns
+    q = torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)       # interleave: (out, 2 * in / 2)
+    if columns is not None and not 2 * packed.shape[1] - 1 <= columns <= 2 * packed.shape[1]:
+        raise LabError(f"{packed.shape[1]} bytes per row hold {2 * packed.shape[1] - 1} or "
+                       f"{2 * packed.shape[1]} values, not {columns}; give the row's original length.")
+    return q if columns is None else q[:, :columns]
 
 
 def weight_error_stats(w: torch.Tensor, method: str = "int8", group_size: int = 32) -> dict:

@@ -252,3 +252,25 @@ class Int4Linear(_QuantizedLinear):
         with torch.no_grad():
             eye = torch.eye(self.in_features, device=self.weight_int4pack.device)
             return self._fast(eye).t().float()                               # (out, in)
+
+
+def kernel_description(layer: nn.Module) -> str:
+    """The kernel a layer runs, in words: "fused int4 kernel (aten._weight_int4pack_mm_for_cpu,
+    bf16 arithmetic)", "reference path: dequantize to float, then matmul", "bitsandbytes
+    Linear4bit", "dense matmul". Introduced in notebook 04 (quantization): its explorer and
+    tables name the kernel that ran, since the speed depends on it more than on the bits."""
+    if isinstance(layer, _QuantizedLinear):
+        bits = "int8" if isinstance(layer, Int8Linear) else "int4"
+        if layer.kernel == "reference":
+            why = f" (the fused kernel is not usable here: {layer.fallback_reason})" if layer.fallback_reason else ""
+            return f"reference path: dequantize {bits} to float, then matmul{why}"
+        on_cpu = next(layer.buffers()).device.type == "cpu"
+        if bits == "int8":
+            return ("fused int8 kernel (aten._weight_int8pack_mm, bf16 arithmetic)" if on_cpu else
+                    "int8 dequantize fused into the matmul by torch.compile")
+        op = "aten._weight_int4pack_mm_for_cpu" if on_cpu else "tinygemm, aten._weight_int4pack_mm"
+        return f"fused int4 kernel ({op}, bf16 arithmetic)"
+    if type(layer).__module__.startswith("bitsandbytes"):
+        return f"bitsandbytes {type(layer).__name__}"
+    return "dense matmul"
+

@@ -17,8 +17,10 @@ memory, work with more waits for arithmetic (Williams, Waterman and Patterson,
 batch at which its intensity reaches the ridge is where batching stops being
 free. This module counts the costs (`decode_step_cost`, `linear_cost`),
 predicts that batch (`ridge_batch`), measures the real thing
-(`time_decode_step`, `sweep_decode`, `sweep_linear`). The benchmark section is
-`bench.roofline`; the chapter's claims against a sweep are `claims.roofline_claims`.
+(`time_decode_step`, `sweep_decode`, `sweep_linear`) and sets each measured step
+against the roofline (`roofline_seconds`, `roof_fraction`, `step_bounds`). The
+benchmark section is `bench.roofline`; the chapter's claims against a sweep are
+`claims.roofline_claims`.
 """
 
 from __future__ import annotations
@@ -32,9 +34,8 @@ import torch.nn.functional as F
 from .errors import LabError
 from .generation import decode_step, prefill
 from .hardware import as_dtype, bf16_supported, dtype_name, pick_device
-from .measure import HardwareProfile
 from .kv_cache import StaticKVCache, kv_cache_bytes
-from .measure import time_fn
+from .measure import HardwareProfile, Timing, time_fn
 from .models.config import ModelConfig
 from .tables import records_table
 
@@ -140,8 +141,10 @@ def linear_cost(out_features: int, in_features: int, batch: int, dtype=torch.flo
     """FLOPs and bytes of one linear layer y = x W^T on `batch` rows.
 
     Introduced in notebook 00 (where the time goes). Reads the weight once and
-    each row's input and output; intensity ~ batch / bytes-per-value while the
-    weight dominates, approaching in x out / (in + out) / bytes-per-value at huge batch.
+    each row's input and output, and does 2 FLOPs (a multiply and an add) per
+    weight per row. So the intensity is about 2 x batch / bytes-per-value while
+    the weight dominates the bytes, and approaches 2 x in x out / (in + out) /
+    bytes-per-value at a huge batch, where the activations dominate.
     """
     size = bytes_per_value(dtype)
     flops = 2 * out_features * in_features * batch
@@ -150,6 +153,18 @@ def linear_cost(out_features: int, in_features: int, batch: int, dtype=torch.flo
     total = weight_bytes + activation_bytes
     return StepCost(flops=flops, bytes=total, weight_bytes=weight_bytes, kv_bytes=0,
                     intensity=flops / total)
+
+
+def attention_intensity(config: ModelConfig, dtype=torch.float32) -> float:
+    """FLOP per byte of decode attention over the cache, the same at every batch size and context.
+
+    Introduced in notebook 00 (where the time goes). Per cached token, a row does
+    4 x heads x head_dim FLOPs (scores and weighted values) and reads its own keys
+    and values, 2 x kv_heads x head_dim values: no other row shares them, so adding
+    rows adds bytes as fast as FLOPs. The ratio, 2 x (heads / kv_heads) / bytes-per-value,
+    is where a decode step's intensity tends at long context, whatever the batch.
+    """
+    return 2 * (config.num_heads / config.num_kv_heads) / bytes_per_value(dtype)
 
 
 def ridge_batch(profile: HardwareProfile, config: ModelConfig, dtype=torch.float32,
@@ -162,13 +177,28 @@ def ridge_batch(profile: HardwareProfile, config: ModelConfig, dtype=torch.float
         batch = ridge x weight_bytes / (flops_per_row - ridge x kv_bytes_per_row)
 
     At context 0 this is ridge x weight_bytes / (2 x matmul params). Returns
-    math.inf when the KV cache grows as fast as the FLOPs, so that the step
-    never becomes compute-bound (long contexts).
+    math.inf when no batch gets there: each row reads its own KV cache, so at a
+    long context the step's intensity tends to `attention_intensity`, whatever
+    the batch, and where that is below the ridge the step never becomes compute-bound.
     """
     ridge = profile.ridge(dtype)
     one_row = decode_step_cost(config, 1, context, dtype)
     denominator = one_row.flops - ridge * one_row.kv_bytes
     return math.inf if denominator <= 0 else ridge * one_row.weight_bytes / denominator
+
+
+def ridge_context(profile: HardwareProfile, config: ModelConfig, dtype=torch.float32) -> float:
+    """The context length past which no batch size brings a decode step to the ridge (math.inf: none).
+
+    Introduced in notebook 00 (where the time goes). Where one row's FLOPs equal
+    ridge x its KV-cache bytes, `ridge_batch`'s denominator reaches 0; past it, every row
+    adds more bytes than the ridge allows for its FLOPs. Only when `attention_intensity`
+    is below the ridge is there such a context.
+    """
+    ridge = profile.ridge(dtype)
+    empty, one_token = decode_step_cost(config, 1, 0, dtype), decode_step_cost(config, 1, 1, dtype)
+    shortfall = ridge * one_token.kv_bytes - (one_token.flops - empty.flops)   # per cached token
+    return math.inf if shortfall <= 0 else empty.flops / shortfall
 
 
 # --------------------------------------------------------------------------
@@ -195,8 +225,9 @@ def filled_cache(model, batch: int, context: int) -> StaticKVCache:
     return cache
 
 
-def time_decode_step(model, batch: int, context: int = 64, repeats: int = 3, warmup: int = 1) -> float:
-    """Median seconds of one decode step at `batch` rows after `context` cached tokens.
+def time_decode_step(model, batch: int, context: int = 64, repeats: int = 3, warmup: int = 1) -> Timing:
+    """The `measure.Timing` of one decode step at `batch` rows after `context` cached tokens
+    (its `.median` in seconds, its `.spread` for `busy.busy_reason`).
 
     Introduced in notebook 00 (where the time goes). Every timed call decodes
     one token and then rolls the cache back (`truncate`), so all calls do the same work.
@@ -208,12 +239,12 @@ def time_decode_step(model, batch: int, context: int = 64, repeats: int = 3, war
         decode_step(model, cache, next_tokens)
         cache.truncate(context)
 
-    return time_fn(one_step, model.device, warmup=warmup, repeats=repeats).median
+    return time_fn(one_step, model.device, warmup=warmup, repeats=repeats)
 
 
 def time_linear(out_features: int, in_features: int, batch: int, dtype=torch.float32,
-                device=None, repeats: int = 5) -> float:
-    """Median seconds of one linear layer (random weight of this shape) on `batch` rows.
+                device=None, repeats: int = 5) -> Timing:
+    """The `measure.Timing` of one linear layer (random weight of this shape) on `batch` rows.
 
     Introduced in notebook 00 (where the time goes).
     """
@@ -221,15 +252,16 @@ def time_linear(out_features: int, in_features: int, batch: int, dtype=torch.flo
     weight = torch.randn(out_features, in_features, device=device, dtype=dtype) * 0.02
     x = torch.randn(batch, in_features, device=device, dtype=dtype)              # (batch, in)
     with torch.inference_mode():
-        return time_fn(lambda: F.linear(x, weight), device, warmup=1, repeats=repeats).median
+        return time_fn(lambda: F.linear(x, weight), device, warmup=1, repeats=repeats)
 
 
-def _row(batch: int, seconds: float, cost: StepCost, dtype) -> dict:
-    """One measured point: time, throughput, and where it sits on the roofline."""
+def _row(batch: int, timing: Timing, cost: StepCost, dtype) -> dict:
+    """One measured point: time (median, and every repeat), throughput, and where it sits on the roofline."""
+    seconds = timing.median
     return {"batch": batch, "dtype": dtype_name(dtype), "seconds": seconds,
             "tokens_per_s": batch / seconds, "flops_per_s": cost.flops / seconds,
             "bytes_per_s": cost.bytes / seconds, "intensity": cost.intensity,
-            "flops": cost.flops, "bytes": cost.bytes}
+            "flops": cost.flops, "bytes": cost.bytes, "timing": timing.to_dict()}
 
 
 def measure_decode_point(model, batch: int, context: int = 64, repeats: int = 3) -> dict:
@@ -237,8 +269,8 @@ def measure_decode_point(model, batch: int, context: int = 64, repeats: int = 3)
 
     Introduced in notebook 00 (where the time goes).
     """
-    seconds = time_decode_step(model, batch, context, repeats)
-    return _row(batch, seconds, decode_step_cost(model.config, batch, context, model.dtype), model.dtype)
+    timing = time_decode_step(model, batch, context, repeats)
+    return _row(batch, timing, decode_step_cost(model.config, batch, context, model.dtype), model.dtype)
 
 
 def sweep_decode(model, batches=None, context: int = 64, repeats: int = 3) -> list[dict]:
@@ -246,8 +278,10 @@ def sweep_decode(model, batches=None, context: int = 64, repeats: int = 3) -> li
 
     Introduced in notebook 00 (where the time goes). Each dict holds batch,
     dtype, seconds (per step), tokens_per_s, flops_per_s and bytes_per_s
-    achieved, intensity (FLOP/byte), flops and bytes of the step.
-    `batches` defaults to `decode_batches(model.device)`.
+    achieved, intensity (FLOP/byte), flops and bytes of the step, and timing
+    (`measure.Timing.to_dict()`: every repeat, median and spread, which
+    `busy.busy_reason` reads before a verdict). `batches` defaults to
+    `decode_batches(model.device)`.
     """
     batches = batches or decode_batches(model.device)
     return [measure_decode_point(model, batch, context, repeats) for batch in batches]
@@ -296,6 +330,63 @@ def growth_batch(rows: list[dict], factor: float = 1.5) -> int | None:
     rows = sorted(rows, key=lambda r: r["batch"])
     base = rows[0]["seconds"]
     return next((r["batch"] for r in rows if r["seconds"] > factor * base), None)
+
+
+# --------------------------------------------------------------------------
+# Setting a measured step against the roofline
+# --------------------------------------------------------------------------
+
+MEMORY_BOUND, COMPUTE_BOUND, OVERHEAD_BOUND = "memory-bound", "compute-bound", "overhead-bound"
+OVERHEAD_SLACK = 2.0   # a step slower than 2x its roofline time is held back by something else
+
+
+def roofline_seconds(row: dict, profile: HardwareProfile) -> float:
+    """The fastest a measured step could run on `profile`: max(bytes / bandwidth, FLOPs / peak).
+
+    Introduced in notebook 00 (where the time goes). `row` is a dict of `sweep_decode`
+    or `sweep_linear` (it needs "flops", "bytes" and "dtype"). Reading and computing
+    overlap, so the slower of the two sets the time: that is the roofline.
+    """
+    missing = {"flops", "bytes", "dtype"} - set(row)
+    if missing:
+        raise LabError(f"A measured row needs {sorted(missing)}; pass the dicts that sweep_decode returns.")
+    if row["dtype"] not in profile.flops:
+        raise LabError(f"{row['dtype']} was not measured in this profile; call probe(dtypes=[...]) with it included.")
+    memory_seconds = row["bytes"] / profile.bandwidth
+    compute_seconds = row["flops"] / profile.flops[row["dtype"]]
+    return max(memory_seconds, compute_seconds)
+
+
+def roof_fraction(row: dict, profile: HardwareProfile) -> float:
+    """How close a measured step came to the roofline: its roofline time / its measured time.
+
+    Introduced in notebook 00 (where the time goes). 1.0 means the step touched a roof
+    (memory or compute); 0.3 means it ran at 30% of the FLOP/s the roofline allows at its
+    intensity. Equal to flops_per_s / `profile.attainable(intensity, dtype)`.
+    """
+    return roofline_seconds(row, profile) / row["seconds"]
+
+
+def step_bounds(rows: list[dict], profile: HardwareProfile, slack: float = OVERHEAD_SLACK) -> list[str]:
+    """What held back each measured step, in the order of `rows`: "memory-bound",
+    "compute-bound" or "overhead-bound".
+
+    Introduced in notebook 00 (where the time goes). A step that took more than
+    `slack` x its `roofline_seconds` is "overhead-bound": neither roof explains it (per-call
+    overhead, a kernel that suits the shape badly). Otherwise it sits on the roof its
+    intensity points to: "memory-bound" below the ridge of its dtype, "compute-bound" past it.
+    """
+    if not slack >= 1:
+        raise LabError(f"slack is how many times the roofline time a step may take; use 1 or more, not {slack}.")
+    bounds = []
+    for row in rows:
+        if row["seconds"] > slack * roofline_seconds(row, profile):
+            bounds.append(OVERHEAD_BOUND)
+        elif row["intensity"] < profile.ridge(row["dtype"]):
+            bounds.append(MEMORY_BOUND)
+        else:
+            bounds.append(COMPUTE_BOUND)
+    return bounds
 
 
 def markdown_table(rows: list[dict]) -> str:

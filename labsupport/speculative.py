@@ -12,8 +12,9 @@ Decoding with Speculative Sampling") turns that spare arithmetic into tokens:
 2. the *target* runs once over [last token, d_1..d_k] and gets k + 1
    next-token distributions p_0..p_k from its KV cache;
 3. d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)); at the first
-   rejection a token is resampled from normalize(max(0, p_i - q_i)) and the
-   step ends; if all k are accepted a bonus token is sampled from p_k;
+   rejection a replacement token is drawn from normalize(max(0, p_i - q_i)) (not
+   from p_i itself) and the step ends; if all k are accepted a bonus token is
+   sampled from p_k;
 4. both KV caches are rolled back past the rejected tokens (`truncate`).
 
 Every step yields between 1 and k + 1 tokens for one target pass, and the
@@ -21,7 +22,8 @@ tokens are distributed *exactly* as if sampled from the target alone: the
 acceptance rule plus the residual distribution add up to p_i (the proof is one
 line per case in both papers; tests/test_speculative.py checks it with a
 chi-square test). Greedy decoding is temperature 0: accept while the target's
-argmax equals the draft token, then take the target's argmax.
+argmax equals the draft token; at the first miss nothing is sampled, the target's
+argmax *corrects* the draft token; after k matches its argmax is the bonus token.
 
 Drafts (all behind one small interface, `Draft`; they live in drafts.py and are
 exported here too, with the rest of the technique):
@@ -35,6 +37,9 @@ exported here too, with the rest of the technique):
 If a fraction alpha of the drafted tokens is accepted (independently), a step
 yields (1 - alpha^(k+1)) / (1 - alpha) tokens on average, and with a draft step
 costing c target steps the speedup is that over (k c + 1) (Leviathan et al.).
+That "+ 1" assumes the target's pass over k + 1 tokens costs one plain decode
+step; `pass_costs` measures what it really costs (v plain steps), and
+`expected_speedup(..., verify_cost=v)` divides by (k c + v) instead.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ from .hardware import synchronize
 from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
 from .sampling import GREEDY, SamplingConfig, probabilities
 
-__all__ = ["expected_tokens_per_call", "expected_speedup", "Draft", "ModelDraft", "QuantizedSelfDraft",
+__all__ = ["expected_tokens_per_call", "expected_speedup", "PassCosts", "pass_costs",
+           "speculative_token_distribution", "Draft", "ModelDraft", "QuantizedSelfDraft",
            "quantized_copy", "PromptLookupDraft", "SpeculativeStep", "SpeculativeStats", "SpeculativeResult",
            "require_compatible_draft", "verify", "speculative_generate"]
 
@@ -73,56 +79,116 @@ def expected_tokens_per_call(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    """Expected speedup over plain decoding: (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)),
-    c = cost of one draft step / cost of one target step (Leviathan et al. 2023, Theorem 3.8).
-    It assumes a target pass over k + 1 tokens costs the same as over one.
-    Notebook 05 (speculative decoding)."""
+def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_cost: float = 1.0) -> float:
+    """Expected speedup over plain decoding: (1 - alpha^(k+1)) / ((1 - alpha)(k c + v)),
+    c = cost of one draft step / cost of one plain decode step, v = cost of the target's
+    pass over k + 1 tokens / cost of one plain decode step.
+
+    Introduced in notebook 05 (speculative decoding). Leviathan et al. 2023 (Theorem 3.8)
+    take v = 1, the default: a memory-bound pass over k + 1 tokens costing as much as
+    over one. Pass the measured v (`pass_costs`) to predict what this machine will do.
+    """
     if cost_ratio < 0:
         raise LabError(f"cost_ratio (draft step time / target step time) must be >= 0, got {cost_ratio}.")
-    return expected_tokens_per_call(alpha, k) / (k * cost_ratio + 1)
+    if not verify_cost > 0:
+        raise LabError(f"verify_cost (target pass time / plain step time) must be > 0, got {verify_cost}.")
+    return expected_tokens_per_call(alpha, k) / (k * cost_ratio + verify_cost)
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """What one speculative step cost, in plain decode steps (notebook 05).
+
+    draft_per_token: one drafted token (c); draft_per_pass: all the drafting of one step;
+    verify_per_pass: the target's pass over [pending, d_1..d_k] (v; Leviathan et al. assume 1)."""
+
+    draft_per_token: float
+    draft_per_pass: float
+    verify_per_pass: float
+
+    @property
+    def larger(self) -> str:
+        """"the verify pass" or "the draft": which takes more of a step's time."""
+        return "the verify pass" if self.verify_per_pass >= self.draft_per_pass else "the draft"
+
+
+def pass_costs(stats: "SpeculativeStats", plain_step_seconds: float) -> PassCosts:
+    """The measured costs of a speculative run in plain decode steps: `stats` from
+    `speculative_generate`, `plain_step_seconds` the time of one decode step of plain
+    generation on the same machine (`GenerationResult.decode_seconds` / its decode steps).
+    Notebook 05 (speculative decoding)."""
+    if not plain_step_seconds > 0:
+        raise LabError(f"plain_step_seconds must be a time above 0, got {plain_step_seconds}.")
+    if stats.target_calls == 0:
+        raise LabError("These stats hold no target pass; generate at least one token first.")
+    per_call = stats.target_calls * plain_step_seconds
+    per_token = stats.draft_seconds / stats.drafted / plain_step_seconds if stats.drafted else 0.0
+    return PassCosts(per_token, stats.draft_seconds / per_call, stats.target_seconds / per_call)
+
+
+def speculative_token_distribution(p: torch.Tensor, q: torch.Tensor, resample_from: str = "residual") -> torch.Tensor:
+    """The exact distribution of the token one speculative position emits, when the draft
+    samples d from q and the target accepts it with probability min(1, p(d) / q(d)).
+
+    Introduced in notebook 05 (speculative decoding). p, q: (vocab,) distributions.
+    resample_from: "residual" (the rule: normalize(max(0, p - q))) or "target" (the
+    tempting mistake: draw the replacement from p itself). The first gives back p exactly.
+    """
+    if resample_from not in ("residual", "target"):
+        raise LabError(f"resample_from is 'residual' or 'target', got {resample_from!r}.")
+    kept = torch.minimum(p, q)                        # q(x) min(1, p(x)/q(x)): x drafted and accepted
+    rejected = 1 - kept.sum()                         # the chance that the drafted token is rejected
+    residual = (p - q).clamp_min(0) if resample_from == "residual" else p
+    if residual.sum() <= 0:                           # p == q: nothing is ever rejected
+        return kept
+    return kept + rejected * residual / residual.sum()
 
 
 # --- the generation loop -----------------------------------------------------------------
 
+REPLACEMENT_KINDS = ("corrected", "resampled")      # greedy: the target's argmax; sampling: a residual draw
+
+
 @dataclass
 class SpeculativeStep:
     """One target pass: what was drafted, how much of it the target kept, and the token
-    the target added itself ("resampled" after a rejection, "bonus" after none).
-    Notebook 05 (speculative decoding)."""
+    the target added itself: "corrected" (greedy: its argmax in place of the first miss),
+    "resampled" (sampling: drawn from the residual in place of the first miss) or "bonus"
+    (after k matches). Notebook 05 (speculative decoding)."""
 
     drafted: list[int]
     n_accepted: int
     extra_token: int | None              # None when an end token among the drafts ended generation
-    extra_kind: str | None               # "resampled", "bonus" or None
+    extra_kind: str | None               # "corrected", "resampled", "bonus" or None
+    target_argmax: list[int] | None = None   # the target's own choice at each of the k + 1 positions
 
     @property
     def statuses(self) -> list[str]:
         """Per drafted token: "accepted", "rejected" (the first miss) or "unchecked" (after it)."""
         out = ["accepted"] * self.n_accepted
         if self.n_accepted < len(self.drafted):
-            out.append("rejected" if self.extra_kind == "resampled" else "unchecked")
+            out.append("rejected" if self.extra_kind in REPLACEMENT_KINDS else "unchecked")
         return out + ["unchecked"] * (len(self.drafted) - len(out))
 
 
 @dataclass
 class SpeculativeStats:
     """Counts and times of one speculative generation (notebook 05). Every new token is
-    an accepted draft, a resampled token or a bonus token, so those three add up."""
+    an accepted draft, a replacement or a bonus token, so those three add up."""
 
     drafted: int = 0                     # tokens proposed by the draft
     accepted: int = 0                    # drafted tokens kept
     rejected: int = 0                    # first misses (each ends a step)
-    resampled: int = 0                   # tokens drawn from the residual after a miss
-    bonus: int = 0                       # tokens drawn from the target after all drafts passed
+    replaced: int = 0                    # tokens the target put in place of a miss (greedy: its argmax)
+    bonus: int = 0                       # tokens the target added after all drafts passed
     target_calls: int = 0                # verification passes (the prompt's prefill not counted)
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0           # drafting during the steps (a model draft's prefill not counted)
+    target_seconds: float = 0.0          # the target's verification passes
+    prefill_seconds: float = 0.0         # the prompt, through the target and a model draft
 
     @property
     def tokens(self) -> int:
-        return self.accepted + self.resampled + self.bonus
+        return self.accepted + self.replaced + self.bonus
 
     @property
     def acceptance_rate(self) -> float:
@@ -171,12 +237,13 @@ def require_compatible_draft(target, draft: Draft) -> None:
 def verify(target_probs: torch.Tensor | None, target_argmax: torch.Tensor, drafted: list[int],
            draft_probs: torch.Tensor | None, generator: torch.Generator | None) -> tuple[int, int, str]:
     """The acceptance rule. target_probs: (k+1, vocab) or None for greedy; target_argmax: (k+1,).
-    Returns (tokens accepted n, the token the target adds, "resampled" or "bonus").
-    Notebook 05 (speculative decoding)."""
+    Returns (tokens accepted n, the token the target adds, its kind: "corrected" (greedy:
+    the target's argmax replaces the first miss, nothing is sampled), "resampled" (drawn
+    from the residual) or "bonus"). Notebook 05 (speculative decoding)."""
     for i, d in enumerate(drafted):
         if target_probs is None:                                         # greedy: exact match
             if int(target_argmax[i]) != d:
-                return i, int(target_argmax[i]), "resampled"
+                return i, int(target_argmax[i]), "corrected"
             continue
         p = target_probs[i]                                              # (vocab,)
         q_d = float(draft_probs[i, d]) if draft_probs is not None else 1.0  # a point mass: q(d) = 1
@@ -234,12 +301,12 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
         cache = StaticKVCache.for_model(target, 1, max_len)
     else:
         require_fitting_cache(cache, 1, max_len, target)
-    draft.start(prompt, max_len, generator)
     stats, steps = SpeculativeStats(), [] if trace else None
     context = list(prompt)
 
     synchronize(device)
     t_start = time.perf_counter()
+    draft.start(prompt, max_len, generator)                     # a model draft reads the prompt here
     if len(prompt) > 1:
         target(torch.tensor([prompt[:-1]], device=device), cache=cache, last_only=True)
     synchronize(device)
@@ -260,7 +327,8 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
         fed = torch.tensor([[context[-1], *drafted]], device=device)                 # (1, k + 1)
         logits = target(fed, cache=cache)[0].float()                                  # (k + 1, vocab)
         target_probs = None if sampling.greedy else probabilities(logits, sampling)
-        n, extra, kind = verify(target_probs, logits.argmax(dim=-1), drafted,
+        target_argmax = logits.argmax(dim=-1)                                         # (k + 1,)
+        n, extra, kind = verify(target_probs, target_argmax, drafted,
                                 draft_probs[: len(drafted)] if draft_probs is not None else None,
                                 generator)
         synchronize(device)
@@ -276,15 +344,16 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
         extra_kept = len(kept) > n
         stats.drafted += len(drafted)
         stats.accepted += n_kept
-        stats.rejected += int(kind == "resampled" and extra_kept and n < len(drafted))
-        stats.resampled += int(kind == "resampled" and extra_kept)
+        replaced = kind in REPLACEMENT_KINDS and extra_kept
+        stats.rejected += int(replaced and n < len(drafted))
+        stats.replaced += int(replaced)
         stats.bonus += int(kind == "bonus" and extra_kept)
         stats.target_calls += 1
         stats.draft_seconds += t1 - t0
         stats.target_seconds += t2 - t1
         if steps is not None:
             steps.append(SpeculativeStep(drafted, n_kept, extra if extra_kept else None,
-                                         kind if extra_kept else None))
+                                         kind if extra_kept else None, target_argmax.tolist()))
 
         # 4. roll back both caches past what was rejected: keep pending + d_1..d_n
         cache.truncate(start + 1 + n_kept)

@@ -8,20 +8,27 @@ ignored so that every stage produces the same number of tokens:
 one technique to the stage before it:
 
     naive loop -> + KV cache -> + static batching -> + bf16 -> + int4 weights -> + continuous batching
-                                                                 + int4 weights -> + speculative decoding
+                       |
+                       +-> + int4, batch 1 -> + speculative decoding
 
 Each stage is compared with the stage it builds on (`builds_on`), and that chain is
 fixed in advance, whatever the timings say: a stage that does not pay on this
 hardware is still measured and shown (its row is not ``kept``), and the next stage
 builds on it all the same. Speculative decoding runs one request at a time, so it
-cannot stack on batching: it is a side branch of the int4 stage, and continuous
-batching builds on the batched int4 stage. The 16-bit stage is bf16 (fp16 on a GPU
-without bf16); without a native 16-bit type it is left out and int4 builds on
-static batching. All stages are timed side by side in one run
-(`measure.time_side_by_side`). The fastest stage that paid is the ``best``, finally
-compared with Hugging Face `generate()`, one request at a time, in fp32: the way
-most people first run a model (a peer stage, `bench.peers.hf_stack_stage`).
-The chapter's claims against this run are `claims.stack_claims`.
+cannot stack on batching: it is measured against the same int4 model also run one
+request at a time (a side branch of the KV-cache stage), so that both sides of its
+gain run at batch 1; continuous batching builds on the batched int4 stage. The same
+side branch tells how much reading fewer bytes per weight pays at batch 1 against
+batched (`claims.stack`). The 16-bit stage is bf16 (fp16 on a GPU without bf16);
+without a native 16-bit type it is left out and int4 builds on static batching. All
+stages are timed side by side in one run (`measure.time_side_by_side`). The fastest
+stage that paid is the ``best``, finally compared with Hugging Face `generate()`, one
+request at a time, in fp32: the way most people first run a model (a peer stage,
+`bench.peers.hf_stack_stage`). Each row also counts the memory its configuration holds
+(weights and KV cache: `best_under_budget` picks a stage for a memory budget) and,
+given evaluation tokens, its teacher-forced top-1 agreement with fp32
+(`quantize_eval.top1_agreement`). The chapter's claims against this run are
+`claims.stack_claims`.
 """
 
 from __future__ import annotations
@@ -30,10 +37,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .busy import load_per_core
 from .errors import LabError
 from .generation import generate, generate_naive
 from .hardware import bf16_supported
+from .kv_cache import kv_cache_bytes
 from .measure import time_side_by_side
+from .quantize_eval import top1_agreement
 from .variants import ModelVariants
 
 
@@ -48,6 +58,8 @@ class Stage:
     builds_on: str | None = None
     precision: str = "fp32"
     note: str = ""
+    variant: tuple[str, str] | None = None     # (precision, weights) of its `ModelVariants` model; None for a peer
+    cached_sequences: int = 0                  # sequences whose KV cache it holds at once (0: no cache)
 
 
 def low_precision(device) -> tuple[torch.dtype | None, str]:
@@ -62,6 +74,7 @@ def low_precision(device) -> tuple[torch.dtype | None, str]:
 
 BATCHING = ("none", "static", "continuous")
 HF_PEER = "Hugging Face generate()"          # the peer the best stage is compared with (`run_stack`)
+INT4_BATCH_1 = "+ int4, batch 1"             # the int4 model one request at a time: speculation's base
 
 
 def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching: str = "none",
@@ -122,10 +135,12 @@ def build_stages(model, requests, slots: int = 8, draft_k: int = 4,
 
     def stage(name, technique, builds_on=None, note="", **switches):
         switches.setdefault("precision", "fp32")
-        label = switches["precision"] + ("" if switches.get("weights", "float") == "float"
-                                         else f" + {switches['weights']}")
+        weights = switches.get("weights", "float")
+        label = switches["precision"] + ("" if weights == "float" else f" + {weights}")
+        cached = 0 if not switches.get("kv_cache", True) else (
+            1 if switches.get("batching", "none") == "none" else slots)
         return Stage(name, technique, serve_fn(variants, requests, slots=slots, draft_k=draft_k, **switches),
-                     builds_on, label, note)
+                     builds_on, label, note, (switches["precision"], weights), cached)
 
     stages = [
         stage("naive loop", "the chapter's loop: no cache, one request at a time", kv_cache=False),
@@ -144,27 +159,37 @@ def build_stages(model, requests, slots: int = 8, draft_k: int = 4,
     stages += [
         stage("+ int4 weights", f"int4 weights, groups of 32 (notebook 04); kernels: {kernels}", previous, note,
               batching="static", **int4),
+        stage(INT4_BATCH_1, "the int4 stage's model, one request at a time: the batch-1 base of speculation",
+              "+ KV cache", **int4),
         stage("+ speculative decoding", f"prompt lookup, k = {draft_k} (notebook 05), one request at a time",
-              "+ int4 weights", speculative=True, **int4),
+              INT4_BATCH_1, speculative=True, **int4),
         stage("+ continuous batching", f"{slots} slots, paged KV cache (notebook 06)", "+ int4 weights",
               batching="continuous", **int4),
     ]
     return stages
 
 
-def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1,
-              progress=None, variants: ModelVariants | None = None) -> dict:
+def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progress=None,
+              variants: ModelVariants | None = None, agreement_tokens=None) -> dict:
     """Time every stage side by side; returns one row per stage with its tokens/s, its gain
-    over the stage it builds on, its gain over the naive loop, and how many of its tokens
-    equal the fp32 reference (the KV-cache stage).
+    over the stage it builds on, its gain over the naive loop, how many of its generated
+    tokens equal the fp32 reference (the KV-cache stage), and the memory it holds.
 
     Introduced in notebook 07 (putting it together). peers: extra `Stage`s timed with the
     ladder but not on it, e.g. Hugging Face generate() (`bench.peers.hf_stack_stage`); a
     peer named `HF_PEER` gives ``stack_vs_hf``, the best stage's tokens/s over the peer's.
     variants: the `ModelVariants` of `model` to build the stages from (default: a new one).
+    agreement_tokens: token ids (e.g. `quantize_eval.eval_tokens`) on which each stage's model
+    is compared with fp32, teacher-forced (``top1_agreement``: the fraction of positions where
+    both predict the same next token); without them that column is None. Generated tokens
+    compared one by one (``same_tokens_as_fp32``) drift apart after the first changed token,
+    so they only prove that the fp32 stages are exact. Each row also holds its ``timing``
+    (`measure.Timing.to_dict`), and the result the machine's ``load`` per core right after
+    the timings (`busy.load_per_core`), so that verdicts can say when the machine was busy.
     """
     if not requests:
         raise LabError("run_stack needs at least one request.")
+    variants = variants or ModelVariants(model)
     stages = build_stages(model, requests, slots, variants=variants) + list(peers)
     outputs: dict = {}
 
@@ -176,28 +201,54 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1,
         return fn
 
     timings = time_side_by_side({s.name: timed(s) for s in stages}, model.device, warmup=0, repeats=repeats)
+    load = load_per_core()
     tokens = sum(r.max_new_tokens for r in requests)
     reference = outputs["+ KV cache"]
     speed = {name: tokens / t.median for name, t in timings.items()}
+    longest = max(r.max_length for r in requests)
+    agreement: dict = {}
     rows, best = [], None
     for stage in stages:
         out = outputs[stage.name]
         same = sum(a == b for r in requests for a, b in zip(out[r.request_id], reference[r.request_id]))
         row = {"stage": stage.name, "technique": stage.technique, "precision": stage.precision,
                "tokens_per_s": speed[stage.name], "seconds": timings[stage.name].median,
-               "builds_on": stage.builds_on, "note": stage.note,
+               "timing": timings[stage.name].to_dict(), "builds_on": stage.builds_on, "note": stage.note,
                "gain": speed[stage.name] / speed[stage.builds_on] if stage.builds_on else None,
                "cumulative": speed[stage.name] / speed["naive loop"],
-               "same_tokens_as_fp32": same / tokens}
+               "same_tokens_as_fp32": same / tokens, "top1_agreement": None,
+               "weight_bytes": None, "kv_cache_bytes": None}
+        if stage.variant is not None:
+            served = variants.get(*stage.variant)
+            row["weight_bytes"] = served.weight_bytes()
+            row["kv_cache_bytes"] = kv_cache_bytes(served.config, longest, stage.cached_sequences, served.dtype)
+            if agreement_tokens is not None:
+                if stage.variant not in agreement:
+                    agreement[stage.variant] = (1.0 if served is model else
+                                                top1_agreement(model, served, agreement_tokens))
+                row["top1_agreement"] = agreement[stage.variant]
         row["kept"] = stage.builds_on is not None and row["gain"] > 1.0
         rows.append(row)
         if row["kept"] and stage.name != HF_PEER:
             best = row if best is None or row["tokens_per_s"] > best["tokens_per_s"] else best
     result = {"requests": len(requests), "tokens": tokens, "slots": slots, "device": str(model.device),
-              "stages": rows, "best": best["stage"] if best else None}
+              "stages": rows, "best": best["stage"] if best else None, "load": load}
     if HF_PEER in speed and best is not None:
         result["stack_vs_hf"] = best["tokens_per_s"] / speed[HF_PEER]
     return result
+
+
+def best_under_budget(rows: list[dict], budget_bytes: float) -> str | None:
+    """The fastest stage whose weights and KV cache fit in `budget_bytes`, or None if none fits.
+
+    Introduced in notebook 07 (putting it together), its exercise 3. rows: `run_stack`'s
+    rows (a stage's memory is ``weight_bytes + kv_cache_bytes``; rows without them, the
+    peers, are skipped). Stages are compared by tokens/s, not by ``gain``: each gain is over
+    a different stage.
+    """
+    fitting = [r for r in rows if r.get("weight_bytes") is not None
+               and r["weight_bytes"] + r["kv_cache_bytes"] <= budget_bytes]
+    return max(fitting, key=lambda r: r["tokens_per_s"])["stage"] if fitting else None
 
 
 WHY_NOT = {
@@ -208,10 +259,11 @@ WHY_NOT = {
     "+ fp16": "on this device fp16 arithmetic is not faster than fp32 at this batch size (notebook 03)",
     "+ int4 weights": "weight-only int4 helps a memory-bound step; batched steps are compute-bound, and each "
                       "int4 matmul unpacks the weights again for every batch (notebook 04)",
-    "+ speculative decoding": "speculative decoding spends spare arithmetic of a memory-bound batch-1 step; "
-                              "batching already uses that arithmetic for other requests, so serving one request "
-                              "at a time with a draft loses to serving many at once, and chat answers give prompt "
-                              "lookup little to copy (notebook 05)",
+    INT4_BATCH_1: "int4 reads a quarter of fp32's bytes, but each int4 matmul unpacks the weights again; "
+                  "without a fast kernel for this device the unpacking costs more than the bytes saved (notebook 04)",
+    "+ speculative decoding": "a verify step over k + 1 tokens costs more than a plain step, and it pays only when "
+                              "the target accepts enough drafted tokens; chat answers give prompt lookup little "
+                              "to copy from the prompt (notebook 05 measures the acceptance)",
     "+ continuous batching": "with few requests the scheduler has little to refill, and its per-step gather "
                              "through block tables costs more than a contiguous cache (notebook 06)",
 }

@@ -3,11 +3,12 @@
 
 import pytest
 
+import math
+
 from labsupport import batch_timing, batching
-from labsupport.claims import batching_claims
 from labsupport.explorers.batching import batching_explorer
 from labsupport.models.loading import ByteTokenizer
-from labsupport.plots.batching import padding_figure, peer_figure, scaling_figure
+from labsupport.plots.batching import left_padding_figure, padding_figure, peer_figure, scaling_figure
 
 
 def test_helpers():
@@ -18,8 +19,6 @@ def test_helpers():
     assert prompts == [[1, 2, 3, 1, 2], [1, 2]]
     rows = [{"batch": b, "tokens_per_s": t} for b, t in [(1, 10), (2, 19), (4, 36), (8, 30)]]
     assert batching.scaling_stops_at(rows) == 8
-    checks = batching_claims(1.0, 9.0, 32, 20.0, 0.5, 0.1, 1.4)
-    assert len(checks) == 4 and checks[1]["verdict"].startswith("course target")
 
 
 def test_measure_batch(tiny_llama):
@@ -36,6 +35,29 @@ def test_scaling_figure_traces():
     assert list(ideal.y) == pytest.approx([10, 20, 40])
     assert fig.layout.xaxis.type == "log" and "tokens/s" in fig.layout.yaxis.title.text
     assert "ms" in fig.layout.yaxis2.title.text
+
+
+def test_the_batch_axis_starts_at_batch_1():
+    one = [{"batch": 1, "tokens_per_s": 10.0, "ms_per_token": 100.0}]
+    fig = scaling_figure(one, highlight=one[0], axis_batches=[1, 2, 4, 8])
+    for axis in (fig.layout.xaxis, fig.layout.xaxis2):
+        assert list(axis.tickvals) == [1, 2, 4, 8] and list(axis.ticktext) == ["1", "2", "4", "8"]
+        low, high = axis.range                                          # log10 units
+        assert -0.1 < low < 0 and high == pytest.approx(math.log10(8) + 0.08)
+    assert scaling_figure(one).layout.xaxis.range[1] > math.log10(2)    # never a zero-width axis
+
+
+def test_left_padding_figure_shows_tokens_mask_and_positions():
+    fig = left_padding_figure(batching.left_pad([[5, 6, 7], [8], [9, 10]], pad_id=0))
+    tokens, mask, positions = fig.data
+    assert [list(r) for r in tokens.z] == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]      # 1: real token, 0: padding
+    assert [list(r) for r in tokens.text] == [["5", "6", "7"], ["0", "0", "8"], ["0", "9", "10"]]
+    assert [list(r) for r in mask.text] == [["1", "1", "1"], ["0", "0", "1"], ["0", "1", "1"]]
+    assert [list(r) for r in positions.text] == [["0", "1", "2"], ["(0)", "(0)", "0"], ["(0)", "0", "1"]]
+    assert [a.text for a in fig.layout.annotations[:3]] == ["tokens", "attention mask", "position ids"]
+    assert "[3, 1, 2] tokens" in fig.layout.title.text
+    words = left_padding_figure(batching.left_pad([[5], [6, 7]], pad_id=0), token_text=[["<pad>", "hi"], ["a", "b"]])
+    assert list(words.data[0].text[0]) == ["<pad>", "hi"]
 
 
 def test_padding_figure_and_peer_figure():
@@ -66,3 +88,16 @@ def test_explorer_responds(tiny_llama, use_widget):
     assert len(explorer.figures[1].figure.data[0].x) == 4          # four rows in the padded picture
     explorer.controls["batch"].value = 1                               # cached: no new measurement
     assert explorer.status.value == ""
+
+
+def test_explorer_opens_with_the_notebooks_sweep(tiny_llama, monkeypatch):
+    from labsupport.explorers import batching as module
+
+    sweep = [{"batch": b, "tokens_per_s": 10.0 * b, "ms_per_token": 50.0, "prefill_s": 0.1, "padding_waste": 0.0,
+              "seconds": 1.0, "spread": 0.0} for b in (1, 2, 4, 8)]
+    monkeypatch.setattr(module, "measure_batch", lambda *a, **k: pytest.fail("measured at opening"))
+    explorer = module.batching_explorer(tiny_llama, ByteTokenizer(), batches=[1, 2, 4], spreads=(0.0, 1.0),
+                                        longest=12, new_tokens=2, measured=sweep, use_widget=False)
+    scaling = explorer.figures[0].figure
+    assert list(scaling.data[0].x) == [1, 2, 4, 8] and scaling.data[0].name == "spread 0.00"
+    assert scaling.layout.xaxis.tickvals[0] == 1 and scaling.layout.xaxis.range[0] < 0 < scaling.layout.xaxis.range[1]

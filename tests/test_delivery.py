@@ -6,7 +6,6 @@ the badge generator, nbgrader's ClearSolutions on every notebook, and one studen
 executed with nbclient up to its first exercise. What cannot run here: Colab, Binder, conda.
 """
 
-import os
 import re
 import stat
 import subprocess

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.generation import (TextStreamer, chat_prompt, decode_step, generate, generate_naive,
+from labsupport.generation import (chat_prompt, decode_step, generate, generate_naive,
                                  generate_text, prefill)
 from labsupport.kv_cache import KVCache, KVWriter, StaticKVCache, kv_cache_bytes
 from labsupport.models.loading import random_model

@@ -8,7 +8,8 @@ from labsupport.kv_cache import kv_cache_bytes
 from labsupport.kv_timing import (estimated_step_seconds, estimated_total_seconds, gqa_savings,
                                   time_per_token_by_position)
 from labsupport.models.config import PRESETS
-from labsupport.plots.kv_cache import cache_memory_figure, cumulative_time_figure, per_token_time_figure
+from labsupport.plots.kv_cache import (cache_memory_figure, cumulative_time_figure, kv_layout_figure,
+                                      per_token_time_figure)
 
 
 # --- estimated_total_seconds: the integration math ---------------------------------------
@@ -45,8 +46,10 @@ def test_time_per_token_by_position_returns_both_modes(tiny_llama):
     assert [r["position"] for r in rows] == [0, 20, 40]
     assert [r["sequence_length"] for r in rows] == [8, 28, 48]
     assert all(r["naive_s"] > 0 and r["cached_s"] > 0 for r in rows)
+    assert all(r["timings"][name]["median"] == r[name] for r in rows for name in ("naive_s", "cached_s"))
     only_cached = time_per_token_by_position(tiny_llama, [5], prompt_len=1, use_cache=True, repeats=1)
-    assert set(only_cached[0]) == {"position", "sequence_length", "cached_s"}
+    assert set(only_cached[0]) == {"position", "sequence_length", "cached_s", "timings"}
+    assert set(only_cached[0]["timings"]) == {"cached_s"} and only_cached[0]["timings"]["cached_s"]["spread"] == 0
     with pytest.raises(LabError, match="context"):
         time_per_token_by_position(tiny_llama, [1000], prompt_len=8)
 
@@ -92,6 +95,23 @@ def test_cache_memory_figure_puts_measured_points_on_the_formula():
     assert len(cache_memory_figure(PRESETS["gpt2"], lengths).data) == 1  # no GQA line for full MHA
 
 
+def test_kv_layout_figure_marks_what_one_decode_step_writes():
+    config = PRESETS["smollm2-135m"]
+    fig = kv_layout_figure(config, filled=6, max_len=10)
+    keys, values = fig.data[:2]
+    assert keys.y[0] == "layer 0 · kv head 0" and "⋮ layers 2-28" in keys.y and keys.y[-1] == "layer 29 · kv head 2"
+    assert len(keys.y) == 3 * 3 + 1                                    # layers 0, 1, 29 x 3 kv heads, one gap row
+    assert list(keys.z[0]) == [1] * 6 + [2] + [0] * 3                  # cached, written now, still empty
+    assert all(v is None for v in keys.z[6]) and list(values.z) == list(keys.z)
+    assert "head_dim=64" in fig.layout.title.text and "kv_heads=3" in fig.layout.title.text
+    assert "11,520 numbers per token" in fig.layout.annotations[0].text          # 2 x 30 x 3 x 64
+    batched = kv_layout_figure(PRESETS["tiny-llama"], filled=0, max_len=3, batch=2)
+    assert len(batched.data[0].y) == 2 * 2 * 2 and "row 1" in batched.data[0].y[2]
+    assert list(batched.data[0].z[0]) == [2, 0, 0]
+    with pytest.raises(LabError, match="free slot"):
+        kv_layout_figure(config, filled=10, max_len=10)
+
+
 # --- explorer --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("use_widget", [True, False])
@@ -121,3 +141,41 @@ def test_explorer_redraws_when_a_control_changes(tiny_llama, use_widget, monkeyp
     explorer.controls["use_cache"].value = True
     explorer.controls["length"].value = 64
     assert len(calls) == 3 and explorer.status.value == ""
+
+
+def test_explorer_opens_with_the_notebooks_measurements(tiny_llama, monkeypatch):
+    from labsupport.explorers import kv_cache as module
+
+    rows = time_per_token_by_position(tiny_llama, [0, 32, 64], prompt_len=16, repeats=1)   # 16, 48, 80 tokens
+    allocated = [(n, kv_cache_bytes(tiny_llama.config, n)) for n in (64, 128, 256)]
+    monkeypatch.setattr(module, "time_per_token_by_position", lambda *a, **k: pytest.fail("measured at opening"))
+    explorer = module.kv_cache_explorer(tiny_llama, max_length=128, repeats=1, measured=rows,
+                                        allocated=allocated, use_widget=False)
+    assert explorer.controls["length"].value == 80                       # the longest measured length on the slider
+    timing, memory = (live.figure for live in explorer.figures)
+    assert [list(t.x) for t in timing.data[:2]] == [[16, 48, 80]] * 2   # both modes, as measured
+    assert "measured" in memory.data[-1].name and list(memory.data[-1].x) == [64, 80, 128, 256]  # + the slider's
+    assert max(memory.data[0].x) == 256                                  # the curve reaches the allocations
+
+
+# --- the benchmark section ---------------------------------------------------------------
+
+def test_bench_section_labels_the_7b_figure_computed_and_reports_busy(tiny_llama):
+    import torch
+
+    from labsupport.bench.core import BenchContext
+    from labsupport.bench.kv_cache import section_kv_cache
+    from labsupport.bench.options import BenchOptions
+    from labsupport.models.loading import ByteTokenizer
+
+    ctx = BenchContext(device=torch.device("cpu"))
+    ctx._cache[("ours", torch.float32)] = (tiny_llama, ByteTokenizer())
+    options = BenchOptions(kv_lengths=(4, 40), kv_repeats=1, kv_step_repeats=1, kv_naive_budget_s=0.0)
+    section = section_kv_cache(ctx, options)
+    names = {f["name"]: f for f in section["figures"]}
+    seven_b = next(f for name, f in names.items() if "7B" in name)
+    assert seven_b["name"].endswith("computed") and seven_b["note"].startswith("computed from the formula, not measured")
+    assert seven_b["busy"] is None and seven_b["value"] == 256.0
+    assert all("busy" in f for f in section["figures"])                  # the timed ones carry their busy reason
+    assert any("(estimated)" in name for name in names) and section["rows"][0]["same_tokens"]
+    assert "timings" in section["per_position_s"][0]

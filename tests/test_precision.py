@@ -105,3 +105,44 @@ def test_bf16_on_a_gpu_without_bf16_units_is_refused(monkeypatch):
 def hardware_check(device, dtype):
     from labsupport.hardware import require_usable_dtype
     require_usable_dtype(device, dtype)
+
+
+def test_the_tables_and_the_blocks_add_up_to_the_parameters():
+    from labsupport.precision import block_parameters, table_parameters
+    gpt2, llama = PRESETS["gpt2"], PRESETS["llama-7b-shape"]
+    assert table_parameters(gpt2) == 50257 * 768 + 1024 * 768                 # tied: the embedding once, positions
+    assert table_parameters(llama) == 2 * 32000 * 4096                         # its own output layer
+    assert table_parameters(gpt2.with_(tie_embeddings=False)) == table_parameters(gpt2) + 50257 * 768
+    for config in (gpt2, llama, PRESETS["smollm2-135m"]):
+        assert block_parameters(config) + table_parameters(config) == config.num_parameters
+    model = random_model("tiny-gpt2")
+    assert block_parameters(model.config) == sum(p.numel() for n, p in model.named_parameters()
+                                                 if not n.startswith(("embed", "position", "lm_head")))
+
+
+def test_spacing_is_the_step_to_the_next_number():
+    from labsupport.precision import spacing
+    assert spacing(22000, "bfloat16") == 128 and spacing(22000, "float16") == 16
+    assert spacing(1.0, "bfloat16") == 2.0**-7 and spacing(-1.0, "float32") == 2.0**-23
+
+
+def test_a_16_bit_running_sum_stalls_where_an_fp32_one_does_not():
+    from labsupport.precision import matmul_accumulate
+    ones = torch.ones(2, 1024, dtype=torch.bfloat16)
+    assert matmul_accumulate(ones, ones.t(), torch.bfloat16).unique().tolist() == [256.0]
+    fp32 = matmul_accumulate(ones, ones.t(), torch.float32)
+    assert fp32.dtype == torch.bfloat16 and fp32.unique().tolist() == [1024.0]
+    a = torch.randn(3, 40, dtype=torch.float16)
+    b = torch.randn(40, 5, dtype=torch.float16)
+    assert torch.allclose(matmul_accumulate(a, b, "fp32").float(), a.float() @ b.float(), rtol=1e-3, atol=1e-3)
+    with pytest.raises(LabError, match="two float matrices"):
+        matmul_accumulate(a, b.float(), torch.float32)
+
+
+def test_format_bits_figure_draws_each_format_to_scale():
+    from labsupport.plots.precision import format_bits_figure
+    from labsupport.precision import format_bits
+    fig = format_bits_figure([format_bits(d) for d in ("float32", "float16", "bfloat16")])
+    widths = {t.name: list(t.x) for t in fig.data}
+    assert widths == {"sign": [1, 1, 1], "exponent": [8, 5, 8], "mantissa": [7, 10, 23]}
+    assert list(fig.data[0].y) == ["bfloat16", "float16", "float32"]

@@ -10,10 +10,14 @@ def test_explorer_redraws_when_a_control_changes(fresh_tiny_llama):
                                  use_widget=False)
     before = [f.figure.to_plotly_json()["data"] for f in explorer.figures]
     assert len(before) == 4 and explorer.status.value == ""
+    assert [t["name"] for t in before[1]] == ["resident", "read per decode step"]
+    assert [t["name"] for t in before[2]] == ["vs fp32", "vs bf16"]
+    assert "fused int8 kernel" in explorer.figures[2].figure.layout.title.text
     explorer.controls["bits"].value = 4
     after = [f.figure.to_plotly_json()["data"] for f in explorer.figures]
     assert explorer.status.value == ""
     assert before[0] != after[0]                                   # another error histogram
     assert len(after[1][0]["x"]) == len(before[1][0]["x"]) + 1    # one more setting measured
+    assert "int4 g32 ran the fused int4 kernel" in explorer.figures[2].figure.layout.title.text
     explorer.controls["group_size"].value = 64
     assert len(explorer.figures[1].figure.to_plotly_json()["data"][0]["x"]) == 4

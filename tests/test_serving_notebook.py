@@ -33,6 +33,26 @@ def test_slot_timeline_draws_every_stay_and_marks_preemption(runs):
     assert any(t.name == "stay cut by preemption" for t in fig.data)
 
 
+def test_block_table_figure_draws_one_arrow_per_table_entry():
+    from labsupport.plots.serving import block_table_figure
+    from labsupport.serving import BlockManager
+    blocks = BlockManager(num_blocks=12, block_size=4)
+    blocks.grow(0, 6), blocks.grow(1, 3), blocks.grow(0, 9)              # tables {0: [0, 1, 3], 1: [2]}
+    fig = block_table_figure(blocks.tables, {0: 9, 1: 3}, num_blocks=12, block_size=4)
+    arrows = [a for a in fig.layout.annotations if a.showarrow]
+    assert sorted(a.x for a in arrows) == [0, 1, 2, 3]                   # each points at its physical block
+    assert [a.ax for a in arrows] == [0, 1, 2, 3.7]                      # from logical blocks, side by side
+    boxes = [s for s in fig.layout.shapes if s.fillcolor == "white"]
+    assert len(boxes) == 4 + 12                                          # logical blocks, then the pool
+    hover = list(fig.data[0].hovertext)
+    assert "sequence 0, logical block 2 (positions 8-8) -> physical block 3" in hover
+    assert "physical block 3: sequence 0's logical block 2, 1 of 4 positions filled" in hover
+    assert "physical block 11: free" in hover
+    filled = [s for s in fig.layout.shapes if s.fillcolor != "white"]
+    assert len(filled) == 2 * 4                                          # the owned blocks, logical and physical
+    assert max(s.x1 - s.x0 for s in filled) == pytest.approx(0.8) and min(s.x1 - s.x0 for s in filled) == pytest.approx(0.2)
+
+
 def test_utilization_and_blocks_figures(runs):
     from labsupport.plots.serving import blocks_figure, utilization_figure
     fig = utilization_figure({"static": runs["static"], "continuous": runs["continuous"]}, clock="steps")

@@ -213,8 +213,13 @@ def test_expected_tokens_and_speedup_formulas():
     assert expected_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.2))
     assert expected_speedup(0.8, 4, 0.05) == pytest.approx(2.80, abs=0.01)
     assert expected_speedup(0.0, 3, 0.5) == pytest.approx(1 / 2.5)
+    # a measured verify pass of 2 plain steps instead of Leviathan et al.'s free one (v = 1)
+    assert expected_speedup(0.8, 4, 0.05, verify_cost=2.0) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 2.2))
+    assert expected_speedup(0.8, 4, 0.05, verify_cost=1.0) == expected_speedup(0.8, 4, 0.05)
     with pytest.raises(LabError):
         expected_tokens_per_call(1.5, 4)
+    with pytest.raises(LabError, match="verify_cost"):
+        expected_speedup(0.8, 4, 0.05, verify_cost=0)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=1.0, seed=3)])
@@ -223,14 +228,20 @@ def test_stats_add_up(target, sampling, one_thread):
     result = speculative_generate(target, draft, PROMPTS[1], 37, k=3, sampling=sampling,
                                   eos_token_ids=(), trace=True)
     s = result.stats
-    assert s.accepted + s.resampled + s.bonus == len(result.tokens) == 37
+    assert s.accepted + s.replaced + s.bonus == len(result.tokens) == 37
     assert s.target_calls == len(result.trace)
-    assert s.rejected == s.resampled                   # no end token: every miss is followed by a resample
+    assert s.rejected == s.replaced                    # no end token: every miss is followed by a replacement
     assert 0 < s.accepted < s.drafted
+    # greedy: the target's argmax corrects a miss, nothing is sampled; sampling: a residual draw
+    replacement = "corrected" if sampling.greedy else "resampled"
+    assert {step.extra_kind for step in result.trace} == {replacement, "bonus"}
     rebuilt = []
     for step in result.trace:
         assert step.statuses.count("accepted") == step.n_accepted
-        assert step.statuses.count("rejected") == int(step.extra_kind == "resampled")
+        assert step.statuses.count("rejected") == int(step.extra_kind == replacement)
+        assert len(step.target_argmax) == len(step.drafted) + 1
+        if sampling.greedy:                            # what the target added is its own choice there
+            assert step.extra_token == step.target_argmax[step.n_accepted]
         rebuilt += step.drafted[: step.n_accepted] + [step.extra_token]
     assert rebuilt == result.tokens
     assert s.tokens_per_call == pytest.approx(37 / s.target_calls)

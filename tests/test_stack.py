@@ -8,7 +8,8 @@ from labsupport.claims import stack_claims
 from labsupport.errors import LabError
 from labsupport.plots.stack import cumulative_figure
 from labsupport.serving import make_workload
-from labsupport.stack import HF_PEER, Stage, build_stages, run_stack
+from labsupport.kv_cache import kv_cache_bytes
+from labsupport.stack import HF_PEER, INT4_BATCH_1, Stage, best_under_budget, build_stages, run_stack
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,11 @@ def test_every_stage_serves_every_request(tiny_llama, requests_):
     stages = build_stages(tiny_llama, requests_, slots=2)
     names = [s.name for s in stages]
     assert names[:3] == ["naive loop", "+ KV cache", "+ static batching"]
-    assert names[-2:] == ["+ speculative decoding", "+ continuous batching"]
+    assert names[-3:] == [INT4_BATCH_1, "+ speculative decoding", "+ continuous batching"]
+    base = {s.name: s.builds_on for s in stages}
+    assert base["+ speculative decoding"] == INT4_BATCH_1 and base[INT4_BATCH_1] == "+ KV cache"   # batch 1 vs batch 1
+    assert {s.name: s.cached_sequences for s in stages if s.cached_sequences != 2} == {
+        "naive loop": 0, "+ KV cache": 1, INT4_BATCH_1: 1, "+ speculative decoding": 1}
     reference = stages[1].run()
     for stage in stages:
         out = stage.run()
@@ -34,7 +39,7 @@ def test_every_stage_serves_every_request(tiny_llama, requests_):
 def test_run_stack_rows_figure_and_claims(tiny_llama, requests_):
     # a stand-in for Hugging Face generate() (`bench.peers.hf_stack_stage`): timed, never on the ladder
     peer = Stage(HF_PEER, "a stand-in peer", lambda: {r.request_id: [0] * r.max_new_tokens for r in requests_})
-    result = run_stack(tiny_llama, requests_, slots=2, peers=[peer])
+    result = run_stack(tiny_llama, requests_, slots=2, peers=[peer], agreement_tokens=list(range(40)))
     rows = {r["stage"]: r for r in result["stages"]}
     assert list(rows)[-1] == HF_PEER and not rows[HF_PEER]["kept"] and result["best"] != HF_PEER
     assert ("stack_vs_hf" in result) == (result["best"] is not None)
@@ -49,7 +54,37 @@ def test_run_stack_rows_figure_and_claims(tiny_llama, requests_):
     fig = cumulative_figure(result)
     assert len(fig.data) == 2 and list(fig.data[0].x) == list(rows)
     table = stack_claims(result, tiny_llama)
-    assert len(table) == 8 and all(r["measured here"] for r in table)
+    assert len(table) == 9 and all(r["measured here"] and r["verdict"] for r in table)
+
+
+def test_rows_count_memory_and_teacher_forced_agreement(tiny_llama, requests_):
+    peer = Stage(HF_PEER, "a stand-in peer", lambda: {r.request_id: [0] * r.max_new_tokens for r in requests_})
+    result = run_stack(tiny_llama, requests_, slots=2, peers=[peer], agreement_tokens=list(range(40)))
+    rows = {r["stage"]: r for r in result["stages"]}
+    longest = max(r.max_length for r in requests_)
+    assert rows["naive loop"]["kv_cache_bytes"] == 0
+    assert rows["+ KV cache"]["kv_cache_bytes"] == kv_cache_bytes(tiny_llama.config, longest, 1)
+    assert rows["+ static batching"]["kv_cache_bytes"] == 2 * rows["+ KV cache"]["kv_cache_bytes"]
+    assert rows["+ int4 weights"]["weight_bytes"] < rows["+ KV cache"]["weight_bytes"] / 2
+    assert rows[HF_PEER]["weight_bytes"] is None and rows[HF_PEER]["top1_agreement"] is None
+    assert rows["+ KV cache"]["top1_agreement"] == 1.0                              # the fp32 model itself
+    assert 0 <= rows["+ int4 weights"]["top1_agreement"] <= 1
+    assert rows[INT4_BATCH_1]["top1_agreement"] == rows["+ int4 weights"]["top1_agreement"]   # the same model
+    assert all(set(r["timing"]) >= {"median", "spread"} for r in result["stages"])
+    assert "load" in result
+    # without evaluation tokens, no agreement is claimed
+    assert all(r["top1_agreement"] is None for r in run_stack(tiny_llama, requests_[:2], slots=2)["stages"])
+
+
+def test_best_under_budget_picks_the_fastest_stage_that_fits():
+    rows = [{"stage": "big", "tokens_per_s": 50.0, "weight_bytes": 900, "kv_cache_bytes": 100},
+            {"stage": "small", "tokens_per_s": 20.0, "weight_bytes": 200, "kv_cache_bytes": 50},
+            {"stage": "smaller", "tokens_per_s": 10.0, "weight_bytes": 100, "kv_cache_bytes": 10},
+            {"stage": HF_PEER, "tokens_per_s": 99.0, "weight_bytes": None, "kv_cache_bytes": None}]
+    assert best_under_budget(rows, 1000) == "big"                    # exactly the budget fits
+    assert best_under_budget(rows, 999) == "small"
+    assert best_under_budget(rows, 110) == "smaller"
+    assert best_under_budget(rows, 109) is None
 
 
 def test_run_stack_refuses_an_empty_workload(tiny_llama):
@@ -70,3 +105,16 @@ def test_stack_explorer_runs_a_setting_and_explains_impossible_ones(tiny_llama, 
     explorer.refresh()
     assert "one request at a time" in explorer.status.value
     assert len(explorer.figures[0].figure.data[0].y) == 2
+
+
+def test_stack_explorer_measures_quality_teacher_forced(tiny_llama, requests_):
+    from labsupport.explorers.stack import stack_explorer
+    from labsupport.quantize_eval import top1_agreement
+    from labsupport.variants import ModelVariants
+    variants = ModelVariants(tiny_llama)
+    explorer = stack_explorer(tiny_llama, requests_[:2], slots=2, variants=variants,
+                              agreement_tokens=list(range(30)), use_widget=False)
+    figure = explorer.figures[0].figure                                   # the opening setting: int4 weights
+    assert figure.layout.annotations[1].text == "top-1 agreement with fp32"
+    want = top1_agreement(tiny_llama, variants.get(explorer.controls["precision"].value, "int4"), list(range(30)))
+    assert figure.data[1].x[0] == pytest.approx(100 * want)

@@ -10,6 +10,7 @@ import torch
 
 from ..batch_timing import batch_speedup
 from ..batching import left_pad, padding_waste, sorted_batches
+from ..busy import busy_reason
 from ..generation import chat_prompt, generate
 from ..hardware import bf16_supported
 from ..measure import time_fn, time_side_by_side
@@ -45,7 +46,9 @@ def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
     """Throughput and latency against batch size; padding waste; Hugging Face on the same padded batch.
 
     Introduced in notebook 02 (batching). Reads batch_new_tokens, batch_sizes and repeats
-    (the batch-16/batch-1 pair and the Hugging Face peer).
+    (the batch-16/batch-1 pair and the Hugging Face peer). Each timed figure carries the busy
+    reason of its timings (`busy`, their spread); the sweep's own check is notebook 02's
+    (`claims.batching.batch_sweep_busy_reason`).
     """
     model, tok = ctx.model(torch.float32)
     new_tokens = options.batch_new_tokens
@@ -63,10 +66,10 @@ def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
     # the headline ratio: batch 16 against batch 1, interleaved; in fp32, and in bf16
     # where the hardware has it (16-bit matrix units make the compute-bound side cheaper)
     ratio, pair = batch_speedup(model, prompt, 16, new_tokens, warmup=1, repeats=options.repeats)
-    bf16_ratio, bf16_skipped = None, None
+    bf16_ratio, bf16_skipped, bf16_pair = None, None, {}
     if bf16_supported(ctx.device):
-        bf16_ratio, _ = batch_speedup(ctx.model(torch.bfloat16)[0], prompt, 16, new_tokens, warmup=1,
-                                      repeats=options.repeats)
+        bf16_ratio, bf16_pair = batch_speedup(ctx.model(torch.bfloat16)[0], prompt, 16, new_tokens,
+                                              warmup=1, repeats=options.repeats)
     else:
         bf16_skipped = ("bf16 not timed: this device has no bf16 hardware, and emulated 16-bit "
                         "matmuls would measure the emulation, not batching (notebook 03 times it)")
@@ -92,15 +95,16 @@ def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
                            "timings_s": {k: v.to_dict() for k, v in side.items()}},
         "figures": [
             reported("throughput at batch 16 / batch 1 (fp32 decode)", ratio, "x", target=8.0,
-                     claim="batch 1 -> 16 might give 10-15x throughput",
+                     busy=busy_reason(pair), claim="batch 1 -> 16 might give 10-15x throughput",
                      note=f"{new_tokens} new tokens per row, one prompt repeated"),
             *([reported("throughput at batch 16 / batch 1 (bf16 decode)", bf16_ratio, "x", target=8.0,
+                        busy=busy_reason(bf16_pair),
                         claim="batch 1 -> 16 might give 10-15x throughput",
                         note="bf16 weights and activations on the CPU's bf16 instructions")]
               if bf16_ratio is not None else []),
             reported("padding waste of a batch of 8 mixed-length prompts", waste, "fraction",
                      note=f"{100 * sorted_waste:.0f}% when sorted into batches of 4 by length"),
             reported("labsupport / HF generate on the same padded batch of 8", vs_hf, "x",
-                     note=f"same tokens: {same}"),
+                     busy=busy_reason(side), note=f"same tokens: {same}"),
         ],
     }

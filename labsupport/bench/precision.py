@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..busy import busy_reason
 from ..hardware import bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast
 from ..measure import time_side_by_side
 from ..models.config import PRESETS
@@ -64,11 +65,15 @@ def section_precision(ctx: BenchContext, options: BenchOptions) -> dict:
         if name != "float32":
             label, emulated = dtype_label(ctx.device, name), emulation_note(ctx.device, name)
             rows[name]["emulated"] = bool(emulated)
+            # each ratio stands on two timings: its own and fp32's, taken side by side
+            decode_busy = busy_reason({"float32": decode_t["float32"], name: decode_t[name]})
+            prefill_busy = busy_reason({"float32": prefill_t["float32"], name: prefill_t[name]})
             figures += [
                 reported(f"{label} / fp32 decode speed (batch 1)", rows[name]["decode_speedup"], "x",
-                         claim="fp16 ~1.5x", note="; ".join(filter(None, [f"{new_tokens} new tokens", emulated]))),
+                         claim="fp16 ~1.5x", note="; ".join(filter(None, [f"{new_tokens} new tokens", emulated])),
+                         busy=decode_busy),
                 reported(f"{label} / fp32 prefill speed ({len(long_prompt)}-token prompt)",
-                         rows[name]["prefill_speedup"], "x", note=emulated),
+                         rows[name]["prefill_speedup"], "x", note=emulated, busy=prefill_busy),
                 reported(f"{name} top-1 agreement with fp32", rows[name]["top1_agreement"], "fraction",
                          claim="fp16: minimal loss",
                          note=f"max |logit difference| {rows[name]['max_abs_diff']:.3f}"),

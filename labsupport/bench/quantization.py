@@ -7,12 +7,15 @@ bitsandbytes LLM.int8() and NF4. One fp32 model is loaded; the 16-bit rows are
 cast copies, and every quantized row is a `QuantizedHandle` on that same model,
 swapped in only while it runs (``with handle:``), so no extra fp32 copy is held.
 
-* memory: bytes a decode step reads (`Transformer.weight_bytes`, plus the side
-  tensors bitsandbytes keeps outside buffers) and bytes resident in the model
-  (`precision.tensor_bytes`; with a tied output layer, quantizing it keeps the
-  float embedding for lookups beside the quantized copy);
-* speed: decode tokens/s at batch 1 as a ratio to fp32, the rows interleaved in
-  one run (`measure.time_side_by_side`); a row much slower than fp32 (bitsandbytes
+* memory: bytes resident in the model (`quantize.resident_bytes`, the footprint
+  the chapter's claim is about; with a tied output layer, quantizing it keeps the
+  float embedding for lookups beside the quantized copy), and bytes a decode step
+  reads (`quantize.quantized_bytes`: the embedding is read one row per token);
+* speed: decode tokens/s at batch 1 as a ratio to fp32, and to bf16 for the
+  quantized rows (the fast int8/int4 kernels compute in bf16, so the ratio to bf16
+  is what the smaller weights add), the rows interleaved in one run
+  (`measure.time_side_by_side`); each ratio carries the busy reason of its two
+  timings (`busy.busy_reason`); a row much slower than fp32 (bitsandbytes
   4-bit dequantizes in plain PyTorch on a CPU) is timed in its own pair with fp32
   on fewer tokens, and its note says so; fp16 is not timed where its matmuls are
   emulated (most CPUs);
@@ -30,13 +33,14 @@ from statistics import median as _median
 
 import torch
 
+from ..busy import busy_reason
 from ..claims import quantization_claim
 from ..errors import LabError
 from ..generation import chat_prompt, generate
 from ..hardware import fp16_fast
-from ..measure import time_side_by_side
-from ..precision import cast_model, tensor_bytes
-from ..quantize import eval_tokens, quantize_model, quantized_bytes
+from ..measure import Timing, time_side_by_side
+from ..precision import cast_model
+from ..quantize import eval_tokens, quantize_model, quantized_bytes, resident_bytes
 from ..quantize_eval import _score
 from .baseline import DEFAULT_PROMPT
 from .core import BenchContext, reported
@@ -95,6 +99,7 @@ def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
                 handle.restore()
                 variants[name] = (model, handle)
                 row["kernels"] = handle.kernels
+                row["kernel"] = handle.describe()
         except LabError as error:                  # e.g. bitsandbytes missing or not on this device
             row["error"] = str(error)
 
@@ -105,17 +110,19 @@ def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
     # Memory and quality, one row at a time.
     fp32_nll, fp32_top1 = _score(model, eval_ids)
     fp32_bytes = model.weight_bytes()
+    fp32_resident = resident_bytes(model)
     for name in variants:
         m, _ = variants[name]
         with applied(name):
             rows[name]["weight_bytes"] = quantized_bytes(m)
-            rows[name]["tensor_bytes"] = tensor_bytes(m)
+            rows[name]["tensor_bytes"] = resident_bytes(m)
             if name == "fp16" and not fp16_runs:
                 scored, how = _fp16_rounded(model), "fp16-rounded weights computed in fp32"
             else:
                 scored, how = m, "as run"
             nll, top1 = (fp32_nll, fp32_top1) if name == "fp32" else _score(scored, eval_ids)
-        rows[name].update(memory_fraction=rows[name]["weight_bytes"] / fp32_bytes, perplexity=math.exp(nll),
+        rows[name].update(memory_fraction=rows[name]["weight_bytes"] / fp32_bytes,
+                          resident_fraction=rows[name]["tensor_bytes"] / fp32_resident, perplexity=math.exp(nll),
                           perplexity_increase=math.exp(nll) / math.exp(fp32_nll) - 1,
                           top1_agreement=(top1 == fp32_top1).float().mean().item(), quality_from=how)
 
@@ -150,7 +157,13 @@ def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
         rows[name].update(decode_tokens_per_s=1 / step,
                           decode_speedup=_median(decode_s[f"fp32@{tokens}"]) / step,
                           timed_on_new_tokens=tokens,
-                          bandwidth_bytes_per_s=rows[name]["weight_bytes"] / step)
+                          bandwidth_bytes_per_s=rows[name]["weight_bytes"] / step,
+                          busy=busy_reason({"fp32": Timing(decode_s[f"fp32@{tokens}"]),
+                                            name: Timing(decode_s[f"{name}@{tokens}"])}))
+        if "bf16" in fast_rows and name in fast_rows and rows[name]["kind"] in ("int8", "int4"):
+            rows[name]["decode_speedup_bf16"] = _median(decode_s[f"bf16@{tokens}"]) / step
+            rows[name]["busy_bf16"] = busy_reason({"bf16": Timing(decode_s[f"bf16@{tokens}"]),
+                                                   name: Timing(decode_s[f"{name}@{tokens}"])})
     if "fp16" in rows and "fp16" not in timed:
         rows["fp16"]["decode_speedup"] = None
         rows["fp16"]["speed_note"] = "not timed: fp16 matmuls are emulated on this CPU (slow)"
@@ -161,18 +174,26 @@ def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
             if "error" in row:
                 figures.append(reported(f"{name}: not run", float("nan"), "", note=row["error"]))
             continue
-        memory_note = (f"{row['weight_bytes'] / 2**20:.0f} MiB read per token vs {fp32_bytes / 2**20:.0f} MiB "
-                       f"fp32; {row['tensor_bytes'] / 2**20:.0f} MiB resident")
-        figures.append(reported(f"{name} weights / fp32", row["memory_fraction"], "fraction",
-                                higher_is_better=False, claim=quantization_claim(name, 0), note=memory_note))
+        figures.append(reported(f"{name} resident bytes / fp32", row["resident_fraction"], "fraction",
+                                higher_is_better=False, claim=quantization_claim(name, 0),
+                                note=f"{row['tensor_bytes'] / 2**20:.0f} MiB vs {fp32_resident / 2**20:.0f} MiB fp32 "
+                                     "(every tensor the model holds, float lookup tables included)"))
+        figures.append(reported(f"{name} bytes read per token / fp32", row["memory_fraction"], "fraction",
+                                higher_is_better=False,
+                                note=f"{row['weight_bytes'] / 2**20:.0f} MiB vs {fp32_bytes / 2**20:.0f} MiB fp32 "
+                                     "(the weights a decode step streams; an embedding is read one row per token)"))
         if row.get("decode_speedup") is not None:
             how = (f"interleaved with every row, {new_tokens} new tokens" if name in fast_rows else
                    f"timed in a pair with fp32 on {slow_tokens} new tokens (about "
                    f"{warm[name] / warm['fp32']:.0f}x slower than fp32 in the warm-up)")
             figures.append(reported(f"{name} / fp32 decode speed (batch 1)", row["decode_speedup"], "x",
                                     target=TARGETS.get(name), claim=quantization_claim(name, 1),
-                                    note=f"{row['decode_tokens_per_s']:.1f} tokens/s; {how}; kernels "
-                                         f"{row.get('kernels', 'dense')}"))
+                                    note=f"{row['decode_tokens_per_s']:.1f} tokens/s; {how}; "
+                                         f"{row.get('kernel', 'dense matmul')}", busy=row["busy"]))
+        if row.get("decode_speedup_bf16") is not None:
+            figures.append(reported(f"{name} / bf16 decode speed (batch 1)", row["decode_speedup_bf16"], "x",
+                                    note=f"{row.get('kernel')}: where the kernel computes in bf16, this ratio "
+                                         "is what the smaller weights add over a bf16 model", busy=row["busy_bf16"]))
         figures.append(reported(f"{name} perplexity increase over fp32", row["perplexity_increase"], "fraction",
                                 higher_is_better=False,
                                 note=f"perplexity {row['perplexity']:.2f} vs {math.exp(fp32_nll):.2f} on "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..claims.roofline import sweep_busy_reason
 from ..roofline import growth_batch, ridge_batch, supported_dtypes, sweep_decode
 from .core import BenchContext, reported
 from .options import BenchOptions
@@ -16,7 +17,9 @@ def section_roofline(ctx: BenchContext, options: BenchOptions) -> dict:
     """Decode-step sweep over batch sizes per dtype, placed on this machine's roofline.
 
     Introduced in notebook 00 (where the time goes). Reads roofline_batches,
-    roofline_context and roofline_repeats. About 30 s on a 2-core CPU.
+    roofline_context and roofline_repeats. About 30 s on a 2-core CPU. A sweep whose
+    repeats disagree, or whose step time falls steeply as the batch grows
+    (`claims.roofline.sweep_busy_reason`), gets no verdict on its figures.
     """
     profile = ctx.hardware
     context = options.roofline_context
@@ -31,16 +34,17 @@ def section_roofline(ctx: BenchContext, options: BenchOptions) -> dict:
         sweeps[name] = rows
         predicted = ridge_batch(profile, model.config, dtype, context)
         grows_at = growth_batch(rows)
+        busy = sweep_busy_reason(rows)          # the load probe is the suite's (mark_busy)
         first, last = rows[0], rows[-1]
         figures += [
             reported(f"measured ridge point ({name})", profile.ridge(name), "FLOP/byte",
                      note=f"{profile.flops[name] / 1e9:.0f} GFLOP/s / {profile.bandwidth / 1e9:.1f} GB/s"),
             reported(f"batch where the decode step time passes 1.5x batch 1 ({name})",
-                     float(grows_at) if grows_at else float("nan"), "batch", claim=claim,
+                     float(grows_at) if grows_at else float("nan"), "batch", claim=claim, busy=busy,
                      note=f"predicted ridge batch {predicted:.1f} (context {context}); "
                           f"swept {batches[0]}..{batches[-1]}"),
             reported(f"decode tokens/s at batch {last['batch']} / batch 1 ({name})",
-                     last["tokens_per_s"] / first["tokens_per_s"], "x", claim=claim,
+                     last["tokens_per_s"] / first["tokens_per_s"], "x", claim=claim, busy=busy,
                      note=f"{first['tokens_per_s']:.0f} -> {last['tokens_per_s']:.0f} tokens/s; "
                           f"step {1e3 * first['seconds']:.1f} -> {1e3 * last['seconds']:.1f} ms"),
         ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..busy import busy_reason, load_per_core
 from ..measure import time_side_by_side
 from ..serving.engine import Engine
 from ..serving.metrics import reserved_vs_used
@@ -65,6 +66,11 @@ def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
     repeats = options.serving_repeats
     longest = max(r.max_length for r in requests)
     timings, runs = serve_side_by_side(model, hf, requests, slots, repeats)
+    load = load_per_core()
+
+    def busy(*names):
+        return busy_reason({n: timings[n] for n in names}, load=load)
+
     tokens = sum(r.max_new_tokens for r in requests)
     speed = {name: tokens / t.median for name, t in timings.items()}
     metrics = {policy: runs[policy].metrics() for policy in ("continuous", "static")}
@@ -78,11 +84,17 @@ def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
                  note=f"{len(requests)} requests, {slots} slots, answer lengths {min(lengths)}-{max(lengths)} "
                       f"(median {sorted(lengths)[len(lengths) // 2]}); slot use "
                       f"{metrics['continuous']['slot_utilization']:.0%} "
-                      f"vs {metrics['static']['slot_utilization']:.0%}; same tokens: {same_tokens}"),
+                      f"vs {metrics['static']['slot_utilization']:.0%}; same tokens: {same_tokens}",
+                 busy=busy("continuous", "static")),
         reported("serving: ours / Hugging Face continuous batching", speed["continuous"] / speed["hf"], "x",
-                 target=1.0, note=f"same tokens as HF: {same_as_hf}"),
+                 target=1.0, note=f"same tokens as HF: {same_as_hf}", busy=busy("continuous", "hf")),
         reported("serving: latency p99, static / continuous",
-                 metrics["static"]["latency_p99"] / metrics["continuous"]["latency_p99"], "x"),
+                 metrics["static"]["latency_p99"] / metrics["continuous"]["latency_p99"], "x",
+                 busy=busy("continuous", "static")),
+        reported("serving: time to first token p99, static / continuous",
+                 metrics["static"]["ttft_p99"] / metrics["continuous"]["ttft_p99"], "x",
+                 note=f"p50 {metrics['continuous']['ttft_p50']:.2f} s continuous vs "
+                      f"{metrics['static']['ttft_p50']:.2f} s static", busy=busy("continuous", "static")),
         reported("serving: paged cache peak / per-slot reservation", memory["used_bytes"] / memory["reserved_bytes"],
                  "fraction", note=f"{memory['used_bytes'] / 2**20:.1f} MiB used vs "
                                   f"{memory['reserved_bytes'] / 2**20:.1f} MiB reserved for {slots} x {longest} "
@@ -91,4 +103,4 @@ def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
     return {"requests": len(requests), "slots": slots, "tokens": tokens, "answer_lengths": lengths,
             "tokens_per_s": speed, "timings_s": {k: t.to_dict() for k, t in timings.items()},
             "metrics": metrics, "same_tokens_static_continuous": same_tokens, "same_tokens_as_hf": same_as_hf,
-            "memory": memory, "figures": figures}
+            "memory": memory, "load": load, "figures": figures}

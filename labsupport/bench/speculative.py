@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import torch
 
+from ..busy import busy_reason
 from ..errors import LabError
 from ..generation import chat_prompt, generate
 from ..measure import time_side_by_side
 from ..speculative import (PromptLookupDraft, QuantizedSelfDraft, SpeculativeResult, expected_speedup,
-                           expected_tokens_per_call, speculative_generate)
+                           pass_costs, speculative_generate)
 from .core import BenchContext, reported
 from .options import BenchOptions
-from .peers import hf_generate_fn
+from .peers import ForwardPasses, hf_generate_fn
 
 GROUNDED_TEXT = (
     "The lighthouse keeper climbed the narrow stairs every evening at six. He trimmed the wick, "
@@ -35,6 +36,9 @@ def section_speculative(ctx: BenchContext, options: BenchOptions) -> dict:
     plain and prompt-lookup generate(); on a grounded task (the answer repeats the
     prompt) and on creative free text, where prompt lookup has little to copy.
     Every speculative run must give the same tokens as plain greedy decoding.
+    Each draft's costs are reported in plain decode steps (`pass_costs`): a drafted token
+    (c) and the target's verify pass (v), with Leviathan et al.'s prediction for a free
+    pass (v = 1) and for the measured one.
 
     Introduced in notebook 05 (speculative decoding). Reads new_tokens, repeats and spec_k.
     """
@@ -55,12 +59,13 @@ def section_speculative(ctx: BenchContext, options: BenchOptions) -> dict:
     figures = []
     for task, message in tasks.items():
         ids = tok.encode(chat_prompt(tok, message))
-        hf_runs = {"hf": hf_generate_fn(hf, ids, new_tokens),              # prompt lookup: same k as ours
-                   "hf lookup": hf_generate_fn(hf, ids, new_tokens, prompt_lookup=k)}
+        hf_runs = {"hf": hf_generate_fn(hf, ids, new_tokens),              # prompt lookup: same k and n-gram
+                   "hf lookup": hf_generate_fn(hf, ids, new_tokens, prompt_lookup=k, lookup_ngram=lookup.ngram)}
         out: dict = {}
 
         def plain():
-            out["plain"] = generate(model, ids, new_tokens, eos_token_ids=()).row(0)
+            out["plain result"] = generate(model, ids, new_tokens, eos_token_ids=())
+            out["plain"] = out["plain result"].row(0)
 
         def run_draft(name, draft):
             def fn():
@@ -78,7 +83,10 @@ def section_speculative(ctx: BenchContext, options: BenchOptions) -> dict:
         if task == "grounded":
             fns.update({"hf": run_hf("hf"), "hf lookup": run_hf("hf lookup")})
         timings = time_side_by_side(fns, ctx.device, warmup=1, repeats=repeats)
+        busy = busy_reason(timings)                 # the load probe is the suite's (mark_busy)
         speed = {name: new_tokens / t.median for name, t in timings.items()}
+        plain_result = out["plain result"]
+        plain_step = plain_result.decode_seconds / max(len(out["plain"]) - 1, 1)
         row = {"prompt_tokens": len(ids), "tokens_per_s": speed,
                "timings_s": {name: t.to_dict() for name, t in timings.items()},
                "text": tok.decode(out["plain"], skip_special_tokens=True)}
@@ -89,6 +97,12 @@ def section_speculative(ctx: BenchContext, options: BenchOptions) -> dict:
             row.setdefault("same_tokens_as_plain", {})[name] = tokens == out["plain"]
             if isinstance(out[name], SpeculativeResult):
                 row.setdefault("stats", {})[name] = out[name].stats.to_dict()
+                row.setdefault("costs_in_plain_steps", {})[name] = pass_costs(out[name].stats,
+                                                                              plain_step).__dict__
+        if task == "grounded":                      # one more run, untimed: what HF's passes were
+            with ForwardPasses(hf) as passes:
+                hf_runs["hf lookup"]()
+            row["hf_lookup_passes"] = {"tokens_fed": passes.tokens, "seconds": passes.seconds}
         result["tasks"][task] = row
 
         def note(name):
@@ -99,7 +113,7 @@ def section_speculative(ctx: BenchContext, options: BenchOptions) -> dict:
 
         grounded = task == "grounded"
         figures.append(reported(f"prompt lookup speedup over plain generate ({task} task)",
-                                speed["lookup"] / speed["plain"], "x", target=1.5 if grounded else None,
+                                speed["lookup"] / speed["plain"], "x", target=1.5 if grounded else None, busy=busy,
                                 claim=None if grounded else "speculation pays only when drafts are accepted",
                                 note=note("lookup") + ("" if grounded else
                                                        "; free text has little to copy from the prompt")))
@@ -107,25 +121,29 @@ def section_speculative(ctx: BenchContext, options: BenchOptions) -> dict:
             # Leviathan et al.'s formula assumes a (k+1)-token target pass costs one plain step;
             # the note shows what it predicts and what the measured pass cost does to it
             s = out["int4 self-draft"].stats
-            plain_step = timings["plain"].median / new_tokens
-            c = s.draft_seconds / max(s.drafted, 1) / plain_step
-            verify_cost = s.target_seconds / max(s.target_calls, 1) / plain_step
-            predicted = expected_speedup(min(s.alpha, 1.0), k, c)
-            with_verify = expected_tokens_per_call(min(s.alpha, 1.0), k) / (k * c + verify_cost)
+            costs = pass_costs(s, plain_step)
+            alpha = min(max(s.alpha, 0.0), 1.0)
+            free = expected_speedup(alpha, k, costs.draft_per_token)
+            measured_pass = expected_speedup(alpha, k, costs.draft_per_token, costs.verify_per_pass)
             figures.append(reported(f"int4 self-draft speedup over plain generate ({task} task)",
                                     speed["int4 self-draft"] / speed["plain"], "x",
-                                    target=1.2 if grounded else None,
-                                    note=note("int4 self-draft") + f"; a draft step costs {c:.2f} plain steps and "
-                                         f"a {k + 1}-token target pass {verify_cost:.2f}: Leviathan et al.'s "
-                                         f"formula predicts {predicted:.2f}x with a free pass, {with_verify:.2f}x "
-                                         f"with the measured one"))
+                                    target=1.2 if grounded else None, busy=busy,
+                                    note=note("int4 self-draft") + f"; a drafted token costs "
+                                         f"{costs.draft_per_token:.2f} plain steps ({costs.draft_per_pass:.2f} "
+                                         f"per step) and a {k + 1}-token verify pass {costs.verify_per_pass:.2f}: "
+                                         f"the larger cost is {costs.larger}; Leviathan et al.'s formula predicts "
+                                         f"{free:.2f}x with a free pass, {measured_pass:.2f}x with the measured one"))
         if grounded:
+            hf_passes = row["hf_lookup_passes"]["tokens_fed"]
+            ours_passes = out["lookup"].stats.target_calls + 1
             figures.append(reported("labsupport prompt lookup / HF prompt-lookup generate (grounded task)",
-                                    speed["lookup"] / speed["hf lookup"], "x",
+                                    speed["lookup"] / speed["hf lookup"], "x", busy=busy,
                                     note=f"{speed['lookup']:.1f} vs {speed['hf lookup']:.1f} tokens/s; HF prompt "
                                          f"lookup over HF generate: {speed['hf lookup'] / speed['hf']:.2f}x; HF "
                                          f"same tokens as our plain greedy: {row['same_tokens_as_plain']['hf']}, "
-                                         f"HF lookup: {row['same_tokens_as_plain']['hf lookup']}"))
+                                         f"HF lookup: {row['same_tokens_as_plain']['hf lookup']}; forward passes "
+                                         f"with the prompt's: HF {len(hf_passes)} (its first also checks drafts), "
+                                         f"ours {ours_passes} (a separate prefill)"))
     if self_draft_note:
         result["int4_self_draft"] = self_draft_note
     for task in tasks:

@@ -1,8 +1,18 @@
 """Checkers for notebook 02 (batching).
 
 Introduced in notebook 02 (batching). Each compares a learner's answer with
-`labsupport.batching` and either confirms it or raises `CheckFailed` with what
-was expected, what came back, and a hint.
+`labsupport.batching` and `generate` and either confirms it or raises `CheckFailed`
+with what was expected, what came back, and a hint that names the mistake:
+
+* `check_left_pad`: right padding, an inverted mask, a mask built from
+  ``token == pad_id`` (wrong as soon as the pad id occurs inside a prompt, as the
+  chat model's end token does), positions that count the padding or start at 1,
+  negative positions on the padding, code that only works for equal lengths;
+* `check_batched_generation`: every row of a left-padded batch must give exactly the
+  tokens its prompt gives alone (on a model with rotary positions and on one with
+  learned positions, where a wrong position shows);
+* `check_padding_waste`: the real fraction instead of the padding, a percentage,
+  the wrong denominator, the shortest row's padding only.
 """
 
 from __future__ import annotations
@@ -10,15 +20,19 @@ from __future__ import annotations
 import torch
 
 from ..batching import PaddedBatch, left_pad, padding_waste
+from ..generation import decode_step, generate, prefill
+from ..kv_cache import StaticKVCache
 from . import close_enough, fail, passed
+from .kv_cache import tiny_test_model
 
-PAD = 0
-# prompts of different lengths, equal lengths, and a single prompt
+# (prompts, pad_id): the longest prompt not first; a pad id that also occurs inside prompts
+# (a chat prompt ends every turn with the end token that pads it); equal lengths; one prompt
 LEFT_PAD_CASES = (
-    [[5, 6, 7], [8], [9, 10]],
-    [[11, 12, 13, 14], [15, 16, 17, 18, 19, 20], [21]],
-    [[3, 4], [5, 6]],
-    [[42]],
+    ([[5, 6], [8, 9, 10, 11], [9]], 0),
+    ([[11, 12, 13, 14], [15, 16, 17, 18, 19, 20], [21]], 0),
+    ([[1, 9, 2, 1, 7, 2], [1, 4, 2], [2, 8]], 2),
+    ([[3, 4], [5, 6]], 0),
+    ([[42]], 0),
 )
 WASTE_CASES = ([3, 1], [10, 10, 10], [100, 5, 5, 5], [7], [64, 48, 32, 16, 8, 4, 2, 1])
 
@@ -31,7 +45,7 @@ def _as_tensor(value, name: str, exercise: str, expected_shape) -> torch.Tensor:
              f"return {name} as a (batch, T) tensor.")
     if tuple(tensor.shape) != tuple(expected_shape):
         fail(exercise, f"{name} of shape {tuple(expected_shape)} (batch, longest prompt)",
-             f"shape {tuple(tensor.shape)}", "one row per prompt, as wide as the longest prompt.")
+             f"shape {tuple(tensor.shape)}", "one row per prompt, as wide as the longest prompt (not the first).")
     return tensor
 
 
@@ -47,77 +61,292 @@ def _unpack(answer, exercise: str):
          type(answer).__name__, "return the tensors as a tuple.")
 
 
-def check_left_pad(fn) -> None:
+def _mask_hint(mask: torch.Tensor, expected: PaddedBatch, pad_id: int) -> str:
+    want = expected.attention_mask
+    if mask.unique().numel() > 2 or mask.min() < 0 or mask.max() > 1:
+        return "the mask holds only True/False (or 1/0), one per token slot."
+    mask = mask.bool()
+    if torch.equal(mask, ~want):
+        return "mask inverted: True (or 1) marks the real tokens, False (0) the padding."
+    if torch.equal(mask, expected.tokens != pad_id):
+        return (f"the mask comes from each prompt's length, not from token != pad_id: the pad id {pad_id} also "
+                "occurs inside a prompt (a chat prompt ends every turn with the end token that pads it).")
+    return "True where the row holds a prompt token, False on its padding, same shape as tokens."
+
+
+def _positions_hint(positions: torch.Tensor, expected: PaddedBatch, pad_id: int) -> str | None:
+    """None when the positions are right on the real tokens and valid on the padding, else a hint."""
+    real = expected.attention_mask
+    if not torch.equal(positions[real], expected.positions[real]):
+        width = positions.shape[1]
+        if torch.equal(positions, torch.arange(width).expand_as(positions)):
+            return ("positions count the padding: each row's first real token is position 0, so subtract the "
+                    "row's padding (a cumulative sum of the mask, minus 1, does it).")
+        if torch.equal(positions[real], expected.positions[real] + 1):
+            return "positions start at 0: the cumulative sum of the mask counts from 1, so subtract 1."
+        from_tokens = ((expected.tokens != pad_id).long().cumsum(dim=1) - 1).clamp(min=0)
+        if torch.equal(positions[real], from_tokens[real]):
+            return (f"count positions from the mask, not from token != pad_id: the pad id {pad_id} also occurs "
+                    "inside a prompt.")
+        return "positions run 0, 1, 2, ... along each row's real tokens."
+    if positions.min() < 0:
+        return ("a position id indexes a table (GPT-2 learns one vector per position), so the padding needs "
+                "valid ids too: clamp them at 0.")
+    return None
+
+
+def check_left_pad(fn, prompts=None, pad_id: int | None = None) -> None:
     """Check `fn(prompts, pad_id) -> (tokens, attention_mask[, positions])` against `batching.left_pad`.
 
-    Introduced in notebook 02 (batching). The mask may be bool or 0/1 integers.
+    Introduced in notebook 02 (batching). The mask may be bool or 0/1 integers; positions
+    on the padding may be any valid id (>= 0). `prompts`, `pad_id`: the notebook's own batch,
+    checked after the built-in cases (its chat prompts contain the end token that pads them).
     """
     exercise = "left padding"
-    for prompts in LEFT_PAD_CASES:
-        expected = left_pad(prompts, PAD)
+    cases = list(LEFT_PAD_CASES) + ([(prompts, pad_id)] if prompts is not None else [])
+    checked_positions = False
+    for batch, pad in cases:
+        expected = left_pad(batch, pad)
         shape = expected.tokens.shape
-        tokens, mask, positions = _unpack(fn([list(p) for p in prompts], PAD), exercise)
-        tokens = _as_tensor(tokens, "tokens", exercise, shape).long()
-        mask = _as_tensor(mask, "attention_mask", exercise, shape)
-        want_tokens, want_mask = expected.tokens.tolist(), expected.attention_mask.tolist()
-        right = [list(p) + [PAD] * (shape[1] - len(p)) for p in prompts]
-        if tokens.tolist() != want_tokens:
+        try:
+            answer = fn([list(p) for p in batch], pad)
+        except NotImplementedError:                      # an exercise not done yet: its own message
+            raise
+        except Exception as error:                       # the learner's code failed
+            fail(exercise, f"a padded batch for prompts {batch}", f"{type(error).__name__}: {error}",
+                 "prompts differ in length: make every row as wide as the longest prompt, pad_id in front.")
+        tokens, mask, positions = _unpack(answer, exercise)
+        tokens = _as_tensor(tokens, "tokens", exercise, shape).long().cpu()
+        mask = _as_tensor(mask, "attention_mask", exercise, shape).cpu()
+        if not torch.equal(tokens, expected.tokens):
+            right = torch.tensor([list(p) + [pad] * (shape[1] - len(p)) for p in batch])
             hint = ("padding on the right: put the pad ids before each prompt, so that every prompt "
                     "ends in the last column, where the next token is appended."
-                    if tokens.tolist() == right else
-                    f"row i is [pad_id] x (longest - len(prompt i)) followed by prompt i, pad_id={PAD}.")
-            fail(exercise, f"tokens {want_tokens} for prompts {prompts}", tokens.tolist(), hint)
-        mask_bool = mask.bool().tolist() if mask.dtype != torch.bool else mask.tolist()
-        if mask_bool != want_mask:
-            inverted = [[not v for v in row] for row in want_mask]
-            if mask_bool == inverted:
-                hint = "mask inverted: True (or 1) marks the real tokens, False (0) the padding."
-            elif mask.unique().numel() > 2 or mask.min() < 0 or mask.max() > 1:
-                hint = "the mask holds only True/False (or 1/0), one per token slot."
-            else:
-                hint = "True where the row holds a prompt token, False on its padding, same shape as tokens."
-            fail(exercise, f"attention_mask {[[int(v) for v in r] for r in want_mask]} for prompts {prompts}",
-                 [[int(v) for v in r] for r in mask_bool], hint)
+                    if torch.equal(tokens, right) else
+                    f"row i is [pad_id] x (longest - len(prompt i)) followed by prompt i, pad_id={pad}.")
+            fail(exercise, f"tokens {expected.tokens.tolist()} for prompts {batch}", tokens.tolist(), hint)
+        if not torch.equal(mask.bool(), expected.attention_mask) or mask.unique().numel() > 2:
+            fail(exercise, f"attention_mask {expected.attention_mask.int().tolist()} for prompts {batch}",
+                 mask.int().tolist() if mask.dtype == torch.bool else mask.tolist(), _mask_hint(mask, expected, pad))
         if positions is not None:
-            positions = _as_tensor(positions, "positions", exercise, shape).long()
-            want = expected.positions.tolist()
-            if positions.tolist() != want:
-                counts_padding = positions.tolist() == [list(range(shape[1]))] * shape[0]
-                # padding slots are masked out, so any position there is fine: compare real tokens only
-                real = expected.attention_mask
-                if positions[real].tolist() != expected.positions[real].tolist():
-                    hint = ("positions count the padding: each row's first real token is position 0, "
-                            "so subtract the row's padding (a cumulative sum of the mask, minus 1, does it)."
-                            if counts_padding else "positions run 0, 1, 2, ... along each row's real tokens.")
-                    fail(exercise, f"positions {want} for prompts {prompts}", positions.tolist(), hint)
-    passed(exercise, f"{len(LEFT_PAD_CASES)} batches padded on the left, masks right"
-           + (", positions right." if positions is not None else "."))
+            checked_positions = True
+            positions = _as_tensor(positions, "positions", exercise, shape).long().cpu()
+            hint = _positions_hint(positions, expected, pad)
+            if hint is not None:
+                fail(exercise, f"positions {expected.positions.tolist()} for prompts {batch}", positions.tolist(), hint)
+    passed(exercise, f"{len(cases)} batches padded on the left, masks right"
+           + (", positions right." if checked_positions else "."))
+
+
+# --- batched greedy generation ---------------------------------------------------------------
+
+GENERATION = "batched greedy generation"
+NEW_TOKENS = 8
+# (model, end id, prompts): on these seeded models one short, padded row meets the end id early
+# while others run on; the longest prompt holds the end id inside it (it pads the others too)
+GENERATION_CASES = (
+    ("tiny-llama", 141, [[7, 3, 9], [11, 141, 4, 20, 31, 8, 5, 12], [40, 41, 42, 43, 44], [99]]),
+    ("tiny-gpt2", 82, [[7, 3, 9], [11, 82, 4, 20, 31, 8, 5, 12], [40, 41, 42, 43, 44], [99]]),
+)
+
+
+# The typical slips of a batched loop, each as the switch that makes `slipped_rows` commit it,
+# with its hint. A wrong answer is run against each: the one that gives the same rows is named.
+SLIPS = {
+    "no_mask": "the padding is not hidden: give the prefill key_mask=padded.attention_mask, and every decode "
+               "step key_mask[:, :cache.length + 1] of a mask over all cache slots.",
+    "mask_from_tokens": "the mask hides a real token: the end id also occurs inside a prompt, so build the mask "
+                        "from the prompts' lengths (batching.left_pad), not from token == end_id.",
+    "right_padding": "pad on the left: every prompt must end in the last column, where the next token goes.",
+    "positions_count_padding": "positions count the padding: GPT-2 adds a learned vector per position, so a "
+                               "row's first real token is position 0 (padded.positions), in the prefill and after.",
+    "decode_positions_from_cache": "positions in the decode steps: without `positions` the model counts from the "
+                                   "cache slot, padding included; move each row on by one from its own last one.",
+    "frozen_positions": "positions in the decode steps: move each row's position on by one at every step.",
+    "no_decode_mask": "the decode steps must keep the padding hidden too: key_mask[:, :cache.length + 1] of a mask "
+                      "over all cache slots.",
+}
+
+
+@torch.inference_mode()
+def slipped_rows(model, prompts, new_tokens: int, end_id: int, slip: str | None = None) -> list[list[int]]:
+    """Batched greedy rows, each cut after its end id, made with one of the `SLIPS` (None: none).
+
+    Introduced in notebook 02 (batching): `check_batched_generation` runs a wrong answer's
+    prompts through each slip to name the one the answer makes.
+    """
+    padded = left_pad(prompts, pad_id=end_id, device=model.device)
+    tokens, mask, positions = padded.tokens, padded.attention_mask, padded.positions   # each (batch, T)
+    if slip == "right_padding":                                         # each prompt first, then its padding
+        tokens, mask = torch.full_like(tokens, end_id), torch.zeros_like(mask)
+        for row, prompt in enumerate(prompts):
+            tokens[row, :len(prompt)] = torch.tensor(prompt, device=model.device)
+            mask[row, :len(prompt)] = True
+        positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    if slip == "mask_from_tokens":
+        mask = tokens != end_id
+    batch, width = tokens.shape
+    cache = StaticKVCache.for_model(model, batch, width + new_tokens)
+    key_mask = torch.ones(batch, cache.max_len, dtype=torch.bool, device=model.device)   # (batch, slots)
+    key_mask[:, :width] = mask
+    logits = prefill(model, tokens, cache, positions=None if slip == "positions_count_padding" else positions,
+                     key_mask=None if slip == "no_mask" else key_mask[:, :width])
+    positions = positions[:, -1:]                                       # (batch, 1)
+    own_positions = slip not in ("positions_count_padding", "decode_positions_from_cache")
+    decode_mask = slip not in ("no_mask", "no_decode_mask")
+    finished = torch.zeros(batch, dtype=torch.bool, device=model.device)
+    steps = []
+    for step in range(new_tokens):
+        next_tokens = torch.where(finished, end_id, logits.argmax(dim=-1))   # (batch,)
+        steps.append(next_tokens)
+        finished |= next_tokens == end_id
+        if bool(finished.all()) or step == new_tokens - 1:
+            break
+        positions = positions if slip == "frozen_positions" else positions + 1
+        logits = decode_step(model, cache, next_tokens, positions=positions if own_positions else None,
+                             key_mask=key_mask[:, :cache.length + 1] if decode_mask else None)
+    rows = torch.stack(steps, dim=1).tolist()                           # (batch, steps)
+    return [row[:row.index(end_id) + 1] if end_id in row else row for row in rows]
+
+
+def _row_hint(got: list[int], want: list[int], end_id: int) -> str | None:
+    """A hint for the two slips that are about how a row ends, or None."""
+    if len(got) > len(want) and got[:len(want)] == want and want[-1] == end_id:
+        return "a row ends at its end token: cut it after end_id (trim_after_end)."
+    if len(got) < len(want) and want[:len(got)] == got and (not got or got[-1] != end_id):
+        return ("stop when every row has finished (or after new_tokens), not when the first one does: a "
+                "finished row repeats end_id while the others go on.")
+    return None
+
+
+def _generation_hint(failures: list[dict]) -> str:
+    """Name the slip: how the rows end, else the slip whose rows the answer reproduces on every
+    failing tiny case, else a hint from the step that went wrong first."""
+    for failure in failures:
+        hint = _row_hint(failure["got"], failure["want"], failure["end_id"])
+        if hint:
+            return hint
+    cases = [f["case"] for f in failures if f["case"] is not None]
+    cases = list({id(c): c for c in cases}.values())                    # each failing case once
+    for slip, hint in SLIPS.items():
+        if cases and all(slipped_rows(*c["inputs"], slip=slip) == c["rows"] for c in cases):
+            return hint
+    if any(f["step"] == 0 for f in failures):
+        return ("a padded row's first new token differs from its prompt alone: pad on the left and give the "
+                "prefill key_mask=padded.attention_mask and positions=padded.positions.")
+    return ("the decode steps: keep the padding hidden (key_mask over every cache slot so far, "
+            "key_mask[:, :cache.length + 1]), feed each row's new token, and move each row's position on by one.")
+
+
+def _run_case(fn, model, name: str, prompts, end_id: int, new_tokens: int, tiny: bool = True) -> list[dict]:
+    """The learner's rows against each prompt alone (and the package's batch); the failing rows.
+    A tiny case keeps its inputs and rows, for `_generation_hint` to replay the slips on."""
+    try:
+        with torch.inference_mode():
+            rows = fn(model, [list(p) for p in prompts], new_tokens, end_id)
+    except NotImplementedError:                      # an exercise not done yet: its own message
+        raise
+    except Exception as error:                       # the learner's code failed
+        fail(GENERATION, f"token rows for {len(prompts)} prompts on {name}", f"{type(error).__name__}: {error}",
+             "pad with batching.left_pad, make the cache with StaticKVCache(model.config, batch, prompt length + "
+             "new_tokens, device=model.device, dtype=model.dtype), then ls.prefill and ls.decode_step.")
+    if not isinstance(rows, (list, tuple)) or len(rows) != len(prompts):
+        fail(GENERATION, f"a list of {len(prompts)} rows (one list of token ids per prompt)",
+             type(rows).__name__, "return one list of new token ids per prompt, in the prompts' order.")
+    try:
+        rows = [[int(t) for t in row] for row in rows]
+    except (TypeError, ValueError):
+        fail(GENERATION, "one list of token ids per prompt", repr(rows)[:80],
+             "return one list of new token ids per prompt, in the prompts' order.")
+    alone = [generate(model, p, new_tokens, eos_token_ids=[end_id]).row(0) for p in prompts]
+    batched = None                                                      # the package's batch: rounding may differ
+    case = {"inputs": (model, prompts, new_tokens, end_id), "rows": rows} if tiny else None
+    failures = []
+    for i, (got, want) in enumerate(zip(rows, alone)):
+        if got == want:
+            continue
+        if batched is None:
+            batched = generate(model, prompts, new_tokens, eos_token_ids=[end_id])
+        if got == batched.row(i):
+            continue
+        step = next((t for t, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        failures.append({"model": name, "row": i, "got": got, "want": want, "end_id": end_id, "step": step,
+                         "case": case})
+    return failures
+
+
+def check_batched_generation(fn, model=None, prompts=None, end_id: int | None = None,
+                             new_tokens: int = NEW_TOKENS) -> None:
+    """Check `fn(model, prompts, new_tokens, end_id) -> rows`: greedy generation for prompts of
+    different lengths in one left-padded batch; row i, cut after its first end_id, must equal
+    what prompt i gives alone.
+
+    Introduced in notebook 02 (batching). Runs on two seeded tiny models in float64 (rotary
+    positions, and GPT-2's learned positions, where a wrong position shows), with prompts that
+    hold the end id inside and a padded row that ends early; then, when given, on the
+    notebook's own model and prompts (there a row may also match the package's own batch, which
+    can differ from the prompt alone by float rounding).
+    """
+    failures = []
+    for name, case_end, case_prompts in GENERATION_CASES:
+        failures += _run_case(fn, tiny_test_model(name), name, case_prompts, case_end, NEW_TOKENS)
+    if model is not None:
+        failures += _run_case(fn, model, model.config.name, prompts, end_id, new_tokens, tiny=False)
+    if failures:
+        first = failures[0]
+        fail(GENERATION, f"row {first['row']} on {first['model']} = its prompt alone: {first['want']}",
+             first["got"], _generation_hint(failures))
+    names = [case[0] for case in GENERATION_CASES] + ([model.config.name] if model is not None else [])
+    passed(GENERATION, f"every row equals its prompt alone on {', '.join(names)}.")
+
+
+# --- padding waste ---------------------------------------------------------------------------
+
+def _slots(lengths: list[int]) -> int:
+    return len(lengths) * max(lengths)
+
+
+# The typical slips, each as the number it computes: their answers differ from each other on WASTE_CASES.
+WASTE_MISTAKES = [
+    (lambda ls: sum(ls) / _slots(ls), "that is the fraction of real tokens; the waste is the padding: 1 minus it."),
+    (lambda ls: 100 * padding_waste(ls), "return a fraction between 0 and 1, not a percentage."),
+    (lambda ls: _slots(ls) - sum(ls), "that is the number of padding slots; divide by all slots (batch x longest)."),
+    (lambda ls: (_slots(ls) - sum(ls)) / sum(ls),
+     "divide the padding by all token slots (batch x longest), not by the real tokens."),
+    (lambda ls: (max(ls) - min(ls)) / max(ls),
+     "every shorter row is padded, not only the shortest: add up the padding of all rows."),
+]
 
 
 def check_padding_waste(fn) -> None:
     """Check `fn(lengths) -> fraction of a padded batch's token slots that are padding`.
 
-    Introduced in notebook 02 (batching).
+    Introduced in notebook 02 (batching). A wrong answer is matched against every slip of
+    `WASTE_MISTAKES` on all the cases, to name the one it makes.
     """
     exercise = "padding waste"
+    answers, first_wrong = [], None
     for lengths in WASTE_CASES:
-        expected = padding_waste(lengths)
         try:
-            got = float(fn(list(lengths)))
+            answer = fn(list(lengths))
+        except NotImplementedError:                      # an exercise not done yet: its own message
+            raise
+        except Exception as error:                       # the learner's code failed
+            fail(exercise, f"a fraction for lengths {lengths}", f"{type(error).__name__}: {error}",
+                 "waste = (batch x longest - sum of lengths) / (batch x longest).")
+        try:
+            got = float(answer)
         except (TypeError, ValueError):
-            fail(exercise, "a number between 0 and 1", repr(fn(list(lengths))), "return a float.")
-        if close_enough(got, expected, 1e-6) or abs(got - expected) < 1e-9:
-            continue
-        slots, real = len(lengths) * max(lengths), sum(lengths)
-        if abs(got - (1 - expected)) < 1e-9:
-            hint = "that is the fraction of real tokens; the waste is the padding: 1 minus it."
-        elif close_enough(got, 100 * expected, 1e-6):
-            hint = "return a fraction between 0 and 1, not a percentage."
-        elif abs(got - (slots - real)) < 1e-9:
-            hint = "that is the number of padding slots; divide by all slots (batch x longest)."
-        elif close_enough(got, (slots - real) / real, 1e-6):
-            hint = "divide the padding by all token slots (batch x longest), not by the real tokens."
-        else:
-            hint = "every row is padded to the longest prompt: slots = batch x max(lengths); waste = padding / slots."
-        fail(exercise, f"{expected:.4f} for lengths {lengths}", f"{got:.4f}", hint)
-    passed(exercise, f"{len(WASTE_CASES)} batches, from no padding to mostly padding.")
+            fail(exercise, "a number between 0 and 1", repr(answer), "return a float.")
+        answers.append(got)
+        expected = padding_waste(lengths)
+        if not (close_enough(got, expected, 1e-6) or abs(got - expected) < 1e-9) and first_wrong is None:
+            first_wrong = (lengths, expected, got)
+    if first_wrong is None:
+        passed(exercise, f"{len(WASTE_CASES)} batches, from no padding to mostly padding.")
+        return
+    lengths, expected, got = first_wrong
+    hint = next((hint for formula, hint in WASTE_MISTAKES
+                 if all(abs(a - formula(case)) <= 1e-6 * max(1.0, abs(a)) for a, case in zip(answers, WASTE_CASES))),
+                "every row is padded to the longest prompt: slots = batch x max(lengths); waste = padding / slots.")
+    fail(exercise, f"{expected:.4f} for lengths {lengths}", f"{got:.4f}", hint)

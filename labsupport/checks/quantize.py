@@ -1,28 +1,20 @@
-"""Checkers for notebook 04 (quantization): int8 absmax and int4 packing.
+"""Checkers for notebook 04 (quantization): int8 absmax, int4 packing, int4 in groups.
 
 Introduced in notebook 04 (quantization). Each checker compares a learner's
-functions with the package's reference (`labsupport.quantize`) and prints a
-short confirmation or raises `CheckFailed` with what was expected, what came
-back, and a hint.
+functions with the package's reference (`labsupport.quantize`) on inputs chosen
+so that each usual slip gives another answer, and prints a short confirmation or
+raises `CheckFailed` with what was expected, what came back, and a hint that
+names the slip.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from ..quantize import dequantize_int8, pack_int4, quantize_int8_absmax, unpack_int4
+from ..quantize import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise, quantize_int8_absmax,
+                        unpack_int4)
 from . import fail, passed
-
-
-def _int8_cases() -> list[torch.Tensor]:
-    """Weight-like matrices: random, one with an outlier row, one with rows of very different sizes."""
-    generator = torch.Generator().manual_seed(4)
-    cases = [torch.randn(8, 32, generator=generator) * 0.05,
-             torch.randn(16, 64, generator=generator)]
-    spread = torch.randn(6, 48, generator=generator) * torch.logspace(-3, 1, 6)[:, None]   # rows 0.001 .. 10
-    outlier = torch.randn(4, 40, generator=generator) * 0.02
-    outlier[2, 7] = 3.0
-    return cases + [spread, outlier]
 
 
 def _as_tensor(value, what: str, exercise: str) -> torch.Tensor:
@@ -32,12 +24,39 @@ def _as_tensor(value, what: str, exercise: str) -> torch.Tensor:
     return value
 
 
+def _call(fn, args: tuple, case: str, expected: str, hint: str):
+    """fn(*args), or CheckFailed with the error's first line and `hint` (a shape slip raises)."""
+    try:
+        return fn(*args)
+    except (RuntimeError, IndexError, ValueError) as error:
+        fail(case, expected, f"an error ({str(error).strip().splitlines()[0][:90]})", hint)
+
+
+# --- int8 absmax ---------------------------------------------------------------------------------
+
+def _int8_cases() -> list[torch.Tensor]:
+    """Weight-like matrices, none square (a scale per column then has another length): random,
+    rows of very different sizes, and one outlier that a per-tensor scale would serve for all."""
+    generator = torch.Generator().manual_seed(4)
+    cases = [torch.randn(8, 32, generator=generator) * 0.05,
+             torch.randn(16, 64, generator=generator)]
+    spread = torch.randn(6, 48, generator=generator) * torch.logspace(-3, 1, 6)[:, None]   # rows 0.001 .. 10
+    outlier = torch.randn(4, 40, generator=generator) * 0.02
+    outlier[2, 7] = 3.0
+    return cases + [spread, outlier]
+
+
 def _int8_hint(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> str:
-    """Guess the usual slip behind a wrong int8 quantization."""
+    """The usual slip behind a wrong int8 quantization."""
     row_max = w.abs().amax(dim=1)
+    if not q.is_floating_point() and ((q.to(torch.int16) == -128) & (w > 0)).any():
+        return ("a positive weight became -128: 128 does not fit in int8 and wraps around. Divide by 127 "
+                "and clamp to -127..127 before .to(torch.int8).")
     if scale.numel() == 1 and w.shape[0] > 1:
         return ("one scale for the whole tensor (per-tensor): take max|w| per row, "
                 "w.abs().amax(dim=1), so that each output channel gets its own scale.")
+    if scale.numel() == w.shape[1] != w.shape[0]:
+        return "one scale per column: take max|w| along each row, amax(dim=1), one scale per output channel."
     if scale.numel() == w.shape[0]:
         s = scale.float().reshape(-1)
         if torch.allclose(s, row_max / 128, rtol=1e-4):
@@ -50,6 +69,10 @@ def _int8_hint(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> str:
             return "the scale is upside down: scale = max|w| / 127, and q = round(w / scale)."
     if q.is_floating_point() and not torch.equal(q, torch.round(q)):
         return "round w / scale to the nearest integer (torch.round) before storing it as int8."
+    if scale.numel() == w.shape[0]:
+        ratio = w / scale.float().reshape(-1, 1)
+        if torch.equal(q.to(torch.int32), ratio.trunc().to(torch.int32)):
+            return ".to(torch.int8) cuts the fraction off (toward zero): torch.round(w / scale) first."
     if q.dtype != torch.int8:
         return "store q as int8: .to(torch.int8) after rounding and clamping to -127..127."
     return ("scale = w.abs().amax(dim=1) / 127 (one per row), q = round(w / scale[:, None]) "
@@ -61,8 +84,8 @@ def check_int8_absmax(quantize_fn, dequantize_fn) -> None:
     symmetric absmax int8 with one scale per row (output channel).
 
     Introduced in notebook 04 (quantization). Compared with `quantize_int8_absmax` and
-    `dequantize_int8` on random weight-like matrices; the round trip must stay within
-    scale / 2 of the original (that is what rounding to the nearest step allows).
+    `dequantize_int8` on weight-like matrices (none square, one with an outlier, one with
+    rows of very different sizes); the round trip must stay within scale / 2 of the original.
     """
     exercise = "int8 absmax quantization"
     cases = _int8_cases()
@@ -89,7 +112,8 @@ def check_int8_absmax(quantize_fn, dequantize_fn) -> None:
         if mismatched > 0.01:                   # a value exactly at .5 may round either way
             fail(case, "q equal to the reference's rounding", f"{mismatched:.0%} of the values differ",
                  _int8_hint(w, q, scale))
-        approx = dequantize_fn(q, scale)
+        approx = _call(dequantize_fn, (q, scale), case, "the dequantized weight",
+                       "q is (out, in) and scale (out,): give scale a column axis, q.float() * scale[:, None].")
         approx = _as_tensor(approx, "the dequantized weight", case)
         if approx.shape != w.shape:
             fail(case, f"a dequantized weight of shape {tuple(w.shape)}", f"shape {tuple(approx.shape)}",
@@ -98,62 +122,198 @@ def check_int8_absmax(quantize_fn, dequantize_fn) -> None:
         bound = ref_scale[:, None] / 2 + 1e-6
         if not torch.allclose(approx.float(), dequantize_int8(ref_q, ref_scale), rtol=1e-4, atol=1e-6) \
                 or (error > bound * 1.001).any():
+            divided = torch.allclose(approx.float(), q.float() / scale.float().reshape(-1, 1), rtol=1e-4)
             fail(case, "w within scale / 2 of the original after the round trip",
                  f"a largest error of {error.max():.3g} (its row's scale / 2 is {bound.max():.3g})",
+                 "multiply by the scale, do not divide: w = q * scale." if divided else
                  "dequantize with q.float() * scale[:, None] (the scale of each row, broadcast over columns).")
         worst = max(worst, (error / bound).max().item())
     passed(exercise, f"Checked on {len(cases)} matrices; the worst error was {worst:.0%} of its row's scale / 2.")
 
 
+# --- int4 packing --------------------------------------------------------------------------------
+
 def _pack_cases() -> list[torch.Tensor]:
+    """Values 0..15, small enough to read in a message; the odd ones need a zero to pair with."""
     generator = torch.Generator().manual_seed(5)
     return [torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8),
             torch.arange(16, dtype=torch.uint8).reshape(2, 8),
-            torch.randint(0, 16, (5, 32), generator=generator, dtype=torch.uint8)]
+            torch.tensor([[3, 12, 9]], dtype=torch.uint8),                                   # odd: 3 columns
+            torch.randint(0, 16, (5, 32), generator=generator, dtype=torch.uint8),
+            torch.randint(0, 16, (4, 7), generator=generator, dtype=torch.uint8)]
+
+
+def _pack_hint(q: torch.Tensor, packed: torch.Tensor) -> str:
+    """The usual slip behind wrong packed bytes."""
+    even = torch.cat([q, q.new_zeros(q.shape[0], q.shape[1] % 2)], dim=1).to(torch.int32)    # (rows, even)
+    got = packed.to(torch.int32)
+    expected = pack_int4(q).to(torch.int32)
+    if q.shape[1] % 2 and got.shape == expected.shape and torch.equal(got[:, :-1], expected[:, :-1]) \
+            and torch.equal(got[:, -1] & 0x0F, expected[:, -1] & 0x0F):
+        return ("the last byte of an odd row pairs its last value with another one: pair it with a zero "
+                "(pad q with one zero column first).")
+    if torch.equal(got, even[:, 1::2] | (even[:, 0::2] << 4)):
+        return "the nibbles are swapped: column 2j goes in the low 4 bits, column 2j + 1 in the high 4 bits."
+    if torch.equal(got, pack_int4(q ^ 8).to(torch.int32)):
+        return ("q is unsigned (0..15) here: store it as it is. An offset of 8 belongs to signed int4 (-8..7), "
+                "as in the kernels' (q - 8) * scale.")
+    if got.max() > 255 or packed.dtype != torch.uint8:
+        return "store the bytes as torch.uint8 (values 0..255); convert q with .to(torch.uint8) first."
+    return "packed = low | (high << 4), with low = q[:, 0::2] and high = q[:, 1::2]."
+
+
+def _unpack_hint(q: torch.Tensor, expected: torch.Tensor, unpacked: torch.Tensor) -> str:
+    """The usual slip behind wrong unpacked values."""
+    got = unpacked.to(torch.int32)
+    full = unpack_int4(expected).to(torch.int32)                                             # every nibble
+    if got.shape == full.shape != q.shape and torch.equal(got, full):
+        return "the padding nibble came back: return only the first `columns` values of each row."
+    if got.numel() == q.numel():
+        flat = got.reshape(q.shape)
+        if torch.equal(flat, q.to(torch.int32)):
+            return "right values, wrong shape: interleave with torch.stack([low, high], dim=-1).reshape(rows, -1)."
+        if torch.equal(flat, q.to(torch.int32) - 8) or torch.equal(flat, (q.to(torch.int32) - 8) % 256):
+            return "q is unsigned (0..15): return the nibbles as they are, with no offset of 8."
+        swapped = torch.stack([expected >> 4, expected & 0x0F], dim=-1).reshape(q.shape[0], -1)[:, :q.shape[1]]
+        if torch.equal(flat, swapped.to(torch.int32)):
+            return ("low and high are swapped: the low nibble (packed & 0x0F) is column 2j, "
+                    "the high one (packed >> 4) 2j + 1.")
+    return ("low = packed & 0x0F, high = packed >> 4, interleave them: "
+            "torch.stack([low, high], dim=-1).reshape(rows, -1), then keep the first `columns`.")
 
 
 def check_int4_pack(pack_fn, unpack_fn) -> None:
-    """Check a learner's `pack_fn(q) -> packed` and `unpack_fn(packed) -> q`: two 4-bit
-    values (0..15) per byte, column 2j in the low nibble and column 2j + 1 in the high one.
+    """Check a learner's `pack_fn(q) -> packed` and `unpack_fn(packed, columns) -> q`: two 4-bit
+    values (0..15) per byte, column 2j in the low nibble and column 2j + 1 in the high one; an
+    odd last column paired with a zero high nibble, dropped again by `unpack_fn`.
 
-    Introduced in notebook 04 (quantization). Compared with `pack_int4` / `unpack_int4`,
-    and the round trip must give back the values exactly.
+    Introduced in notebook 04 (quantization). Compared with `pack_int4` / `unpack_int4` on
+    even and odd widths; the round trip must give back the values exactly.
     """
     exercise = "int4 packing"
     cases = _pack_cases()
     for number, q in enumerate(cases, 1):
         case = f"{exercise} (case {number}: values {q[0, :4].tolist()}... of shape {tuple(q.shape)})"
         expected = pack_int4(q)
-        packed = _as_tensor(pack_fn(q.clone()), "the packed bytes", case)
+        odd = "; an odd last column is paired with a zero (pad q with one zero column first)" if q.shape[1] % 2 else ""
+        packed = _call(pack_fn, (q.clone(),), case, f"packed bytes of shape {tuple(expected.shape)}",
+                       "q[:, 0::2] and q[:, 1::2] must have the same width" + odd + ".")
+        packed = _as_tensor(packed, "the packed bytes", case)
         if packed.shape != expected.shape:
-            fail(case, f"packed shape {tuple(expected.shape)} (half the columns)", f"shape {tuple(packed.shape)}",
-                 "two values share one byte: take the even columns q[:, 0::2] and the odd ones q[:, 1::2].")
+            fail(case, f"packed shape {tuple(expected.shape)} (half the columns, rounded up)",
+                 f"shape {tuple(packed.shape)}",
+                 "two values share one byte: take the even columns q[:, 0::2] and the odd ones q[:, 1::2]" + odd + ".")
         if not torch.equal(packed.to(torch.int32), expected.to(torch.int32)):
-            swapped = (q[:, 1::2].to(torch.int32) | (q[:, 0::2].to(torch.int32) << 4))
-            if torch.equal(packed.to(torch.int32), swapped):
-                hint = "the nibbles are swapped: column 2j goes in the low 4 bits, column 2j + 1 in the high 4 bits."
-            elif packed.to(torch.int32).max() > 255 or packed.dtype not in (torch.uint8,):
-                hint = "store the bytes as torch.uint8 (values 0..255); convert q with .to(torch.uint8) first."
-            else:
-                hint = "packed = low | (high << 4), with low = q[:, 0::2] and high = q[:, 1::2]."
-            fail(case, f"bytes starting {expected[0, :2].tolist()}", f"{packed.reshape(-1)[:2].tolist()}", hint)
+            fail(case, f"bytes starting {expected[0, :2].tolist()}", f"{packed.reshape(-1)[:2].tolist()}",
+                 _pack_hint(q, packed))
         if packed.dtype != torch.uint8:
             fail(case, "packed bytes as torch.uint8", f"dtype {packed.dtype}",
                  "convert with .to(torch.uint8): one byte holds two 4-bit values.")
-        unpacked = _as_tensor(unpack_fn(expected.clone()), "the unpacked values", case)
+        unpacked = _call(unpack_fn, (expected.clone(), q.shape[1]), case, f"values of shape {tuple(q.shape)}",
+                         "unpack(packed, columns): interleave low and high nibbles, then keep `columns` of them.")
+        unpacked = _as_tensor(unpacked, "the unpacked values", case)
         if unpacked.shape != q.shape or not torch.equal(unpacked.to(torch.int32), q.to(torch.int32)):
-            got = unpacked.reshape(-1)[:4].tolist()
-            if unpacked.numel() == q.numel() and torch.equal(unpacked.reshape(q.shape).to(torch.int32),
-                                                              unpack_int4(expected).reshape(q.shape).to(torch.int32)):
-                hint = "right values, wrong shape: interleave with torch.stack([low, high], dim=-1).reshape(rows, -1)."
-            elif unpacked.numel() == q.numel() and torch.equal(
-                    torch.stack([expected >> 4, expected & 0x0F], dim=-1).reshape(q.shape).to(torch.int32),
-                    unpacked.reshape(q.shape).to(torch.int32)):
-                hint = "low and high are swapped: the low nibble (packed & 0x0F) is column 2j, the high one (packed >> 4) 2j + 1."
-            else:
-                hint = ("low = packed & 0x0F, high = packed >> 4, then interleave them: "
-                        "torch.stack([low, high], dim=-1).reshape(rows, -1).")
             fail(case, f"the values {q.reshape(-1)[:4].tolist()}... of shape {tuple(q.shape)}",
-                 f"{got}... of shape {tuple(unpacked.shape)}", hint)
-    passed(exercise, f"Round trip exact on {len(cases)} matrices, in the package's nibble order "
-                     "(low nibble first); half the bytes of int8.")
+                 f"{unpacked.reshape(-1)[:4].tolist()}... of shape {tuple(unpacked.shape)}",
+                 _unpack_hint(q, expected, unpacked))
+    passed(exercise, f"Round trip exact on {len(cases)} matrices, odd widths included, in the package's nibble "
+                     "order (low nibble first); half the bytes of int8.")
+
+
+# --- int4 in groups, dequantize then matmul --------------------------------------------------------
+
+def _groupwise_cases() -> list[tuple[torch.Tensor, int]]:
+    """(w, group size): non-square, several groups per row, one constant group (max == min)."""
+    generator = torch.Generator().manual_seed(44)
+    constant = torch.randn(4, 64, generator=generator) * 0.1
+    constant[1, 16:32] = 0.25                                                   # a group of one value
+    return [(torch.randn(6, 64, generator=generator) * 0.05, 16),
+            (torch.randn(5, 96, generator=generator), 32),
+            (constant, 16)]
+
+
+def _groupwise_hint(w: torch.Tensor, group_size: int, q, scales, zeros) -> str:
+    """The usual slip behind a wrong int4 quantization in groups."""
+    out_features, in_features = w.shape
+    groups = w.reshape(out_features, in_features // group_size, group_size)            # (out, G, g)
+    low, high = groups.amin(-1), groups.amax(-1)
+    if scales.numel() == out_features:
+        return "one scale per row: cut each row into groups first, w.reshape(out, in // group_size, group_size)."
+    if scales.numel() != low.numel():
+        return f"one scale and one zero per group: {out_features} rows x {in_features // group_size} groups."
+    s = scales.float().reshape(low.shape)
+    if torch.allclose(s, (high - low) / 16, rtol=1e-4):
+        return "16 levels have 15 steps between them: scale = (max - min) / 15."
+    strided = w.reshape(out_features, group_size, in_features // group_size)          # (out, g, G): strided
+    if torch.allclose(s, ((strided.amax(1) - strided.amin(1)) / 15).clamp(min=1e-12), rtol=1e-4):
+        return "a group is group_size consecutive weights of a row: reshape(out, in // group_size, group_size)."
+    if torch.allclose(s, groups.abs().amax(-1) / 7, rtol=1e-4) or torch.allclose(s, groups.abs().amax(-1) / 7.5,
+                                                                                 rtol=1e-4):
+        return "that is symmetric int4 (absmax); here the grid runs from each group's min to its max: zero = min."
+    if not torch.allclose(zeros.float().reshape(low.shape), low, rtol=1e-4, atol=1e-6):
+        return "zero is each group's minimum, the value that the integer 0 stands for."
+    if isinstance(q, torch.Tensor) and q.is_floating_point() and not torch.equal(q, torch.round(q)):
+        return "round (w - zero) / scale to the nearest integer (torch.round) before storing it."
+    return ("per group: scale = (max - min) / 15, zero = min, q = round((w - zero) / scale) clamped to 0..15, "
+            "as torch.uint8 of shape (out, in).")
+
+
+def check_int4_groupwise(quantize_fn, linear_fn) -> None:
+    """Check a learner's `quantize_fn(w, group_size) -> (q, scales, zeros)` (asymmetric int4 in
+    groups of consecutive weights, min/max per group) and `linear_fn(x, q, scales, zeros) -> y`
+    (dequantize, then x @ w.T).
+
+    Introduced in notebook 04 (quantization). Compared with `quantize_int4_groupwise` and
+    with `F.linear(x, dequantize_int4(...))` on non-square matrices, several group sizes and
+    a constant group; a batch of two inputs goes through the learner's matmul.
+    """
+    exercise = "int4 in groups, dequantize then matmul"
+    generator = torch.Generator().manual_seed(45)
+    cases = _groupwise_cases()
+    for number, (w, group_size) in enumerate(cases, 1):
+        case = f"{exercise} (case {number}: a {tuple(w.shape)} matrix, groups of {group_size})"
+        answer = _call(quantize_fn, (w.clone(), group_size), case, "(q, scales, zeros)",
+                       "cut each row into groups: w.reshape(out, in // group_size, group_size) is (out, G, g).")
+        if not isinstance(answer, (tuple, list)) or len(answer) != 3:
+            fail(case, "a triple (q, scales, zeros)", type(answer).__name__, "end with `return q, scales, zeros`")
+        q, scales, zeros = (_as_tensor(t, name, case) for t, name in zip(answer, ("q", "scales", "zeros")))
+        ref_q, ref_scales, ref_zeros = quantize_int4_groupwise(w, group_size)
+        if q.shape != w.shape:
+            fail(case, f"q of shape {tuple(w.shape)}", f"shape {tuple(q.shape)}",
+                 "one integer per weight: reshape q back to (out, in).")
+        same_params = scales.numel() == ref_scales.numel() and zeros.numel() == ref_zeros.numel() \
+            and torch.allclose(scales.float().reshape(ref_scales.shape), ref_scales, rtol=1e-4, atol=1e-9) \
+            and torch.allclose(zeros.float().reshape(ref_zeros.shape), ref_zeros, rtol=1e-4, atol=1e-6)
+        mismatched = (q.float() != ref_q.float()).float().mean().item()
+        if not same_params or mismatched > 0.01:
+            trunc = ((w.reshape(*ref_scales.shape, -1) - ref_zeros[..., None]) / ref_scales[..., None]).trunc()
+            hint = (".to(torch.uint8) cuts the fraction off: torch.round((w - zero) / scale) first."
+                    if same_params and torch.equal(q.float(), trunc.reshape(w.shape)) else
+                    _groupwise_hint(w, group_size, q, scales, zeros))
+            fail(case, f"scales starting {[round(v, 5) for v in ref_scales.flatten()[:2].tolist()]}, q starting "
+                       f"{ref_q[0, :4].tolist()}",
+                 f"scales starting {[round(v, 5) for v in scales.float().flatten()[:2].tolist()]}, q starting "
+                 f"{q[0, :4].tolist()}", hint)
+        if q.dtype != torch.uint8:
+            fail(case, "q as torch.uint8 (values 0..15)", f"dtype {q.dtype}",
+                 "store q with .to(torch.uint8) after rounding: one byte per value, ready to be packed two per byte.")
+        x = torch.randn(2, w.shape[1], generator=generator)
+        expected = F.linear(x, dequantize_int4(ref_q, ref_scales, ref_zeros))
+        y = _call(linear_fn, (x, ref_q.clone(), ref_scales.clone(), ref_zeros.clone()), case,
+                  f"y of shape {tuple(expected.shape)}",
+                  "x is (M, in) and the weight (out, in): y = x @ w.T, after dequantizing to (out, in).")
+        y = _as_tensor(y, "y", case)
+        if y.shape != expected.shape or not torch.allclose(y.float(), expected, rtol=1e-4, atol=1e-4):
+            per_weight = ref_scales.repeat(1, group_size) if y.shape == expected.shape else None
+            wrong_repeat = per_weight is not None and torch.allclose(
+                y.float(), x @ (ref_q.float() * per_weight + ref_zeros.repeat(1, group_size)).T, rtol=1e-4, atol=1e-4)
+            no_zero = y.shape == expected.shape and torch.allclose(
+                y.float(), F.linear(x, dequantize_int4(ref_q, ref_scales, torch.zeros_like(ref_zeros))),
+                rtol=1e-4, atol=1e-4)
+            hint = ("each scale covers group_size consecutive columns: repeat_interleave, not repeat "
+                    "(or reshape q to (out, G, g) and broadcast scales[..., None])." if wrong_repeat else
+                    "add the zero back: w = q * scale + zero." if no_zero else
+                    "w = q * scale + zero per group, as (out, in); then y = x @ w.T, of shape (M, out).")
+            fail(case, f"y of shape {tuple(expected.shape)} starting {expected[0, :3].tolist()}",
+                 f"shape {tuple(y.shape)} starting {y.float().flatten()[:3].tolist()}", hint)
+    passed(exercise, f"Checked on {len(cases)} matrices, group sizes 16 and 32, a constant group included.")

@@ -1,5 +1,5 @@
-"""Checkers for notebook 06 (continuous batching): one scheduler step, and the blocks
-a set of sequences needs.
+"""Checkers for notebook 06 (continuous batching): one scheduler step, the blocks a set
+of sequences needs, and a sequence's keys gathered from the paged pool.
 
 Introduced in notebook 06 (continuous batching). Each checker compares a learner's
 function with the reference on a handful of cases and prints a short confirmation
@@ -8,11 +8,19 @@ or raises `CheckFailed` with what was expected, what came back and a hint.
 
 from __future__ import annotations
 
-from ..serving.block_manager import blocks_needed
+import numbers
+import random
+
+import torch
+
+from ..models.config import PRESETS, ModelConfig
+from ..serving.block_manager import BlockManager, blocks_needed
+from ..serving.paged_cache import PagedKVCache
 from . import fail, passed
 
 STEP = "one scheduler step"
 BLOCKS = "blocks for a set of sequences"
+GATHER = "a sequence's keys gathered through its block table"
 
 
 def reference_schedule_step(running, waiting, max_slots, free_blocks, policy="continuous"):
@@ -82,6 +90,8 @@ def check_schedule_step(fn) -> None:
         if leaving != want[0]:
             if policy == "static" and want[0] == [] and leaving:
                 hint = "in static batching a finished member keeps its slot until the whole batch has finished."
+            elif policy == "static" and want[0] and not leaving:
+                hint = "once every member of a static batch has finished, the whole batch leaves together."
             else:
                 hint = "the sequences that have finished leave (in the order they are in the batch)."
             fail(STEP, f"leaving={want[0]}", f"leaving={leaving}", f"{hint} Case: {case}")
@@ -126,20 +136,154 @@ def check_blocks_for(fn) -> None:
     for lengths, block_size in cases:
         want = reference_blocks_for(lengths, block_size)
         try:
-            got = int(fn(list(lengths), block_size))
-        except (TypeError, ValueError) as error:
+            got = fn(list(lengths), block_size)
+        except (TypeError, ValueError, ZeroDivisionError) as error:
             fail(BLOCKS, "an integer", f"an error: {error}", "return the number of blocks as an int")
+        if isinstance(got, numbers.Real) and not isinstance(got, bool) and got != int(got):
+            fail(BLOCKS, f"{want} blocks for lengths {lengths}, block_size {block_size}", got,
+                 "a fraction of a block is still a whole block: round each sequence up to an integer "
+                 "number of blocks (ceil), then add.")
+        if not isinstance(got, numbers.Real) or isinstance(got, bool):
+            fail(BLOCKS, "an integer", repr(got)[:60], "return the number of blocks as an int")
+        got = int(got)
         if got == want:
             continue
         total = sum(lengths)
         if got == -(-total // block_size):
             hint = ("blocks are not shared between sequences: round up for each sequence on its own, "
                     "then add; the ceiling of the total undercounts the partly filled last blocks.")
-        elif got == sum(n // block_size for n in lengths):
+        elif got == sum(n // block_size for n in lengths) or got == total // block_size:
             hint = "a sequence with a partly filled last block still needs that block: round up, not down."
-        elif got == total // block_size:
-            hint = "round up per sequence: ceil(length / block_size) for each, then add."
+        elif got == sum(n // block_size + 1 for n in lengths):
+            hint = ("n // block_size + 1 adds a block too many when a length is an exact multiple of "
+                    "block_size: round up with -(-n // block_size).")
+        elif lengths and got == len(lengths) * blocks_needed(max(lengths), block_size):
+            hint = ("each sequence holds blocks for its own length, not for the longest one: that is the "
+                    "per-slot reservation a paged cache avoids.")
+        elif got == total:
+            hint = "that counts positions, not blocks: divide each length by block_size (rounding up)."
         else:
             hint = "sum over the sequences of ceil(length / block_size), e.g. -(-length // block_size)."
         fail(BLOCKS, f"{want} for lengths {lengths}, block_size {block_size}", got, hint)
     passed(BLOCKS, "Each sequence wastes less than one block: at most block_size - 1 positions.")
+
+
+# --- a sequence's keys, gathered from the paged pool through its block table --------------
+
+def reference_paged_gather(pool_keys: torch.Tensor, block_table, length: int, block_size: int) -> torch.Tensor:
+    """Positions 0 .. length - 1 of one sequence, read from one layer's pool.
+
+    Introduced in notebook 06 (continuous batching). pool_keys: (num_slots, kv_heads,
+    head_dim), one layer of `PagedKVCache.keys`; block_table: the sequence's physical
+    blocks in logical order. Position p lives at slot
+    block_table[p // block_size] * block_size + p % block_size. Returns (length, kv_heads, head_dim).
+    """
+    positions = torch.arange(length, device=pool_keys.device)
+    table = torch.as_tensor(block_table, dtype=torch.long, device=pool_keys.device)
+    slots = table[positions // block_size] * block_size + positions % block_size     # (length,)
+    return pool_keys[slots]
+
+
+# each typical slip as the slots it reads (positions p, the table, block_size b) and its hint
+_GATHER_SLIPS = [
+    (lambda p, t, b: p,
+     "block_table[p // block_size] is the physical block: using the logical block index p // block_size "
+     "as if it were physical reads blocks that belong to other sequences."),
+    (lambda p, t, b: t[p % b] * b + p // b,
+     "the block comes from the quotient and the offset from the remainder: "
+     "slot = block_table[p // block_size] * block_size + p % block_size."),
+    (lambda p, t, b: t[p // b] * b + p % b + 1,
+     "the offset inside a block is p % block_size (0 .. block_size - 1); yours is one position too far."),
+    (lambda p, t, b: t[p // b] * b + p % b - 1,
+     "the offset inside a block is p % block_size (0 .. block_size - 1); yours is one position short."),
+    (lambda p, t, b: (t[p // b] + 1) * b + p % b,
+     "block ids count from 0: block k starts at slot k * block_size, not (k + 1) * block_size."),
+    (lambda p, t, b: t[p // b + 1] * b + p % b,
+     "position p lies in logical block p // block_size (counting from 0); yours reads the next block of the table."),
+    (lambda p, t, b: t[(p + 1) // b] * b + p % b,
+     "position p lies in logical block p // block_size; (p + 1) // block_size is one block off at each block's "
+     "last position."),
+]
+
+
+def _gather_cases(config: ModelConfig):
+    """(pool, layer, block_size, {sequence: (table, length, its keys as the pool's own gather reads them)}):
+    sequences written through the pool's own scatter, their blocks handed out in a scrambled order
+    (as after a long run of requests coming and going), so that tables are neither adjacent nor increasing."""
+    for seed, block_size, lengths in ((0, 4, (9, 3, 16, 1, 13)), (1, 8, (20, 8, 5, 17)), (2, 2, (7, 2, 4))):
+        manager = BlockManager(num_blocks=sum(blocks_needed(n, block_size) for n in lengths) + 3,
+                               block_size=block_size)
+        random.Random(seed).shuffle(manager.free_blocks)
+        for step in range(max(lengths)):                      # grow in turns: the tables interleave
+            for i, n in enumerate(lengths):
+                if step < n:
+                    manager.grow(i, step + 1)
+        pool = PagedKVCache(config, manager.num_blocks, block_size)
+        generator = torch.Generator().manual_seed(seed)
+        layer = seed % config.num_layers
+        sequences = {}
+        for i, n in enumerate(lengths):
+            keys = torch.randn(1, config.num_kv_heads, n, config.head_dim, generator=generator)  # (1, kv_heads, n, D)
+            view = pool.view(torch.tensor([manager.table(i)]), torch.arange(n)[None], torch.tensor([n]))
+            gathered, _ = view.update(layer, keys, keys.clone())           # scatter, then gather: (1, kv_heads, n, D)
+            sequences[i] = (manager.table(i), n, gathered[0].transpose(0, 1))   # (n, kv_heads, D)
+        yield pool, layer, block_size, sequences
+
+
+def _slip_hint(got: torch.Tensor, pool_keys: torch.Tensor, table, length: int, block_size: int) -> str | None:
+    """The hint of the first typical slip whose slots give exactly `got`, or None."""
+    positions, num_slots = torch.arange(length), pool_keys.shape[0]
+    table = torch.as_tensor(table)
+    for slots_of, hint in _GATHER_SLIPS:
+        try:
+            slots = slots_of(positions, table, block_size)
+        except IndexError:
+            continue
+        if bool(((slots >= 0) & (slots < num_slots)).all()) and torch.equal(got, pool_keys[slots]):
+            return hint
+    return None
+
+
+def check_paged_gather(fn, config: ModelConfig | None = None) -> None:
+    """Check `fn(pool_keys, block_table, length, block_size) -> (length, kv_heads, head_dim)` against
+    what `PagedKVCache`'s own gather reads back, for sequences whose blocks are scattered over the pool.
+
+    Introduced in notebook 06 (continuous batching). config: the model whose cache shapes to use
+    (notebook 06 passes its own model's; default: the tiny-llama preset).
+    """
+    config = config or PRESETS["tiny-llama"]
+    for pool, layer, block_size, sequences in _gather_cases(config):
+        pool_keys = pool.keys[layer]                                     # (num_slots, kv_heads, head_dim)
+        for i, (table, length, want) in sequences.items():
+            case = f"sequence {i}: block table {table}, length {length}, block_size {block_size}"
+            try:
+                got = fn(pool_keys.clone(), list(table), length, block_size)
+            except (IndexError, RuntimeError, TypeError, ValueError) as error:
+                fail(GATHER, f"a tensor of shape {tuple(want.shape)}", f"an error: {str(error)[:80]}",
+                     "position p lives at slot block_table[p // block_size] * block_size + p % block_size; "
+                     f"read positions 0 .. length - 1 only. Case: {case}")
+            if not isinstance(got, torch.Tensor):
+                fail(GATHER, f"a tensor of shape {tuple(want.shape)}", type(got).__name__,
+                     f"return the gathered keys as one tensor, e.g. pool_keys[slots]. Case: {case}")
+            if got.shape != want.shape:
+                rows, blocks = got.shape[0] if got.dim() else None, len(table)
+                if got.dim() == 3 and rows == blocks * block_size and rows != length:
+                    hint = ("the last block is only partly filled: keep the first `length` positions, not "
+                            "whole blocks (the rest of the block holds nothing of this sequence).")
+                elif got.dim() == 3 and rows == (length // block_size) * block_size:
+                    hint = ("you left out the partly filled last block: its first length % block_size positions "
+                            "belong to the sequence too.")
+                elif got.dim() == 3 and tuple(got.shape) == (want.shape[1], length, want.shape[2]):
+                    hint = "positions come first, as the pool stores them: (length, kv_heads, head_dim)."
+                else:
+                    hint = "one row per position 0 .. length - 1, each of shape (kv_heads, head_dim)."
+                fail(GATHER, f"shape {tuple(want.shape)}", f"shape {tuple(got.shape)}", f"{hint} Case: {case}")
+            if torch.equal(got, want):
+                continue
+            wrong = int((got != want).flatten(1).any(1).nonzero()[0])
+            hint = _slip_hint(got, pool_keys, table, length, block_size) or (
+                f"position {wrong} lives at slot block_table[{wrong} // {block_size}] * {block_size} + "
+                f"{wrong} % {block_size} = {table[wrong // block_size] * block_size + wrong % block_size}.")
+            fail(GATHER, "the keys written for this sequence", f"other keys at position {wrong}",
+                 f"{hint} Case: {case}")
+    passed(GATHER, "A block table turns scattered blocks back into one contiguous sequence.")

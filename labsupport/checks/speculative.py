@@ -1,22 +1,30 @@
-"""Checkers for notebook 05 (speculative decoding): the accept/reject step and the expected tokens.
+"""Checkers for notebook 05 (speculative decoding): the accept/reject step, the expected
+tokens per pass, and one greedy speculative step with its bonus token and cache rollback.
 
-Introduced in notebook 05 (speculative decoding). Each checker compares a
-learner's function with the rule of Leviathan et al. (2023) and prints a short
-confirmation or raises `CheckFailed` with what was expected, what came back and
-a hint. Both are deterministic: the uniform number u is an argument, and the
-resampling step is checked through the distribution it would sample from.
+Introduced in notebook 05 (speculative decoding). Each checker runs the learner's function
+on inputs chosen so that every typical mistake gives a different answer from the right
+one; when an answer matches a known mistake on all of them, the hint names that mistake.
+All three are deterministic: the uniform number u is an argument, the resampling step is
+checked through the distribution it would sample from, and the step runs greedy.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from ..speculative import expected_tokens_per_call
+from ..kv_cache import StaticKVCache
+from ..models.loading import lively_model
+from ..speculative import PromptLookupDraft, expected_tokens_per_call
 from . import close_enough, fail, passed
 
 ACCEPT = "the accept/reject-and-resample step"
-EXPECTED = "expected tokens per target call"
+EXPECTED = "expected tokens per target pass"
+STEP = "one greedy speculative step"
 
+
+# --- warm-up 1: the acceptance rule --------------------------------------------------------
 
 def reference_accept_step(p_target: torch.Tensor, p_draft: torch.Tensor, token: int,
                           u: float) -> tuple[bool, torch.Tensor | None]:
@@ -30,89 +38,273 @@ def reference_accept_step(p_target: torch.Tensor, p_draft: torch.Tensor, token: 
     return False, residual / residual.sum()
 
 
-def _cases() -> list[tuple[torch.Tensor, torch.Tensor, int, float]]:
-    """(p_target, p_draft, token, u): draft too confident, draft too shy, borderline u."""
-    g = torch.Generator().manual_seed(5)
-    cases = []
+def _rule(accept, residual):
+    """An accept step made of an acceptance test accept(p_x, q_x, u) and a residual(p, q)."""
+    return lambda p, q, x, u: (True, None) if accept(float(p[x]), float(q[x]), u) else (False, residual(p, q))
+
+
+def _normalized(r):
+    return r / r.sum()
+
+
+_RIGHT_TEST = lambda px, qx, u: u < min(1.0, px / qx)                        # noqa: E731
+_RIGHT_RESIDUAL = lambda p, q: _normalized((p - q).clamp_min(0))             # noqa: E731
+ACCEPT_MISTAKES = {   # the typical wrong answers, each with the hint that names it
+    "always accepting": (_rule(lambda px, qx, u: True, _RIGHT_RESIDUAL),
+                         "every draft is accepted; accept only when u < min(1, p_target[x] / p_draft[x])."),
+    "u against p_target alone": (_rule(lambda px, qx, u: u < px, _RIGHT_RESIDUAL),
+                                 "u is compared with p_target[x] alone; compare it with the ratio "
+                                 "min(1, p_target[x] / p_draft[x])."),
+    "the ratio upside down": (_rule(lambda px, qx, u: u < min(1.0, qx / px), _RIGHT_RESIDUAL),
+                              "the ratio is p_target[x] / p_draft[x], not p_draft[x] / p_target[x]."),
+    "the test reversed": (_rule(lambda px, qx, u: u >= min(1.0, px / qx), _RIGHT_RESIDUAL),
+                          "accept when u is *below* min(1, p_target[x] / p_draft[x]), not above it."),
+    "an unnormalized residual": (_rule(_RIGHT_TEST, lambda p, q: (p - q).clamp_min(0)),
+                                 "divide max(0, p_target - p_draft) by its sum so that it adds up to 1."),
+    "resampling from the target": (_rule(_RIGHT_TEST, lambda p, q: p),
+                                   "resampling from p_target itself double-counts the mass the draft already "
+                                   "covered; use normalize(max(0, p_target - p_draft))."),
+    "the residual reversed": (_rule(_RIGHT_TEST, lambda p, q: _normalized((q - p).clamp_min(0))),
+                              "the residual is max(0, p_target - p_draft): where the target wants more than "
+                              "the draft gave, not the other way round."),
+    "a residual with negative entries": (_rule(_RIGHT_TEST, lambda p, q: (p - q) / (p - q).clamp_min(0).sum()),
+                                         "clamp p_target - p_draft at 0 before normalizing: a distribution "
+                                         "has no negative entries."),
+}
+
+
+def _accept_cases() -> list[tuple[torch.Tensor, torch.Tensor, int, float]]:
+    """(p_target, p_draft, token, u): each mistake above answers at least one of them wrong."""
     p = torch.tensor([0.5, 0.2, 0.2, 0.1])
     q = torch.tensor([0.1, 0.6, 0.2, 0.1])
-    cases += [(p, q, 1, 0.2), (p, q, 1, 0.5), (p, q, 1, 0.9),   # p/q = 1/3
-              (p, q, 0, 0.99),                                   # p > q: always accepted
-              (p, q, 2, 0.999)]                                  # p == q: always accepted
-    for _ in range(6):
+    cases = [(p, q, 1, 0.25),            # p/q = 1/3: accepted, though u > p_target[x] = 0.2
+             (p, q, 1, 0.5), (p, q, 1, 0.9),   # p/q = 1/3: rejected
+             (p, q, 0, 0.6),             # p > q: always accepted (u > p_target[x] and > q/p)
+             (p, q, 2, 0.999)]           # p == q: always accepted
+    g = torch.Generator().manual_seed(5)
+    for _ in range(4):
         pt = torch.softmax(torch.randn(12, generator=g) * 2, 0)
         pd = torch.softmax(torch.randn(12, generator=g) * 2, 0)
         token = int(torch.argmax(pd / pt))                       # where the draft over-proposes most
         ratio = float(pt[token] / pd[token])
-        for u in (ratio * 0.5, ratio * 1.5 if ratio * 1.5 < 1 else 0.999):
-            cases.append((pt, pd, token, float(u)))
+        cases += [(pt, pd, token, ratio * 0.5), (pt, pd, token, min(ratio * 1.5, 0.999))]
     return cases
+
+
+def _accept_answer(fn, p, q, token, u):
+    """(accepted, residual as a float tensor or None), or a CheckFailed for a malformed answer."""
+    got = fn(p.clone(), q.clone(), token, u)
+    try:
+        accepted, residual = got
+    except (TypeError, ValueError):
+        fail(ACCEPT, "a pair (accepted, residual)", repr(got)[:80],
+             "return two values, e.g. `return True, None` or `return False, residual`.")
+    return bool(accepted), None if residual is None else torch.as_tensor(residual, dtype=torch.float32).flatten()
+
+
+def _same(a, b) -> bool:
+    (ok_a, r_a), (ok_b, r_b) = a, b
+    if ok_a != ok_b or ok_a:
+        return ok_a == ok_b
+    return r_a is not None and r_b is not None and r_a.shape == r_b.shape and bool(torch.allclose(r_a, r_b, atol=1e-5, equal_nan=True))
 
 
 def check_accept_step(fn) -> None:
     """Check `fn(p_target, p_draft, token, u) -> (accepted, residual)`: residual is the
     normalized distribution to resample from after a rejection, or None when accepted.
     Notebook 05 (speculative decoding)."""
-    for p, q, token, u in _cases():
-        want_ok, want_res = reference_accept_step(p, q, token, u)
-        try:
-            got = fn(p.clone(), q.clone(), token, u)
-            accepted, residual = got
-        except (TypeError, ValueError):
-            fail(ACCEPT, "a pair (accepted, residual)", repr(got)[:80],
-                 "return two values, e.g. `return True, None` or `return False, residual`")
-        accepted = bool(accepted)
-        ratio = float(p[token] / q[token])
-        if accepted != want_ok:
-            hint = (f"with p_target[x] = {float(p[token]):.3f}, p_draft[x] = {float(q[token]):.3f} and "
-                    f"u = {u:.3f}, the draft token is accepted when u < min(1, p_target[x] / p_draft[x]) "
-                    f"= {min(1.0, ratio):.3f}.")
-            if not accepted and ratio >= 1:
-                hint += " When the target likes x at least as much as the draft, always accept."
-            fail(ACCEPT, f"accepted={want_ok}", f"accepted={accepted}", hint)
-        if want_ok:
-            continue
-        if residual is None:
-            fail(ACCEPT, "the residual distribution after a rejection", "None",
-                 "after a rejection return normalize(max(0, p_target - p_draft)).")
-        residual = torch.as_tensor(residual, dtype=torch.float32)
-        if residual.shape != p.shape or not torch.allclose(residual, want_res, atol=1e-5):
-            unnormalized = (p - q).clamp_min(0)
-            if residual.shape == p.shape and torch.allclose(residual, unnormalized, atol=1e-5):
-                hint = "divide max(0, p_target - p_draft) by its sum so that it adds up to 1."
-            elif residual.shape == p.shape and torch.allclose(residual, p, atol=1e-5):
-                hint = ("resampling from p_target itself double-counts the mass the draft already "
-                        "covered; use normalize(max(0, p_target - p_draft)).")
-            else:
-                hint = "residual = (p_target - p_draft).clamp_min(0), then divide by its sum."
-            fail(ACCEPT, [round(v, 3) for v in want_res.tolist()][:6],
-                 [round(v, 3) for v in residual.flatten().tolist()][:6], hint)
-    passed(ACCEPT, "Accepting with min(1, p/q) and resampling from the residual gives exactly p_target.")
+    cases = _accept_cases()
+    answers = [_accept_answer(fn, *case) for case in cases]
+    wants = [_accept_answer(reference_accept_step, *case) for case in cases]
+    wrong = [i for i, (a, w) in enumerate(zip(answers, wants)) if not _same(a, w)]
+    if not wrong:
+        passed(ACCEPT, "Accepting with min(1, p/q) and resampling from the residual gives exactly p_target.")
+        return
+    (p, q, token, u), got, want = cases[wrong[0]], answers[wrong[0]], wants[wrong[0]]
+    shown = lambda r: None if r is None else [round(v, 3) for v in r.tolist()][:6]      # noqa: E731
+    if got[0] != want[0]:
+        expected, answer = f"accepted={want[0]}", f"accepted={got[0]}"
+        hint = (f"with p_target[x] = {float(p[token]):.3f}, p_draft[x] = {float(q[token]):.3f} and u = {u:.3f}, "
+                f"the draft token is accepted when u < min(1, p_target[x] / p_draft[x]).")
+    else:
+        expected, answer = f"the residual {shown(want[1])}", shown(got[1])
+        hint = "after a rejection return residual = (p_target - p_draft).clamp_min(0), divided by its sum."
+    for name, (mistake, mistake_hint) in ACCEPT_MISTAKES.items():
+        if all(_same(a, _accept_answer(mistake, *case)) for a, case in zip(answers, cases)):
+            hint = f"{name}: {mistake_hint}"
+            break
+    fail(ACCEPT, expected, answer, hint)
+
+
+# --- warm-up 2: expected tokens per pass ---------------------------------------------------
+
+def _geometric(alpha, first, last):
+    """alpha^first + ... + alpha^last."""
+    return sum(alpha ** i for i in range(first, last + 1))
+
+
+EXPECTED_MISTAKES = {
+    "no bonus token": (lambda a, k: _geometric(a, 0, k - 1),
+                       "a step whose k drafts all pass also gets the target's bonus token, so the sum runs "
+                       "to alpha^k: (1 - alpha^(k+1)) / (1 - alpha)."),
+    "no token of the target's own": (lambda a, k: _geometric(a, 1, k),
+                                     "every pass adds one token of the target's own (a correction after a miss, "
+                                     "a bonus after k matches): start the sum at 1."),
+    "alpha^k off by one": (lambda a, k: _geometric(a, 0, k + 1),
+                           "the sum stops at alpha^k: k drafts give at most k + 1 tokens."),
+    "independent drafts": (lambda a, k: a * k + 1,
+                           "the i-th draft counts only if all before it were accepted too: "
+                           "1 + alpha + alpha^2 + ... + alpha^k."),
+    "no limit k": (lambda a, k: 1 / (1 - a) if a < 1 else math.nan,
+                   "the draft proposes only k tokens: the sum stops at alpha^k."),
+    "dividing at alpha = 1": (lambda a, k: expected_tokens_per_call(a, k) if a < 1 else math.nan,
+                              "at alpha = 1 every draft is accepted: return k + 1 without dividing by 1 - alpha."),
+}
+EXPECTED_CASES = [(0.0, 4), (0.5, 1), (0.5, 4), (0.8, 4), (0.9, 8), (0.3, 2), (0.99, 5), (1.0, 4), (1.0, 1),
+                  (0.7, 0)]
+
+
+def _value(fn, alpha, k) -> float:
+    """fn(alpha, k) as a float; a division by zero or a non-number gives NaN."""
+    try:
+        return float(fn(alpha, k))
+    except (ZeroDivisionError, OverflowError):
+        return math.nan
+    except (TypeError, ValueError):
+        fail(EXPECTED, "a number", repr(fn(alpha, k))[:60], "return a float.")
+
+
+def _close(got: float, want: float) -> bool:
+    if math.isnan(want) or math.isinf(want):
+        return math.isnan(got) if math.isnan(want) else got == want
+    return math.isfinite(got) and close_enough(got, want, rel=1e-6)
 
 
 def check_expected_tokens(fn) -> None:
     """Check `fn(alpha, k) -> float`: (1 - alpha^(k+1)) / (1 - alpha), and k + 1 at alpha = 1.
     Notebook 05 (speculative decoding)."""
-    cases = [(0.0, 4), (0.5, 1), (0.5, 4), (0.8, 4), (0.9, 8), (0.3, 2), (0.99, 5), (1.0, 4), (1.0, 1),
-             (0.7, 0)]
-    for alpha, k in cases:
-        want = expected_tokens_per_call(alpha, k)
-        try:
-            got = fn(alpha, k)
-        except ZeroDivisionError:
-            fail(EXPECTED, f"{want} for alpha={alpha}, k={k}", "ZeroDivisionError",
-                 "at alpha = 1 every draft is accepted: return k + 1 without dividing.")
-        try:
-            got = float(got)
-        except (TypeError, ValueError):
-            fail(EXPECTED, "a number", repr(got)[:60], "return a float")
-        if not close_enough(got, want, rel=1e-6):
-            if k > 0 and alpha < 1 and close_enough(got, (1 - alpha ** k) / (1 - alpha), 1e-6):
-                hint = "a step always adds one token of the target's own, so the sum runs to alpha^k: use k + 1."
-            elif alpha < 1 and close_enough(got, alpha * k + 1, 1e-6):
-                hint = ("the i-th draft counts only if all before it were accepted too: "
-                        "1 + alpha + alpha^2 + ... + alpha^k.")
+    got = [_value(fn, a, k) for a, k in EXPECTED_CASES]
+    want = [expected_tokens_per_call(a, k) for a, k in EXPECTED_CASES]
+    wrong = [i for i, (g, w) in enumerate(zip(got, want)) if not _close(g, w)]
+    if not wrong:
+        passed(EXPECTED, "At alpha = 0.8 and k = 4 a target pass yields 3.36 tokens on average.")
+        return
+    (alpha, k), i = EXPECTED_CASES[wrong[0]], wrong[0]
+    hint = "1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha); k + 1 when alpha = 1."
+    for name, (mistake, mistake_hint) in EXPECTED_MISTAKES.items():
+        if all(_close(g, _value(mistake, a, kk)) for g, (a, kk) in zip(got, EXPECTED_CASES)):
+            hint = f"{name}: {mistake_hint}"
+            break
+    fail(EXPECTED, f"{want[i]:.4f} for alpha={alpha}, k={k}", f"{got[i]:.4f}", hint)
+
+
+# --- exercise: one greedy speculative step -------------------------------------------------
+
+@torch.inference_mode()
+def reference_speculative_step(target, cache, pending: int, drafted: list[int]) -> list[int]:
+    """One greedy speculative step: one target pass over [pending, d_1..d_k], keep the drafts
+    while they equal the target's choice, add its own next token (a correction at the first
+    miss, a bonus after k matches), and roll the cache back to pending + the accepted drafts.
+    Notebook 05 (speculative decoding)."""
+    start = cache.length
+    fed = torch.tensor([[pending, *drafted]], device=target.device)             # (1, k + 1)
+    choice = target(fed, cache=cache)[0].argmax(dim=-1).tolist()                # k + 1 next-token choices
+    n = 0
+    while n < len(drafted) and drafted[n] == choice[n]:
+        n += 1
+    cache.truncate(start + 1 + n)
+    return drafted[:n] + [choice[n]]
+
+
+def _run_step(fn, target, prompt, drafted):
+    """The learner's step from a cache holding prompt[:-1]: (new tokens, cache length it left - start)."""
+    cache = StaticKVCache.for_model(target, 1, len(prompt) + len(drafted) + 2)
+    with torch.inference_mode():
+        target(torch.tensor([prompt[:-1]], device=target.device), cache=cache, last_only=True)
+        start = cache.length
+        tokens = fn(target, cache, prompt[-1], list(drafted))
+    try:
+        tokens = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
+    except (TypeError, ValueError):
+        fail(STEP, "a list of token ids", repr(tokens)[:60], "return drafted[:n] + [the target's token].")
+    return tokens, cache.length - start
+
+
+def _generate(step, target, prompt, new_tokens, propose):
+    """Greedy speculative generation with `step`; propose(context) -> the drafts."""
+    cache = StaticKVCache.for_model(target, 1, len(prompt) + new_tokens + 16)
+    context = list(prompt)
+    with torch.inference_mode():
+        target(torch.tensor([prompt[:-1]], device=target.device), cache=cache, last_only=True)
+        while len(context) < len(prompt) + new_tokens:
+            context += [int(t) for t in step(target, cache, context[-1], list(propose(context)))]
+    return context[len(prompt): len(prompt) + new_tokens]
+
+
+def _step_scenarios(target, prompt, greedy):
+    """(name, drafted, right tokens, right cache growth): every way a step can end."""
+    g, k = greedy, 4
+    wrong = (g[0] + 1) % target.config.vocab_size
+    with torch.inference_mode():                     # the target's choice after [pending, wrong]
+        after_wrong = int(target(torch.tensor([prompt + [wrong]], device=target.device))[0, -1].argmax())
+    return [("all k drafts right", g[:k], g[:k + 1], k + 1),
+            ("the first draft wrong", [wrong] + g[1:k], g[:1], 1),
+            ("the third draft wrong", g[:2] + [(g[2] + 1) % target.config.vocab_size, g[3]], g[:3], 3),
+            ("a draft that matches after the first miss", [wrong, after_wrong, g[2], g[3]], g[:1], 1),
+            ("no drafts at all", [], g[:1], 1)]
+
+
+def check_speculative_step(fn, model=None, prompt=None, new_tokens: int = 16) -> None:
+    """Check `fn(target, cache, pending, drafted) -> new tokens` (greedy): one target pass,
+    the accepted prefix plus the target's correction or bonus token, the cache rolled back.
+
+    Notebook 05 (speculative decoding). The checker runs the step on a tiny model in every
+    way a step can end, then generates with it; with `model` and `prompt` (token ids) it
+    also generates `new_tokens` on that model with prompt lookup drafting, as the notebook does.
+    """
+    target = lively_model("tiny-llama")
+    small_prompt = list(b"The cat sat on")
+    with torch.inference_mode():
+        greedy = _generate(reference_speculative_step, target, small_prompt, 8, lambda context: [])
+    for name, drafted, want, growth in _step_scenarios(target, small_prompt, greedy):
+        got, grew = _run_step(fn, target, small_prompt, drafted)
+        where = f"{name} (k = {len(drafted)}, {len(want) - 1} should be accepted)"
+        if got != want:
+            n = len(want) - 1
+            if name == "all k drafts right" and got == want[:-1]:
+                hint = "no bonus token: when all k drafts pass, add the target's choice at position k."
+            elif len(got) - 1 > n and got[:-1] == list(drafted[:len(got) - 1]):
+                hint = ("accepting after a miss: stop at the first draft that differs; the later positions "
+                        "were scored after a wrong token.")
+            elif got[:n] == want[:n] and len(got) == n:
+                hint = "add the target's own token after the accepted drafts (its correction, or the bonus)."
             else:
-                hint = "1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha); k + 1 when alpha = 1."
-            fail(EXPECTED, f"{want:.4f} for alpha={alpha}, k={k}", f"{got:.4f}", hint)
-    passed(EXPECTED, "At alpha = 0.8 and k = 4 a target pass yields 3.36 tokens on average.")
+                hint = ("off by one in the logits alignment: the logits at position i (the fed token i: "
+                        "pending, d_1, ...) predict the token after it, so d_(i+1) is checked against the "
+                        "argmax at position i, and the token the target adds is the argmax at position n.")
+            fail(STEP, f"{want} for {where}", got, hint)
+        if grew != growth:
+            if grew == len(drafted) + 1 and growth < grew:
+                hint = "no rollback: the cache still holds the rejected drafts; cache.truncate(start + 1 + n)."
+            else:
+                hint = ("rollback off by one: keep the pending token and the n accepted drafts, "
+                        "cache.truncate(start + 1 + n) with start = cache.length before the pass; the "
+                        "target's own token goes in with the next pass.")
+            fail(STEP, f"the cache {growth} longer after {where}", f"{grew} longer", hint)
+    # a whole generation: a draft that is right most of the time, wrong every third token
+    vocab = target.config.vocab_size
+    oracle = lambda context: [t if (len(context) + i) % 3 else (t + 1) % vocab               # noqa: E731
+                              for i, t in enumerate(greedy[len(context) - len(small_prompt):][:3])]
+    got = _generate(fn, target, small_prompt, 8, oracle)
+    if got != greedy:
+        fail(STEP, greedy, got, "a generation with your step drifts from plain greedy decoding; check the "
+                                "cache length after each step: start + 1 + n.")
+    if model is not None and prompt is not None:
+        lookup = PromptLookupDraft(ngram=3)
+        want = _generate(reference_speculative_step, model, list(prompt), new_tokens, lambda c: lookup.propose(c, 4)[0])
+        got = _generate(fn, model, list(prompt), new_tokens, lambda c: lookup.propose(c, 4)[0])
+        if got != want:
+            fail(STEP, want, got, f"on {model.config.name} with prompt lookup the tokens differ; check "
+                                  "the alignment and the rollback.")
+    passed(STEP, "Each step keeps the matching drafts, adds the target's own token and rolls the cache "
+                 "back, so the tokens are plain greedy decoding's.")

@@ -9,17 +9,24 @@ and tested with measurements that should hold and measurements that should not. 
 machine was busy while it measured (`busy.busy_reason`), a verdict says so instead of judging.
 
     roofline_claims       00  small batches memory-bound, large ones compute-bound, 1 -> 16 gives 10-15x
+    kv_cache_claims       01  the cache removes recomputation, its size formula, a 7B model's cache (computed)
     batching_claims       02  the chapter's 1.0x, batch 16 over batch 1, the regimes, padding
     precision_claims      03  fp16 halves the memory, ~1.5x faster, minimal quality loss
-    quantization_claim    04  int8 / int4 memory and speed, per benchmark row
+    quantization_claims   04  int8 / int4 memory, speed and quality, per format (quantization_claim: one bench row)
+    speculative_claims    05  2-4x when draft and target agree, where a step's time goes, exact output
+    serving_claims        06  slots freed, the static waste, time to first token, paged memory
     stack_claims          07  every technique of the chapter beside the stack's run
 """
 
 from .batching import batching_claims
-from .precision import precision_claims
-from .quantization import QUANTIZATION_CLAIMS, quantization_claim
-from .roofline import roofline_claims
+from .kv_cache import kv_cache_claims, step_busy_reason
+from .precision import precision_claims, summarize_verdicts
+from .quantization import QUANTIZATION_CLAIMS, quantization_claim, quantization_claims, quantization_conclusions
+from .roofline import claims_summary, roofline_claims, sweep_busy_reason
+from .serving import serving_claims
+from .speculative import speculative_claims
 from .stack import stack_claims
 
-__all__ = ["roofline_claims", "batching_claims", "precision_claims", "QUANTIZATION_CLAIMS",
-           "quantization_claim", "stack_claims"]
+__all__ = ["roofline_claims", "claims_summary", "sweep_busy_reason", "kv_cache_claims", "step_busy_reason",
+           "batching_claims", "precision_claims", "summarize_verdicts", "QUANTIZATION_CLAIMS", "quantization_claim",
+           "quantization_claims", "quantization_conclusions", "speculative_claims", "serving_claims", "stack_claims"]

@@ -1,19 +1,30 @@
 """The handbook chapter's claims of notebook 03 (mixed precision), each set against this run's measurements.
 
-Every verdict is computed here, with its thresholds in the docstring, and tested."""
+Every verdict is computed here, with its thresholds in the docstring, and tested.
+Each 16-bit format is judged by its own measurement: where fp16 was not timed (a CPU
+without fp16 matrix instructions), its row says so rather than borrowing bf16's figure.
+A speed verdict goes through `busy.judge`: where the repeats disagree or the load
+probe saw other programs, the row says the machine was busy instead of judging.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from ..busy import BUSY_VERDICT, busy_reason, judge
 from ..hardware import dtype_label
-from ..precision import REGIMES, emulation_note
+from ..precision import CHAPTER_GPT2_MIB, REGIMES, emulation_note, precision_choices
+
+SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+SPEED_CLAIMS = {"float16": "fp16 ~1.5x faster than fp32",
+                "bfloat16": "bf16 faster than fp32 (the chapter's ~1.5x for 16 bits)"}
+QUALITY_CLAIMS = {"float16": "fp16: minimal quality loss",
+                  "bfloat16": "bf16: minimal quality loss (the chapter says it of fp16)"}
 
 
-def _speed_verdict(ratio: float | None, device, emulated: bool = False) -> str:
-    """The verdict on a 16-bit speed ratio: "holds" from 1.3x to 2.2x, "partly" from 1.05x."""
-    if ratio is None:
-        return "not measured here"
+def speed_verdict(ratio: float, device, emulated: bool = False) -> str:
+    """The verdict on a 16-bit speed ratio to fp32: "holds" from 1.3x to 2.2x ("more" above),
+    "partly" from 1.05x, "not" below. Introduced in notebook 03 (mixed precision)."""
     place = "on this GPU" if torch.device(device).type == "cuda" else "on this CPU"
     if emulated:
         place += " (emulated 16-bit)"
@@ -24,48 +35,102 @@ def _speed_verdict(ratio: float | None, device, emulated: bool = False) -> str:
     return f"not {place}"
 
 
-def precision_claims(lab, gpt2_mib: dict[str, float]) -> list[dict]:
+def _memory_row(lab, gpt2_mib: dict[str, float]) -> dict:
+    """16-bit weights take half the bytes: GPT-2 from its config, the lab's model from its tensors."""
+    memory = lab.memory()
+    fractions = {SHORT[n]: memory[n] / memory["float32"] for n in memory if n != "float32"}
+    gpt2_matches = all(round(gpt2_mib[n], 1) == CHAPTER_GPT2_MIB[n] for n in CHAPTER_GPT2_MIB)   # to the decimal
+    halves = bool(fractions) and all(abs(f - 0.5) < 0.01 for f in fractions.values())
+    counted = ", ".join(f"{name} {f:.1%}" for name, f in fractions.items()) or "no 16-bit copy made"
+    return {"topic": "memory", "format": ", ".join(fractions) or "-",
+            "claim": "16 bits halve the memory (GPT-2: 474.7 MB -> 237.4 MB)",
+            "measured": f"GPT-2 counted from its config: {gpt2_mib['float32']:.1f} -> {gpt2_mib['float16']:.1f} MiB; "
+                        f"{lab.reference.config.name} counted from its tensors: {counted} of fp32",
+            "verdict": ("holds (the chapter's MB are MiB)" if halves and gpt2_matches else
+                        "partly: " + ("GPT-2's count differs from the chapter's" if halves else
+                                      "the counted tensors are not half of fp32's"))}
+
+
+def _speed_row(lab, regime: str, name: str, load: float | None) -> dict:
+    """One format in one regime, judged by its own timing (or saying why it was not timed)."""
+    row = lab.speeds.get((regime, name))
+    result = {"topic": f"speed ({regime})", "format": SHORT[name], "claim": SPEED_CLAIMS[name]}
+    if row is None or row["speedup"] is None:
+        reason = (row or {}).get("note") or emulation_note(lab.device, name) or "not timed in this run"
+        return {**result, "measured": reason, "verdict": "not timed here"}
+    reason = busy_reason({"fp32": row["fp32_timing"], SHORT[name]: row["timing"]},
+                         load=row.get("load") if load is None else load) if row.get("timing") else None
+    label = dtype_label(lab.device, name)
+    return {**result,
+            "measured": f"{row['speedup']:.2f}x ({label}: {row['seconds'] * 1e3:.1f} ms against "
+                        f"fp32's {row['fp32_seconds'] * 1e3:.1f} ms)",
+            "verdict": judge(speed_verdict(row["speedup"], lab.device, bool(emulation_note(lab.device, name))),
+                             reason)}
+
+
+def _quality_row(lab, name: str) -> dict:
+    """One format's logits against fp32's: "holds" when the top-1 token agrees at 95% of the positions."""
+    result = {"topic": "quality", "format": SHORT[name], "claim": QUALITY_CLAIMS[name]}
+    agreement = lab.agreements.get(name)
+    if agreement is None:
+        return {**result, "measured": "not measured in this run", "verdict": "not measured here"}
+    top1 = agreement["top1_agreement"]
+    return {**result,
+            "measured": f"top-1 token same as fp32 at {top1:.1%} of the positions; logits differ by "
+                        f"{agreement['mean_abs_diff']:.3g} on average, {agreement['max_abs_diff']:.3g} at most",
+            "verdict": "holds" if top1 >= 0.95 else "partly: some top-1 tokens change"}
+
+
+def precision_claims(lab, gpt2_mib: dict[str, float], load: float | None = None) -> list[dict]:
     """The handbook chapter's precision claims set against `lab`'s measurements
-    (an `explorers.precision.PrecisionLab`).
+    (an `explorers.precision.PrecisionLab`), one row per claim and 16-bit format.
 
     Introduced in notebook 03 (mixed precision). gpt2_mib: GPT-2's counted MiB per dtype
-    ({"float32": ..., "float16": ...}). Speed: the best 16-bit ratio measured in each regime
-    ("holds" from 1.3x to 2.2x, "partly" from 1.05x); quality: "holds" when the top-1 token
-    agrees with fp32 at 95% of the positions or more.
+    ({"float32": ..., "float16": ...}). Rows: topic, format, claim, measured, verdict.
+    Memory "holds" when every 16-bit copy is within 1% of half of fp32 and GPT-2's count
+    rounds to the chapter's figures. Speed, per format and regime from its own timing
+    (`speed_verdict`: "holds" from 1.3x to 2.2x, "partly" from 1.05x), through `busy.judge`
+    with the load recorded beside each timing (or `load`, when given). Quality "holds"
+    when the top-1 token agrees with fp32 at 95% of the positions or more.
     """
-    memory = lab.memory()
-    half = [n for n in memory if n != "float32"]
-    fraction = min(memory[n] for n in half) / memory["float32"] if half else float("nan")
-    speeds = {regime: [(row["speedup"], name) for (r, name), row in lab.speeds.items()
-                       if r == regime and name != "float32" and row["speedup"] is not None]
-              for regime in REGIMES}
-    best = {regime: max(values) if values else (None, "-") for regime, values in speeds.items()}
-
-    def speed_text(regime):
-        ratio, name = best[regime]
-        return (f"{regime}: {ratio:.2f}x ({dtype_label(lab.device, name)})" if ratio is not None
-                else f"{regime}: not measured")
-
-    agreements = {n: a for n, a in lab.agreements.items()}
-    worst = min(((a["top1_agreement"], n) for n, a in agreements.items()), default=(None, "-"))
-    model_name = lab.reference.config.name
-    rows = [
-        {"claim": "fp16 halves the memory (GPT-2: 474.7 MB -> 237.4 MB)",
-         "measured": f"GPT-2 counted from its config: {gpt2_mib['float32']:.1f} -> {gpt2_mib['float16']:.1f} MiB; "
-                     f"{model_name} counted from its tensors: {fraction:.1%} of fp32",
-         "verdict": "holds (the chapter's MB are MiB)" if abs(fraction - 0.5) < 0.01 else "partly"},
-    ]
-    for regime in REGIMES:
-        rows.append({"claim": f"fp16 ~1.5x faster ({regime}); \"faster on modern GPUs\"",
-                     "measured": speed_text(regime),
-                     "verdict": _speed_verdict(best[regime][0], lab.device,
-                                               emulated=bool(emulation_note(lab.device, best[regime][1])))
-                     if best[regime][0] is not None else "not measured here"})
-    top1, name = worst
-    rows.append({"claim": "fp16: minimal quality loss",
-                 "measured": (f"top-1 token same as fp32 at {top1:.1%} of positions ({name}, the worst); "
-                              f"max logit difference {agreements[name]['max_abs_diff']:.3g}")
-                             if top1 is not None else "not measured",
-                 "verdict": "holds" if top1 is not None and top1 >= 0.95 else
-                            ("not measured" if top1 is None else "partly: some top-1 tokens change")})
+    half = [n for n in precision_choices(lab.device) if n != "float32"]
+    rows = [_memory_row(lab, gpt2_mib)]
+    rows += [_speed_row(lab, regime, name, load) for regime in REGIMES for name in half]
+    rows += [_quality_row(lab, name) for name in half]
     return rows
+
+
+# How each kind of verdict reads in a sentence, in the order the sentences list them.
+VERDICT_PHRASES = {"holds": "holds for", "partly": "holds only in part for", "not": "does not hold for",
+                   "untimed": "was not measured here for",
+                   "busy": "gets no verdict (the machine was busy: re-run) for"}
+
+
+def verdict_kind(verdict: str) -> str:
+    """ "holds", "partly", "not", "untimed" or "busy": the kind of a claims-table verdict.
+    Introduced in notebook 03 (mixed precision); notebook 04's conclusions use it too."""
+    if verdict.startswith(BUSY_VERDICT):
+        return "busy"
+    if verdict.startswith(("not timed", "not measured")):
+        return "untimed"
+    if verdict.startswith(("holds", "more")):
+        return "holds"
+    return "partly" if verdict.startswith("partly") else "not"
+
+
+def summarize_verdicts(rows: list[dict], name_key: str = "format") -> str:
+    """One Markdown bullet per topic of a claims table, built from its verdicts: for which
+    rows (named by `name_key`) the claim holds, holds in part, does not hold, was not
+    measured, or got no verdict because the machine was busy.
+
+    Introduced in notebook 03 (mixed precision); notebook 04 uses it too.
+    """
+    topics: dict[str, dict[str, list[str]]] = {}
+    for row in rows:
+        kinds = topics.setdefault(row["topic"], {})
+        kinds.setdefault(verdict_kind(row["verdict"]), []).append(str(row[name_key]))
+    bullets = []
+    for topic, kinds in topics.items():
+        parts = [f"{VERDICT_PHRASES[kind]} {', '.join(kinds[kind])}" for kind in VERDICT_PHRASES if kind in kinds]
+        bullets.append(f"* **{topic}**: the claim " + "; ".join(parts) + ".")
+    return "\n".join(bullets)

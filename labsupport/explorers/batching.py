@@ -2,6 +2,7 @@
 
 Introduced in notebook 02 (batching).
 
+It opens with the notebook's own batch sweep (spread 0: every prompt equally long).
 Releasing the batch slider (or the spread slider) generates a few tokens for a
 batch of that many prompts, whose lengths differ by that much, and redraws two
 figures: throughput and per-token latency against batch size (one line per
@@ -36,7 +37,8 @@ class BatchPoints:
     def __init__(self, model, source_ids: list[int], longest: int, new_tokens: int, measured=()):
         self.model, self.source_ids = model, source_ids
         self.longest, self.new_tokens = longest, new_tokens
-        self.rows: dict[tuple[int, float], dict] = {(r["batch"], r["spread"]): r for r in measured}
+        self.rows: dict[tuple[int, float], dict] = {
+            (r["batch"], r["spread"]): {**r, "group": spread_label(r["spread"])} for r in measured}
 
     def lengths(self, batch: int, spread: float) -> list[int]:
         return spread_lengths(batch, self.longest, spread)
@@ -88,7 +90,7 @@ def batching_explorer(model, tokenizer, batches=None, spreads=SPREADS, longest: 
             f"batch {values['batch']}, {current['tokens_per_s']:.0f} tokens/s, "
             f"{current['ms_per_token']:.0f} ms/token", ""))
         picture.update_layout(title=f"the padded batch: {padding_waste(lengths):.0%} of its prompt slots are padding")
-        return [scaling_figure(points.all(), highlight=current), picture]
+        return [scaling_figure(points.all(), highlight=current, axis_batches=batches), picture]
 
     return Explorer(controls, render, use_widget=use_widget,
                     title=f"Batch size and prompt-length spread ({new_tokens} new tokens per row, "

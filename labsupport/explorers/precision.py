@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import torch
 
+from ..busy import busy_reason, load_per_core
 from ..errors import LabError
 from ..hardware import dtype_name
 from ..measure import time_side_by_side
@@ -80,13 +81,27 @@ class PrecisionLab:
         if todo or (regime, "float32") not in self.speeds:
             runs = {n: self._run(n, regime) for n in ["float32"] + todo}
             timings = time_side_by_side(runs, self.device, repeats=self.workload.repeats)
-            fp32 = timings["float32"].median
+            load = load_per_core()                                  # other programs competing?
+            fp32 = timings["float32"]
             for n, timing in timings.items():
                 if n == "float32" and (regime, n) in self.speeds:
                     continue
-                self.speeds[(regime, n)] = {"speedup": fp32 / timing.median, "seconds": timing.median,
-                                            "fp32_seconds": fp32, "note": emulation_note(self.device, n)}
+                self.speeds[(regime, n)] = {"speedup": fp32.median / timing.median, "seconds": timing.median,
+                                            "fp32_seconds": fp32.median, "note": emulation_note(self.device, n),
+                                            "timing": timing.to_dict(), "fp32_timing": fp32.to_dict(),
+                                            "load": load}
         return {n: self.speeds[(regime, n)] for n in names}
+
+    def busy_reason(self, regime: str | None = None) -> str | None:
+        """Why the speed ratios measured so far (in `regime`, or all) cannot carry a verdict,
+        or None when the machine looked quiet (`busy.busy_reason`: each ratio's repeats and
+        the load probe taken right after them)."""
+        rows = [((r, n), row) for (r, n), row in self.speeds.items()
+                if row.get("timing") and (regime is None or r == regime)]
+        timings = {f"{n} ({r})": row["timing"] for (r, n), row in rows}
+        timings.update({f"float32 ({r})": row["fp32_timing"] for (r, _), row in rows})
+        loads = [row["load"] for _, row in rows if row.get("load") is not None]
+        return busy_reason(timings, load=max(loads, default=None))
 
     def speed_rows(self) -> list[dict]:
         """Every speed measured so far, as rows for `plots.precision.speed_figure`."""
@@ -152,7 +167,8 @@ def precision_explorer(model, prompt_ids=None, text_ids=None, workload: Precisio
         name, regime = values["dtype"], values["regime"]
         lab.speed(regime, [name])
         return [memory_figure(memory_rows(lab, choices), highlight=name),
-                speed_figure(lab.speed_rows(), highlight=(regime_label(regime, lab.workload), name)),
+                speed_figure(lab.speed_rows(), highlight=(regime_label(regime, lab.workload), name),
+                             busy=lab.busy_reason()),
                 agreement_figure(agreement_results(lab, name), highlight=name)]
 
     return Explorer(controls, render, title="Precision of the weights: memory, speed and agreement with fp32",

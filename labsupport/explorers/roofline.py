@@ -62,14 +62,14 @@ class DecodePoints:
 
 
 def roofline_points(rows: list[dict], current: dict) -> list[dict]:
-    """Points for `roofline_figure`: every measured step, and the current one large.
-    Notebook 00 (where the time goes)."""
+    """Points for `roofline_figure`: every measured step, and the current one large, each
+    labelled with its batch size. Notebook 00 (where the time goes)."""
     points = [{"intensity": r["intensity"], "flops_per_s": r["flops_per_s"], "dtype": r["dtype"],
-               "group": "measured decode steps", "size": 8,
+               "batch": r["batch"], "group": "measured decode steps", "size": 8,
                "label": f"{r['dtype']}, batch {r['batch']}: {1e3 * r['seconds']:.1f} ms/step"}
               for r in rows if r is not current]
     points.append({"intensity": current["intensity"], "flops_per_s": current["flops_per_s"],
-                   "dtype": current["dtype"], "group": "current setting", "size": 18,
+                   "dtype": current["dtype"], "batch": current["batch"], "group": "current setting", "size": 18,
                    "label": f"{current['dtype']}, batch {current['batch']}: "
                             f"{1e3 * current['seconds']:.1f} ms/step, {current['tokens_per_s']:.0f} tokens/s"})
     return points

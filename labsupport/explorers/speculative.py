@@ -5,26 +5,26 @@ Introduced in notebook 05 (speculative decoding).
 Choosing a draft, k (tokens drafted per step) and a temperature runs
 speculative decoding on the chosen prompt (small: a few dozen new tokens) and
 redraws two figures for every setting measured so far: the acceptance rate and
-tokens per target call, and the measured speedup over plain decoding beside the
-one Leviathan et al.'s formula predicts from the measured acceptance and draft
-cost. Results are cached, so going back to a setting shows at once.
+the tokens per target pass (two panels: a fraction and a count), and the measured
+speedup over plain decoding beside the one Leviathan et al.'s formula predicts from
+the measured acceptance, draft cost and verify-pass cost (and, lighter, with a free
+verify pass, as the formula assumes). Results are cached, so going back to a setting
+shows at once.
 """
 
 from __future__ import annotations
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from ..generation import chat_prompt, generate
 from ..measure import time_side_by_side
+from ..plots.speculative import acceptance_figure, speedup_figure
 from ..sampling import SamplingConfig
-from ..speculative import expected_speedup, speculative_generate
+from ..speculative import expected_speedup, pass_costs, speculative_generate
 from .base import Explorer
 
-HEIGHT = 300
 TEMPERATURES = (0.0, 0.7, 1.0)
 _LABEL = {"description_width": "initial"}
-_LEGEND = dict(orientation="h", yanchor="bottom", y=1.02, x=0)   # above the plot: full width for the bars
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -43,13 +43,16 @@ def speculative_explorer(target, tokenizer, drafts: dict, prompts: dict, new_tok
     results: dict = {}
 
     def plain_time(prompt_name, temperature):
+        """(median seconds of a plain generation, seconds of one of its decode steps)."""
         key = (prompt_name, temperature)
         if key not in plain_cache:
             sampling = SamplingConfig(temperature=temperature, seed=0)
-            ids = encoded[prompt_name]
-            fn = lambda: generate(target, ids, new_tokens, sampling=sampling, eos_token_ids=())  # noqa: E731
-            plain_cache[key] = time_side_by_side({"plain": fn}, target.device, warmup=1,
-                                                 repeats=repeats)["plain"].median
+            ids, out = encoded[prompt_name], {}
+
+            def fn():
+                out["r"] = generate(target, ids, new_tokens, sampling=sampling, eos_token_ids=())
+            median = time_side_by_side({"plain": fn}, target.device, warmup=1, repeats=repeats)["plain"].median
+            plain_cache[key] = median, out["r"].decode_seconds / max(new_tokens - 1, 1)
         return plain_cache[key]
 
     def measure(prompt_name, draft_name, k, temperature):
@@ -67,13 +70,14 @@ def speculative_explorer(target, tokenizer, drafts: dict, prompts: dict, new_tok
             out["r"] = speculative_generate(target, draft, ids, new_tokens, k=k, sampling=sampling,
                                             eos_token_ids=())
         t = time_side_by_side({"spec": fn}, target.device, warmup=1, repeats=repeats)["spec"].median
-        plain = plain_time(prompt_name, temperature)
+        plain, plain_step = plain_time(prompt_name, temperature)
         s = out["r"].stats
-        plain_step = plain / new_tokens
-        c = s.draft_seconds / max(s.drafted, 1) / plain_step
-        alpha = min(max(s.alpha, 0.0), 1.0)
-        results[key] = {"acceptance": s.acceptance_rate, "per_call": s.tokens_per_call,
-                        "measured": plain / t, "predicted": expected_speedup(alpha, k, c)}
+        costs = pass_costs(s, plain_step)
+        alpha = min(max(s.alpha, 0.0), 1.0) if s.accepted + s.rejected else 0.0
+        results[key] = {"acceptance": s.acceptance_rate if s.drafted else 0.0, "per_call": s.tokens_per_call,
+                        "measured": plain / t,
+                        "predicted": expected_speedup(alpha, k, costs.draft_per_token, costs.verify_per_pass),
+                        "predicted_free": expected_speedup(alpha, k, costs.draft_per_token)}
         return results[key]
 
     def label(key):
@@ -84,28 +88,11 @@ def speculative_explorer(target, tokenizer, drafts: dict, prompts: dict, new_tok
         current = (values["prompt"], values["draft"], int(values["k"]), float(values["temperature"]))
         measure(*current)
         keys = list(results)
-        names = [label(key) for key in keys]
-        colors = ["#d62728" if key == current else "#1f77b4" for key in keys]
-        rates = go.Figure()
-        rates.add_trace(go.Bar(x=names, y=[results[k]["acceptance"] for k in keys], name="acceptance rate",
-                               marker_color=colors, text=[f"{results[k]['acceptance']:.2f}" for k in keys]))
-        rates.add_trace(go.Bar(x=names, y=[results[k]["per_call"] for k in keys], name="tokens per target call",
-                               marker_color="#ff7f0e", text=[f"{results[k]['per_call']:.2f}" for k in keys]))
-        rates.update_layout(barmode="group", height=HEIGHT, title="acceptance rate and tokens per target call",
-                            yaxis_title="rate [0-1] / tokens per call", template="plotly_white",
-                            legend=_LEGEND, margin=dict(t=70, b=40, l=60, r=110))
-        speed = go.Figure()
-        speed.add_trace(go.Bar(x=names, y=[results[k]["measured"] for k in keys], name="measured speedup",
-                               marker_color=colors, text=[f"{results[k]['measured']:.2f}x" for k in keys]))
-        speed.add_trace(go.Bar(x=names, y=[results[k]["predicted"] for k in keys],
-                               name="predicted (Leviathan et al., measured draft cost)", marker_color="#2ca02c",
-                               text=[f"{results[k]['predicted']:.2f}x" for k in keys]))
-        # The line's label right of the plot: inside, it ran into the bars.
-        speed.add_hline(y=1.0, line_dash="dot", annotation_text="plain decoding", annotation_position="right")
-        speed.update_layout(barmode="group", height=HEIGHT, title="speedup over plain decoding",
-                            yaxis_title="speedup [x]", template="plotly_white", legend=_LEGEND,
-                            margin=dict(t=70, b=40, l=60, r=110))
-        return [rates, speed]
+        names, now = [label(key) for key in keys], keys.index(current)
+        column = lambda field: [results[key][field] for key in keys]                   # noqa: E731
+        return [acceptance_figure(names, column("acceptance"), column("per_call"), current=now),
+                speedup_figure(names, column("measured"), column("predicted"), column("predicted_free"),
+                               current=now)]
 
     controls = {
         # description_width "initial": the default width cut "temperature" to "temperat...".

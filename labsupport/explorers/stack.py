@@ -5,9 +5,12 @@ Introduced in notebook 07 (putting it together).
 The switches are the course's techniques (KV cache, batching policy, precision,
 weight format, speculative decoding). Each Run serves a small workload with the
 chosen combination and with plain cached fp32 decoding, side by side, and adds
-the combination to a bar chart of every one tried so far: tokens per second and
-the fraction of tokens equal to fp32's. Combinations the engine cannot run (for
-example speculative decoding together with batching) say why in one sentence.
+the combination to a bar chart of every one tried so far: its speedup, and its
+teacher-forced top-1 agreement with fp32 on evaluation tokens (as notebook 04
+measures quality; without evaluation tokens, the fraction of generated tokens
+equal to fp32's, which drifts apart after the first changed token). Combinations
+the engine cannot run (for example speculative decoding together with batching)
+say why in one sentence.
 """
 
 from __future__ import annotations
@@ -17,21 +20,28 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..measure import time_side_by_side
+from ..quantize_eval import top1_agreement
 from ..stack import BATCHING, low_precision, serve_fn
 from ..variants import ModelVariants
 from .base import Explorer
 
 
 def stack_explorer(model, requests, slots: int = 4, variants: ModelVariants | None = None,
-                   repeats: int = 1, use_widget: bool | None = None) -> Explorer:
+                   repeats: int = 1, agreement_tokens=None, use_widget: bool | None = None) -> Explorer:
     """Controls: KV cache, batching, precision, weights, speculative; a Run button.
-    Notebook 07 (putting it together)."""
+    Notebook 07 (putting it together). agreement_tokens: token ids for the quality bar
+    (`quantize_eval.top1_agreement` against `model`); None: generated tokens compared instead."""
     variants = variants or ModelVariants(model)
     dtype, half = low_precision(model.device)
     precisions = ["fp32"] + ([half] if dtype is not None else [])
     tokens = sum(r.max_new_tokens for r in requests)
     results: dict = {}
     reference: dict = {}
+    agreement: dict = {}
+    if agreement_tokens is not None:
+        quality_title, quality_axis = "top-1 agreement with fp32", "teacher-forced agreement [%]"
+    else:
+        quality_title, quality_axis = "generated tokens equal to fp32's", "same tokens [%]"
 
     def label(v):
         parts = ["cache" if v["kv_cache"] else "no cache", f"batching {v['batching']}", v["precision"]]
@@ -51,13 +61,20 @@ def stack_explorer(model, requests, slots: int = 4, variants: ModelVariants | No
             reference.update(out["plain"])
             same = sum(a == b for r in requests
                        for a, b in zip(out["this"][r.request_id], out["plain"][r.request_id]))
+            quality = same / tokens
+            if agreement_tokens is not None:
+                key = (values["precision"], values["weights"])
+                if key not in agreement:                 # one teacher-forced pass per model variant
+                    served = variants.get(*key)
+                    agreement[key] = 1.0 if served is model else top1_agreement(model, served, agreement_tokens)
+                quality = agreement[key]
             results[name] = {"speedup": timings["plain"].median / timings["this"].median,
-                             "tokens_per_s": tokens / timings["this"].median, "same": same / tokens}
+                             "tokens_per_s": tokens / timings["this"].median, "same": quality}
         names = list(results)
         colors = ["#d62728" if n == name else "#1f77b4" for n in names]
         fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.06, column_widths=[0.62, 0.38],
                             shared_yaxes=True,
-                            subplot_titles=("speedup over plain cached fp32", "tokens equal to fp32's"))
+                            subplot_titles=("speedup over plain cached fp32", quality_title))
         fig.add_trace(go.Bar(y=names, x=[results[n]["speedup"] for n in names], orientation="h",
                              marker_color=colors, text=[f"{results[n]['speedup']:.2f}x" for n in names],
                              hovertext=[f"{results[n]['tokens_per_s']:.1f} tokens/s" for n in names],
@@ -67,7 +84,7 @@ def stack_explorer(model, requests, slots: int = 4, variants: ModelVariants | No
                              showlegend=False), row=1, col=2)
         fig.add_vline(x=1.0, line_dash="dot", row=1, col=1)
         fig.update_xaxes(title_text="speedup [x]", row=1, col=1)
-        fig.update_xaxes(title_text="same tokens [%]", range=[0, 105], row=1, col=2)
+        fig.update_xaxes(title_text=quality_axis, range=[0, 105], row=1, col=2)
         fig.update_yaxes(automargin=True, autorange="reversed")
         fig.update_layout(height=max(260, 70 + 40 * len(names)), margin=dict(t=50, b=50, l=10, r=20),
                           title=f"{len(requests)} requests, {tokens} tokens (red: the setting just run)")

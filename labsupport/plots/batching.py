@@ -1,11 +1,13 @@
 """Figures of notebook 02 (batching): throughput and latency against batch size,
-the picture of a padded batch, and labsupport against Hugging Face.
+the picture of a padded batch, left padding with its mask and positions, and
+labsupport against Hugging Face.
 
 Introduced in notebook 02 (batching). Pure functions: data in, plotly figure out.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import plotly.graph_objects as go
@@ -24,7 +26,8 @@ def _groups(rows: Sequence[dict]) -> dict[str, list[dict]]:
     return {name: sorted(members, key=lambda r: r["batch"]) for name, members in groups.items()}
 
 
-def scaling_figure(rows: Sequence[dict], highlight: dict | None = None) -> go.Figure:
+def scaling_figure(rows: Sequence[dict], highlight: dict | None = None,
+                   axis_batches: Sequence[int] | None = None) -> go.Figure:
     """Throughput [tokens/s] and per-token latency [ms] against batch size (log x).
 
     Introduced in notebook 02 (batching).
@@ -32,7 +35,8 @@ def scaling_figure(rows: Sequence[dict], highlight: dict | None = None) -> go.Fi
     "group" (one line per group, e.g. a prompt-length spread), as returned by
     `batch_timing.measure_batch`. The dashed grey lines are ideal linear scaling from
     the first group's batch-1 point: throughput batch x batch-1, latency flat.
-    highlight: one row to circle (the explorer's current setting).
+    highlight: one row to circle (the explorer's current setting). axis_batches: batch sizes
+    the axis spans and labels besides those measured; it starts at the smallest, batch 1.
     """
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.13,
                         subplot_titles=("throughput (all rows together)", "latency (one row's next token)"))
@@ -67,8 +71,11 @@ def scaling_figure(rows: Sequence[dict], highlight: dict | None = None) -> go.Fi
             fig.add_trace(go.Scatter(x=[highlight["batch"]], y=[highlight[key]], mode="markers",
                                      marker=marker, name="current setting", legendgroup="current",
                                      showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
+    ticks = sorted(set(axis_batches or []) | {r["batch"] for r in rows}) or [1]
+    span = [math.log10(ticks[0]) - 0.08, math.log10(max(ticks[-1], 2 * ticks[0])) + 0.08]   # log10 units
     for col in (1, 2):
-        fig.update_xaxes(type="log", title="batch size [sequences]", row=1, col=col)
+        fig.update_xaxes(type="log", title="batch size [sequences]", range=span, tickvals=ticks,
+                         ticktext=[str(b) for b in ticks], row=1, col=col)
     # Minor tick labels 2 and 5 only: over a short range plotly labels every digit (2..9),
     # which piles up on a small plot.
     fig.update_yaxes(type="log", title="throughput [tokens/s]", dtick="D2", row=1, col=1)
@@ -138,4 +145,44 @@ def peer_figure(tokens_per_s: dict[str, float], title: str = "") -> go.Figure:
                            hovertemplate="%{x}: %{y:.1f} tokens/s<extra></extra>"))
     fig.update_yaxes(title="throughput [tokens/s]", rangemode="tozero")
     fig.update_layout(title=title, width=600, height=380, template="plotly_white", font=dict(size=13))
+    return fig
+
+
+def left_padding_figure(padded, token_text: Sequence[Sequence[str]] | None = None) -> go.Figure:
+    """A left-padded batch as three grids, one cell per token slot: the tokens, the attention
+    mask and the position ids; padding grey, real tokens green.
+
+    Introduced in notebook 02 (batching). padded: a `batching.PaddedBatch` (tokens,
+    attention_mask, positions, each (batch, T)). token_text: what to write in each token
+    cell instead of its id (e.g. the decoded tokens), one list per row.
+    """
+    tokens = padded.tokens.tolist()                                       # (batch, T)
+    mask = padded.attention_mask.bool().tolist()                          # (batch, T)
+    positions = padded.positions.tolist()                                 # (batch, T)
+    batch, width = len(tokens), len(tokens[0])
+    token_text = token_text or [[str(t) for t in row] for row in tokens]
+    rows = [f"row {r}: {sum(m)} tokens" for r, m in enumerate(mask)]
+    panels = (("tokens", token_text),
+              ("attention mask", [[str(int(m)) for m in row] for row in mask]),
+              ("position ids", [[str(p) if m else f"({p})" for p, m in zip(prow, mrow)]
+                                for prow, mrow in zip(positions, mask)]))
+    fig = make_subplots(rows=1, cols=3, shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=[name for name, _ in panels])
+    z = [[int(m) for m in row] for row in mask]                          # 0 padding, 1 real token
+    for col, (name, text) in enumerate(panels, start=1):
+        fig.add_trace(go.Heatmap(z=z, x=list(range(width)), y=rows, zmin=0, zmax=1, showscale=False,
+                                 colorscale=[[0, PADDING], [1, REAL]], xgap=2, ygap=2, text=text,
+                                 texttemplate="%{text}", textfont=dict(size=12),
+                                 hovertemplate=f"%{{y}}, slot %{{x}}: {name} %{{text}}<extra></extra>"),
+                      row=1, col=col)
+        fig.update_xaxes(title="slot", dtick=1, row=1, col=col)
+    fig.update_yaxes(autorange="reversed")
+    fig.add_annotation(text="Grey: padding, hidden from every query by the mask; a position there only has to "
+                            "be a valid id (in brackets).<br>Every prompt ends in the last column, where the next "
+                            "token goes; positions count each row's real tokens from 0.",
+                       xref="paper", yref="paper", x=0, y=0, yshift=-60, yanchor="top", xanchor="left",
+                       align="left", showarrow=False)
+    fig.update_layout(title=f"Left padding: {batch} prompts of {[sum(m) for m in mask]} tokens, padded to {width}",
+                      width=WIDTH, height=230 + 34 * batch, template="plotly_white", font=dict(size=13),
+                      margin=dict(b=120))
     return fig

@@ -1,5 +1,6 @@
 """Figures of notebook 01 (KV cache): step time against position, total time
-against tokens generated, and cache memory against sequence length.
+against tokens generated, cache memory against sequence length, and the layout of
+the cache itself (what one decode step writes).
 
 Introduced in notebook 01 (KV cache). Pure functions: data in, plotly figure out.
 """
@@ -11,7 +12,9 @@ from typing import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
+from ..errors import LabError
 from ..hardware import dtype_name
 from ..kv_cache import kv_cache_bytes
 from ..kv_timing import estimated_step_seconds
@@ -112,3 +115,76 @@ def cache_memory_figure(config: ModelConfig, lengths: Sequence[int],
         fig.add_vline(x=highlight_length, line=dict(color="black", dash="dot"))
     return _layout(fig, f"KV cache memory ({dtype_name(dtype)}, batch {batch_size})",
                    "sequence length (tokens)", "cache size (MiB)")
+
+
+# --- the layout of the cache, and what one decode step writes ------------------------------
+
+SLOT_COLORS = ((0, "#eeeeee"), (1, "#1f77b4"), (2, "#ff7f0e"))     # empty, cached, written by this step
+SLOT_NAMES = ("preallocated, still empty", "cached (written by earlier steps)", "written by this decode step")
+
+
+def _layout_rows(config: ModelConfig, batch: int, layers_shown: int) -> list[tuple[str, int | None]]:
+    """(label, layer) per heatmap row: the first `layers_shown` layers and the last, a gap row between."""
+    shown = list(range(min(layers_shown, config.num_layers)))
+    if config.num_layers - 1 not in shown:
+        shown.append(config.num_layers - 1)
+    rows = []
+    for index, layer in enumerate(shown):
+        if index > 0 and layer != shown[index - 1] + 1:
+            rows.append((f"⋮ layers {shown[index - 1] + 1}-{layer - 1}", None))
+        for b in range(batch):
+            for head in range(config.num_kv_heads):
+                row = f" · row {b}" if batch > 1 else ""
+                rows.append((f"layer {layer}{row} · kv head {head}", layer))
+    return rows
+
+
+def kv_layout_figure(config: ModelConfig, filled: int = 6, max_len: int = 10, batch: int = 1,
+                     layers_shown: int = 2) -> go.Figure:
+    """The cache's keys and values as grids of (layer, kv head) rows by position columns, and the
+    column one decode step writes.
+
+    Introduced in notebook 01 (KV cache). Each of ``keys`` and ``values`` is a tensor
+    (layers, batch, kv_heads, max_len, head_dim): a cell here is one head's vector of
+    head_dim numbers at one position. Positions 0 .. filled - 1 are cached, position
+    `filled` is written by this decode step, the rest is preallocated and empty. The first
+    `layers_shown` layers and the last are drawn; a gap row stands for the others.
+    """
+    if not 0 <= filled < max_len:
+        raise LabError(f"kv_layout_figure needs 0 <= filled < max_len (a free slot for the new token), "
+                       f"got filled={filled}, max_len={max_len}.")
+    rows = _layout_rows(config, batch, layers_shown)
+    labels = [label for label, _ in rows]
+    state = [0] * max_len
+    state[:filled] = [1] * filled
+    state[filled] = 2
+    z = [state if layer is not None else [None] * max_len for _, layer in rows]         # (rows, max_len)
+    hover = [[f"{label}, position {p}: {config.head_dim} numbers, {SLOT_NAMES[s]}" for p, s in enumerate(state)]
+             for label in labels]
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04)
+    top = len(SLOT_COLORS) - 1
+    scale = [[value / top, color] for value, color in SLOT_COLORS]
+    for col, name in ((1, "keys"), (2, "values")):
+        fig.add_trace(go.Heatmap(z=z, x=list(range(max_len)), y=labels, zmin=0, zmax=top, colorscale=scale,
+                                 showscale=False, xgap=2, ygap=2, hoverinfo="text", text=hover), row=1, col=col)
+        fig.update_xaxes(title=f"<b>{name}</b>: position in the sequence", dtick=1, row=1, col=col)
+    for (_, color), name in zip(SLOT_COLORS, SLOT_NAMES):         # legend entries for the three colours
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, marker=dict(
+            size=13, symbol="square", color=color, line=dict(color="#999999", width=1))))
+    fig.update_yaxes(autorange="reversed")
+    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim
+    note = (f"Each cell: one kv head's vector of head_dim = {config.head_dim} numbers at one position.<br>"
+            "One decode step writes one column (orange) in every layer and kv head, keys and values alike:<br>"
+            f"2 x {config.num_layers} layers x {config.num_kv_heads} kv heads x {config.head_dim} = "
+            f"{per_token:,} numbers per token and row.")
+    fig.add_annotation(text=note,
+                       xref="paper", yref="paper", x=0, y=0, yshift=-70, yanchor="top", showarrow=False,
+                       xanchor="left", align="left")
+    height = 60 + 26 * len(rows)                                    # the grids themselves
+    fig.update_layout(title=f"KV cache layout: keys and values, each a tensor<br>(layers={config.num_layers}, "
+                            f"batch={batch}, kv_heads={config.num_kv_heads}, positions={max_len}, "
+                            f"head_dim={config.head_dim})",
+                      width=WIDTH, height=height + 260, template="plotly_white", font=dict(size=13),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0, xanchor="left"),
+                      margin=dict(t=150, b=150))
+    return fig

@@ -1,5 +1,5 @@
-"""Figures of notebook 03 (mixed precision): memory per dtype, speed ratios to fp32
-in the two regimes, agreement of the logits with fp32, and fp16's overflow.
+"""Figures of notebook 03 (mixed precision): the bits of each format, memory per dtype,
+speed ratios to fp32 in the two regimes, agreement of the logits with fp32, and fp16's overflow.
 
 Introduced in notebook 03 (mixed precision). Pure functions: data in, plotly figure out.
 """
@@ -12,6 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..busy import BUSY_VERDICT
 from .roofline import DTYPE_COLORS
 
 WIDTH, HEIGHT = 900, 440
@@ -27,6 +28,33 @@ def _layout(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
     fig.update_layout(title=title, width=WIDTH, height=height, template="plotly_white", font=dict(size=13),
                       legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
     return fig
+
+
+BIT_COLORS = {"sign": "#7f7f7f", "exponent": "#1f77b4", "mantissa": "#ff7f0e"}
+
+
+def format_bits_figure(formats: Sequence[dict]) -> go.Figure:
+    """The bits of each float format as one bar: sign, exponent (the range), mantissa (the precision).
+
+    Introduced in notebook 03 (mixed precision). formats: dicts with "dtype", "exponent_bits"
+    and "mantissa_bits", as from `precision.format_bits`; each bar is drawn to scale, one
+    unit per bit, so fp16 and bf16 show the same 16 bits spent differently.
+    """
+    fig = go.Figure()
+    names = [f["dtype"] for f in formats][::-1]                      # the first format on top
+    widths = {"sign": [1] * len(formats), "exponent": [f["exponent_bits"] for f in formats],
+              "mantissa": [f["mantissa_bits"] for f in formats]}
+    for part, color in BIT_COLORS.items():
+        bits = widths[part][::-1]
+        fig.add_trace(go.Bar(y=names, x=bits, orientation="h", name=part, marker=dict(color=color,
+                             line=dict(color="white", width=2)),
+                             text=[f"{part} {b}" if part != "sign" else "±" for b in bits],
+                             textposition="inside", insidetextanchor="middle",
+                             hovertemplate=f"%{{y}}: %{{x}} {part} bit(s)<extra></extra>"))
+    top = max((1 + f["exponent_bits"] + f["mantissa_bits"] for f in formats), default=32)
+    fig.update_xaxes(title="bits (most significant first)", range=[0, top], dtick=4)
+    fig.update_layout(barmode="stack", margin=dict(l=90))
+    return _layout(fig, "Three float formats: where the bits go", height=120 + 60 * len(formats))
 
 
 def memory_figure(rows: Sequence[dict], highlight: str | None = None) -> go.Figure:
@@ -54,14 +82,15 @@ def memory_figure(rows: Sequence[dict], highlight: str | None = None) -> go.Figu
 
 
 def speed_figure(rows: Sequence[dict], highlight: tuple[str, str] | None = None,
-                 claim: float | None = 1.5) -> go.Figure:
+                 claim: float | None = 1.5, busy: str | None = None) -> go.Figure:
     """Speed as a ratio to fp32, grouped by regime, one bar per dtype.
 
     Introduced in notebook 03 (mixed precision).
     rows: dicts with "regime" (label on the x axis), "dtype" and "speedup" (fp32 time /
     this dtype's time; None when the timing was skipped), optional "note" (why skipped).
     highlight: (regime, dtype) to outline. claim: a dashed line at the handbook chapter's
-    fp16 speed-up (~1.5x); None for no line.
+    fp16 speed-up (~1.5x); None for no line. busy: why the machine looked busy while
+    these were timed (`busy.busy_reason`), written above the bars; None when it was quiet.
     """
     fig = go.Figure()
     regimes = list(dict.fromkeys(r["regime"] for r in rows))
@@ -87,6 +116,8 @@ def speed_figure(rows: Sequence[dict], highlight: tuple[str, str] | None = None,
                       annotation_text=f"chapter: fp16 ~{claim:g}x", annotation_position="right",
                       annotation_font=dict(size=11, color="#2ca02c"))
     notes = list(dict.fromkeys(r["note"] for r in rows if r.get("speedup") is None and r.get("note")))
+    if busy:
+        notes.append(f"{BUSY_VERDICT} ({busy})")
     for index, note in enumerate(notes):
         fig.add_annotation(text=note, xref="paper", yref="paper", x=0, y=1.02 + 0.07 * index,
                            showarrow=False, xanchor="left", font=dict(size=11, color="#555"))

@@ -1,5 +1,7 @@
 """Figures of notebook 00 (where the time goes): the roofline of this machine
-with measured points on it, and time per decode step against batch size.
+with measured points on it (`sweep_points` labels each with its batch size), time
+per decode step against batch size, and a diagram of why a batch raises the
+intensity (`matvec_matmul_figure`).
 
 Introduced in notebook 00 (where the time goes). Pure functions: data in,
 plotly figure out.
@@ -13,15 +15,26 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..errors import LabError
 from ..measure import HardwareProfile
 
 WIDTH, HEIGHT = 900, 480
 DTYPE_COLORS = {"float32": "#1f77b4", "bfloat16": "#d62728", "float16": "#2ca02c"}
 POINT_SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "star")
+# Where a point's batch label goes, turned by its dtype and group, so that labels of points at the
+# same intensity (float32 at batch 2, bfloat16 at batch 1) do not print over each other.
+LABEL_POSITIONS = ("bottom right", "top left", "top right", "bottom left")
 
 
 def _color(dtype: str) -> str:
     return DTYPE_COLORS.get(dtype, "#7f7f7f")
+
+
+def _label_position(point: dict, group_index: int) -> str:
+    """Where the batch label of `point`, in the `group_index`-th group, goes (`LABEL_POSITIONS`)."""
+    dtypes = list(DTYPE_COLORS)
+    dtype_index = dtypes.index(point["dtype"]) if point.get("dtype") in dtypes else 0
+    return LABEL_POSITIONS[(dtype_index + group_index) % len(LABEL_POSITIONS)]
 
 
 def _intensity_range(profile: HardwareProfile, points: Sequence[dict]) -> tuple[float, float]:
@@ -37,7 +50,8 @@ def roofline_figure(profile: HardwareProfile, points: Sequence[dict] = ()) -> go
     profile: the measured `HardwareProfile` (bandwidth and FLOP/s per dtype).
     points: measured work, each a dict with "intensity" (FLOP/byte) and
     "flops_per_s", plus optional "group" (legend entry; points of one group form
-    one trace), "dtype" (its color), "label" (hover text) and "size".
+    one trace), "dtype" (its color), "label" (hover text), "size" and "batch"
+    (written beside the marker, so each point shows its batch size).
     """
     fig = go.Figure()
     low, high = _intensity_range(profile, points)
@@ -61,13 +75,15 @@ def roofline_figure(profile: HardwareProfile, points: Sequence[dict] = ()) -> go
     for index, (group, members) in enumerate(groups.items()):
         fig.add_trace(go.Scatter(
             x=[p["intensity"] for p in members], y=[p["flops_per_s"] for p in members],
-            mode="markers", name=group,
+            mode="markers+text", name=group,
             marker=dict(color=[_color(p.get("dtype", "")) for p in members],
                         size=[p.get("size", 10) for p in members],
                         symbol=POINT_SYMBOLS[index % len(POINT_SYMBOLS)],
                         line=dict(color="black", width=1)),
-            text=[p.get("label", group) for p in members],
-            hovertemplate="%{text}<br>%{x:.3g} FLOP/byte, %{y:.3s}FLOP/s<extra></extra>"))
+            text=[f"B={p['batch']}" if "batch" in p else "" for p in members],
+            textposition=[_label_position(p, index) for p in members], textfont=dict(size=10),
+            customdata=[p.get("label", group) for p in members],
+            hovertemplate="%{customdata}<br>%{x:.3g} FLOP/byte, %{y:.3s}FLOP/s<extra></extra>"))
 
     top = max(profile.flops.values())
     fig.update_xaxes(type="log", title="arithmetic intensity [FLOP/byte]", range=np.log10([low, high]))
@@ -78,6 +94,17 @@ def roofline_figure(profile: HardwareProfile, points: Sequence[dict] = ()) -> go
                       template="plotly_white", font=dict(size=13),
                       legend=dict(orientation="h", yanchor="top", y=-0.18, x=0))
     return fig
+
+
+def sweep_points(rows: Sequence[dict], group: str, size: int = 10) -> list[dict]:
+    """Points for `roofline_figure` from the rows of `roofline.sweep_decode` or `sweep_linear`:
+    each carries its batch size (written beside it) and a hover label with dtype, batch and time.
+
+    Introduced in notebook 00 (where the time goes).
+    """
+    return [{"intensity": r["intensity"], "flops_per_s": r["flops_per_s"], "dtype": r["dtype"],
+             "batch": r["batch"], "group": group, "size": size,
+             "label": f"{r['dtype']}, batch {r['batch']}: {1e3 * r['seconds']:.2f} ms"} for r in rows]
 
 
 def step_time_figure(sweep_rows: Sequence[dict], highlight: dict | None = None) -> go.Figure:
@@ -117,4 +144,81 @@ def step_time_figure(sweep_rows: Sequence[dict], highlight: dict | None = None) 
     fig.update_yaxes(title="tokens/s [all rows together]", rangemode="tozero", row=1, col=2)
     fig.update_layout(width=WIDTH, height=420, template="plotly_white", font=dict(size=13),
                       legend=dict(orientation="h", yanchor="bottom", y=1.08, x=0))
+    return fig
+
+
+# --------------------------------------------------------------------------
+# Matrix-vector against matrix-matrix: why a batch raises the intensity
+# --------------------------------------------------------------------------
+
+WEIGHT_COLOR, INPUT_COLOR, OUTPUT_COLOR, HIGHLIGHT = "#c6dbef", "#c7e9c0", "#eeeeee", "#d62728"
+GAP = 1.0   # space between the blocks, in cells
+
+
+def _cells(x0: float, y0: float, rows: int, cols: int, fill, axis: str) -> list[dict]:
+    """Rectangles for a rows x cols block whose top-left corner is at (x0, y0); fill(row, col) -> color."""
+    return [dict(type="rect", xref=axis, yref=axis.replace("x", "y"), x0=x0 + c, x1=x0 + c + 1,
+                 y0=y0 - r - 1, y1=y0 - r, fillcolor=fill(r, c), line=dict(color="white", width=1.5))
+            for r in range(rows) for c in range(cols)]
+
+
+def _product_panel(batch: int, in_features: int, out_features: int, axis: str) -> list[dict]:
+    """The blocks of y = x W^T for `batch` rows: x on the left, W^T on top, y where they meet.
+
+    One weight, W^T[1, 2], is marked; so are the inputs it multiplies (column 1 of x) and
+    the outputs it adds to (column 2 of y): one of each per row of the batch.
+    """
+    k, n = 1, min(2, out_features - 1)                   # the marked weight: input k, output n
+    top = batch + GAP + in_features                      # W^T sits above y, x to the left of y
+    weights = _cells(0, top, in_features, out_features,
+                     lambda r, c: HIGHLIGHT if (r, c) == (k, n) else WEIGHT_COLOR, axis)
+    inputs = _cells(-GAP - in_features, batch, batch, in_features,
+                    lambda r, c: "#f4a582" if c == k else INPUT_COLOR, axis)
+    outputs = _cells(0, batch, batch, out_features, lambda r, c: "#f4a582" if c == n else OUTPUT_COLOR, axis)
+    return weights + inputs + outputs
+
+
+def matvec_matmul_figure(batch: int = 4, in_features: int = 6, out_features: int = 5,
+                         bytes_per_value: int = 4) -> go.Figure:
+    """A diagram of one linear layer y = x W^T at batch 1 (matrix-vector) and at `batch` (matrix-matrix).
+
+    Introduced in notebook 00 (where the time goes). At batch 1 each weight is read from
+    memory for a single multiply-add (2 FLOPs): 2 / bytes_per_value FLOP per byte. With
+    `batch` rows the same weight, read once, meets `batch` inputs and adds to `batch`
+    outputs: 2 x batch FLOPs for the same bytes. One weight and the values it touches are
+    marked in color; hovering a weight says how often it is used.
+    """
+    if batch < 2 or in_features < 2 or out_features < 2:
+        raise LabError("matvec_matmul_figure needs batch, in_features and out_features of 2 or more.")
+    titles = ("batch 1: matrix x vector", f"batch {batch}: matrix x matrix")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.06)
+    shapes = []
+    for col, (rows, axis) in enumerate(((1, "x"), (batch, "x2")), start=1):
+        shapes += _product_panel(rows, in_features, out_features, axis)
+        top = rows + GAP + in_features
+        used = "used 1 time" if rows == 1 else f"used {rows} times"
+        centers = [(c + 0.5, top - r - 0.5) for r in range(in_features) for c in range(out_features)]
+        fig.add_trace(go.Scatter(
+            x=[x for x, _ in centers], y=[y for _, y in centers], mode="markers", showlegend=False,
+            marker=dict(size=14, opacity=0), hovertext=[f"W[{c}, {r}]: read once, {used}"
+                                                        for r in range(in_features) for c in range(out_features)],
+            hoverinfo="text"), row=1, col=col)
+        flops = 2 * rows
+        notes = [(out_features / 2, top + 0.6, f"W<sup>T</sup> ({in_features} x {out_features} weights)"),
+                 (-GAP - in_features / 2, rows + 0.6, f"x ({rows} x {in_features})"),
+                 (out_features / 2, -0.6, f"y = x W<sup>T</sup> ({rows} x {out_features})"),
+                 (-GAP / 2, -2.2, f"each weight: read once ({bytes_per_value} bytes), {used}<br>"
+                                  f"{flops} FLOP / {bytes_per_value} bytes = <b>{flops / bytes_per_value:.2g} FLOP/byte</b>")]
+        for x, y, text in notes:
+            fig.add_annotation(x=x, y=y, text=text, showarrow=False, font=dict(size=12), row=1, col=col)
+    height = batch + GAP + in_features
+    for col in (1, 2):
+        fig.update_xaxes(visible=False, range=[-GAP - in_features - 0.5, out_features + 0.5],
+                         scaleanchor=f"y{'' if col == 1 else col}", row=1, col=col)
+        fig.update_yaxes(visible=False, range=[-3.2, height + 1.2], row=1, col=col)
+    fig.update_layout(shapes=shapes, width=WIDTH, height=480, template="plotly_white", font=dict(size=12),
+                      margin=dict(t=100, b=20),
+                      title=dict(text="Why a batch raises the arithmetic intensity of a linear layer<br><sup>red: "
+                                      "one weight; orange: the inputs it multiplies and the outputs it adds to"
+                                      "</sup>"))
     return fig

@@ -1,5 +1,6 @@
-"""Figures of notebook 06 (continuous batching): the slot timeline, slot use over
-time, cache blocks over the run, and throughput / latency per setting.
+"""Figures of notebook 06 (continuous batching): block tables into the paged pool, the
+slot timeline, slot use over time, cache blocks over the run, and throughput / latency
+per setting.
 
 Introduced in notebook 06 (continuous batching). Pure functions: `ServingResult`s
 (or the dicts of `labsupport.serving.metrics`) in, plotly figures out.
@@ -38,6 +39,71 @@ def request_color(request_id, order: Sequence) -> str:
 
 def _run_end(result) -> float:
     return max((r.end for r in result.steps), default=0.0)
+
+
+def block_table_figure(tables: Mapping[int, Sequence[int]], lengths: Mapping[int, int], num_blocks: int,
+                       block_size: int, title: str | None = None) -> go.Figure:
+    """Each sequence's logical blocks (top row, one group per sequence) and the physical blocks of
+    the paged pool they point to (bottom row), one arrow per entry of a block table.
+
+    Introduced in notebook 06 (continuous batching). tables: sequence -> its physical block ids
+    in logical order (`BlockManager.tables`); lengths: sequence -> positions it holds (a block is
+    shaded as far as it is filled); num_blocks: blocks in the pool (the unowned ones are drawn
+    empty: free).
+    """
+    width, height, top = 0.8, 0.6, 2.0                       # a block's box, and the y of the logical row
+    order = list(tables)
+    color = {seq: PALETTE[k % len(PALETTE)] for k, seq in enumerate(order)}
+    fig = go.Figure()
+    hover_x, hover_y, hover_text = [], [], []
+
+    def filled(seq, i):
+        """Positions of logical block i of `seq` that hold something."""
+        return min(block_size, max(0, lengths.get(seq, 0) - i * block_size))
+
+    def box(x, y, seq, i, label, hover):
+        """A block at (x, y), outlined and shaded as far as it is filled; i: its logical index."""
+        used = 0 if seq is None else filled(seq, i)
+        line = "#9e9e9e" if seq is None else color[seq]
+        fig.add_shape(type="rect", x0=x - width / 2, x1=x + width / 2, y0=y - height / 2, y1=y + height / 2,
+                      line=dict(color=line, width=1.5), fillcolor="white")
+        if used:
+            fig.add_shape(type="rect", x0=x - width / 2, x1=x - width / 2 + width * used / block_size,
+                          y0=y - height / 2, y1=y + height / 2, line=dict(width=0), fillcolor=line, opacity=0.75)
+        fig.add_annotation(x=x, y=y, text=label, showarrow=False, font=dict(size=11))
+        hover_x.append(x), hover_y.append(y), hover_text.append(hover)
+
+    x = 0.0
+    for seq, table in tables.items():                         # the logical row: the groups side by side
+        start = x
+        for i, block in enumerate(table):
+            first = i * block_size
+            box(x, top, seq, i, f"L{i}", f"sequence {seq}, logical block {i} (positions {first}-"
+                                         f"{first + filled(seq, i) - 1}) -> physical block {block}")
+            # one entry of the block table: logical block i of this sequence -> physical block `block`
+            fig.add_annotation(x=block, y=height / 2, ax=x, ay=top - height / 2, xref="x", yref="y",
+                               axref="x", ayref="y", showarrow=True, arrowhead=2, arrowsize=1.2,
+                               arrowwidth=1.5, arrowcolor=color[seq], text="")
+            x += 1
+        fig.add_annotation(x=(start + x - 1) / 2, y=top + height / 2 + 0.05, yanchor="bottom", showarrow=False,
+                           text=f"sequence {seq}<br>{lengths.get(seq, 0)} positions", font=dict(color=color[seq], size=11))
+        x += 0.7                                              # a gap between two sequences
+    owner = {block: (seq, i) for seq, table in tables.items() for i, block in enumerate(table)}
+    for block in range(num_blocks):                           # the physical row: the pool
+        seq, i = owner.get(block, (None, 0))
+        box(block, 0, seq, i, f"{block}", f"physical block {block}: free" if seq is None else
+            f"physical block {block}: sequence {seq}'s logical block {i}, {filled(seq, i)} of {block_size} "
+            "positions filled")
+    fig.add_trace(go.Scatter(x=hover_x, y=hover_y, mode="markers", marker=dict(size=22, opacity=0),
+                             hovertext=hover_text, hoverinfo="text", showlegend=False))
+    right = max(num_blocks - 1, x - 1.7)
+    fig.update_xaxes(range=[-0.7, right + 0.7], showgrid=False, zeroline=False, showticklabels=False)
+    fig.update_yaxes(range=[-0.6, top + 1.1], showgrid=False, zeroline=False, tickvals=[0, top],
+                     ticktext=[f"paged pool: {num_blocks} blocks", "block tables"])
+    fig.update_layout(title=title or f"block tables: each logical block points to a physical block of "
+                                     f"{block_size} positions", height=330,
+                      margin=dict(t=60, b=30, l=150, r=20), plot_bgcolor="white")
+    return fig
 
 
 def slot_timeline_figure(results: Mapping[str, object], clock: str = "wall", title: str | None = None,

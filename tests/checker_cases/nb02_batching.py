@@ -2,13 +2,14 @@
 
 import torch
 
+import labsupport as ls
 from labsupport import batching
-from labsupport.checks.batching import check_left_pad, check_padding_waste
+from labsupport.checks.batching import check_batched_generation, check_left_pad, check_padding_waste
 
 from checker_cases.common import accepts, refuses
 
 
-# --- notebook 02 (batching) ---------------------------------------------------------------
+# --- notebook 02 (batching): left padding (exercise 1) --------------------------------------
 
 def reference_left_pad(prompts, pad_id):
     batch = batching.left_pad(prompts, pad_id)
@@ -32,16 +33,113 @@ def positions_counting_padding(prompts, pad_id):
     return tokens, mask, torch.arange(tokens.shape[1]).expand_as(tokens)
 
 
+def mask_from_pad_id(prompts, pad_id):
+    tokens, _, positions = reference_left_pad(prompts, pad_id)
+    return tokens, tokens != pad_id, positions
+
+
+def positions_from_pad_id(prompts, pad_id):
+    tokens, mask, _ = reference_left_pad(prompts, pad_id)
+    return tokens, mask, ((tokens != pad_id).long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def positions_from_1(prompts, pad_id):
+    tokens, mask, _ = reference_left_pad(prompts, pad_id)
+    return tokens, mask, mask.long().cumsum(dim=1)
+
+
+def negative_padding_positions(prompts, pad_id):
+    tokens, mask, _ = reference_left_pad(prompts, pad_id)
+    return tokens, mask, mask.long().cumsum(dim=1) - 1
+
+
+def width_of_the_first_prompt(prompts, pad_id):
+    width = len(prompts[0])
+    tokens = torch.full((len(prompts), width), pad_id)
+    for row, prompt in enumerate(prompts):
+        tokens[row, width - len(prompt):] = torch.tensor(prompt)
+    return tokens, tokens != pad_id
+
+
+# --- batched greedy generation (exercise 2) --------------------------------------------------
+
+def trim_after_end(row, end_id):
+    return row[: row.index(end_id) + 1] if end_id in row else row
+
+
+def batched_loop(model, prompts, new_tokens, end_id, right_padding=False, mask=True, mask_from_tokens=False,
+                 prefill_positions=True, decode_positions="own", decode_mask=True, trim=True,
+                 stop_at_first=False):
+    """The reference solution, with switches that each introduce one typical mistake."""
+    padded = batching.left_pad(prompts, pad_id=end_id, device=model.device)
+    tokens, attention_mask, positions = padded.tokens, padded.attention_mask, padded.positions
+    if right_padding:
+        width = tokens.shape[1]
+        tokens = torch.tensor([p + [end_id] * (width - len(p)) for p in prompts], device=model.device)
+        attention_mask = torch.tensor([[True] * len(p) + [False] * (width - len(p)) for p in prompts])
+        positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    if mask_from_tokens:
+        attention_mask = tokens != end_id
+    batch, prompt_length = tokens.shape
+    cache = ls.StaticKVCache(model.config, batch, prompt_length + new_tokens, device=model.device, dtype=model.dtype)
+    key_mask = torch.ones(batch, cache.max_len, dtype=torch.bool, device=model.device)
+    key_mask[:, :prompt_length] = attention_mask
+    logits = ls.prefill(model, tokens, cache, positions=positions if prefill_positions else None,
+                        key_mask=key_mask[:, :prompt_length] if mask else None)
+    positions = positions[:, -1:]
+    finished = torch.zeros(batch, dtype=torch.bool, device=model.device)
+    steps = []
+    for step in range(new_tokens):
+        next_tokens = torch.where(finished, end_id, logits.argmax(dim=-1))
+        steps.append(next_tokens)
+        finished |= next_tokens == end_id
+        if bool(finished.all()) or (stop_at_first and bool(finished.any())) or step == new_tokens - 1:
+            break
+        if decode_positions == "own":
+            positions = positions + 1
+        logits = ls.decode_step(model, cache, next_tokens,
+                                positions=None if decode_positions is None else positions,
+                                key_mask=key_mask[:, : cache.length + 1] if decode_mask and mask else None)
+    rows = torch.stack(steps, dim=1).tolist()
+    return [trim_after_end(row, end_id) if trim else row for row in rows]
+
+
 NOTEBOOK_02 = [
     accepts(check_left_pad, "reference", reference_left_pad),
     accepts(check_left_pad, "no-positions", lambda prompts, pad_id: reference_left_pad(prompts, pad_id)[:2]),
     accepts(check_left_pad, "a-padded-batch", lambda prompts, pad_id: batching.left_pad(prompts, pad_id)),
     accepts(check_left_pad, "a-0-1-mask", lambda prompts, pad_id: (reference_left_pad(prompts, pad_id)[0],
                                                                   reference_left_pad(prompts, pad_id)[1].long())),
+    accepts(check_left_pad, "with-the-notebooks-own-batch", reference_left_pad, [[1, 2, 7, 2, 9], [1, 2, 4]], 2),
     refuses(check_left_pad, "right-padding", "padding on the right", right_pad),
     refuses(check_left_pad, "inverted-mask", "mask inverted", inverted_mask),
     refuses(check_left_pad, "positions-counting-padding", "positions count the padding", positions_counting_padding),
     refuses(check_left_pad, "wrong-shape", "shape", lambda prompts, pad_id: (torch.zeros(1, 1), torch.zeros(1, 1))),
+    refuses(check_left_pad, "mask-from-the-pad-id", "not from token != pad_id", mask_from_pad_id),
+    refuses(check_left_pad, "positions-from-the-pad-id", "count positions from the mask", positions_from_pad_id),
+    refuses(check_left_pad, "positions-from-1", "subtract 1", positions_from_1),
+    refuses(check_left_pad, "negative-positions-on-the-padding", "clamp them at 0", negative_padding_positions),
+    refuses(check_left_pad, "equal-lengths-only", "as wide as the longest prompt", width_of_the_first_prompt),
+    accepts(check_batched_generation, "reference", batched_loop),
+    refuses(check_batched_generation, "no-mask", "padding is not hidden",
+            lambda *args: batched_loop(*args, mask=False)),
+    refuses(check_batched_generation, "mask-from-the-end-id", "mask hides a real token",
+            lambda *args: batched_loop(*args, mask_from_tokens=True)),
+    refuses(check_batched_generation, "right-padding", "pad on the left",
+            lambda *args: batched_loop(*args, right_padding=True)),
+    refuses(check_batched_generation, "positions-count-the-padding", "positions count the padding",
+            lambda *args: batched_loop(*args, prefill_positions=False, decode_positions=None)),
+    refuses(check_batched_generation, "decode-positions-from-the-cache", "counts from the cache slot",
+            lambda *args: batched_loop(*args, decode_positions=None)),
+    refuses(check_batched_generation, "positions-stand-still", "move each row's position on by one at every step",
+            lambda *args: batched_loop(*args, decode_positions="frozen")),
+    refuses(check_batched_generation, "decode-without-the-mask", "decode steps must keep the padding hidden",
+            lambda *args: batched_loop(*args, decode_mask=False)),
+    refuses(check_batched_generation, "no-trim", "cut it after end_id", lambda *args: batched_loop(*args, trim=False)),
+    refuses(check_batched_generation, "stops-at-the-first-finished-row", "every row has finished",
+            lambda *args: batched_loop(*args, stop_at_first=True)),
+    refuses(check_batched_generation, "a-tensor", "one list of new token ids per prompt",
+            lambda *args: torch.zeros(3)),
     accepts(check_padding_waste, "reference", batching.padding_waste),
     refuses(check_padding_waste, "real-fraction", "fraction of real tokens",
             lambda lengths: sum(lengths) / (len(lengths) * max(lengths))),
@@ -50,4 +148,7 @@ NOTEBOOK_02 = [
             lambda lengths: (len(lengths) * max(lengths) - sum(lengths)) / sum(lengths)),
     refuses(check_padding_waste, "padding-slots-count", "divide by all slots",
             lambda lengths: len(lengths) * max(lengths) - sum(lengths)),
+    refuses(check_padding_waste, "only-the-shortest-row", "not only the shortest",
+            lambda lengths: (max(lengths) - min(lengths)) / max(lengths)),
+    refuses(check_padding_waste, "not-a-number", "return a float", lambda lengths: "a lot"),
 ]

@@ -1,23 +1,35 @@
 """Checker cases of notebook 04 (quantization): the reference and each typical mistake."""
 
 import torch
+import torch.nn.functional as F
 
-from labsupport.checks.quantize import check_int4_pack, check_int8_absmax
-from labsupport.quantize import dequantize_int8, pack_int4, quantize_int8_absmax, unpack_int4
+from labsupport.checks.quantize import check_int4_groupwise, check_int4_pack, check_int8_absmax
+from labsupport.quantize import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
+                                 quantize_int8_absmax, unpack_int4)
 
 from checker_cases.common import accepts, refuses
 
 
-# --- notebook 04 (quantization) -----------------------------------------------------------
+# --- notebook 04 (quantization): int8 absmax -------------------------------------------------
 
 def per_tensor(w):
     scale = w.abs().max() / 127
     return torch.round(w / scale).clamp(-127, 127).to(torch.int8), scale
 
 
+def per_column(w):
+    scale = w.abs().amax(dim=0) / 127
+    return torch.round(w / scale).clamp(-127, 127).to(torch.int8), scale
+
+
 def scale_over_128(w):
     scale = w.abs().amax(dim=1) / 128
     return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def scale_over_128_without_clamp(w):          # 128 wraps around to -128 in int8
+    scale = w.abs().amax(dim=1) / 128
+    return torch.round(w / scale[:, None]).to(torch.int8), scale
 
 
 def scale_over_255(w):
@@ -30,26 +42,127 @@ def no_round(w):
     return (w / scale[:, None]), scale
 
 
+def truncated(w):                             # .to(torch.int8) cuts the fraction off
+    scale = w.abs().amax(dim=1) / 127
+    return (w / scale[:, None]).to(torch.int8), scale
+
+
+def without_clamp(w):                         # harmless with 127: |w| / scale never passes 127
+    scale = w.abs().amax(dim=1) / 127
+    return torch.round(w / scale[:, None]).to(torch.int8), scale
+
+
+# --- int4 packing ---------------------------------------------------------------------------------
+
+def _even(q):
+    return torch.cat([q, q.new_zeros(q.shape[0], q.shape[1] % 2)], dim=1).to(torch.uint8)
+
+
 def swapped_nibbles(q):
-    q = q.to(torch.uint8)
+    q = _even(q)
     return q[:, 1::2] | (q[:, 0::2] << 4)
+
+
+def signed_offset(q):                         # treats q as signed int4: stores q - 8
+    q = _even(q).to(torch.int16) - 8
+    return ((q[:, 0::2] & 0x0F) | ((q[:, 1::2] & 0x0F) << 4)).to(torch.uint8)
+
+
+def no_padding(q):                            # an odd width cannot pair its last column
+    q = q.to(torch.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def interleave(packed):
+    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+
+
+# --- int4 in groups ------------------------------------------------------------------------------------
+
+def reference_linear(x, q, scales, zeros):
+    return F.linear(x, dequantize_int4(q, scales, zeros))
+
+
+def int4_with(w, group_size, steps=15, strided=False, symmetric=False, rounding=torch.round):
+    out_features, in_features = w.shape
+    shape = (out_features, group_size, in_features // group_size) if strided else \
+        (out_features, in_features // group_size, group_size)
+    groups = w.reshape(shape)
+    axis = 1 if strided else -1
+    if symmetric:
+        scales = groups.abs().amax(axis) / 7
+        q = rounding(groups / scales.unsqueeze(axis)).clamp(-8, 7) + 8
+        return q.to(torch.uint8).reshape(out_features, in_features), scales, torch.zeros_like(scales)
+    low, high = groups.amin(axis), groups.amax(axis)
+    scales = ((high - low) / steps).clamp(min=1e-12)
+    q = rounding((groups - low.unsqueeze(axis)) / scales.unsqueeze(axis)).clamp(0, 15)
+    return q.to(torch.uint8).reshape(out_features, in_features), scales, low
+
+
+def per_row_int4(w, group_size):
+    low, high = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    scales = (high - low) / 15
+    return torch.round((w - low) / scales).clamp(0, 15).to(torch.uint8), scales, low
+
+
+def repeated_not_interleaved(x, q, scales, zeros):
+    group = q.shape[1] // scales.shape[1]
+    return x @ (q.float() * scales.repeat(1, group) + zeros.repeat(1, group)).T
+
+
+def without_zero(x, q, scales, zeros):
+    return F.linear(x, dequantize_int4(q, scales, torch.zeros_like(zeros)))
+
+
+def not_transposed(x, q, scales, zeros):
+    return x @ dequantize_int4(q, scales, zeros)
 
 
 NOTEBOOK_04 = [
     accepts(check_int8_absmax, "reference", quantize_int8_absmax, dequantize_int8),
+    accepts(check_int8_absmax, "without-clamp", without_clamp, dequantize_int8),
     refuses(check_int8_absmax, "per-tensor-scale", "per row", per_tensor, dequantize_int8),
+    refuses(check_int8_absmax, "per-column-scale", "per column", per_column, dequantize_int8),
     refuses(check_int8_absmax, "scale-over-128", "127", scale_over_128, dequantize_int8),
+    refuses(check_int8_absmax, "scale-over-128-without-clamp", "wraps around", scale_over_128_without_clamp,
+            dequantize_int8),
     refuses(check_int8_absmax, "scale-over-255", "signed", scale_over_255, dequantize_int8),
     refuses(check_int8_absmax, "no-rounding", "round", no_round, dequantize_int8),
+    refuses(check_int8_absmax, "truncated-not-rounded", "cuts the fraction off", truncated, dequantize_int8),
     refuses(check_int8_absmax, "one-scale-to-dequantize", "round trip",
             quantize_int8_absmax, lambda q, scale: q.float() * scale.mean()),
+    refuses(check_int8_absmax, "divided-by-the-scale", "do not divide",
+            quantize_int8_absmax, lambda q, scale: q.float() / scale[:, None]),
+    refuses(check_int8_absmax, "scale-without-a-column-axis", r"scale\[:, None\]",
+            quantize_int8_absmax, lambda q, scale: q.float() * scale),
     accepts(check_int4_pack, "reference", pack_int4, unpack_int4),
     refuses(check_int4_pack, "swapped-nibbles", "swapped", swapped_nibbles, unpack_int4),
     refuses(check_int4_pack, "int32-bytes", "uint8", lambda q: pack_int4(q).to(torch.int32), unpack_int4),
+    refuses(check_int4_pack, "signed-offset-when-packing", "offset of 8", signed_offset, unpack_int4),
+    refuses(check_int4_pack, "odd-width-not-padded", "pair it with a zero", no_padding, unpack_int4),
+    refuses(check_int4_pack, "odd-width-padding-kept", "padding nibble", pack_int4,
+            lambda packed, columns: interleave(packed)),
+    refuses(check_int4_pack, "signed-offset-when-unpacking", "offset of 8", pack_int4,
+            lambda packed, columns: interleave(packed)[:, :columns].to(torch.int16) - 8),
     refuses(check_int4_pack, "halves-not-interleaved", "interleave",
-            pack_int4, lambda packed: torch.cat([packed & 0x0F, packed >> 4], dim=1)),
-    refuses(check_int4_pack, "unpacked-high-first", "low and high are swapped",
-            pack_int4, lambda packed: torch.stack([packed >> 4, packed & 0x0F], dim=-1).reshape(packed.shape[0], -1)),
+            pack_int4, lambda packed, columns: torch.cat([packed & 0x0F, packed >> 4], dim=1)[:, :columns]),
+    refuses(check_int4_pack, "unpacked-high-first", "low and high are swapped", pack_int4,
+            lambda packed, columns: torch.stack([packed >> 4, packed & 0x0F], dim=-1).reshape(packed.shape[0], -1)[:, :columns]),
     refuses(check_int4_pack, "unpacked-without-reshape", "wrong shape",
-            pack_int4, lambda packed: torch.stack([packed & 0x0F, packed >> 4], dim=-1)),
+            pack_int4, lambda packed, columns: torch.stack([packed & 0x0F, packed >> 4], dim=-1)),
+    accepts(check_int4_groupwise, "reference", quantize_int4_groupwise, reference_linear),
+    refuses(check_int4_groupwise, "sixteen-steps", "15", lambda w, g: int4_with(w, g, steps=16), reference_linear),
+    refuses(check_int4_groupwise, "one-group-per-row", "one scale per row", per_row_int4, reference_linear),
+    refuses(check_int4_groupwise, "strided-groups", "consecutive", lambda w, g: int4_with(w, g, strided=True),
+            reference_linear),
+    refuses(check_int4_groupwise, "symmetric", "symmetric", lambda w, g: int4_with(w, g, symmetric=True),
+            reference_linear),
+    refuses(check_int4_groupwise, "truncated-not-rounded", "cuts the fraction off",
+            lambda w, g: int4_with(w, g, rounding=torch.trunc), reference_linear),
+    refuses(check_int4_groupwise, "float-q", "uint8", lambda w, g: tuple(
+        t.float() if i == 0 else t for i, t in enumerate(quantize_int4_groupwise(w, g)))[:3], reference_linear),
+    refuses(check_int4_groupwise, "scales-repeated-not-interleaved", "repeat_interleave",
+            quantize_int4_groupwise, repeated_not_interleaved),
+    refuses(check_int4_groupwise, "zero-forgotten", "add the zero back", quantize_int4_groupwise, without_zero),
+    refuses(check_int4_groupwise, "weight-not-transposed", r"w\.T", quantize_int4_groupwise, not_transposed),
 ]

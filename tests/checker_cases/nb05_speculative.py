@@ -1,45 +1,130 @@
 """Checker cases of notebook 05 (speculative decoding): the reference and each typical mistake."""
 
-from labsupport.checks.speculative import check_accept_step, check_expected_tokens, reference_accept_step
+import torch
+
+from labsupport.checks.speculative import (check_accept_step, check_expected_tokens, check_speculative_step,
+                                           reference_accept_step, reference_speculative_step)
 from labsupport.speculative import expected_tokens_per_call
 
 from checker_cases.common import accepts, refuses
 
 
-# --- notebook 05 (speculative decoding) ---------------------------------------------------
+# --- exercise 1: the accept/reject step, written as a learner might -------------------------
 
-def always_accept(p, q, x, u):
-    return True, None
-
-
-def no_min(p, q, x, u):                        # compares u with p alone
-    if u < float(p[x]):
-        return True, None
-    r = (p - q).clamp_min(0)
-    return False, r / r.sum()
+def _accept(test, residual):
+    def fn(p, q, x, u):
+        if test(p, q, x, u):
+            return True, None
+        return False, residual(p, q)
+    return fn
 
 
-def unnormalized(p, q, x, u):
-    if u < min(1.0, float(p[x] / q[x])):
-        return True, None
-    return False, (p - q).clamp_min(0)
+ratio_test = lambda p, q, x, u: u < min(1.0, float(p[x] / q[x]))      # noqa: E731
+residual = lambda p, q: (p - q).clamp(min=0) / (p - q).clamp(min=0).sum()  # noqa: E731
+
+always_accept = lambda p, q, x, u: (True, None)                       # noqa: E731
+against_p = _accept(lambda p, q, x, u: u < float(p[x]), residual)
+upside_down = _accept(lambda p, q, x, u: u < min(1.0, float(q[x] / p[x])), residual)
+reversed_test = _accept(lambda p, q, x, u: u > min(1.0, float(p[x] / q[x])), residual)
+unnormalized = _accept(ratio_test, lambda p, q: torch.relu(p - q))
+from_target = _accept(ratio_test, lambda p, q: p)
+reversed_residual = _accept(ratio_test, lambda p, q: torch.relu(q - p) / torch.relu(q - p).sum())
+negative_residual = _accept(ratio_test, lambda p, q: (p - q) / torch.relu(p - q).sum())
 
 
-def resample_target(p, q, x, u):
-    if u < min(1.0, float(p[x] / q[x])):
-        return True, None
-    return False, p
+# --- exercise 2: expected tokens per pass ----------------------------------------------------
+
+def no_bonus(a, k):                    # counts the correction but not the bonus: 1 + ... + a^(k-1)
+    return (1 - a ** k) / (1 - a) if a < 1 else k
+
+
+def no_own_token(a, k):                # only the accepted drafts: a + ... + a^k
+    return sum(a ** i for i in range(1, k + 1))
+
+
+def one_too_many(a, k):                # 1 + ... + a^(k+1)
+    return (1 - a ** (k + 2)) / (1 - a) if a < 1 else k + 2
+
+
+def unlimited(a, k):                   # forgets that only k tokens are drafted
+    return 1 / (1 - a)
+
+
+# --- exercise 3: one greedy speculative step --------------------------------------------------
+
+def _choices(target, cache, pending, drafted):
+    fed = torch.tensor([[pending, *drafted]])                         # (1, k + 1)
+    return target(fed, cache=cache)[0].argmax(-1).tolist()
+
+
+def _prefix(drafted, choice):
+    n = 0
+    while n < len(drafted) and drafted[n] == choice[n]:
+        n += 1
+    return n
+
+
+def step_without_bonus(target, cache, pending, drafted):
+    start = cache.length
+    choice = _choices(target, cache, pending, drafted)
+    n = _prefix(drafted, choice)
+    cache.truncate(start + 1 + n)
+    return drafted[:n] + ([choice[n]] if n < len(drafted) else [])  # forgets the bonus after k matches
+
+
+def step_without_rollback(target, cache, pending, drafted):
+    choice = _choices(target, cache, pending, drafted)
+    n = _prefix(drafted, choice)
+    return drafted[:n] + [choice[n]]
+
+
+def step_rollback_one_short(target, cache, pending, drafted):
+    start = cache.length
+    choice = _choices(target, cache, pending, drafted)
+    n = _prefix(drafted, choice)
+    cache.truncate(start + n)                                         # drops the pending token
+    return drafted[:n] + [choice[n]]
+
+
+def step_shifted_logits(target, cache, pending, drafted):
+    start = cache.length
+    choice = _choices(target, cache, pending, drafted)[1:] + [None]  # position i+1 checks d_(i+1): off by one
+    n = _prefix(drafted, choice)
+    cache.truncate(start + 1 + n)
+    return drafted[:n] + [choice[n] if choice[n] is not None else drafted[-1]]
+
+
+def step_accepting_after_a_miss(target, cache, pending, drafted):
+    start = cache.length
+    choice = _choices(target, cache, pending, drafted)
+    matches = [d == c for d, c in zip(drafted, choice)]
+    n = sum(matches)                                                  # counts matches, not the prefix
+    cache.truncate(start + 1 + n)
+    return drafted[:n] + [choice[n]]
 
 
 NOTEBOOK_05 = [
     accepts(check_accept_step, "reference", reference_accept_step),
-    refuses(check_accept_step, "always-accept", "accepted", always_accept),
-    refuses(check_accept_step, "no-min", "min", no_min),
-    refuses(check_accept_step, "unnormalized-residual", "sum", unnormalized),
-    refuses(check_accept_step, "resample-the-target", "double-counts", resample_target),
+    refuses(check_accept_step, "always-accept", "always accepting", always_accept),
+    refuses(check_accept_step, "u-against-p-alone", "u against p_target alone", against_p),
+    refuses(check_accept_step, "ratio-upside-down", "upside down", upside_down),
+    refuses(check_accept_step, "test-reversed", "the test reversed", reversed_test),
+    refuses(check_accept_step, "unnormalized-residual", "unnormalized residual", unnormalized),
+    refuses(check_accept_step, "resample-the-target", "resampling from the target", from_target),
+    refuses(check_accept_step, "residual-reversed", "the residual reversed", reversed_residual),
+    refuses(check_accept_step, "negative-residual", "negative entries", negative_residual),
     accepts(check_expected_tokens, "reference", expected_tokens_per_call),
-    refuses(check_expected_tokens, "sum-to-k-minus-1", "k \\+ 1",
-            lambda a, k: (1 - a ** k) / (1 - a) if a < 1 else k),
-    refuses(check_expected_tokens, "divides-at-alpha-1", "alpha = 1", lambda a, k: (1 - a ** (k + 1)) / (1 - a)),
-    refuses(check_expected_tokens, "independent-drafts", "all before it", lambda a, k: a * k + 1),
+    refuses(check_expected_tokens, "no-bonus-token", "no bonus token", no_bonus),
+    refuses(check_expected_tokens, "no-token-of-the-target", "no token of the target's own", no_own_token),
+    refuses(check_expected_tokens, "alpha-k-off-by-one", "alpha\\^k off by one", one_too_many),
+    refuses(check_expected_tokens, "independent-drafts", "independent drafts", lambda a, k: a * k + 1),
+    refuses(check_expected_tokens, "no-limit-k", "no limit k", unlimited),
+    refuses(check_expected_tokens, "divides-at-alpha-1", "dividing at alpha = 1",
+            lambda a, k: (1 - a ** (k + 1)) / (1 - a)),
+    accepts(check_speculative_step, "reference", reference_speculative_step),
+    refuses(check_speculative_step, "no-bonus-token", "no bonus token", step_without_bonus),
+    refuses(check_speculative_step, "no-rollback", "no rollback", step_without_rollback),
+    refuses(check_speculative_step, "rollback-one-short", "rollback off by one", step_rollback_one_short),
+    refuses(check_speculative_step, "logits-off-by-one", "off by one in the logits alignment", step_shifted_logits),
+    refuses(check_speculative_step, "accepting-after-a-miss", "accepting after a miss", step_accepting_after_a_miss),
 ]

@@ -2,13 +2,16 @@
 
 import math
 
-from labsupport.checks.serving import (check_blocks_for, check_schedule_step, reference_blocks_for,
-                                       reference_schedule_step)
+import torch
+
+from labsupport.checks.serving import (check_blocks_for, check_paged_gather, check_schedule_step,
+                                       reference_blocks_for, reference_paged_gather, reference_schedule_step)
+from labsupport.models.config import PRESETS
 
 from checker_cases.common import accepts, refuses
 
 
-# --- notebook 06 (continuous batching) ----------------------------------------------------
+# --- notebook 06 (continuous batching): one scheduler step ---------------------------------
 
 def too_many(running, waiting, max_slots, free_blocks, policy):
     leaving, _ = reference_schedule_step(running, waiting, max_slots, free_blocks, policy)
@@ -38,17 +41,80 @@ def no_blocks(running, waiting, max_slots, free_blocks, policy):
     return reference_schedule_step(running, waiting, max_slots, 10**9, policy)
 
 
+def finished_stay(running, waiting, max_slots, free_blocks, policy):
+    _, joining = reference_schedule_step(running, waiting, max_slots, free_blocks, policy)
+    return [], joining                                               # nobody ever leaves
+
+
+def static_never_leaves(running, waiting, max_slots, free_blocks, policy):
+    if policy == "static":
+        return [], reference_schedule_step(running, waiting, max_slots, free_blocks, policy)[1]
+    return reference_schedule_step(running, waiting, max_slots, free_blocks, policy)
+
+
+def finished_keep_slots(running, waiting, max_slots, free_blocks, policy):
+    if policy == "static":
+        return reference_schedule_step(running, waiting, max_slots, free_blocks, policy)
+    leaving = [sid for sid, done in running if done]
+    slots, joining = max_slots - len(running), []                    # the finished still count
+    for sid, need in waiting:
+        if slots == 0 or need > free_blocks:
+            break
+        joining.append(sid)
+        slots, free_blocks = slots - 1, free_blocks - need
+    return leaving, joining
+
+
+# --- a sequence's keys gathered from the paged pool ------------------------------------------
+
+def reads(slots_of):
+    """A gather that reads the slots `slots_of(positions, table, block_size)` gives."""
+    def gather(pool_keys, table, length, block_size):
+        positions = torch.arange(length)
+        return pool_keys[slots_of(positions, torch.tensor(table), block_size)]
+    return gather
+
+
+def whole_blocks(pool_keys, table, length, block_size):
+    slots = (torch.tensor(table)[:, None] * block_size + torch.arange(block_size)).flatten()  # (blocks * b,)
+    return pool_keys[slots]
+
+
 NOTEBOOK_06 = [
     accepts(check_schedule_step, "reference", reference_schedule_step),
     refuses(check_schedule_step, "too-many-join", "only \\d+ slots are free", too_many),
     refuses(check_schedule_step, "jumps-the-queue", "jump the queue", jumps_queue),
     refuses(check_schedule_step, "static-refills", "keeps its slot", static_refills),
     refuses(check_schedule_step, "blocks-ignored", "free blocks", no_blocks),
+    refuses(check_schedule_step, "finished-stay", "finished leave", finished_stay),
+    refuses(check_schedule_step, "static-never-leaves", "whole batch leaves together", static_never_leaves),
+    refuses(check_schedule_step, "finished-keep-their-slots", "frees its slot at once", finished_keep_slots),
     refuses(check_schedule_step, "no-pair", "pair", lambda *a: None),
     accepts(check_blocks_for, "reference", reference_blocks_for),
     refuses(check_blocks_for, "ceiling-of-the-total", "round up for each sequence",
             lambda lengths, b: math.ceil(sum(lengths) / b)),
     refuses(check_blocks_for, "rounds-down", "round up, not down", lambda lengths, b: sum(n // b for n in lengths)),
-    refuses(check_blocks_for, "one-block-too-many", "ceil", lambda lengths, b: sum(n // b + 1 for n in lengths)),
+    refuses(check_blocks_for, "one-block-too-many", "exact multiple",
+            lambda lengths, b: sum(n // b + 1 for n in lengths)),
+    refuses(check_blocks_for, "reserves-the-longest", "not for the longest",
+            lambda lengths, b: len(lengths) * math.ceil(max(lengths, default=0) / b)),
+    refuses(check_blocks_for, "positions", "counts positions", lambda lengths, b: sum(lengths)),
+    refuses(check_blocks_for, "fractions", "fraction of a block", lambda lengths, b: sum(n / b for n in lengths)),
     refuses(check_blocks_for, "text", "integer", lambda lengths, b: "many"),
+    accepts(check_paged_gather, "reference", reference_paged_gather),
+    accepts(check_paged_gather, "reference-smollm-shapes", reference_paged_gather, PRESETS["smollm2-135m"]),
+    refuses(check_paged_gather, "logical-block-as-physical", "logical block index", reads(lambda p, t, b: p)),
+    refuses(check_paged_gather, "offset-one-too-far", "one position too far",
+            reads(lambda p, t, b: t[p // b] * b + p % b + 1)),
+    refuses(check_paged_gather, "offset-one-short", "one position short",
+            reads(lambda p, t, b: t[p // b] * b + p % b - 1)),
+    refuses(check_paged_gather, "blocks-from-one", "count from 0", reads(lambda p, t, b: (t[p // b] + 1) * b + p % b)),
+    refuses(check_paged_gather, "quotient-and-remainder-swapped", "block_table\\[p // block_size\\] \\* block_size",
+            reads(lambda p, t, b: t[p % b] * b + p // b)),
+    refuses(check_paged_gather, "whole-last-block", "only partly filled", whole_blocks),
+    refuses(check_paged_gather, "partial-last-block-left-out", "left out the partly filled last block",
+            lambda pool, t, n, b: reference_paged_gather(pool, t, (n // b) * b, b)),
+    refuses(check_paged_gather, "heads-first", "positions come first",
+            lambda pool, t, n, b: reference_paged_gather(pool, t, n, b).transpose(0, 1)),
+    refuses(check_paged_gather, "a-list", "one tensor", lambda pool, t, n, b: reference_paged_gather(pool, t, n, b).tolist()),
 ]

@@ -1,0 +1,51 @@
+"""The quantization and precision benchmark sections (notebooks 03 and 04) on the tiny model:
+the footprint beside the bytes read, a busy reason on every speed ratio, the kernel named."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from labsupport.bench.core import BenchContext
+from labsupport.bench.options import BenchOptions
+
+TINY = dict(quant_new_tokens=4, quant_slow_new_tokens=3, quant_repeats=1, quant_eval_tokens=24,
+            precision_new_tokens=3, prefill_tokens=16, repeats=1)
+
+
+@pytest.fixture(scope="module")
+def context():
+    return BenchContext(torch.device("cpu"), model_name="tiny-llama")
+
+
+def test_quantization_reports_the_footprint_and_the_bytes_read(context):
+    from labsupport.bench.quantization import section_quantization
+    section = section_quantization(context, dataclasses.replace(BenchOptions(), **TINY))
+    rows, figures = section["rows"], {f["name"]: f for f in section["figures"]}
+    for name in ("int8", "int4 g32"):
+        row = rows[name]
+        assert row["resident_fraction"] > row["memory_fraction"]          # the tied embedding stays float
+        assert figures[f"{name} resident bytes / fp32"]["claim"].endswith("of fp32")
+        assert figures[f"{name} bytes read per token / fp32"]["claim"] is None
+        assert row["kernel"].startswith(f"fused {name[:4]} kernel")
+        speed = figures[f"{name} / fp32 decode speed (batch 1)"]
+        assert "busy" in speed and row["kernel"] in speed["note"]
+    assert rows["bf16"]["resident_fraction"] == pytest.approx(0.5)
+    for name, figure in figures.items():                                 # vs bf16: our own int8/int4 rows only
+        if "/ bf16 decode speed" in name:
+            assert name.split(" /")[0] in ("int8", "int4 g32", "int4 g128")
+
+
+def test_each_speed_ratio_carries_the_busy_reason_of_its_own_two_timings(context, monkeypatch):
+    import labsupport.bench.precision as bench_precision
+    import labsupport.bench.quantization as bench_quantization
+    for module in (bench_precision, bench_quantization):
+        monkeypatch.setattr(module, "busy_reason", lambda timings, **kw: "noisy " + " and ".join(sorted(timings)))
+    precision = bench_precision.section_precision(context, dataclasses.replace(BenchOptions(), **TINY))
+    speeds = [f for f in precision["figures"] if "speed" in f["name"]]
+    assert speeds and all(f["busy"] in ("noisy bfloat16 and float32", "noisy float16 and float32")
+                          and f["busy"].split()[1] in f["name"].replace("(emulated) ", "") and f["met"] is None
+                          for f in speeds)
+    quantization = bench_quantization.section_quantization(context, dataclasses.replace(BenchOptions(), **TINY))
+    figure = next(f for f in quantization["figures"] if f["name"] == "int8 / fp32 decode speed (batch 1)")
+    assert figure["busy"] == "noisy fp32 and int8" and figure["met"] is None

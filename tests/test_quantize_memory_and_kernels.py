@@ -1,0 +1,80 @@
+"""Notebook 04: what a quantized model holds and reads, the kernel each layer runs, zero's
+round trip, odd widths in the packing, the packing diagram and the explorer's two ratios."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+from labsupport.errors import LabError
+from labsupport.precision import tensor_bytes
+from labsupport.quantize import (Int4Linear, Int8Linear, kernel_description, pack_int4, quantize_model,
+                                 quantized_bytes, resident_bytes, unpack_int4, weight_error_stats)
+
+
+def test_odd_widths_pack_with_a_zero_nibble_and_unpack_to_their_length():
+    q = torch.tensor([[3, 12, 9], [15, 0, 1]], dtype=torch.uint8)
+    packed = pack_int4(q)
+    assert packed.tolist() == [[3 | 12 << 4, 9], [15, 1]]
+    assert torch.equal(unpack_int4(packed, 3), q) and unpack_int4(packed).shape == (2, 4)
+    for bad in (lambda: unpack_int4(packed, 7), lambda: pack_int4(torch.tensor([[16]])),
+                lambda: pack_int4(torch.tensor([[0.5]]))):
+        with pytest.raises(LabError):
+            bad()
+
+
+def test_zero_survives_the_symmetric_grid_not_the_asymmetric_one():
+    w = torch.tensor([[-0.31, 0.0, 0.17, 0.52] * 8])                    # one row, a zero in each group of 4
+    int8 = weight_error_stats(w, "int8")["error"]
+    int4 = weight_error_stats(w, "int4", group_size=4)["error"]
+    assert int8[0, 1] == 0                                                 # 0 is a point of -127..127 x scale
+    assert int4[0, 1] != 0                                                 # the grid starts at the group minimum
+
+
+def test_resident_bytes_keep_the_float_embedding_the_step_does_not_read(fresh_tiny_llama):
+    model = fresh_tiny_llama
+    fp32_resident = resident_bytes(model)
+    assert fp32_resident == tensor_bytes(model)
+    with quantize_model(model, "int4", group_size=32):
+        resident, read = resident_bytes(model), quantized_bytes(model)
+        embedding = model.embed.weight.nbytes
+        assert resident >= read + embedding                                # the tied embedding stays float
+    assert resident < fp32_resident
+
+
+def test_each_layer_names_its_kernel():
+    linear = nn.Linear(64, 32)
+    fast8, fast4 = Int8Linear.from_linear(linear), Int4Linear.from_linear(linear, group_size=32)
+    reference = Int4Linear.from_linear(linear, group_size=32, kernel="reference")
+    assert kernel_description(fast8) == "fused int8 kernel (aten._weight_int8pack_mm, bf16 arithmetic)"
+    assert kernel_description(fast4).startswith("fused int4 kernel (aten._weight_int4pack_mm_for_cpu")
+    assert kernel_description(reference) == "reference path: dequantize int4 to float, then matmul"
+    with pytest.warns(UserWarning):
+        fallback = Int4Linear.from_linear(linear, group_size=16)          # no kernel for groups of 16
+    assert "not usable here" in kernel_description(fallback)
+    assert kernel_description(linear) == "dense matmul"
+
+
+def test_the_handle_describes_its_kernels(fresh_tiny_llama):
+    handle = quantize_model(fresh_tiny_llama, "int8")
+    assert handle.describe().startswith("fused int8 kernel")
+    assert sum(handle.kernel_names.values()) == len(handle.swaps)
+    handle.restore()
+
+
+def test_packing_figure_shows_weights_integers_and_bytes():
+    from labsupport.explorers.quantize import packing_figure
+    group = torch.linspace(-0.5, 1.0, 32)
+    fig = packing_figure(group, shown=8)
+    texts = [a.text for a in fig.layout.annotations]
+    assert "<b>0</b><br>0000" in texts                                    # the minimum is level 0
+    assert sum("= " in t for t in texts) == 4                              # 8 values in 4 bytes
+    assert "scale" in fig.layout.title.text and "zero" in fig.layout.title.text
+
+
+def test_the_explorer_times_against_fp32_and_bf16_and_names_the_kernel(fresh_tiny_llama):
+    from labsupport.explorers.quantize import QuantizeLab
+    from labsupport.models.loading import ByteTokenizer
+    lab = QuantizeLab(fresh_tiny_llama, ByteTokenizer(), new_tokens=3, eval_tokens=32, repeats=1)
+    result = lab.measure(4, 32, "own")
+    assert result["speedup"] > 0 and result["speedup_bf16"] > 0
+    assert result["kernel"].startswith("fused int4 kernel") and result["resident"] > result["memory"]

@@ -1,0 +1,72 @@
+"""Notebook 06's claims table: every verdict computed from measurements that should hold,
+measurements that should not, and timings taken on a busy machine (no verdict then)."""
+
+import pytest
+
+from labsupport.busy import BUSY_VERDICT
+from labsupport.claims import serving_claims
+from labsupport.claims.serving import alone_waste
+from labsupport.serving import Engine, Request
+
+
+@pytest.fixture(scope="module")
+def toy_runs(tiny_llama):
+    """The chapter's example, one long and three short answers, in a static batch of 4 and of 2."""
+    toy = [Request([1, 2, 3], max_new_tokens=n, request_id=i) for i, n in enumerate([32, 2, 2, 2])]
+    return {slots: Engine(tiny_llama, max_slots=slots, policy="static").run(toy, clock="steps") for slots in (4, 2)}
+
+
+def metrics(slot_use, ttft_p99, ttft_p50=0.1, slots=4):
+    return {"slot_utilization": slot_use, "ttft_p99": ttft_p99, "ttft_p50": ttft_p50, "max_slots": slots}
+
+
+GOOD = dict(speed={"static": 10.0, "continuous": 25.0, "hf": 20.0},
+            metrics={"static": metrics(0.4, 9.0), "continuous": metrics(0.9, 3.0)},
+            memory={"used_bytes": 30.0, "reserved_bytes": 100.0},
+            same_tokens={"static": (20, 20), "continuous": (20, 20), "hf": (20, 20)})
+BAD = dict(speed={"static": 10.0, "continuous": 8.0, "hf": 12.0},
+           metrics={"static": metrics(0.7, 3.0), "continuous": metrics(0.7, 3.0)},
+           memory={"used_bytes": 100.0, "reserved_bytes": 100.0},
+           same_tokens={"static": (20, 20), "continuous": (20, 20), "hf": (19, 20)})
+
+
+def timing(spread=0.0):
+    return {"median": 1.0, "spread": spread}
+
+
+def test_alone_waste_counts_the_steps_the_long_answer_ran_alone(toy_runs):
+    waste, steps = alone_waste(toy_runs[4])
+    assert waste == 0.75 and steps == 30                   # 32 tokens: 2 steps with all four, 30 alone
+    assert alone_waste(toy_runs[2])[0] == 0.5
+
+
+def test_every_claim_holds_on_measurements_that_support_it(toy_runs):
+    rows = serving_claims(**GOOD, toy_static=toy_runs[4], timings={n: timing() for n in GOOD["speed"]}, load=0.5)
+    assert [set(r) for r in rows] == [{"claim", "measured", "verdict"}] * len(rows)
+    assert [r["verdict"] for r in rows] == ["holds"] * len(rows)
+    assert "75% of the slots idle in the 30 steps" in rows[1]["measured"]
+    assert "3.00 s continuous vs 9.00 s static" in rows[2]["measured"]
+
+
+def test_claims_that_do_not_hold_say_so(toy_runs):
+    rows = serving_claims(**BAD, toy_static=toy_runs[2])
+    assert [r["verdict"] for r in rows] == [
+        "not here: continuous batching did not keep more slots busy", "not here", "not here",
+        "not here: slower", "not here",
+        "not quite: 1 request(s) differ for hf (float32 rounding near a tie, from a different batch shape)"]
+    slower = dict(BAD, metrics={"static": metrics(0.5, 3.0), "continuous": metrics(0.8, 3.0)})
+    assert serving_claims(**slower, toy_static=toy_runs[4])[0]["verdict"] == "slots refilled, but slower here"
+    level = dict(slower, speed={"static": 10.0, "continuous": 10.2, "hf": 10.0})
+    assert serving_claims(**level, toy_static=toy_runs[4])[0]["verdict"] == \
+        "slots refilled, but no measurable speedup here"
+
+
+def test_a_busy_machine_gets_no_verdict_from_the_clock(toy_runs):
+    rows = serving_claims(**GOOD, toy_static=toy_runs[4], load=4.0)
+    timed = [rows[0], rows[2], rows[3]]                    # throughput, time to first token, against HF
+    assert all(r["verdict"].startswith(BUSY_VERDICT) and "load average was 4.0" in r["verdict"] for r in timed)
+    assert rows[1]["verdict"] == rows[4]["verdict"] == rows[5]["verdict"] == "holds"   # schedule, memory, tokens
+    # a noisy Hugging Face timing spoils only the comparison with Hugging Face
+    rows = serving_claims(**GOOD, toy_static=toy_runs[4],
+                          timings={"static": timing(), "continuous": timing(), "hf": timing(0.6)})
+    assert rows[0]["verdict"] == "holds" and rows[3]["verdict"].startswith(BUSY_VERDICT)
