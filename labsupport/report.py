@@ -197,16 +197,19 @@ def _quantization_plots(section: dict) -> list:
     import plotly.graph_objects as go
     rows = section["rows"]
     names = list(rows)
-    panels = [("memory_fraction", "weights / fp32", "{:.0%}"), ("decode_speedup", "decode speed / fp32 [x]", "{:.2f}x"),
+    panels = [("resident_fraction", "resident bytes / fp32", "{:.0%}"),
+              ("memory_fraction", "bytes read per token / fp32", "{:.0%}"),
+              ("decode_speedup", "decode speed / fp32 [x]", "{:.2f}x"),
+              ("decode_speedup_bf16", "decode speed / bf16 [x]", "{:.2f}x"),
               ("perplexity_increase", "perplexity increase", "{:+.1%}"), ("top1_agreement", "top-1 agreement", "{:.0%}")]
-    fig = make_subplots(rows=2, cols=2, subplot_titles=[p[1] for p in panels], vertical_spacing=0.2)
+    fig = make_subplots(rows=3, cols=2, subplot_titles=[p[1] for p in panels], vertical_spacing=0.14)
     for i, (key, _, fmt) in enumerate(panels):
         xs = [n for n in names if rows[n].get(key) is not None]
         ys = [rows[n][key] for n in xs]
         fig.add_trace(go.Bar(x=xs, y=ys, text=[fmt.format(v) for v in ys], textposition="outside",
                              marker_color="#1f77b4", showlegend=False, cliponaxis=False),
                       row=i // 2 + 1, col=i % 2 + 1)
-    fig.update_layout(title="Quantized weights against fp32 (same run)", height=620,
+    fig.update_layout(title="Quantized weights against fp32 and bf16 (same run)", height=900,
                       template="plotly_white", font=dict(size=12), margin=dict(t=90))
     return [fig]
 
@@ -233,16 +236,22 @@ def _serving_plots(section: dict) -> list:
     from plotly.subplots import make_subplots
     speed = section["tokens_per_s"]
     metrics = section["metrics"]
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15,
-                        subplot_titles=("throughput [tokens/s]", "latency percentiles [s]"))
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.1,
+                        subplot_titles=("throughput [tokens/s]", "latency percentiles [s]",
+                                        "time to first token [s]"))
     fig.add_trace(go.Bar(x=list(speed), y=list(speed.values()), text=[f"{v:.1f}" for v in speed.values()],
                          textposition="outside", marker_color="#1f77b4", showlegend=False, cliponaxis=False),
                   row=1, col=1)
     for key, color in (("latency_p50", "#1f77b4"), ("latency_p99", "#d62728")):
         fig.add_trace(go.Bar(x=list(metrics), y=[m[key] for m in metrics.values()], name=key.replace("_", " "),
                              marker_color=color), row=1, col=2)
+    for key, color in (("ttft_p50", "#1f77b4"), ("ttft_p99", "#d62728")):
+        policies = [p for p, m in metrics.items() if m.get(key) is not None]
+        fig.add_trace(go.Bar(x=policies, y=[metrics[p][key] for p in policies], name=key.replace("_", " "),
+                             marker_color=color, opacity=0.6), row=1, col=3)
     fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="seconds from arrival to last token", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(title_text="seconds from arrival to first token", rangemode="tozero", row=1, col=3)
     fig.update_layout(title=f"{section['requests']} requests, {section['slots']} slots, all arriving at once",
                       barmode="group", height=420, template="plotly_white", font=dict(size=12))
     return [fig]
