@@ -203,6 +203,13 @@ def compiled_decode(model):
     Notebooks 03 and 07 point to it (`generate(..., compile=True)`) for a fast GPU.
     """
     if getattr(model, "_compiled_decode", None) is None:
+        # torch.compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None, ...):
+        # "reduce-overhead" records the step as a CUDA graph (torch 2.13's docs), which replays fixed
+        # device addresses: so the step must see the same tensors every call. decode_static takes the
+        # StaticKVCache's preallocated buffers, a fixed-shape mask (masks.fixed_decode_mask) and the
+        # write slot as a tensor, so nothing changes shape or address between steps; dynamic=False
+        # compiles one graph per batch size. The first calls compile and record (the warm-up); the
+        # logits are cloned out of the graph's output buffer (`_compiled_step`) before the next replay.
         mode = "reduce-overhead" if model.device.type == "cuda" else None
         model._compiled_decode = torch.compile(model.decode_static, mode=mode, dynamic=False)
     return model._compiled_decode

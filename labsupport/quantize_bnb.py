@@ -63,6 +63,11 @@ def _build(bnb, linear: nn.Linear, kind: str) -> nn.Module:
     """The bitsandbytes layer with `linear`'s weights, moved to its device (which quantizes)."""
     weight, device = linear.weight.detach(), linear.weight.device
     has_bias = linear.bias is not None
+    # bitsandbytes 0.50: Linear8bitLt(input_features, output_features, bias, has_fp16_weights,
+    # threshold, device) and Linear4bit(..., compute_dtype, quant_type, device); both quantize when
+    # their Int8Params / Params4bit weight is moved to the device. bitsandbytes 0.50's installation
+    # guide: CUDA needs compute capability 6.0+ for NF4/FP4 and 7.5+ for LLM.int8() (a T4 runs both);
+    # its PyPI wheels are built for sm60-sm90. What it cannot run raises here, and bnb_linear says why.
     if kind == "int8":
         module = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=has_bias,
                                      has_fp16_weights=False, threshold=6.0, device="meta")

@@ -69,8 +69,35 @@ def _int8_dequant_linear(x, q, scales):
 
 @functools.cache
 def _compiled_int8_linear():
-    """`_int8_dequant_linear` through torch.compile, built once on first use (CUDA)."""
+    """`_int8_dequant_linear` through torch.compile, built once on first use (CUDA).
+
+    inductor generates a Triton kernel for the fused conversion, and Triton needs compute
+    capability 7.0 or newer (a T4's 7.5 is fine, in fp16 activations); where compiling fails
+    (an older GPU, no compiler) `Int8Linear._fast` falls back with the error's first line."""
     return torch.compile(_int8_dequant_linear, dynamic=True)
+
+
+def int4_kernel_unavailable(device, group_size: int, in_features: int) -> str | None:
+    """Why the fused int4 kernel cannot run here (one sentence), or None when it can.
+
+    Introduced in notebook 04 (quantization). The CUDA kernel (tinygemm) has tensor-core
+    code for compute capability 8.0 and newer only: on a T4 (7.5) or a V100 (7.0) its
+    launch has no code to run, so it is never tried there. Both kernels take group sizes
+    32, 64, 128 or 256, and tinygemm wants in_features in whole tiles of 32 columns.
+    """
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        return f"no int4 kernel for device {device.type}"
+    if group_size not in KERNEL_INT4_GROUP_SIZES:
+        return f"the kernel takes group sizes {KERNEL_INT4_GROUP_SIZES}, not {group_size}"
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)      # (device=None) -> (major, minor)
+        if (major, minor) < (8, 0):
+            return (f"the tinygemm int4 kernel needs compute capability 8.0 or newer, and this "
+                    f"{torch.cuda.get_device_name(device)} has {major}.{minor}")
+        if in_features % 32:
+            return f"in_features {in_features} is not a multiple of 32"
+    return None
 
 
 class _QuantizedLinear(nn.Module):
@@ -197,10 +224,9 @@ class Int4Linear(_QuantizedLinear):
 
     def _build_fast(self, q, scales, zeros, device) -> str | None:
         """Repack for the device's kernel and check it once; the reason it cannot run, or None."""
-        if device.type not in ("cpu", "cuda"):
-            return f"no int4 kernel for device {device.type}"
-        if self.group_size not in KERNEL_INT4_GROUP_SIZES:
-            return f"the kernel takes group sizes {KERNEL_INT4_GROUP_SIZES}, not {self.group_size}"
+        reason = int4_kernel_unavailable(device, self.group_size, self.padded_in)
+        if reason is not None:
+            return reason
         # the kernels want whole tiles of output rows: pad with zero rows, slice them off after
         padded_rows = -self.out_features % 64
         q, scales, zeros = (F.pad(t, (0, 0, 0, padded_rows)) for t in (q, scales, zeros))
@@ -211,11 +237,11 @@ class Int4Linear(_QuantizedLinear):
             if device.type == "cpu":
                 packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
             else:
-                # tinygemm: two values per byte, the even column in the HIGH nibble; the inner
-                # tile count must divide in_features / 16
-                inner_k_tiles = next((t for t in (8, 4, 2) if self.padded_in % (16 * t) == 0), None)
-                if inner_k_tiles is None:
-                    return f"in_features {self.padded_in} is not a multiple of 32"
+                # tinygemm (aten/src/ATen/native/cuda/int4mm.cu, torch 2.13):
+                # _convert_weight_to_int4pack(in: uint8 (n, k/2) contiguous, innerKTiles in {2, 4, 8})
+                # -> int32 (n/8, k/(innerKTiles*16), 32, innerKTiles/2); two values per byte, the even
+                # column in the HIGH nibble; k*... must be a whole number of innerKTiles*16 columns.
+                inner_k_tiles = next(t for t in (8, 4, 2) if self.padded_in % (16 * t) == 0)
                 q_uint8 = (q[:, 0::2] << 4 | q[:, 1::2]).to(torch.uint8)           # (out, in/2)
                 packed = torch.ops.aten._convert_weight_to_int4pack(q_uint8, inner_k_tiles)  # int32, 4-D
             self.register_buffer("weight_int4pack", packed)
@@ -235,6 +261,10 @@ class Int4Linear(_QuantizedLinear):
         return x if self.padded_in == self.in_features else F.pad(x, (0, self.padded_in - self.in_features))
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        # CUDA: _weight_int4pack_mm(A: bf16 (m, k) contiguous 2-D, B: the int32 4-D pack,
+        # qGroupSize in {32, 64, 128, 256}, qScaleAndZeros: bf16 (k/group, n, 2)) -> bf16 (m, n);
+        # its tensor-core code is compiled for capability 8.0+ only (`int4_kernel_unavailable`).
+        # CPU: _weight_int4pack_mm_for_cpu, the same arguments with the CPU pack.
         op = (torch.ops.aten._weight_int4pack_mm_for_cpu if x.device.type == "cpu"
               else torch.ops.aten._weight_int4pack_mm)
         y = op(self._pad(x.to(torch.bfloat16)), self.weight_int4pack, self.group_size, self.scales_and_zeros)

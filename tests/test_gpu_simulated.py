@@ -96,3 +96,29 @@ def test_the_bandwidth_probe_fits_the_free_memory(gpu):
     assert default_copy_bytes(CUDA) == CUDA_COPY_BYTES               # a whole GPU: 1 GiB buffers
     with mock.patch.object(torch.cuda, "mem_get_info", return_value=(2 * 2**30, gpu.total_memory)):
         assert default_copy_bytes(CUDA) == 2 * 2**30 // 8              # a MIG slice with 2 GiB free
+
+
+def test_the_int4_kernel_is_offered_from_capability_8_only(gpu):
+    from labsupport.quantize_kernels import int4_kernel_unavailable
+    reason = int4_kernel_unavailable(CUDA, group_size=32, in_features=576)
+    if gpu.capability >= (8, 0):
+        assert reason is None
+        assert "multiple of 32" in int4_kernel_unavailable(CUDA, group_size=32, in_features=600)
+    else:
+        assert reason == "the tinygemm int4 kernel needs compute capability 8.0 or newer, and this Tesla T4 has 7.5"
+    assert "group sizes" in int4_kernel_unavailable(CUDA, group_size=16, in_features=576)
+
+
+def test_int4_on_a_t4_falls_back_to_the_reference_with_the_reason():
+    """An int4 layer built for a T4 never tries tinygemm: the reason is kept and shown. (The
+    layer's weights stay on the CPU here; only the kernel decision is asked about "cuda".)"""
+    from unittest import mock
+
+    from labsupport import quantize_kernels
+    original = quantize_kernels.int4_kernel_unavailable
+    linear = torch.nn.Linear(64, 64, bias=False)
+    with simulated(GPUS["T4"]), mock.patch.object(quantize_kernels, "int4_kernel_unavailable",
+                                                  lambda device, group, n: original(CUDA, group, n)):
+        with pytest.warns(UserWarning, match="compute capability 8.0"):
+            layer = quantize_kernels.Int4Linear.from_linear(linear, group_size=32, kernel="auto")
+    assert layer.kernel == "reference" and "Tesla T4 has 7.5" in layer.fallback_reason

@@ -104,6 +104,14 @@ class Attention(nn.Module):
         v = qkv[:, self.num_heads + self.num_kv_heads:]               # (B, kv_heads, T, D)
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v)                         # (B, kv_heads, S, D)
+        # F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+        # is_causal=False, scale=None, enable_gqa=False), torch 2.13's docs: a boolean attn_mask is
+        # True where a query may attend, broadcast to (B, heads, T, S); is_causal aligns the triangle
+        # to the upper left, so it is passed only for a fresh prompt (S == T, masks.causal_mask);
+        # attn_mask and is_causal together are an error. On CUDA, GQA (enable_gqa) runs only in the
+        # flash and math backends, and flash takes no attn_mask and no fp32: so fp16/bf16 prompts
+        # without padding get flash, and a padded batch or a fixed-shape decode mask the math
+        # backend (exact, slower). On a CPU every case runs (the fused CPU kernel, or math).
         y = F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=mask if isinstance(mask, torch.Tensor) else None,
