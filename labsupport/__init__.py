@@ -44,7 +44,7 @@ from .hardware import require_supported_platform, pick_device, pick_dtype
 from .measure import probe
 from .kv_cache import StaticKVCache, kv_cache_bytes
 from .models.config import PRESETS, ModelConfig
-from .models.loading import load_hf_model, load_model
+from .models.loading import course_model_name, load_hf_model, load_model, model_config
 from .sampling import GREEDY, SamplingConfig
 
 __version__ = "0.1.0"
@@ -72,5 +72,6 @@ __all__ = [
     "LabError", "GenerationResult", "TextStreamer", "chat_prompt", "decode_step", "generate",
     "generate_naive", "generate_text", "prefill", "pick_device", "pick_dtype", "probe",
     "StaticKVCache", "kv_cache_bytes", "PRESETS", "ModelConfig", "load_hf_model", "load_model",
+    "course_model_name", "model_config",
     "GREEDY", "SamplingConfig", "notebook_setup",
 ]

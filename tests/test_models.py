@@ -129,3 +129,12 @@ def test_the_course_model_is_the_embedded_one_unless_the_setting_names_another(m
     monkeypatch.setenv(MODEL_SETTING, "smollm-huge")
     with pytest.raises(ModelUnavailable, match="LABSUPPORT_MODEL='smollm-huge' names no model"):
         course_model_name()
+
+
+def test_model_config_reads_a_shape_without_loading_weights():
+    from labsupport.errors import ModelUnavailable
+    from labsupport.models.config import PRESETS
+    from labsupport.models.loading import model_config
+    assert model_config("smollm2-135m") is PRESETS["smollm2-135m"]
+    with pytest.raises(ModelUnavailable, match="Unknown model name"):
+        model_config("no-such-model")

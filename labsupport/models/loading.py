@@ -161,6 +161,17 @@ def course_model_name() -> str:
     return name
 
 
+def model_config(name: str):
+    """The shape of model `name` without loading its weights (a preset, or its Hugging Face config).
+
+    Introduced in notebook 00 (where the time goes), which counts a decode step's FLOPs and
+    bytes before it loads anything: ``model_config(course_model_name())``.
+    """
+    if name in PRESETS:
+        return PRESETS[name]
+    return config_from_hf(_read_hf_config(resolve_hf_source(name)), name=name)
+
+
 def load_model(name: str = EMBEDDED, device=None, dtype=torch.float32, seed: int = 0):
     """labsupport's Transformer and its tokenizer: ``model, tokenizer = load_model("smollm2-135m")``.
 
