@@ -17,6 +17,7 @@ that grows quadratically with the length (notebook 01 measures it).
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -44,6 +45,7 @@ class GenerationResult:
     prefill_seconds: float
     decode_seconds: float
     logits: list[torch.Tensor] = field(default_factory=list, repr=False)
+    warmup_seconds: float = 0.0       # compiling and recording the decode step (first use of a shape)
 
     @property
     def total_new_tokens(self) -> int:
@@ -122,9 +124,24 @@ def _next_tokens(logits, sampling, generator, new_tokens: list, finished, counts
     return next_tokens
 
 
+AUTO_COMPILE_MIN_TOKENS = 32      # fewer decode steps cannot pay back the compile and graph capture
+
+
+def compile_by_default(device, max_new_tokens: int) -> bool:
+    """Whether `generate` compiles its decode steps when not told: on a CUDA GPU, for 32 new
+    tokens or more. Introduced in notebook 01 (KV cache).
+
+    On a GPU a small model's decode step is bound by launching its few hundred kernels, and a
+    CUDA graph replays them all in one launch; the warm-up (compile, then record the graph,
+    seconds per batch shape) is reported as `GenerationResult.warmup_seconds`. On a CPU
+    compiling pays only for long generations, so it stays off unless asked (notebook 07).
+    """
+    return torch.device(device).type == "cuda" and max_new_tokens >= AUTO_COMPILE_MIN_TOKENS
+
+
 def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig = GREEDY,
              eos_token_ids: Sequence[int] | None = None, stream: StreamCallback | None = None,
-             return_logits: bool = False, compile: bool = False,
+             return_logits: bool = False, compile: bool | None = None,
              cache: KVCache | None = None) -> GenerationResult:
     """Generate with a KV cache: one prefill, then one decode step per token.
 
@@ -133,8 +150,9 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     eos_token_ids: ids that end a row (default: the model's); pass () to never stop early.
     stream: called with each step's new tokens, (batch,), as soon as they exist.
     compile: run decode steps through `compiled_decode` (fixed shapes, torch.compile;
-        on CUDA also captured as CUDA graphs). Off by default: compiling takes a while,
-        and on a CPU it pays only for long generations.
+        on CUDA also captured as CUDA graphs). None (default): `compile_by_default`, on a
+        GPU only. Where compiling fails (no compiler, an unsupported GPU), the steps run
+        eagerly after one warning sentence, and that model is not compiled again.
     cache: an empty `KVCache` with one row per prompt and room for the longest prompt plus
         max_new_tokens (checked); default a new `StaticKVCache` of exactly that size.
     """
@@ -150,6 +168,9 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
         cache = StaticKVCache.for_model(model, batch, prompt_length + max_new_tokens)
     else:
         require_fitting_cache(cache, batch, prompt_length + max_new_tokens, model)
+    if compile is None:
+        compile = (compile_by_default(device, max_new_tokens) and hasattr(cache, "writer_at")
+                   and getattr(model, "_compile_failed", None) is None)
     if compile and not hasattr(cache, "writer_at"):
         raise LabError(f"compile=True needs a cache with fixed-shape writes (a StaticKVCache), "
                        f"got a {type(cache).__name__}; pass compile=False or no cache.")
@@ -167,7 +188,7 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     new_tokens, all_logits = [], []
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     counts = torch.zeros(batch, dtype=torch.long, device=device)
-    t1 = None
+    t1, warmup = None, 0.0
     for step in range(max_new_tokens):
         if return_logits:
             all_logits.append(logits.float().cpu())
@@ -183,14 +204,36 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
             positions = positions + 1
         step_mask = key_mask[:, : cache.length + 1] if key_mask is not None else None
         if compile:
-            logits = _compiled_step(model, cache, next_tokens, positions, key_mask)
-        else:
+            logits, seconds = _compiled_step_or_none(model, cache, next_tokens, positions, key_mask)
+            warmup += seconds
+            compile = logits is not None
+        if not compile:
             logits = decode_step(model, cache, next_tokens, positions=positions, key_mask=step_mask)
     synchronize(device)
     t2 = time.perf_counter()
     return GenerationResult(tokens=torch.stack(new_tokens, dim=1), prompt_length=prompt_length,
                             new_token_counts=counts.tolist(), prefill_seconds=t1 - t0,
-                            decode_seconds=t2 - t1, logits=all_logits)
+                            decode_seconds=t2 - t1, logits=all_logits, warmup_seconds=warmup)
+
+
+def _compiled_step_or_none(model, cache, next_tokens, positions, key_mask) -> tuple[torch.Tensor | None, float]:
+    """One compiled decode step and the seconds it spent warming up (0 once this shape is warm);
+    (None, 0) after a warning when compiling fails here, so that `generate` goes on eagerly."""
+    shape = (next_tokens.shape[0], cache.max_len, key_mask is not None)
+    warm = shape in getattr(model, "_compiled_shapes", set())
+    start = time.perf_counter()
+    try:
+        logits = _compiled_step(model, cache, next_tokens, positions, key_mask)
+    except Exception as error:                   # noqa: BLE001 - any failure: decode eagerly instead
+        reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        model._compile_failed = reason
+        warnings.warn(f"Compiled decoding is not available here ({reason}); decoding without it.", stacklevel=3)
+        return None, 0.0
+    if warm:
+        return logits, 0.0
+    synchronize(logits.device)
+    model._compiled_shapes = getattr(model, "_compiled_shapes", set()) | {shape}
+    return logits, time.perf_counter() - start
 
 
 def compiled_decode(model):

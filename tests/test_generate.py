@@ -180,6 +180,9 @@ def test_compiled_decoding_gives_the_same_tokens():
     plain = generate(model, PROMPT, 12, eos_token_ids=())
     compiled = generate(model, PROMPT, 12, eos_token_ids=(), compile=True)
     assert compiled.row(0) == plain.row(0)
+    assert compiled.warmup_seconds > 0                       # the first call of this shape compiles
+    again = generate(model, PROMPT, 12, eos_token_ids=(), compile=True)
+    assert again.row(0) == plain.row(0) and again.warmup_seconds == 0.0
     prompts = [PROMPT, [9, 8, 7]]
     padded_plain = generate(model, prompts, 12, eos_token_ids=())
     padded_compiled = generate(model, prompts, 12, eos_token_ids=(), compile=True)
@@ -212,3 +215,28 @@ def test_embedded_padded_batch_rows_equal_each_prompt_alone(smollm):
     alone = [generate(model, p, 20).row(0) for p in prompts]
     batched = generate(model, prompts, 20)
     assert [batched.row(i) for i in range(len(prompts))] == alone
+
+
+def test_decode_is_compiled_by_default_on_a_gpu_only():
+    from simulated_gpu import GPUS, simulated
+
+    from labsupport.generation import AUTO_COMPILE_MIN_TOKENS, compile_by_default
+    assert not compile_by_default("cpu", 1000)
+    with simulated(GPUS["T4"]):
+        assert compile_by_default("cuda", AUTO_COMPILE_MIN_TOKENS)
+        assert not compile_by_default("cuda", AUTO_COMPILE_MIN_TOKENS - 1)     # too short to pay back
+
+
+def test_a_failing_compile_falls_back_to_eager_decoding_in_one_warning(monkeypatch):
+    from labsupport import generation
+    model = random_model("tiny-llama", seed=3)
+    plain = generate(model, PROMPT, 12, eos_token_ids=())
+    assert plain.warmup_seconds == 0.0
+
+    def no_compiler(model):
+        raise RuntimeError("Cannot find a working triton installation.\nmore details")
+    monkeypatch.setattr(generation, "compiled_decode", no_compiler)
+    with pytest.warns(UserWarning, match=r"^Compiled decoding is not available here \(Cannot find a working triton"):
+        fallback = generate(model, PROMPT, 12, eos_token_ids=(), compile=True)
+    assert fallback.row(0) == plain.row(0) and fallback.warmup_seconds == 0.0
+    assert model._compile_failed.startswith("Cannot find a working triton")
