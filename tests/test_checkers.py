@@ -67,3 +67,22 @@ def test_every_checker_accepts_a_reference_and_refuses_a_mistake_in_the_table():
     refused = {case.checker for case in CASES if case.hint is not None}
     missing = [f"{fn.__module__}.{fn.__name__}" for fn in checkers if fn not in accepted or fn not in refused]
     assert not missing, f"add to tests/checker_cases/ (its notebook's NOTEBOOK_xx list) the reference and a mistake of: {missing}"
+
+
+def test_every_checker_runs_with_warnings_silenced(capsys):
+    """nbgrader scores a graded cell 0 if it wrote on stderr: a warning from the reference code a
+    checker runs must not cost a right answer its points."""
+    import warnings
+
+    from labsupport.checks import grades_quietly
+    for fn in checkers_in_the_package():
+        assert getattr(fn, "__wrapped__", None) is not None, f"{fn.__name__} is not @grades_quietly"
+
+    @grades_quietly
+    def check_noisy():
+        warnings.warn("a kernel fell back")
+        return "done"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                   # any warning that leaks would raise here
+        assert check_noisy() == "done"

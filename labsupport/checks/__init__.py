@@ -8,6 +8,9 @@ traceback, and still fails the cell (nbval and nbgrader count it).
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 from ..errors import LabError
 
 
@@ -31,3 +34,19 @@ def close_enough(got: float, expected: float, rel: float = 1e-6) -> bool:
     """True when `got` is within a relative tolerance `rel` of `expected`.
     Used by the exercise checkers of notebooks 00, 02, 03, 05 and 07."""
     return abs(got - expected) <= rel * max(abs(expected), 1e-12)
+
+
+def grades_quietly(check):
+    """Run a checker with Python's warnings silenced. Wraps every check_* of notebooks 00-07.
+
+    nbgrader gives no points to a graded cell that wrote anything on stderr, and a checker
+    runs the package's reference code (a kernel fallback, a library's deprecation notice),
+    whose warnings would cost a right answer its points. The learner's own errors still
+    raise, and a wrong answer still raises CheckFailed.
+    """
+    @functools.wraps(check)
+    def quietly(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return check(*args, **kwargs)
+    return quietly

@@ -22,7 +22,7 @@ import torch
 from ..batching import PaddedBatch, left_pad, padding_waste
 from ..generation import decode_step, generate, prefill
 from ..kv_cache import StaticKVCache
-from . import close_enough, fail, passed
+from . import close_enough, fail, grades_quietly, passed
 from .kv_cache import tiny_test_model
 
 # (prompts, pad_id): the longest prompt not first; a pad id that also occurs inside prompts
@@ -95,6 +95,7 @@ def _positions_hint(positions: torch.Tensor, expected: PaddedBatch, pad_id: int)
     return None
 
 
+@grades_quietly
 def check_left_pad(fn, prompts=None, pad_id: int | None = None) -> None:
     """Check `fn(prompts, pad_id) -> (tokens, attention_mask[, positions])` against `batching.left_pad`.
 
@@ -275,6 +276,7 @@ def _run_case(fn, model, name: str, prompts, end_id: int, new_tokens: int, tiny:
     return failures
 
 
+@grades_quietly
 def check_batched_generation(fn, model=None, prompts=None, end_id: int | None = None,
                              new_tokens: int = NEW_TOKENS) -> None:
     """Check `fn(model, prompts, new_tokens, end_id) -> rows`: greedy generation for prompts of
@@ -318,6 +320,7 @@ WASTE_MISTAKES = [
 ]
 
 
+@grades_quietly
 def check_padding_waste(fn) -> None:
     """Check `fn(lengths) -> fraction of a padded batch's token slots that are padding`.
 

@@ -22,7 +22,7 @@ from ..generation import generate_naive
 from ..kv_cache import StaticKVCache, kv_cache_bytes
 from ..models.config import PRESETS, ModelConfig
 from ..models.loading import random_model
-from . import fail, passed
+from . import fail, grades_quietly, passed
 
 UPDATE = "cache update of one attention layer"
 GENERATION = "cached greedy generation"
@@ -129,6 +129,7 @@ def _check_one_update(fn, batch, kv_heads, max_len, head_dim, length, T, generat
              "different values", "return key_buffer[:, :, :length + T] and value_buffer[:, :, :length + T].")
 
 
+@grades_quietly
 def check_cache_update(fn) -> None:
     """Check fn(key_buffer, value_buffer, new_keys, new_values, length) -> (keys, values).
 
@@ -243,6 +244,7 @@ def _check_one_generation(fn, model, prompt: list[int], new_tokens: int, name: s
              "logits[i] must be the scores the i-th new token was picked from (the prefill's for i = 0).")
 
 
+@grades_quietly
 def check_cached_generation(fn, model=None, prompt_ids=None, new_tokens: int = 8) -> None:
     """Check fn(model, prompt_ids, new_tokens) -> (new_ids, logits (new_tokens, vocab)): greedy with a
     KV cache must give the uncached loop's tokens and logits, with one prefill and one token per step.
@@ -299,6 +301,7 @@ SIZE_MISTAKES = [
 ]
 
 
+@grades_quietly
 def check_cache_size(fn) -> None:
     """Check fn(config, length, batch, bytes_per_value) -> bytes against kv_cache_bytes.
 

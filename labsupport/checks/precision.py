@@ -12,7 +12,7 @@ import torch
 from ..hardware import dtype_name
 from ..models.config import PRESETS
 from ..precision import MIB, first_square_overflow, footprint_mib, matmul_accumulate
-from . import close_enough, fail, passed
+from . import close_enough, fail, grades_quietly, passed
 
 # (config, dtype): GPT-2 gives the handbook chapter's 474.7 / 237.4 and has a position
 # table; SmolLM2 ties its output layer and has RoPE buffers; the 7B Llama shape has its
@@ -69,6 +69,7 @@ def _footprint_hint(config, dtype, got: float) -> str:
             "GPT-2's position table + an untied output layer; MiB = parameters x dtype.itemsize / 2**20.")
 
 
+@grades_quietly
 def check_footprint(fn) -> None:
     """Check a learner's `fn(config, dtype) -> MiB` (weights in MiB when stored in dtype).
 
@@ -141,6 +142,7 @@ def _overflow_hint(values: torch.Tensor, got) -> str:
             "return the index of the first that is larger, or None.")
 
 
+@grades_quietly
 def check_first_overflow(fn) -> None:
     """Check a learner's `fn(values) -> index or None`: the index of the first value whose
     square is larger than fp16's largest number (65504).
@@ -201,6 +203,7 @@ def _accumulation_hint(a, b, accumulate, got: torch.Tensor) -> str:
             "a[:, k, None].to(acc) * b[None, k, :].to(acc); return the sum .to(a.dtype).")
 
 
+@grades_quietly
 def check_accumulation(fn) -> None:
     """Check a learner's `fn(a, b, accumulate_dtype) -> a @ b`: 16-bit a (M, K) and b (K, N), the
     products added one k at a time into a running sum kept in `accumulate_dtype`, the result

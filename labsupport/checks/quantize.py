@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..quantize import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise, quantize_int8_absmax,
                         unpack_int4)
-from . import fail, passed
+from . import fail, grades_quietly, passed
 
 
 def _as_tensor(value, what: str, exercise: str) -> torch.Tensor:
@@ -79,6 +79,7 @@ def _int8_hint(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> str:
             "clamped to -127..127 as int8; dequantize: q.float() * scale[:, None].")
 
 
+@grades_quietly
 def check_int8_absmax(quantize_fn, dequantize_fn) -> None:
     """Check a learner's `quantize_fn(w) -> (q, scale)` and `dequantize_fn(q, scale) -> w_approx`:
     symmetric absmax int8 with one scale per row (output channel).
@@ -182,6 +183,7 @@ def _unpack_hint(q: torch.Tensor, expected: torch.Tensor, unpacked: torch.Tensor
             "torch.stack([low, high], dim=-1).reshape(rows, -1), then keep the first `columns`.")
 
 
+@grades_quietly
 def check_int4_pack(pack_fn, unpack_fn) -> None:
     """Check a learner's `pack_fn(q) -> packed` and `unpack_fn(packed, columns) -> q`: two 4-bit
     values (0..15) per byte, column 2j in the low nibble and column 2j + 1 in the high one; an
@@ -258,6 +260,7 @@ def _groupwise_hint(w: torch.Tensor, group_size: int, q, scales, zeros) -> str:
             "as torch.uint8 of shape (out, in).")
 
 
+@grades_quietly
 def check_int4_groupwise(quantize_fn, linear_fn) -> None:
     """Check a learner's `quantize_fn(w, group_size) -> (q, scales, zeros)` (asymmetric int4 in
     groups of consecutive weights, min/max per group) and `linear_fn(x, q, scales, zeros) -> y`

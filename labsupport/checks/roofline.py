@@ -21,7 +21,7 @@ from ..measure import HardwareProfile
 from ..models.config import PRESETS, ModelConfig
 from ..roofline import (COMPUTE_BOUND, MEMORY_BOUND, OVERHEAD_BOUND, attention_flops, bytes_per_value,
                         decode_step_cost, matmul_params, ridge_batch, step_bounds)
-from . import close_enough, fail, passed
+from . import close_enough, fail, grades_quietly, passed
 
 SMOLLM2 = PRESETS["smollm2-135m"]
 # (config, batch, context, bytes per value): chosen so that each mistake below shows.
@@ -93,6 +93,7 @@ def _hint(mistakes, got: float, args: tuple, expected: float, fallback: str) -> 
     return fallback
 
 
+@grades_quietly
 def check_decode_step_cost(fn) -> None:
     """Check a learner's `fn(config, batch, context, bytes_per_value) -> (flops, bytes)`.
 
@@ -152,6 +153,7 @@ def _ridge_mistakes(profile: HardwareProfile, config: ModelConfig, dtype) -> lis
     return mistakes
 
 
+@grades_quietly
 def check_ridge_batch(answer: float, profile: HardwareProfile, config: ModelConfig,
                       dtype=torch.float32, context: int = 0) -> None:
     """Check a learner's predicted ridge batch size against `roofline.ridge_batch` (within 5%).
@@ -259,6 +261,7 @@ def _compare_bounds(fn, rows: list[dict], profile: HardwareProfile, slack: float
          repr(got[first]), hint)
 
 
+@grades_quietly
 def check_step_bounds(fn, rows: list[dict] | None = None, profile: HardwareProfile | None = None) -> None:
     """Check a learner's `fn(rows, profile, slack) -> list of "memory-bound" / "compute-bound" / "overhead-bound"`.
 

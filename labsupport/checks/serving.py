@@ -16,7 +16,7 @@ import torch
 from ..models.config import PRESETS, ModelConfig
 from ..serving.block_manager import BlockManager, blocks_needed
 from ..serving.paged_cache import PagedKVCache
-from . import fail, passed
+from . import fail, grades_quietly, passed
 
 STEP = "one scheduler step"
 BLOCKS = "blocks for a set of sequences"
@@ -72,6 +72,7 @@ def _step_cases():
     ]
 
 
+@grades_quietly
 def check_schedule_step(fn) -> None:
     """Check `fn(running, waiting, max_slots, free_blocks, policy) -> (leaving, joining)`.
 
@@ -127,6 +128,7 @@ def reference_blocks_for(lengths, block_size) -> int:
     return sum(blocks_needed(n, block_size) for n in lengths)
 
 
+@grades_quietly
 def check_blocks_for(fn) -> None:
     """Check `fn(lengths, block_size) -> int`: the sum over sequences of ceil(length / block_size).
 
@@ -244,6 +246,7 @@ def _slip_hint(got: torch.Tensor, pool_keys: torch.Tensor, table, length: int, b
     return None
 
 
+@grades_quietly
 def check_paged_gather(fn, config: ModelConfig | None = None) -> None:
     """Check `fn(pool_keys, block_table, length, block_size) -> (length, kv_heads, head_dim)` against
     what `PagedKVCache`'s own gather reads back, for sequences whose blocks are scattered over the pool.

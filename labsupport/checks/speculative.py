@@ -17,7 +17,7 @@ import torch
 from ..kv_cache import StaticKVCache
 from ..models.loading import lively_model
 from ..speculative import PromptLookupDraft, expected_tokens_per_call
-from . import close_enough, fail, passed
+from . import close_enough, fail, grades_quietly, passed
 
 ACCEPT = "the accept/reject-and-resample step"
 EXPECTED = "expected tokens per target pass"
@@ -109,6 +109,7 @@ def _same(a, b) -> bool:
     return r_a is not None and r_b is not None and r_a.shape == r_b.shape and bool(torch.allclose(r_a, r_b, atol=1e-5, equal_nan=True))
 
 
+@grades_quietly
 def check_accept_step(fn) -> None:
     """Check `fn(p_target, p_draft, token, u) -> (accepted, residual)`: residual is the
     normalized distribution to resample from after a rejection, or None when accepted.
@@ -180,6 +181,7 @@ def _close(got: float, want: float) -> bool:
     return math.isfinite(got) and close_enough(got, want, rel=1e-6)
 
 
+@grades_quietly
 def check_expected_tokens(fn) -> None:
     """Check `fn(alpha, k) -> float`: (1 - alpha^(k+1)) / (1 - alpha), and k + 1 at alpha = 1.
     Notebook 05 (speculative decoding)."""
@@ -254,6 +256,7 @@ def _step_scenarios(target, prompt, greedy):
             ("no drafts at all", [], g[:1], 1)]
 
 
+@grades_quietly
 def check_speculative_step(fn, model=None, prompt=None, new_tokens: int = 16) -> None:
     """Check `fn(target, cache, pending, drafted) -> new tokens` (greedy): one target pass,
     the accepted prefix plus the target's correction or bonus token, the cache rolled back.

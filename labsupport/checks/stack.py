@@ -7,7 +7,7 @@ Introduced in notebook 07 (putting it together).
 from __future__ import annotations
 
 from ..stack import HF_PEER, best_under_budget
-from . import close_enough, fail, passed
+from . import close_enough, fail, grades_quietly, passed
 
 CUMULATIVE = "cumulative speedup along the ladder"
 CEILING = "the memory-bound ceiling of decode throughput"
@@ -60,6 +60,7 @@ def _cumulative_hint(rows: list[dict], got: dict, stage: str, want: dict) -> str
             "stages after it do not include its gain.")
 
 
+@grades_quietly
 def check_cumulative(fn, measured_rows: list[dict] | None = None) -> None:
     """Check `fn(rows) -> {stage: speedup over the first stage}`. Notebook 07 (putting it together)."""
     for rows in _ladders(measured_rows):
@@ -84,6 +85,7 @@ def reference_ceiling(bandwidth_bytes_per_s: float, weight_bytes: float, batch: 
     return batch * bandwidth_bytes_per_s / weight_bytes
 
 
+@grades_quietly
 def check_ceiling(fn) -> None:
     """Check `fn(bandwidth_bytes_per_s, weight_bytes, batch) -> tokens/s`.
     Notebook 07 (putting it together)."""
@@ -151,6 +153,7 @@ def _budget_slips(rows: list[dict], budget: float) -> list[tuple[object, str]]:
     ]
 
 
+@grades_quietly
 def check_best_under_budget(fn, measured_rows: list[dict] | None = None) -> None:
     """Check `fn(rows, budget_bytes) -> the name of the fastest stage that fits, or None`.
 
