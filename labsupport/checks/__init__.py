@@ -30,6 +30,19 @@ def fail(exercise: str, expected, got, hint: str) -> None:
     raise CheckFailed(f"{exercise}: expected {expected}, got {got}. Hint: {hint}")
 
 
+def call_learner(exercise: str, expected: str, hint, fn, *args):
+    """fn(*args), the learner's code; if it raises, CheckFailed with `hint` (a string, or a function
+    of the error). A stub's NotImplementedError passes through with its own message.
+    Used by the exercise checkers of notebooks 01 and 02."""
+    try:
+        return fn(*args)
+    except NotImplementedError:                      # an exercise not done yet
+        raise
+    except Exception as error:                       # noqa: BLE001 - the learner's code failed
+        fail(exercise, expected, f"{type(error).__name__}: {str(error).rstrip('.')}",
+             hint(error) if callable(hint) else hint)
+
+
 def close_enough(got: float, expected: float, rel: float = 1e-6) -> bool:
     """True when `got` is within a relative tolerance `rel` of `expected`.
     Used by the exercise checkers of notebooks 00, 02, 03, 05 and 07."""

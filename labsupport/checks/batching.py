@@ -22,7 +22,7 @@ import torch
 from ..batching import PaddedBatch, left_pad, padding_waste
 from ..generation import decode_step, generate, prefill
 from ..kv_cache import StaticKVCache
-from . import close_enough, fail, grades_quietly, passed
+from . import call_learner, close_enough, fail, grades_quietly, passed
 from .kv_cache import tiny_test_model
 
 # (prompts, pad_id): the longest prompt not first; a pad id that also occurs inside prompts
@@ -109,13 +109,9 @@ def check_left_pad(fn, prompts=None, pad_id: int | None = None) -> None:
     for batch, pad in cases:
         expected = left_pad(batch, pad)
         shape = expected.tokens.shape
-        try:
-            answer = fn([list(p) for p in batch], pad)
-        except NotImplementedError:                      # an exercise not done yet: its own message
-            raise
-        except Exception as error:                       # the learner's code failed
-            fail(exercise, f"a padded batch for prompts {batch}", f"{type(error).__name__}: {error}",
-                 "prompts differ in length: make every row as wide as the longest prompt, pad_id in front.")
+        answer = call_learner(exercise, f"a padded batch for prompts {batch}",
+                              "prompts differ in length: make every row as wide as the longest prompt, pad_id "
+                              "in front.", fn, [list(p) for p in batch], pad)
         tokens, mask, positions = _unpack(answer, exercise)
         tokens = _as_tensor(tokens, "tokens", exercise, shape).long().cpu()
         mask = _as_tensor(mask, "attention_mask", exercise, shape).cpu()
@@ -242,15 +238,11 @@ def _generation_hint(failures: list[dict]) -> str:
 def _run_case(fn, model, name: str, prompts, end_id: int, new_tokens: int, tiny: bool = True) -> list[dict]:
     """The learner's rows against each prompt alone (and the package's batch); the failing rows.
     A tiny case keeps its inputs and rows, for `_generation_hint` to replay the slips on."""
-    try:
-        with torch.inference_mode():
-            rows = fn(model, [list(p) for p in prompts], new_tokens, end_id)
-    except NotImplementedError:                      # an exercise not done yet: its own message
-        raise
-    except Exception as error:                       # the learner's code failed
-        fail(GENERATION, f"token rows for {len(prompts)} prompts on {name}", f"{type(error).__name__}: {error}",
-             "pad with batching.left_pad, make the cache with StaticKVCache(model.config, batch, prompt length + "
-             "new_tokens, device=model.device, dtype=model.dtype), then ls.prefill and ls.decode_step.")
+    with torch.inference_mode():
+        rows = call_learner(GENERATION, f"token rows for {len(prompts)} prompts on {name}",
+                            "pad with batching.left_pad, make the cache with StaticKVCache(model.config, batch, "
+                            "prompt length + new_tokens, device=model.device, dtype=model.dtype), then ls.prefill "
+                            "and ls.decode_step.", fn, model, [list(p) for p in prompts], new_tokens, end_id)
     if not isinstance(rows, (list, tuple)) or len(rows) != len(prompts):
         fail(GENERATION, f"a list of {len(prompts)} rows (one list of token ids per prompt)",
              type(rows).__name__, "return one list of new token ids per prompt, in the prompts' order.")
@@ -330,13 +322,8 @@ def check_padding_waste(fn) -> None:
     exercise = "padding waste"
     answers, first_wrong = [], None
     for lengths in WASTE_CASES:
-        try:
-            answer = fn(list(lengths))
-        except NotImplementedError:                      # an exercise not done yet: its own message
-            raise
-        except Exception as error:                       # the learner's code failed
-            fail(exercise, f"a fraction for lengths {lengths}", f"{type(error).__name__}: {error}",
-                 "waste = (batch x longest - sum of lengths) / (batch x longest).")
+        answer = call_learner(exercise, f"a fraction for lengths {lengths}",
+                              "waste = (batch x longest - sum of lengths) / (batch x longest).", fn, list(lengths))
         try:
             got = float(answer)
         except (TypeError, ValueError):

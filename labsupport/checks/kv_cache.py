@@ -22,7 +22,7 @@ from ..generation import generate_naive
 from ..kv_cache import StaticKVCache, kv_cache_bytes
 from ..models.config import PRESETS, ModelConfig
 from ..models.loading import random_model
-from . import fail, grades_quietly, passed
+from . import call_learner, fail, grades_quietly, passed
 
 UPDATE = "cache update of one attention layer"
 GENERATION = "cached greedy generation"
@@ -90,14 +90,10 @@ def _check_one_update(fn, batch, kv_heads, max_len, head_dim, length, T, generat
     want_k, want_v = reference.update(0, new_k, new_v)                       # (batch, kv_heads, length+T, head_dim)
     case = f"(length={length}, T={T}, buffers {tuple(key_buffer.shape)})"
 
-    try:
-        out = fn(key_buffer, value_buffer, new_k.clone(), new_v.clone(), length)
-    except NotImplementedError:                      # an exercise not done yet: its own message
-        raise
-    except Exception as error:                       # the learner's code failed
-        fail(UPDATE, f"a result {case}", f"{type(error).__name__}: {str(error).rstrip('.')}",
-             "T = new_keys.shape[2] (the sequence is dimension 2 of (batch, kv_heads, T, head_dim)); "
-             "write key_buffer[:, :, length:length + T] = new_keys.")
+    out = call_learner(UPDATE, f"a result {case}",
+                       "T = new_keys.shape[2] (the sequence is dimension 2 of (batch, kv_heads, T, head_dim)); "
+                       "write key_buffer[:, :, length:length + T] = new_keys.",
+                       fn, key_buffer, value_buffer, new_k.clone(), new_v.clone(), length)
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
         fail(UPDATE, "a pair (keys so far, values so far)", type(out).__name__,
              "end the function with `return keys, values`.")
@@ -205,14 +201,9 @@ def _check_one_generation(fn, model, prompt: list[int], new_tokens: int, name: s
     want_ids, want_logits = want.tokens[0].tolist(), torch.cat(want.logits)        # (new_tokens, vocab)
     counting = CountingModel(model)
     case = f"on {name}, a {len(prompt)}-token prompt, {new_tokens} new tokens"
-    try:
-        with torch.inference_mode():
-            out = fn(counting, list(prompt), new_tokens)
-    except NotImplementedError:                      # an exercise not done yet: its own message
-        raise
-    except Exception as error:                       # the learner's code failed
-        fail(GENERATION, f"the loop to run {case}", f"{type(error).__name__}: {str(error).rstrip('.')}",
-             _failure_hint(error, counting.calls))
+    with torch.inference_mode():
+        out = call_learner(GENERATION, f"the loop to run {case}",
+                           lambda error: _failure_hint(error, counting.calls), fn, counting, list(prompt), new_tokens)
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
         fail(GENERATION, "a pair (new ids, logits of every step)", type(out).__name__,
              "end with `return new_ids, torch.cat(step_logits)`.")
@@ -313,13 +304,9 @@ def check_cache_size(fn) -> None:
     answers, first_wrong = [], None
     for config, length, batch, bytes_per_value in SIZE_CASES:
         want = kv_cache_bytes(config, length, batch, BYTES_TO_DTYPE[bytes_per_value])
-        try:
-            got = fn(config, length, batch, bytes_per_value)
-        except NotImplementedError:                      # an exercise not done yet: its own message
-            raise
-        except Exception as error:                       # the learner's code failed
-            fail(SIZE, f"a number of bytes for {config.name}", f"{type(error).__name__}: {str(error).rstrip('.')}",
-                 "use the config's fields num_layers, num_kv_heads and head_dim.")
+        got = call_learner(SIZE, f"a number of bytes for {config.name}",
+                           "use the config's fields num_layers, num_kv_heads and head_dim.",
+                           fn, config, length, batch, bytes_per_value)
         answers.append(got)
         if got != want and first_wrong is None:
             first_wrong = (config, length, batch, bytes_per_value, want, got)
