@@ -240,3 +240,21 @@ def test_a_failing_compile_falls_back_to_eager_decoding_in_one_warning(monkeypat
         fallback = generate(model, PROMPT, 12, eos_token_ids=(), compile=True)
     assert fallback.row(0) == plain.row(0) and fallback.warmup_seconds == 0.0
     assert model._compile_failed.startswith("Cannot find a working triton")
+
+
+def test_checking_for_the_end_every_few_steps_gives_the_same_result(monkeypatch):
+    """On a GPU `generate` asks whether every row has ended only every few steps (each question
+    stalls the GPU); the extra steps are cut off, so the result is the same."""
+    from labsupport import generation
+    from labsupport.models.loading import lively_model
+    model = lively_model("tiny-llama", seed=3)              # weights scaled up: varied tokens
+    prompts = [PROMPT, [9, 8, 7]]
+    free = generate(model, prompts, 20, eos_token_ids=())
+    ends = [free.row(0)[4], free.row(1)[8]]                 # row 0 ends at step 5, row 1 at step 9
+    every_step = generate(model, prompts, 20, eos_token_ids=ends, return_logits=True)
+    assert every_step.new_token_counts == [5, 9]
+    monkeypatch.setitem(generation.EOS_CHECK_EVERY, "cpu", 6)     # checks after steps 6 and 12
+    sparse = generate(model, prompts, 20, eos_token_ids=ends, return_logits=True)
+    assert sparse.tokens.tolist() == every_step.tokens.tolist()
+    assert sparse.new_token_counts == every_step.new_token_counts
+    assert len(sparse.logits) == len(every_step.logits) == 9
