@@ -222,3 +222,32 @@ def matvec_matmul_figure(batch: int = 4, in_features: int = 6, out_features: int
                                       "one weight; orange: the inputs it multiplies and the outputs it adds to"
                                       "</sup>"))
     return fig
+
+
+KIND_COLORS = {"matmuls": "#1f77b4", "attention": "#ff7f0e", "norms and elementwise": "#2ca02c",
+               "sampling": "#9467bd", "framework and Python": "#7f7f7f"}
+
+
+def step_profile_figure(profiles: dict[str, dict]) -> go.Figure:
+    """One horizontal bar per profiled decode step (`step_profile.profile_decode_step`), split
+    into its kinds of work, as shares of the step; the hover gives milliseconds per step.
+
+    Introduced in notebook 00 (where the time goes). profiles: {label: result}, e.g.
+    {"float32, batch 1": ..., "float32, batch 48": ...}.
+    """
+    if not profiles:
+        raise LabError("step_profile_figure needs at least one profile_decode_step result.")
+    labels = list(profiles)
+    fig = go.Figure()
+    for kind, color in KIND_COLORS.items():
+        shares = [profiles[label]["share"][kind] for label in labels]
+        ms = [1e3 * profiles[label]["seconds"][kind] for label in labels]
+        fig.add_trace(go.Bar(y=labels, x=shares, name=kind, orientation="h", marker_color=color,
+                             text=[f"{s:.0%}" if s >= 0.06 else "" for s in shares], textposition="inside",
+                             customdata=ms, hovertemplate=f"{kind}: %{{x:.0%}} (%{{customdata:.2f}} ms per step)"
+                                                          "<extra>%{y}</extra>"))
+    fig.update_layout(barmode="stack", title="Where one decode step's time goes (torch.profiler)",
+                      xaxis=dict(title="share of the profiled step", tickformat=".0%", range=[0, 1]),
+                      width=WIDTH, height=160 + 60 * len(labels), template="plotly_white",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
+    return fig

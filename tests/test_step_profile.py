@@ -1,0 +1,48 @@
+"""labsupport.step_profile: one decode step split by kind of work (torch.profiler)."""
+
+import pytest
+
+from labsupport.errors import LabError
+from labsupport.step_profile import KINDS, kind_of, profile_decode_step
+
+
+def test_operators_are_sorted_into_kinds():
+    assert kind_of("aten::addmm") == kind_of("aten::_weight_int4pack_mm_for_cpu") == "matmuls"
+    assert kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert kind_of("aten::argmax") == "sampling"
+    assert kind_of("aten::rsqrt") == kind_of("aten::index_copy_") == "norms and elementwise"
+    assert kind_of("aten::as_strided") == kind_of("aten::transpose") == "framework and Python"
+
+
+def test_one_step_is_split_into_every_kind_and_adds_up(tiny_llama):
+    result = profile_decode_step(tiny_llama, batch=2, context=16, steps=3)
+    assert list(result["seconds"]) == list(KINDS)
+    assert result["seconds"]["matmuls"] > 0 and result["seconds"]["attention"] > 0
+    assert result["seconds"]["sampling"] > 0                        # the argmax of the greedy pick
+    assert sum(result["share"].values()) == pytest.approx(1.0)
+    assert sum(result["seconds"].values()) == pytest.approx(result["profiled_step_seconds"], rel=0.05)
+    assert result["step_seconds"] > 0
+    assert result["top"] and all(op["kind"] in KINDS for op in result["top"])
+
+
+def test_a_custom_step_is_profiled_instead(tiny_llama):
+    calls = []
+    result = profile_decode_step(tiny_llama, batch=1, context=4, steps=2,
+                                 step_fn=lambda model, cache, tokens: calls.append(tokens.shape))
+    assert calls and result["seconds"]["matmuls"] == 0
+
+
+@pytest.mark.parametrize("batch, steps", [(0, 3), (2, 0), (1.5, 3)])
+def test_bad_counts_are_refused_in_one_sentence(tiny_llama, batch, steps):
+    with pytest.raises(LabError, match="whole numbers"):
+        profile_decode_step(tiny_llama, batch=batch, steps=steps)
+
+
+def test_the_figure_stacks_every_kind_for_every_step(tiny_llama):
+    from labsupport.plots.roofline import step_profile_figure
+    one = profile_decode_step(tiny_llama, batch=1, context=8, steps=2)
+    fig = step_profile_figure({"batch 1": one, "batch 1 again": one})
+    assert [trace.name for trace in fig.data] == list(KINDS)
+    assert all(list(trace.y) == ["batch 1", "batch 1 again"] for trace in fig.data)
+    with pytest.raises(LabError, match="at least one"):
+        step_profile_figure({})
