@@ -3,7 +3,8 @@
 Introduced in notebook 00 (where the time goes). Every benchmark in the
 course goes through these functions, so every number is taken the same way:
 
-* warm-up calls first (the first call pays for allocation and compilation);
+* warm-up calls first (the first call pays for allocation and compilation; on a GPU
+  at least one, whatever the caller asks: there the first call compiles the decode step);
 * the device is synchronized before and after each call (GPUs run
   asynchronously, so without it the clock stops before the work is done);
 * several repeats, summarized by the median, with the spread shown too;
@@ -79,13 +80,8 @@ class Timing:
 
     def to_dict(self) -> dict:
         """A plain dict with the samples and their summary (for JSON or a table)."""
-        return {
-            "samples": list(self.samples),
-            "median": self.median,
-            "min": self.min,
-            "max": self.max,
-            "spread": self.spread,
-        }
+        return {"samples": list(self.samples), "median": self.median, "min": self.min, "max": self.max,
+                "spread": self.spread}
 
     def __str__(self) -> str:
         return (
@@ -94,10 +90,12 @@ class Timing:
         )
 
 
-def _check_counts(warmup: int, repeats: int) -> None:
-    """Refuse counts that would give no samples."""
+def _warmup_calls(warmup: int, repeats: int, device: torch.device) -> int:
+    """Refuse counts that would give no samples. On a GPU at least one warm-up call runs: its
+    first call of a shape compiles and records the decode step (`generation.compile_by_default`)."""
     if repeats < 1 or warmup < 0:
         raise LabError(f"Got warmup={warmup}, repeats={repeats}; use warmup >= 0 and repeats >= 1.")
+    return max(warmup, 1) if device.type == "cuda" else warmup
 
 
 def _time_once(fn: Callable[[], object], device: torch.device) -> float:
@@ -116,9 +114,8 @@ def time_fn(fn: Callable[[], object], device, warmup: int = 1, repeats: int = 5)
     synchronized before and after every call, and the clock is
     `time.perf_counter`.
     """
-    _check_counts(warmup, repeats)
     device = pick_device(device)
-    for _ in range(warmup):
+    for _ in range(_warmup_calls(warmup, repeats, device)):
         fn()
     synchronize(device)
     return Timing([_time_once(fn, device) for _ in range(repeats)])
@@ -135,10 +132,10 @@ def time_side_by_side(
     C A B, ...). A slow moment of the machine then lands on all candidates
     alike, which is how every speed ratio in the course is measured.
     """
-    _check_counts(warmup, repeats)
     if not fns:
         raise LabError("time_side_by_side got no functions; pass a dict such as {'name': fn}.")
     device = pick_device(device)
+    warmup = _warmup_calls(warmup, repeats, device)
     names = list(fns)
     for name in names:
         for _ in range(warmup):

@@ -122,3 +122,18 @@ def test_int4_on_a_t4_falls_back_to_the_reference_with_the_reason():
         with pytest.warns(UserWarning, match="compute capability 8.0"):
             layer = quantize_kernels.Int4Linear.from_linear(linear, group_size=32, kernel="auto")
     assert layer.kernel == "reference" and "Tesla T4 has 7.5" in layer.fallback_reason
+
+
+def test_timing_on_a_gpu_always_warms_up_once(gpu):
+    """The first call of a shape compiles and records the decode step on a GPU, so the timing
+    harness never times it, even where a caller asked for no warm-up (a CPU has nothing to warm)."""
+    from labsupport.measure import time_fn, time_side_by_side
+    calls = []
+    time_fn(lambda: calls.append(1), CUDA, warmup=0, repeats=3)
+    assert len(calls) == 4
+    counted = {"a": [], "b": []}
+    time_side_by_side({k: (lambda k=k: counted[k].append(1)) for k in counted}, CUDA, warmup=0, repeats=2)
+    assert [len(v) for v in counted.values()] == [3, 3]
+    calls.clear()
+    time_fn(lambda: calls.append(1), "cpu", warmup=0, repeats=3)
+    assert len(calls) == 3
