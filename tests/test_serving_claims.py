@@ -70,3 +70,10 @@ def test_a_busy_machine_gets_no_verdict_from_the_clock(toy_runs):
     rows = serving_claims(**GOOD, toy_static=toy_runs[4],
                           timings={"static": timing(), "continuous": timing(), "hf": timing(0.6)})
     assert rows[0]["verdict"] == "holds" and rows[3]["verdict"].startswith(BUSY_VERDICT)
+
+
+def test_compare_speed_has_a_noise_margin_on_both_sides():
+    from labsupport.claims.ratios import compare_speed
+    assert [compare_speed(r) for r in (1.05, 1.04, 1.0, 1 / 1.04, 1 / 1.05)] == [
+        "faster", "same", "same", "same", "slower"]
+    assert compare_speed(1.5, margin=2.0) == "same"

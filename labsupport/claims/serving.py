@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..busy import busy_reason, judge
+from .ratios import MARGIN, compare_speed
 
-FASTER = 1.05          # a ratio at least this large is "faster"; within it of 1, "no measurable difference"
+FASTER = MARGIN        # a ratio at least this large is "faster"; within it of 1, "no measurable difference"
 
 
 def alone_waste(static_run) -> tuple[float, int]:
@@ -54,14 +55,9 @@ def serving_claims(speed: Mapping[str, float], metrics: Mapping[str, dict], toy_
     static, continuous = metrics["static"], metrics["continuous"]
     ratio = speed["continuous"] / speed["static"]
     fuller = continuous["slot_utilization"] > static["slot_utilization"]
-    if not fuller:
-        verdict = "not here: continuous batching did not keep more slots busy"
-    elif ratio >= FASTER:
-        verdict = "holds"
-    elif ratio > 1 / FASTER:
-        verdict = "slots refilled, but no measurable speedup here"
-    else:
-        verdict = "slots refilled, but slower here"
+    verdict = ({"faster": "holds", "same": "slots refilled, but no measurable speedup here",
+                "slower": "slots refilled, but slower here"}[compare_speed(ratio, FASTER)] if fuller else
+               "not here: continuous batching did not keep more slots busy")
     rows = [{"claim": "continuous batching frees a finished sequence's slot between iterations",
              "measured": f"slot use {continuous['slot_utilization']:.0%} continuous vs "
                          f"{static['slot_utilization']:.0%} static; throughput {ratio:.2f}x static at "

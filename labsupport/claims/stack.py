@@ -9,8 +9,9 @@ from __future__ import annotations
 from ..busy import busy_reason, judge
 from ..precision import tensor_bytes
 from ..stack import HF_PEER, INT4_BATCH_1
+from .ratios import MARGIN, compare_speed
 
-FASTER = 1.05          # a gain at least this large is "faster"; at most 1 / FASTER, "slower"
+FASTER = MARGIN        # a gain at least this large is "faster"; at most 1 / FASTER, "slower"
 CLEARLY = 1.10         # one gain this much larger than another is "more"; closer than that, "about the same"
 
 
@@ -35,14 +36,9 @@ def _speed(result: dict, name: str, holds: float = FASTER, below: str = "") -> t
         return "not run here", "not tested here"
     gain = row["gain"]
     measured = f"{gain:.2f}x over {row['builds_on']}"
-    if gain >= holds:
-        verdict = "holds"
-    elif gain >= FASTER:
-        verdict = f"faster, {below}" if below else "holds"
-    elif gain > 1 / FASTER:
-        verdict = "no measurable difference here"
-    else:
-        verdict = "does not hold here: slower"
+    verdict = "holds" if gain >= holds else {
+        "faster": f"faster, {below}" if below else "holds", "same": "no measurable difference here",
+        "slower": "does not hold here: slower"}[compare_speed(gain, FASTER)]
     return measured, judge(verdict, _busy(result, name, row["builds_on"]))
 
 
@@ -148,10 +144,6 @@ def _all_together(result: dict) -> tuple[str, str]:
     ratio = result["stack_vs_hf"]
     measured = (f"{ratio:.1f}x Hugging Face generate() (fp32, one request at a time), best stage: "
                 f"{result['best']}")
-    if ratio >= FASTER:
-        verdict = "holds: the combined stack is faster"
-    elif ratio > 1 / FASTER:
-        verdict = "no measurable difference here"
-    else:
-        verdict = "does not hold here: slower"
+    verdict = {"faster": "holds: the combined stack is faster", "same": "no measurable difference here",
+               "slower": "does not hold here: slower"}[compare_speed(ratio, FASTER)]
     return measured, judge(verdict, _busy(result, result["best"], HF_PEER))
