@@ -6,7 +6,8 @@ holding that notebook's section(s) and prompts:
 
     core          --  BenchContext (models loaded once), `reported` entries, all_figures, write_json
     options       --  BenchOptions: every knob, validated, with CPU and GPU presets
-    peers         --  the Hugging Face peers: generate(), a padded batch, continuous batching, the stack's
+    peers         --  the Hugging Face peers: generate(), a padded batch, the stack's
+    serving_peers 06  the serving peers: Hugging Face's continuous batching
     suite         --  SECTIONS in the course's order, and `run`
     baseline      00  labsupport generate() vs Hugging Face's; the bandwidth a decode step reaches
     roofline      00  decode-step sweep over batch sizes on this machine's roofline

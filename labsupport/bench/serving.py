@@ -15,7 +15,7 @@ from ..serving.metrics import reserved_vs_used
 from ..workloads import preset, serving_workload
 from .core import BenchContext, reported
 from .options import BenchOptions
-from .peers import hf_serve
+from .serving_peers import hf_serve
 
 
 def default_slots(device) -> int:
@@ -29,7 +29,7 @@ def default_slots(device) -> int:
 def serve_side_by_side(model, hf_model, requests: list, slots: int, repeats: int = 1) -> tuple[dict, dict]:
     """Serve `requests` (all arriving at once) three ways, timed side by side: our engine with
     continuous and with static batching (`slots` slots, a paged cache the size of a per-slot
-    reservation for the longest request) and Hugging Face's continuous batching (`peers.hf_serve`).
+    reservation for the longest request) and Hugging Face's continuous batching (`serving_peers.hf_serve`).
 
     Introduced in notebook 06 (continuous batching). Returns (the `Timing` of "continuous",
     "static" and "hf", the last run of each by the same names: a `ServingResult` for ours,
