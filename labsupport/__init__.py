@@ -41,7 +41,7 @@ from .errors import LabError
 from .generation import (GenerationResult, TextStreamer, chat_prompt, decode_step, generate,
                        generate_naive, generate_text, prefill)
 from .hardware import require_supported_platform, pick_device, pick_dtype
-from .measure import probe
+from .roofs import probe
 from .kv_cache import StaticKVCache, kv_cache_bytes
 from .models.config import PRESETS, ModelConfig
 from .models.loading import course_model_name, load_hf_model, load_model, model_config

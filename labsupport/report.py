@@ -152,7 +152,7 @@ def _baseline_plots(section: dict) -> list:
 
 
 def _roofline_plots(section: dict) -> list:
-    from .measure import HardwareProfile
+    from .roofs import HardwareProfile
     from .plots.roofline import roofline_figure, step_time_figure
     rows = [r for dtype_rows in section["sweeps"].values() for r in dtype_rows]
     profile = HardwareProfile(**section["hardware"])

@@ -35,7 +35,8 @@ from .errors import LabError
 from .generation import decode_step, prefill
 from .hardware import as_dtype, bf16_supported, dtype_name, pick_device
 from .kv_cache import StaticKVCache, kv_cache_bytes
-from .measure import HardwareProfile, Timing, time_fn
+from .measure import Timing, time_fn
+from .roofs import HardwareProfile
 from .models.config import ModelConfig
 from .tables import records_table
 

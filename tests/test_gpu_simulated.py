@@ -92,7 +92,7 @@ def test_every_gpu_workload_fits_a_t4():
 def test_the_bandwidth_probe_fits_the_free_memory(gpu):
     from unittest import mock
 
-    from labsupport.measure import CUDA_COPY_BYTES, default_copy_bytes
+    from labsupport.roofs import CUDA_COPY_BYTES, default_copy_bytes
     assert default_copy_bytes(CUDA) == CUDA_COPY_BYTES               # a whole GPU: 1 GiB buffers
     with mock.patch.object(torch.cuda, "mem_get_info", return_value=(2 * 2**30, gpu.total_memory)):
         assert default_copy_bytes(CUDA) == 2 * 2**30 // 8              # a MIG slice with 2 GiB free

@@ -5,8 +5,9 @@ import torch
 
 from labsupport import hardware
 from labsupport.errors import LabError, UnsupportedDtype
-from labsupport import measure
-from labsupport.measure import HardwareProfile, measure_bandwidth, measure_matmul_flops, probe
+from labsupport import measure, roofs
+from labsupport.measure import Timing
+from labsupport.roofs import HardwareProfile, measure_bandwidth, measure_matmul_flops, probe
 from labsupport.hardware import (
     bf16_supported,
     require_usable_dtype,
@@ -234,14 +235,15 @@ def test_profile_ridge_and_attainable():
         "name": "test",
         "bandwidth": 1e10,
         "flops": {"float32": 1e11},
+        "bandwidth_spread": 0.0,
     }
     with pytest.raises(LabError, match="not measured"):
         profile.ridge(torch.bfloat16)
 
 
 def test_probe_measures_and_memoizes(monkeypatch):
-    monkeypatch.setattr(measure, "_PROBE_CACHE", {})
-    monkeypatch.setattr(measure, "CPU_COPY_BYTES", 32 * 2**20)  # keep the test quick
+    monkeypatch.setattr(roofs, "_PROBE_CACHE", {})
+    monkeypatch.setattr(roofs, "CPU_COPY_BYTES", 32 * 2**20)  # keep the test quick
     profile = probe("cpu", dtypes=[torch.float32])
     assert profile.device == "cpu"
     assert 1e8 < profile.bandwidth < 1e13
@@ -254,13 +256,25 @@ def test_probe_measures_and_memoizes(monkeypatch):
 
 
 def test_probe_default_dtypes_follow_hardware(monkeypatch):
-    monkeypatch.setattr(measure, "_PROBE_CACHE", {})
-    monkeypatch.setattr(measure, "measure_bandwidth", lambda device: 1e10)
-    monkeypatch.setattr(measure, "measure_matmul_flops", lambda device, dtype: 1e11)
+    monkeypatch.setattr(roofs, "_PROBE_CACHE", {})
+    monkeypatch.setattr(roofs, "copy_timing", lambda device: (1000, Timing([2e-7] * 5)))
+    monkeypatch.setattr(roofs, "measure_matmul_flops", lambda device, dtype: 1e11)
     fake_cpu(monkeypatch, bf16=False)
     assert list(probe("cpu").flops) == ["float32"]
     fake_cpu(monkeypatch, bf16=True)
     assert list(probe("cpu").flops) == ["float32", "bfloat16"]
+
+
+def test_probe_keeps_the_copies_median_and_spread(monkeypatch):
+    """The bandwidth is the median copy; its spread (IQR / median) is kept beside it and printed."""
+    monkeypatch.setattr(roofs, "_PROBE_CACHE", {})
+    copies = Timing([1.0, 1.0, 1.0, 2.0, 4.0])             # seconds; median 1, IQR 1
+    monkeypatch.setattr(roofs, "copy_timing", lambda device: (1000, copies))
+    monkeypatch.setattr(roofs, "measure_matmul_flops", lambda device, dtype: 1e11)
+    profile = probe("cpu", dtypes=["float32"])
+    assert profile.bandwidth == pytest.approx(2000.0)         # 2 x 1000 bytes in the median second
+    assert profile.bandwidth_spread == pytest.approx(1.0)
+    assert "±50%" in str(profile)
 
 
 def test_probe_refuses_dtypes_the_device_cannot_run(monkeypatch):

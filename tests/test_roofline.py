@@ -8,7 +8,8 @@ import torch
 
 from labsupport.explorers.roofline import roofline_explorer
 from labsupport.errors import LabError
-from labsupport.measure import HardwareProfile, Timing
+from labsupport.measure import Timing
+from labsupport.roofs import HardwareProfile
 from labsupport.models.config import PRESETS
 from labsupport.plots.roofline import matvec_matmul_figure, roofline_figure, step_time_figure, sweep_points
 from labsupport import roofline

@@ -9,7 +9,8 @@ from labsupport.busy import BUSY_VERDICT
 from labsupport.claims.roofline import (claims_summary, falling_time_reason, roofline_claims,
                                         sweep_busy_reason)
 from labsupport.errors import LabError
-from labsupport.measure import HardwareProfile, Timing
+from labsupport.measure import Timing
+from labsupport.roofs import HardwareProfile
 from labsupport.models.config import PRESETS
 
 TINY = PRESETS["tiny-llama"]

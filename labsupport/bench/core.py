@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..measure import HardwareProfile, probe
+from ..roofs import HardwareProfile, probe
 from ..models.loading import load_hf_model, load_model
 
 
@@ -68,7 +68,7 @@ class BenchContext:
 
     @property
     def hardware(self) -> HardwareProfile:
-        """This machine's measured bandwidth and FLOP/s (`measure.probe`), probed once."""
+        """This machine's measured bandwidth and FLOP/s (`roofs.probe`), probed once."""
         if "hardware" not in self._cache:
             self._cache["hardware"] = probe(self.device)
         return self._cache["hardware"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..hardware import dtype_name
-from ..measure import HardwareProfile
+from ..roofs import HardwareProfile
 from ..models.config import PRESETS, ModelConfig
 from ..roofline import (COMPUTE_BOUND, MEMORY_BOUND, OVERHEAD_BOUND, attention_flops, bytes_per_value,
                         decode_step_cost, matmul_params, ridge_batch, step_bounds)

@@ -10,7 +10,7 @@ import math
 
 from ..busy import BUSY_VERDICT, busy_reason, judge, more_work_faster_reason
 from ..errors import LabError
-from ..measure import HardwareProfile
+from ..roofs import HardwareProfile
 from ..roofline import OVERHEAD_SLACK, roof_fraction
 
 FREE_ROWS_LIMIT = 1.5  # "extra rows are nearly free": 4 rows take under 1.5x the time of 1

@@ -15,7 +15,7 @@ import ipywidgets as widgets
 import torch
 
 from ..errors import LabError
-from ..measure import HardwareProfile
+from ..roofs import HardwareProfile
 from ..plots.roofline import roofline_figure, step_time_figure
 from ..roofline import measure_decode_point, supported_dtypes
 from ..variants import ModelVariants
@@ -84,7 +84,7 @@ def roofline_explorer(models, profile: HardwareProfile, batches=None, context: i
     models: one model (other dtypes are copies cast by `precision.cast_model`), a dict
     {dtype: model}, a factory dtype -> model (or -> (model, tokenizer)), called once per dtype
     when first chosen, or a `ModelVariants` (see `model_variants`).
-    profile: the `HardwareProfile` from `measure.probe()`; its dtypes the device runs
+    profile: the `HardwareProfile` from `roofs.probe()`; its dtypes the device runs
     natively are the precision choices. batches: slider positions (default: the device's
     ``roofline_batches``, `workloads.PRESETS`). measured: rows already measured (from `sweep_decode`),
     so those settings show at once.

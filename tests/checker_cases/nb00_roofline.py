@@ -4,7 +4,8 @@ import torch
 
 from labsupport import roofline
 from labsupport.checks.roofline import check_decode_step_cost, check_ridge_batch, check_step_bounds
-from labsupport.measure import HardwareProfile, Timing
+from labsupport.measure import Timing
+from labsupport.roofs import HardwareProfile
 from labsupport.models.config import PRESETS
 
 from checker_cases.common import accepts, refuses
