@@ -18,14 +18,13 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 
 from labsupport.errors import LabError
-from labsupport.hardware import (as_dtype, bf16_supported, require_usable_dtype, device_name, dtype_name, fp16_fast,
-                                 pick_device, synchronize)
+from labsupport.hardware import (pick_device, synchronize)
 
 try:
     import resource  # Linux and macOS only
