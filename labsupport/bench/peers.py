@@ -1,6 +1,8 @@
 """The Hugging Face peers: transformers doing the same work as labsupport, to time beside it.
 
-Introduced in notebook 00 (where the time goes), where `generate()` is the first peer;
+Introduced in notebook 00 (where the time goes), where `generate()` is the first peer,
+beside Hugging Face's own fast path (static cache + torch.compile) and its assisted
+generation (the llama.cpp peer is in llamacpp.py);
 notebooks 02 (a padded batch), 05 (prompt-lookup decoding) and 07 (the stack's last
 rung) add theirs. The serving peers (notebook 06) are in serving_peers.py.
 
@@ -16,6 +18,7 @@ import time
 
 import torch
 
+from ..errors import LabError
 from ..hardware import synchronize
 from ..serving.request import Request
 from ..stack import HF_PEER, Stage
@@ -54,6 +57,62 @@ def hf_generate_fn(hf_model, prompt_ids: list[int], new_tokens: int, prompt_look
     @torch.inference_mode()
     def run():
         return hf_model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)
+    return run
+
+
+def hf_static_compiled_fn(hf_model, prompt_ids: list[int], new_tokens: int):
+    """Hugging Face's documented fast path: generate() with its static cache and the model's
+    forward compiled by torch.compile (transformers' `CompileConfig` defaults: inductor,
+    mode "reduce-overhead"). A zero-argument function like `hf_generate_fn`'s.
+
+    Introduced in notebook 00 (where the time goes). transformers compiles by itself only
+    on GPUs; `_compile_all_devices` (its switch for other devices) makes it compile on a
+    CPU too. The first call compiles: time it apart (the bench reports it as compile time).
+    """
+    from transformers.generation.configuration_utils import CompileConfig
+
+    config = hf_greedy_config(hf_model, new_tokens)
+    config.cache_implementation = "static"
+    compile_config = CompileConfig()
+    compile_config._compile_all_devices = True
+    config.compile_config = compile_config
+    inputs = torch.tensor([prompt_ids], device=hf_model.device)
+
+    @torch.inference_mode()
+    def run():
+        return hf_model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)
+    return run
+
+
+def hf_early_layers_draft(hf_model, num_layers: int):
+    """A draft for Hugging Face's assisted generation: a copy of the model that keeps only
+    its first `num_layers` decoder layers (the same embedding, final norm and output layer),
+    so it shares the target's tokenizer and needs no second checkpoint.
+
+    Introduced in notebook 00 (where the time goes), as a peer; notebook 05 (speculative
+    decoding) explains why any cheap draft keeps greedy output exact.
+    """
+    layers = hf_model.model.layers
+    if not 1 <= num_layers < len(layers):
+        raise LabError(f"An early-layers draft keeps 1 to {len(layers) - 1} of the model's "
+                       f"{len(layers)} layers, got {num_layers}.")
+    draft = copy.deepcopy(hf_model)
+    draft.model.layers = draft.model.layers[:num_layers]
+    draft.config.num_hidden_layers = num_layers
+    return draft
+
+
+def hf_assisted_fn(hf_model, draft_model, prompt_ids: list[int], new_tokens: int):
+    """Hugging Face's assisted generation (``assistant_model``), greedy: the draft proposes
+    tokens and the target checks them in one pass. A zero-argument function like
+    `hf_generate_fn`'s. Introduced in notebook 00 (where the time goes), as a peer."""
+    config = hf_greedy_config(hf_model, new_tokens)
+    inputs = torch.tensor([prompt_ids], device=hf_model.device)
+
+    @torch.inference_mode()
+    def run():
+        return hf_model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config,
+                                 assistant_model=draft_model)
     return run
 
 

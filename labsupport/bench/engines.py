@@ -1,0 +1,185 @@
+"""Notebook 00's peer table: labsupport beside every engine a learner could pick instead.
+
+Introduced in notebook 00 (where the time goes); ``python -m labsupport bench --sections engines``.
+
+One prompt, greedy, batch 1, exactly `new_tokens` tokens (end-of-sequence ignored), every
+engine timed in the same interleaved rounds (`measure.time_side_by_side`):
+
+* labsupport fp32, eagerly and with its decode step compiled (`generate(compile=True)`);
+* labsupport int4, groups of 32 (notebook 04), the row to set beside llama.cpp;
+* Hugging Face generate() with its dynamic cache; its documented fast path (the static
+  cache with torch.compile); its prompt-lookup decoding; its assisted generation with a
+  draft made of the model's own first layers;
+* llama.cpp on the embedded model's own Q4_1 GGUF file with the same thread count
+  (an optional extra: where it is missing, its row says why).
+
+Prefill and decode are reported apart: each engine is also timed producing one token
+(its prefill), and its decode speed is (new_tokens - 1) / (whole run - prefill). A
+memory copy is timed in the same rounds, so every row's fraction of bandwidth (bytes a
+decode step reads x decode steps per second / copy bandwidth) divides by a bandwidth
+measured at the same moments. Compile times are timed apart, on each engine's first call.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from ..busy import busy_reason
+from ..generation import chat_prompt, generate
+from ..kv_cache import kv_cache_bytes
+from ..measure import time_side_by_side
+from ..models.embedded import find_gguf
+from ..quantize import quantize_model, quantized_bytes
+from ..roofs import copy_bandwidth, copy_timing
+from ..workloads import DEFAULT_PROMPT
+from .core import BenchContext, reported
+from .llamacpp import LlamaCppGreedy, llamacpp_unavailable
+from .options import BenchOptions
+from .peers import hf_assisted_fn, hf_early_layers_draft, hf_generate_fn, hf_static_compiled_fn
+
+OURS, OURS_COMPILED, OURS_INT4 = "labsupport fp32", "labsupport fp32, compiled", "labsupport int4 g32"
+HF, HF_STATIC, HF_LOOKUP, HF_ASSISTED = ("HF generate() fp32", "HF static cache + torch.compile",
+                                         "HF prompt lookup", "HF assisted generation")
+LLAMACPP = "llama.cpp Q4_1 (same GGUF)"
+COPY = "memory copy"
+
+
+def _engines(ctx: BenchContext, options: BenchOptions, ids: list[int]) -> tuple[dict, dict, dict]:
+    """name -> (run(n) -> new token ids, weight bytes a decode step reads); name -> why it is
+    absent; name -> seconds its first call spent compiling."""
+    new_tokens = options.new_tokens
+    model, _ = ctx.model(torch.float32)
+    hf = ctx.hf_model(torch.float32)
+    engines, absent, compile_s = {}, {}, {}
+
+    def ours(m, compiled=False):
+        return lambda n: generate(m, ids, n, eos_token_ids=(), compile=compiled).row(0)
+
+    def theirs(make):
+        runs = {}                                 # one generate() closure per token count
+        return lambda n: runs.setdefault(n, make(n))()[0, len(ids):].tolist()
+
+    engines[OURS] = (ours(model), model.weight_bytes())
+    if options.engines_compile:
+        warm = generate(model, ids, new_tokens, eos_token_ids=(), compile=True)
+        if getattr(model, "_compile_failed", None) is None:
+            compile_s[OURS_COMPILED] = warm.warmup_seconds
+            engines[OURS_COMPILED] = (ours(model, compiled=True), model.weight_bytes())
+        else:
+            absent[OURS_COMPILED] = f"compiling failed here ({model._compile_failed})"
+    else:
+        absent[OURS_COMPILED] = "switched off (engines_compile=False)"
+    int4 = copy.deepcopy(model)
+    quantize_model(int4, "int4", group_size=32)
+    engines[OURS_INT4] = (ours(int4), quantized_bytes(int4))
+
+    engines[HF] = (theirs(lambda n: hf_generate_fn(hf, ids, n)), model.weight_bytes())
+    if options.engines_compile:
+        static = theirs(lambda n: hf_static_compiled_fn(hf, ids, n))
+        start = time.perf_counter()
+        static(new_tokens)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        static(new_tokens)
+        compile_s[HF_STATIC] = max(0.0, first - (time.perf_counter() - start))
+        engines[HF_STATIC] = (static, model.weight_bytes())
+    else:
+        absent[HF_STATIC] = "switched off (engines_compile=False)"
+    engines[HF_LOOKUP] = (theirs(lambda n: hf_generate_fn(hf, ids, n, prompt_lookup=options.engines_lookup)),
+                          model.weight_bytes())
+    if options.engines_draft_layers:
+        draft = hf_early_layers_draft(hf, options.engines_draft_layers)
+        engines[HF_ASSISTED] = (theirs(lambda n: hf_assisted_fn(hf, draft, ids, n)), model.weight_bytes())
+    else:
+        absent[HF_ASSISTED] = "switched off (engines_draft_layers=0)"
+
+    gguf = find_gguf() if options.engines_llamacpp and ctx.device.type == "cpu" else None
+    reason = (llamacpp_unavailable(gguf) if gguf is not None else
+              "switched off (engines_llamacpp=False)" if not options.engines_llamacpp else
+              "measured on the CPU only (this run is on a GPU)")
+    if reason is None:
+        peer = LlamaCppGreedy(gguf, threads=torch.get_num_threads(), context=len(ids) + new_tokens + 8)
+        engines[LLAMACPP] = (lambda n: peer.generate(ids, n), gguf.stat().st_size)
+    else:
+        absent[LLAMACPP] = reason
+    return engines, absent, compile_s
+
+
+def section_engines(ctx: BenchContext, options: BenchOptions) -> dict:
+    """labsupport against every peer, side by side: tokens/s, prefill, decode, fraction of
+    bandwidth, compile time, same tokens. Introduced in notebook 00 (where the time goes).
+    Reads new_tokens, repeats and the engines_* options."""
+    new_tokens, repeats = options.new_tokens, options.repeats
+    model, tok = ctx.model(torch.float32)
+    ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
+    engines, absent, compile_s = _engines(ctx, options, ids)
+    outputs = {}
+    nbytes, _ = copy_timing(ctx.device, repeats=1)
+    source = torch.ones(nbytes, dtype=torch.uint8, device=ctx.device)
+    destination = torch.empty_like(source)
+
+    def full(name):
+        def run():
+            outputs[name] = engines[name][0](new_tokens)
+        return run
+
+    whole = time_side_by_side({**{name: full(name) for name in engines},
+                               COPY: lambda: destination.copy_(source)}, ctx.device, warmup=1, repeats=repeats)
+    first = time_side_by_side({name: (lambda name=name: engines[name][0](1)) for name in engines},
+                              ctx.device, warmup=1, repeats=repeats)
+    busy = busy_reason(whole) or busy_reason(first)
+    bandwidth = copy_bandwidth(nbytes, whole[COPY].median)
+    kv_bytes = kv_cache_bytes(model.config, len(ids) + new_tokens // 2, 1, torch.float32)
+
+    reference = outputs[OURS]
+    rows = {}
+    for name, (_, weight_bytes) in engines.items():
+        prefill = first[name].median
+        decode_s = max(whole[name].median - prefill, 1e-9)
+        decode_tps = (new_tokens - 1) / decode_s
+        tokens = outputs[name]
+        agree = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), len(tokens))
+        rows[name] = {"tokens_per_s": new_tokens / whole[name].median, "prefill_s": prefill,
+                      "decode_tokens_per_s": decode_tps, "weight_bytes_per_step": weight_bytes,
+                      "bandwidth_fraction": (weight_bytes + kv_bytes) * decode_tps / bandwidth,
+                      "same_tokens_as_labsupport_fp32": tokens == reference,
+                      "tokens_agreeing_with_labsupport_fp32": agree,
+                      "compile_s": compile_s.get(name)}
+    return {"prompt_tokens": len(ids), "new_tokens": new_tokens, "batch": 1,
+            "copy_bandwidth_bytes_per_s": bandwidth, "kv_cache_bytes_per_step_mean": kv_bytes,
+            "rows": rows, "absent": absent,
+            "timings_s": {k: v.to_dict() for k, v in whole.items()},
+            "prefill_timings_s": {k: v.to_dict() for k, v in first.items()},
+            "figures": _figures(rows, absent, busy)}
+
+
+def _ratio_figure(rows: dict, absent: dict, ours: str, theirs: str, key: str, target: float,
+                  busy: str | None, what: str) -> dict | None:
+    """`ours` / `theirs` on `key`, or None when either row is missing (its reason goes in the note)."""
+    missing = next((n for n in (ours, theirs) if n not in rows), None)
+    if missing is not None:
+        return reported(f"{ours} / {theirs} ({what})", float("nan"), "x", target=None,
+                        note=f"not measured: {missing}: {absent.get(missing, 'absent')}")
+    value = rows[ours][key] / rows[theirs][key]
+    agree = [rows[n]["tokens_agreeing_with_labsupport_fp32"] for n in (ours, theirs)]
+    return reported(f"{ours} / {theirs} ({what})", value, "x", target=target, busy=busy,
+                    note=f"{rows[ours][key]:.1f} vs {rows[theirs][key]:.1f} {what}; first tokens agreeing "
+                         f"with labsupport fp32: {agree[0]} and {agree[1]}")
+
+
+def _figures(rows: dict, absent: dict, busy: str | None) -> list[dict]:
+    figures = [
+        _ratio_figure(rows, absent, OURS, HF, "tokens_per_s", 1.5, busy, "tokens/s"),
+        _ratio_figure(rows, absent, OURS, HF_STATIC, "tokens_per_s", 1.0, busy, "tokens/s"),
+        _ratio_figure(rows, absent, OURS_COMPILED, OURS, "decode_tokens_per_s", None, busy, "decode tokens/s"),
+        _ratio_figure(rows, absent, OURS_INT4, LLAMACPP, "decode_tokens_per_s", 0.6, busy, "decode tokens/s"),
+    ]
+    for name, row in rows.items():
+        figures.append(reported(f"{name}: fraction of copy bandwidth in decode", row["bandwidth_fraction"],
+                                "fraction", busy=busy,
+                                note=f"{row['weight_bytes_per_step'] / 1e6:.0f} MB of weights per step, "
+                                     f"{row['decode_tokens_per_s']:.1f} decode steps/s"))
+    return figures

@@ -1,0 +1,81 @@
+"""The llama.cpp peer: the engine a CPU user would pick, on the embedded model's own GGUF file.
+
+Introduced in notebook 00 (where the time goes). llama.cpp runs the very file the course's
+model comes from (`SmolLM2-135M-Instruct.Q4_1.gguf`: 4-bit weights in blocks of 32), in
+C++ with hand-written SIMD kernels that multiply 8-bit activations by 4-bit weights with
+integer dot products. It is the bar a PyTorch engine's int4 path is measured against.
+
+It comes through `llama-cpp-python`, an optional extra (``pip install -e ".[peers]"``),
+never a core dependency: pip compiles llama.cpp from source for the machine it runs on,
+which takes several minutes and a C++ compiler. README.md lists the `CMAKE_ARGS` for each
+CPU family. Where it is missing, `llamacpp_unavailable` says why in one sentence and the
+bench's row carries that sentence instead of a figure.
+
+The peer feeds llama.cpp the same token ids as labsupport (the GGUF's tokenizer is the one
+the course's tokenizer was read from) and picks each next token greedily from its logits,
+for exactly the requested number of tokens (end-of-sequence ignored), so the work matches.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import LabError
+
+
+def llamacpp_unavailable(gguf: Path | None) -> str | None:
+    """Why the llama.cpp peer cannot run here, in one sentence, or None when it can.
+
+    Introduced in notebook 00 (where the time goes)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return ("llama-cpp-python is not installed (an optional extra: pip install -e \".[peers]\", "
+                "which compiles llama.cpp for this CPU; see the README's CMAKE_ARGS).")
+    if gguf is None or not Path(gguf).is_file():
+        return "the embedded model's GGUF file was not found (it is fetched with the embedded model)."
+    return None
+
+
+class LlamaCppGreedy:
+    """llama.cpp on one GGUF file, greedy, batch 1: `prefill(ids)` then `generate(ids, n)`.
+
+    Introduced in notebook 00 (where the time goes). threads: the CPU threads llama.cpp
+    uses for prefill and decode (the bench passes torch's thread count, so both engines
+    get the same cores). context: positions its KV cache holds.
+    """
+
+    def __init__(self, gguf: Path, threads: int, context: int = 1024):
+        reason = llamacpp_unavailable(gguf)
+        if reason is not None:
+            raise LabError(f"The llama.cpp peer cannot run: {reason}")
+        from llama_cpp import Llama
+
+        # Llama(model_path, n_ctx, n_batch, n_threads, n_threads_batch, logits_all=False, verbose):
+        # the prompt goes through in batches of n_batch tokens; only the last position's logits
+        # are kept unless logits_all.
+        self.llm = Llama(model_path=str(gguf), n_ctx=context, n_batch=min(512, context), n_threads=threads,
+                         n_threads_batch=threads, logits_all=False, verbose=False)
+        self.context = context
+
+    def _next_token(self) -> int:
+        """The greedy token after everything evaluated so far (its last logits' argmax)."""
+        return int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+
+    def prefill(self, prompt_ids: list[int]) -> int:
+        """Forget the last run, read the prompt, return the first new token."""
+        self.llm.reset()                      # n_tokens = 0; eval() drops cache entries past it
+        self.llm.eval(list(prompt_ids))
+        return self._next_token()
+
+    def generate(self, prompt_ids: list[int], new_tokens: int) -> list[int]:
+        """Exactly `new_tokens` greedy tokens after the prompt (end-of-sequence ignored)."""
+        if len(prompt_ids) + new_tokens > self.context:
+            raise LabError(f"The llama.cpp peer holds {self.context} positions; the prompt "
+                           f"({len(prompt_ids)}) plus {new_tokens} new tokens does not fit.")
+        tokens = [self.prefill(prompt_ids)]
+        while len(tokens) < new_tokens:
+            self.llm.eval([tokens[-1]])       # one decode step
+            tokens.append(self._next_token())
+        return tokens

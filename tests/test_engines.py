@@ -1,0 +1,90 @@
+"""Notebook 00's peer table (bench/engines.py), the llama.cpp peer's refusals, and the
+Hugging Face peers it adds (static cache + compile, assisted generation)."""
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from labsupport.bench import BenchContext, BenchOptions
+from labsupport.bench import llamacpp
+from labsupport.bench.engines import HF, HF_ASSISTED, HF_LOOKUP, HF_STATIC, LLAMACPP, OURS, OURS_COMPILED, \
+    OURS_INT4, _figures, section_engines
+from labsupport.bench.llamacpp import LlamaCppGreedy, llamacpp_unavailable
+from labsupport.bench.peers import hf_early_layers_draft
+from labsupport.errors import LabError
+
+HAS_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
+
+
+def test_llamacpp_absent_is_one_sentence_naming_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setattr(llamacpp.importlib.util, "find_spec", lambda name: None)
+    reason = llamacpp_unavailable(tmp_path / "x.gguf")
+    assert "llama-cpp-python is not installed" in reason and "[peers]" in reason
+    with pytest.raises(LabError, match="cannot run: llama-cpp-python is not installed"):
+        LlamaCppGreedy(tmp_path / "x.gguf", threads=1)
+
+
+def test_llamacpp_missing_gguf_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr(llamacpp.importlib.util, "find_spec", lambda name: object())
+    assert "GGUF file was not found" in llamacpp_unavailable(tmp_path / "missing.gguf")
+    assert "GGUF file was not found" in llamacpp_unavailable(None)
+
+
+def test_engine_options_are_validated():
+    with pytest.raises(LabError, match="engines_compile must be True or False"):
+        BenchOptions(engines_compile="yes")
+    assert BenchOptions(engines_draft_layers=0).engines_draft_layers == 0
+    with pytest.raises(LabError):
+        BenchOptions(engines_lookup=0)
+
+
+def _row(tps, decode, agree=8):
+    return {"tokens_per_s": tps, "decode_tokens_per_s": decode, "tokens_agreeing_with_labsupport_fp32": agree,
+            "weight_bytes_per_step": 5e8, "bandwidth_fraction": 0.5}
+
+
+def test_figures_compare_the_right_rows_and_say_why_one_is_missing():
+    rows = {OURS: _row(15.0, 16.0), HF: _row(10.0, 11.0), OURS_INT4: _row(20.0, 24.0),
+            HF_STATIC: _row(12.0, 14.0)}
+    figures = {f["name"]: f for f in _figures(rows, {LLAMACPP: "llama-cpp-python is not installed"}, None)}
+    vs_hf = figures[f"{OURS} / {HF} (tokens/s)"]
+    assert vs_hf["value"] == pytest.approx(1.5) and vs_hf["met"] is True
+    vs_static = figures[f"{OURS} / {HF_STATIC} (tokens/s)"]
+    assert vs_static["value"] == pytest.approx(15 / 12) and vs_static["met"] is True
+    vs_llama = figures[f"{OURS_INT4} / {LLAMACPP} (decode tokens/s)"]
+    assert math.isnan(vs_llama["value"]) and "not installed" in vs_llama["note"]
+    assert vs_llama["met"] is None
+    busy = {f["name"]: f for f in _figures(rows, {}, "the load was high")}
+    assert busy[f"{OURS} / {HF} (tokens/s)"]["met"] is None
+
+
+def test_early_layers_draft_keeps_the_first_layers_only(smollm_hf):
+    draft = hf_early_layers_draft(smollm_hf, 3)
+    assert len(draft.model.layers) == 3 and draft.config.num_hidden_layers == 3
+    assert len(smollm_hf.model.layers) == 30                    # the target is untouched
+    with pytest.raises(LabError, match="keeps 1 to 29"):
+        hf_early_layers_draft(smollm_hf, 30)
+
+
+@pytest.mark.slow
+def test_engines_section_small_run(smollm, smollm_hf):
+    """Structure and exactness on a short run (no compiling: minutes on a CPU): every float
+    peer gives labsupport's tokens; absent rows say why; prefill and decode are apart."""
+    ctx = BenchContext(device=torch.device("cpu"))
+    ctx._cache[("ours", torch.float32)] = smollm
+    ctx._cache[("hf", torch.float32)] = smollm_hf
+    options = BenchOptions(new_tokens=6, repeats=1, engines_compile=False, engines_draft_layers=4,
+                           engines_llamacpp=HAS_LLAMACPP)
+    section = section_engines(ctx, options)
+    rows = section["rows"]
+    for name in (HF, HF_LOOKUP, HF_ASSISTED):
+        assert rows[name]["same_tokens_as_labsupport_fp32"], name
+    assert "engines_compile=False" in section["absent"][OURS_COMPILED]
+    assert "engines_compile=False" in section["absent"][HF_STATIC]
+    assert (LLAMACPP in rows) == HAS_LLAMACPP
+    for row in rows.values():
+        assert row["prefill_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["bandwidth_fraction"] > 0
+    assert rows[OURS_INT4]["weight_bytes_per_step"] < rows[OURS]["weight_bytes_per_step"] / 4
+    assert section["copy_bandwidth_bytes_per_s"] > 0
