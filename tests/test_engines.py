@@ -88,3 +88,30 @@ def test_engines_section_small_run(smollm, smollm_hf):
         assert row["prefill_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["bandwidth_fraction"] > 0
     assert rows[OURS_INT4]["weight_bytes_per_step"] < rows[OURS]["weight_bytes_per_step"] / 4
     assert section["copy_bandwidth_bytes_per_s"] > 0
+
+
+def test_compile_rows_are_validated():
+    with pytest.raises(LabError, match="compile_rows must be"):
+        BenchOptions(compile_rows=("fp32", "fp8"))
+    assert BenchOptions.gpu().compile_rows == ("fp32", "bf16", "int8", "int4")
+
+
+def test_compile_section_is_only_run_when_named():
+    from labsupport.bench.suite import SECTIONS
+    assert SECTIONS["compile"].in_default_run is False
+    assert all(s.in_default_run for name, s in SECTIONS.items() if name != "compile")
+
+
+def test_compare_compiled_on_a_tiny_model(fresh_tiny_llama):
+    """Compiled and eager decode give the same tokens; the warm-up is measured and the
+    payback follows from the two speeds (a tiny model compiles in seconds)."""
+    from labsupport.bench.compiled_decode import compare_compiled
+    model = fresh_tiny_llama
+    record = compare_compiled(model, [[1, 2, 3, 4]] * 2, 8, torch.device("cpu"), repeats=1)
+    assert record["same_tokens"] and record["batch"] == 2
+    assert record["warmup_s"] > 0
+    saved = 2 / record["eager_decode_tokens_per_s"] - 2 / record["compiled_decode_tokens_per_s"]
+    if saved > 0:
+        assert record["payback_steps"] == pytest.approx(record["warmup_s"] / saved)
+    else:
+        assert record["payback_steps"] == float("inf")

@@ -1,0 +1,99 @@
+"""Does compiling the decode step pay here? Eager against compiled decode, per precision and batch.
+
+Introduced in notebook 07 (putting it together); ``python -m labsupport bench --sections compile``.
+Not in the default run (each compile takes a minute or two on a 2-core CPU): name it.
+
+A small model's decode step is partly overhead: Python, the framework's dispatch, one
+kernel launch per operation (notebook 00's profile). `generate(compile=True)` runs the
+step through torch.compile (`generation.compiled_decode`): inductor fuses the elementwise
+work and, on a GPU, replays the whole step as one CUDA graph. For each precision of
+`options.compile_rows` and each batch of `options.compile_batches` this section times
+eager and compiled `generate()` side by side, and reports the warm-up (compile) seconds
+and how many tokens a generation needs before compiling has paid for itself.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..busy import busy_reason
+from ..generation import chat_prompt, generate
+from ..hardware import bf16_supported
+from ..measure import time_side_by_side
+from ..quantize import quantize_model
+from ..workloads import DEFAULT_PROMPT
+from .core import BenchContext, reported
+from .options import BenchOptions
+
+
+def _model_for(ctx: BenchContext, row: str):
+    """A fresh model for one row: "fp32", "bf16" (a cast copy), "int8" or "int4" (groups of 32)."""
+    if row == "bf16":
+        return copy.deepcopy(ctx.model(torch.bfloat16)[0])
+    model = copy.deepcopy(ctx.model(torch.float32)[0])
+    if row in ("int8", "int4"):
+        quantize_model(model, row, group_size=32)
+    return model
+
+
+def compare_compiled(model, prompts: list[list[int]], new_tokens: int, device, repeats: int) -> dict | str:
+    """Eager and compiled `generate()` of `prompts` timed side by side: decode tokens/s of
+    each (all rows), the warm-up seconds, the decode steps that pay the warm-up back, same
+    tokens, the timings and the busy reason. A string (one sentence) where compiling fails.
+
+    Introduced in notebook 07 (putting it together)."""
+    batch = len(prompts)
+    warm = generate(model, prompts, new_tokens, eos_token_ids=(), compile=True)
+    if getattr(model, "_compile_failed", None) is not None:
+        return f"compiling failed here ({model._compile_failed})"
+    out = {}
+
+    def run(compiled: bool, key: str):
+        def call():
+            out[key] = generate(model, prompts, new_tokens, eos_token_ids=(), compile=compiled)
+        return call
+
+    timings = time_side_by_side({"eager": run(False, "eager"), "compiled": run(True, "compiled")},
+                                device, warmup=1, repeats=repeats)
+    eager_tps, compiled_tps = (out[k].decode_tokens_per_s * batch for k in ("eager", "compiled"))
+    saved_per_step = batch / eager_tps - batch / compiled_tps          # seconds per decode step
+    return {"batch": batch, "eager_decode_tokens_per_s": eager_tps, "compiled_decode_tokens_per_s": compiled_tps,
+            "warmup_s": warm.warmup_seconds,
+            "payback_steps": warm.warmup_seconds / saved_per_step if saved_per_step > 0 else float("inf"),
+            "same_tokens": torch.equal(out["eager"].tokens, out["compiled"].tokens),
+            "timings_s": {k: v.to_dict() for k, v in timings.items()}, "busy": busy_reason(timings)}
+
+
+def section_compile(ctx: BenchContext, options: BenchOptions) -> dict:
+    """Eager vs compiled decode for every (precision, batch) of the options.
+
+    Introduced in notebook 07 (putting it together). Reads compile_rows, compile_batches,
+    compile_new_tokens and repeats."""
+    _, tok = ctx.model(torch.float32)
+    ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
+    new_tokens = options.compile_new_tokens
+    rows, skipped, figures = [], {}, []
+    for row in options.compile_rows:
+        if row == "bf16" and not bf16_supported(ctx.device):
+            skipped[row] = "this device has no bfloat16 arithmetic (notebook 03)"
+            continue
+        model = _model_for(ctx, row)
+        for batch in options.compile_batches:
+            record = compare_compiled(model, [ids] * batch, new_tokens, ctx.device, options.repeats)
+            if isinstance(record, str):
+                skipped[f"{row} batch {batch}"] = record
+                break
+            rows.append({"row": row, **record})
+            payback = record["payback_steps"]
+            figures.append(reported(
+                f"compiled / eager decode, {row}, batch {batch}",
+                record["compiled_decode_tokens_per_s"] / record["eager_decode_tokens_per_s"], "x",
+                busy=record["busy"],
+                note=f"{record['compiled_decode_tokens_per_s']:.1f} vs {record['eager_decode_tokens_per_s']:.1f} "
+                     f"tokens/s; warm-up {record['warmup_s']:.0f} s, "
+                     + (f"paid back after {payback:.0f} decode steps" if payback != float("inf")
+                        else "never paid back") + f"; same tokens: {record['same_tokens']}"))
+    return {"new_tokens": new_tokens, "prompt_tokens": len(ids), "rows": rows, "skipped": skipped,
+            "figures": figures}
