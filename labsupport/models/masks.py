@@ -14,7 +14,12 @@ a padding key":
 * `fixed_decode_mask`: one decode step over the whole preallocated buffer (fixed
   shapes for torch.compile and CUDA graphs);
 * `context_mask`: one decode step over rows of different context lengths (the paged
-  cache of notebook 06).
+  cache of notebook 06);
+* `chunk_mask`: rows that each add a chunk of queries after their own cached context,
+  and `packed_mask`: chunks of different lengths packed into one row (chunked prefill
+  and decodes in one pass, notebook 06).
+
+`sliding_window` narrows any of them to the last W keys (notebook 08, long context).
 """
 
 from __future__ import annotations
@@ -82,3 +87,49 @@ def context_mask(context_lengths: torch.Tensor) -> torch.Tensor:
     """
     key_positions = torch.arange(int(context_lengths.max()), device=context_lengths.device)   # (S,)
     return (key_positions[None, :] < context_lengths[:, None])[:, None, None, :]             # (B, 1, 1, S)
+
+
+def sliding_window(mask: torch.Tensor | str | None, query_slots: torch.Tensor, num_keys: int,
+                   window: int) -> torch.Tensor:
+    """Narrow `mask` so that each query sees at most the last `window` keys up to its own slot.
+
+    Notebook 08 (long context): sliding-window attention. mask: `causal_mask`'s or
+    `fixed_decode_mask`'s answer (a boolean tensor, "causal" or None); query_slots: (T,) the
+    cache slot of each query; num_keys: S, the keys attended over. Returns a boolean
+    (B or 1, 1, T, S) tensor: key slot s is seen by the query at slot q when
+    q - window < s <= q (and the mask allows it). A query always sees itself.
+    """
+    key_slots = torch.arange(num_keys, device=query_slots.device)                   # (S,)
+    in_window = ((key_slots[None, :] <= query_slots[:, None])
+                 & (key_slots[None, :] > query_slots[:, None] - window))[None, None]   # (1, 1, T, S)
+    return in_window & mask if isinstance(mask, torch.Tensor) else in_window
+
+
+def chunk_mask(query_positions: torch.Tensor) -> torch.Tensor:
+    """Rows that each bring T new queries after their own cached context, in one pass:
+    query t of row b sits at position query_positions[b, t] and sees every key at or
+    before it (its row's cached context, then causally within its chunk). Keys past a row's
+    newest query pad it to the longest row and stay hidden. query_positions: (B, T).
+    Returns (B, 1, T, S), S = the largest position + 1.
+
+    Notebook 06 (continuous batching): chunked prefill.
+    """
+    num_keys = int(query_positions.max()) + 1
+    key_positions = torch.arange(num_keys, device=query_positions.device)                    # (S,)
+    return (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]           # (B, 1, T, S)
+
+
+def packed_mask(query_rows: torch.Tensor, query_positions: torch.Tensor, num_rows: int,
+                keys_per_row: int) -> torch.Tensor:
+    """Chunks of different lengths packed into one row of N queries, their keys laid side by
+    side (row r's positions 0 .. keys_per_row - 1 at keys r * keys_per_row + ...): a query of
+    row query_rows[i] at position query_positions[i] sees the keys of its own row at or before
+    its position, and no other row's. query_rows, query_positions: (N,).
+    Returns (1, 1, N, num_rows * keys_per_row).
+
+    Notebook 06 (continuous batching): chunked prefill without padding.
+    """
+    keys = torch.arange(num_rows * keys_per_row, device=query_rows.device)                   # (K,)
+    same_row = (keys // keys_per_row)[None, :] == query_rows[:, None]                        # (N, K)
+    not_later = (keys % keys_per_row)[None, :] <= query_positions[:, None]                   # (N, K)
+    return (same_row & not_later)[None, None]                                                # (1, 1, N, K)

@@ -4,12 +4,22 @@ Introduced in notebook 06 (continuous batching).
 
 An engine step reads like the pseudocode of every continuous-batching server::
 
-    plan = scheduler.schedule(now)         # who leaves, who joins, who is preempted
-    for seq in plan.prefill:               # newcomers: their prompt through the model
-        emit(seq, sample(runner.prefill(seq)))
-    logits = runner.decode(plan.decode)    # everyone else: one token each, in one batch
-    for seq, row in zip(plan.decode, logits):
-        emit(seq, sample(row))             # a sequence that ends frees its blocks
+    plan = scheduler.schedule(now)         # who leaves, who joins, who is preempted,
+                                           # how many prompt tokens each computes
+    if no token budget:                    # newcomers: their whole prompt, alone
+        for seq in plan.prefill:
+            emit(seq, sample(runner.forward([seq], [its whole prompt])))
+        rows = plan.decode                 # everyone else: one token each, one batch
+    else:                                  # chunked prefill: decodes and prompt chunks
+        rows = plan.decode + plan.prefill  #   together, in ONE forward pass
+    logits = runner.forward(rows, chunks)
+    for seq, row in zip(rows, logits):
+        if seq's prompt is done:           # a chunk that ends mid-prompt emits nothing
+            emit(seq, sample(row))         # a sequence that ends frees its blocks
+
+With prefix caching, admission points a newcomer's block table at the cached blocks
+of its longest cached full-block prefix (those tokens are not computed), and every
+full prompt block a step completes is named in the cache for later requests.
 
 `Engine.run(requests)` feeds requests in as they arrive and steps until all are
 done; its `ServingResult` holds every sequence and a log of every step, from
@@ -44,6 +54,10 @@ class StepRecord:
     padding_rows: int
     preempted: int
     blocks_used: int
+    prefill_tokens: int = 0        # prompt tokens computed this step (a recomputed preempted
+                                   # sequence's output tokens count too)
+    prefill_chunks: int = 0        # prompt chunks in this step
+    cached_tokens: int = 0         # prompt tokens taken from the prefix cache at admissions
 
 
 @dataclass
@@ -58,6 +72,8 @@ class ServingResult:
     peak_blocks: int = 0
     block_bytes: int = 0
     block_size: int = 1
+    token_budget: int | None = None
+    prefix_caching: bool = False
 
     def tokens(self) -> dict:
         """Request id -> generated tokens."""
@@ -76,23 +92,34 @@ class Engine:
         full-context request per slot, capped at 1,024 positions each);
         the pool has ceil(cache_tokens / block_size) blocks.
     policy: "continuous" or "static" (see scheduler.py).
+    token_budget: None (each newcomer's prompt runs whole, alone, before the decode
+        batch) or the tokens one step computes: decodes first, then prompt chunks
+        (chunked prefill); at least max_slots.
+    prefix_caching: share the cache blocks of prompts' common full-block prefixes.
 
     Notebook 06 (continuous batching).
     """
 
     def __init__(self, model, max_slots: int = 8, policy: str = "continuous",
-                 block_size: int = 16, cache_tokens: int | None = None):
+                 block_size: int = 16, cache_tokens: int | None = None,
+                 token_budget: int | None = None, prefix_caching: bool = False):
         max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
         block_size = whole_number(block_size, "block_size (positions per cache block)")
         if cache_tokens is None:
             cache_tokens = max_slots * min(model.config.max_position, 1024)
         cache_tokens = whole_number(cache_tokens, "cache_tokens (positions the paged cache holds)")
+        if token_budget is not None:
+            token_budget = whole_number(token_budget, f"token_budget (tokens per step; at least max_slots = "
+                                        f"{max_slots}, so that every decode fits, or None)", minimum=max_slots)
+        if not isinstance(prefix_caching, bool):
+            raise LabError(f"prefix_caching must be True or False, got {prefix_caching!r}.")
         num_blocks = blocks_needed(cache_tokens, block_size)
         self.model = model
-        self.blocks = BlockManager(num_blocks, block_size)
+        self.token_budget, self.prefix_caching = token_budget, prefix_caching
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching, model.device)
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.device, model.dtype)
-        self.scheduler = Scheduler(policy, max_slots, self.blocks)
-        self.runner = ModelRunner(model, self.cache, self.blocks.table)
+        self.scheduler = Scheduler(policy, max_slots, self.blocks, token_budget)
+        self.runner = ModelRunner(model, self.cache, self.blocks)
         self.sequences: list[ServedSequence] = []
         self.steps: list[StepRecord] = []
         self.clock = _RunClock("wall")
@@ -128,25 +155,39 @@ class Engine:
         """Run one scheduled step; returns the (sequence, token) pairs it produced."""
         start = self.clock()
         plan = self.scheduler.schedule(start)
+        chunked = [(seq, n) for seq, n in zip(plan.prefill, plan.chunks) if n > 0]
         events: list[tuple[ServedSequence, int]] = []
-        for seq in plan.prefill:
-            logits = self.runner.prefill(seq)
-            events.append((seq, next_token(logits, seq)))
-        if plan.decode:
-            logits = self.runner.decode(plan.decode, plan.padding_rows)       # (B, vocab)
-            greedy = logits.argmax(dim=-1).tolist()                            # one sync for all rows
-            for row, seq in enumerate(plan.decode):
-                token = greedy[row] if seq.request.sampling.greedy else next_token(logits[row], seq)
-                events.append((seq, token))
+        if self.token_budget is None:
+            for seq, n in chunked:                                     # each newcomer alone
+                events += self._sample([seq], self.runner.forward([seq], [n]))
+            rows, chunks = plan.decode, [1] * len(plan.decode)
+        else:                                                          # decodes + chunks, one pass
+            rows = plan.decode + [seq for seq, _ in chunked]
+            chunks = [1] * len(plan.decode) + [n for _, n in chunked]
+        if rows:
+            events += self._sample(rows, self.runner.forward(rows, chunks, plan.padding_rows))
         synchronize(self.model.device)
+        prompts_done = sum(seq.num_cached == len(seq.tokens) for seq, _ in chunked)
         self.clock.tick()
         now = self.clock()
+        for seq, _ in chunked:                                         # full prompt blocks: shareable now
+            self.blocks.cache_full_blocks(seq.index, seq.request.prompt, seq.num_cached)
         for seq, token in events:
             if seq.append(token, now):
                 self.scheduler.finish(seq, now)
-        self.steps.append(StepRecord(start, now, len(plan.prefill), len(plan.decode), plan.padding_rows,
-                                     len(plan.preempted), self.blocks.num_used))
+        self.steps.append(StepRecord(
+            start, now, prompts_done, len(plan.decode),
+            plan.padding_rows, len(plan.preempted), self.blocks.num_used,
+            prefill_tokens=sum(n for _, n in chunked), prefill_chunks=len(chunked),
+            cached_tokens=plan.cached_tokens))
         return events
+
+    def _sample(self, seqs: list[ServedSequence], logits) -> list[tuple[ServedSequence, int]]:
+        """The next token of every sequence whose tokens are all in the cache now (a chunk that
+        ends part-way through a prompt gives none). logits: (len(seqs), vocab)."""
+        greedy = logits.argmax(dim=-1).tolist()                        # one sync for all rows
+        return [(seq, greedy[row] if seq.request.sampling.greedy else next_token(logits[row], seq))
+                for row, seq in enumerate(seqs) if seq.num_cached == len(seq.tokens)]
 
     def run(self, requests: Iterable[Request], clock: str = "wall",
             progress: Callable[[int, int], None] | None = None) -> ServingResult:
@@ -193,7 +234,7 @@ class Engine:
         return ServingResult(list(self.sequences), list(self.steps), rejected,
                              self.scheduler.policy, self.scheduler.max_slots,
                              self.blocks.peak_used, self.cache.bytes_per_block,
-                             self.blocks.block_size)
+                             self.blocks.block_size, self.token_budget, self.prefix_caching)
 
 
 class _RunClock:

@@ -6,6 +6,10 @@ Introduced in notebook 06 (continuous batching).
 * time to first token (TTFT): arrival -> first token (how long a user stares at nothing);
 * latency: arrival -> last token; reported at the median (p50) and the tail (p99),
   because one user in a hundred waiting ten times longer is what people remember;
+* inter-token latency (ITL): the gap between two consecutive tokens of one answer,
+  pooled over every answer (a stall while a long prompt is prefilled shows up here);
+* time per output token (TPOT): per request, (last token - first token) / (tokens - 1);
+* prefill tokens computed, and prompt tokens taken from the prefix cache instead;
 * slot utilization: the fraction of batch slots doing useful work in each step.
 """
 
@@ -30,7 +34,9 @@ def summarize(result) -> dict:
     tokens = sum(len(s.output) for s in done)
     ttft = [s.first_token_at - s.request.arrival for s in done]
     latency = [s.finished_at - s.request.arrival for s in done]
-    busy = [r.decode_rows + r.prefills for r in result.steps]
+    busy = [r.decode_rows + max(r.prefills, r.prefill_chunks) for r in result.steps]
+    gaps = [b - a for s in done for a, b in zip(s.token_times, s.token_times[1:])]
+    tpot = [(s.finished_at - s.first_token_at) / (len(s.output) - 1) for s in done if len(s.output) >= 2]
     return {
         "policy": result.policy,
         "max_slots": result.max_slots,
@@ -41,10 +47,16 @@ def summarize(result) -> dict:
         "steps": len(result.steps),
         "throughput_tokens_per_s": tokens / (end - start) if end > start else float("nan"),
         "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+        "itl_p50": percentile(gaps, 50), "itl_p99": percentile(gaps, 99),
+        "tpot_p50": percentile(tpot, 50), "tpot_p99": percentile(tpot, 99),
         "latency_p50": percentile(latency, 50), "latency_p99": percentile(latency, 99),
         "slot_utilization": float(np.mean([min(b, result.max_slots) / result.max_slots for b in busy])),
         "preemptions": sum(s.preemptions for s in result.sequences),
         "peak_cache_bytes": result.peak_blocks * result.block_bytes,
+        "prefill_tokens_computed": sum(r.prefill_tokens for r in result.steps),
+        "prefix_cached_tokens": sum(r.cached_tokens for r in result.steps),
+        "token_budget": result.token_budget,
+        "prefix_caching": result.prefix_caching,
     }
 
 
@@ -54,7 +66,10 @@ def utilization_timeline(result) -> dict:
     return {
         "start": [r.start for r in result.steps],
         "end": [r.end for r in result.steps],
-        "busy_slots": [min(r.decode_rows + r.prefills, result.max_slots) for r in result.steps],
+        "busy_slots": [min(r.decode_rows + max(r.prefills, r.prefill_chunks), result.max_slots)
+                       for r in result.steps],
+        "prefill_tokens": [r.prefill_tokens for r in result.steps],
+        "cached_tokens": [r.cached_tokens for r in result.steps],
         "padding_rows": [r.padding_rows for r in result.steps],
         "max_slots": result.max_slots,
     }

@@ -13,6 +13,9 @@ served. It moves through three states::
 A preempted sequence keeps the tokens it has generated; when it is admitted
 again, one prefill over prompt + generated tokens rebuilds its cache
 ("recompute" preemption, as in vLLM), and it carries on where it stopped.
+`num_cached` counts the positions whose keys and values are in the cache: the
+tokens from there on are still to compute (a whole prompt, a chunk of one, or
+just the newest token when decoding).
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ class ServedSequence:
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
+        self.token_times: list[float] = []  # when each output token was emitted
         self.slot_spans: list[tuple[int, float, float | None]] = []   # (slot, start, end)
 
     @property
@@ -103,6 +107,7 @@ class ServedSequence:
     def append(self, token: int, now: float) -> bool:
         """Record a new token; returns True when this token ends the sequence."""
         self.output.append(token)
+        self.token_times.append(now)
         if self.first_token_at is None:
             self.first_token_at = now
         if self.request.on_token is not None:

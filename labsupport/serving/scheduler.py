@@ -17,6 +17,12 @@ has. They differ only in when a waiting sequence may join:
 When a running sequence needs a new block and none is free, the most recently
 admitted sequence is preempted: its blocks are released and it goes back to the
 front of the queue, keeping its tokens (see request.py).
+
+With a token budget (`token_budget`, the Sarathi / vLLM chunked-prefill policy) a
+step is planned in tokens: every decoding sequence costs one, and what is left goes
+to prompt chunks, first to sequences still part-way through their prompt, then to
+newcomers, in arrival order (`budget_prefill_chunks`); a long prompt is split over
+steps. Without one, each newcomer's whole prompt runs in the step it is admitted.
 """
 
 from __future__ import annotations
@@ -29,6 +35,24 @@ from ..inputs import whole_number
 from .block_manager import BlockManager
 from .request import ServedSequence, Status
 
+
+def budget_prefill_chunks(token_budget: int, num_decodes: int, remaining: list[int]) -> list[int]:
+    """How many prompt tokens each sequence computes this step under a token budget: each of
+    the `num_decodes` decoding sequences costs one token; the rest goes to the prompts in order
+    (remaining[i]: prompt tokens sequence i still has to compute), greedily: the first gets
+    min(remaining[0], left), then the next, ... (zeros once the budget is spent).
+    Introduced in notebook 06 (continuous batching)."""
+    left = token_budget - num_decodes
+    if left < 0:
+        raise LabError(f"{num_decodes} decoding sequences need {num_decodes} tokens but the budget is "
+                       f"{token_budget}; give a token_budget of at least max_slots.")
+    chunks = []
+    for need in remaining:
+        chunks.append(min(need, left))
+        left -= chunks[-1]
+    return chunks
+
+
 class Policy:
     """A scheduling policy: the rules by which waiting sequences join the running batch.
 
@@ -39,6 +63,7 @@ class Policy:
     """
 
     name = "policy"
+    admits_whole_batch = False      # admit every sequence that fits, even beyond this step's token budget
 
     def may_admit(self, scheduler: "Scheduler") -> bool:
         """May waiting sequences be admitted in this step?"""
@@ -64,6 +89,7 @@ class StaticBatching(Policy):
     Notebook 06 (continuous batching)."""
 
     name = "static"
+    admits_whole_batch = True
 
     def may_admit(self, scheduler):
         return not scheduler.batch
@@ -111,20 +137,23 @@ def as_policy(policy) -> Policy:
 class ScheduledStep:
     """The plan for one engine step. Notebook 06 (continuous batching)."""
 
-    prefill: list[ServedSequence] = field(default_factory=list)    # admitted now: run prompt (+ output so far)
+    prefill: list[ServedSequence] = field(default_factory=list)    # a prompt chunk this step (admitted or part-way)
+    chunks: list[int] = field(default_factory=list)                # tokens each of `prefill` computes
     decode: list[ServedSequence] = field(default_factory=list)     # advance one token each
     padding_rows: int = 0                                     # static: finished members still computed
     preempted: list[ServedSequence] = field(default_factory=list)
+    cached_tokens: int = 0                                    # prompt positions found in the prefix cache
 
 
 class Scheduler:
-    """FCFS admission under slot and block limits, with one policy (`Policy`, or its name).
-    Notebook 06 (continuous batching)."""
+    """FCFS admission under slot and block limits, with one policy (`Policy`, or its name),
+    and optionally a token budget per step (None: whole prompts). Notebook 06 (continuous batching)."""
 
-    def __init__(self, policy, max_slots: int, blocks: BlockManager):
+    def __init__(self, policy, max_slots: int, blocks: BlockManager, token_budget: int | None = None):
         self.rules = as_policy(policy)
         self.policy = self.rules.name               # the name, as results and plots show it
         self.max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
+        self.token_budget = token_budget
         self.blocks = blocks
         self.waiting: deque[ServedSequence] = deque()
         self.running: list[ServedSequence] = []          # in order of admission
@@ -143,9 +172,18 @@ class Scheduler:
     def schedule(self, now: float) -> ScheduledStep:
         step = ScheduledStep()
         self._make_room_for_decode(step, now)
-        step.decode = list(self.running)
-        if self.rules.may_admit(self):
-            self._admit(step, now)
+        if self.token_budget is None:                    # decode everyone; newcomers prefill whole
+            step.decode = list(self.running)
+            if self.rules.may_admit(self):
+                self._admit(step, now, budget_left=None)
+            step.chunks = [len(seq.tokens) - seq.num_cached for seq in step.prefill]
+        else:                                            # decodes first, then prompt chunks, in tokens
+            step.decode = [seq for seq in self.running if _is_decoding(seq)]
+            step.prefill = [seq for seq in self.running if not _is_decoding(seq)]
+            if self.rules.may_admit(self):
+                self._admit(step, now, budget_left=self.token_budget - len(step.decode))
+            remaining = [len(seq.tokens) - seq.num_cached for seq in step.prefill]
+            step.chunks = budget_prefill_chunks(self.token_budget, len(step.decode), remaining)
         step.padding_rows = self.rules.padding_rows(self, step.decode)
         return step
 
@@ -163,15 +201,20 @@ class Scheduler:
             if seq.status is Status.RUNNING:
                 self.blocks.grow(seq.index, seq.num_cached + 1)
 
-    def _admit(self, step: ScheduledStep, now: float) -> None:
-        """Admit waiting sequences (first come, first served) while a slot and their blocks are free."""
+    def _admit(self, step: ScheduledStep, now: float, budget_left: int | None) -> None:
+        """Admit waiting sequences (first come, first served) while a slot and their blocks are
+        free, and, under a token budget, while the budget has a token left for them."""
         while self.waiting and self.free_slots:
+            if budget_left is not None and not self.rules.admits_whole_batch and \
+                    sum(len(s.tokens) - s.num_cached for s in step.prefill) >= budget_left:
+                break
             seq = self.waiting[0]
             # prefill writes every token so far; the first decode then needs one more position
-            if not self.blocks.can_grow(seq.index, len(seq.tokens) + 1):
+            if self.blocks.admit_cost(seq.tokens, len(seq.tokens) + 1) > self.blocks.num_free:
                 break
             self.waiting.popleft()
-            self.blocks.grow(seq.index, len(seq.tokens) + 1)
+            seq.num_cached = self.blocks.admit(seq.index, seq.tokens, len(seq.tokens) + 1)
+            step.cached_tokens += seq.num_cached
             seq.status, seq.slot = Status.RUNNING, self.free_slots.pop()
             seq.slot_spans.append((seq.slot, now, None))
             if seq.admitted_at is None:
@@ -199,3 +242,8 @@ class Scheduler:
         slot, start, _ = seq.slot_spans[-1]
         seq.slot_spans[-1] = (slot, start, now)
         self.rules.left(self, seq)
+
+
+def _is_decoding(seq: ServedSequence) -> bool:
+    """Its prompt is done: only its newest token is not in the cache yet."""
+    return bool(seq.output) and seq.num_cached == len(seq.tokens) - 1

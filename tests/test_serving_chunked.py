@@ -1,0 +1,190 @@
+"""Chunked prefill under a token budget (notebook 06): the scheduler's plan, one ragged
+forward pass per step, and every request's tokens equal to those it gets alone, with
+and without preemption. Tiny models run in float64, where batching cannot flip an argmax."""
+
+import numpy as np
+import pytest
+import torch
+
+from labsupport.errors import LabError
+from labsupport.generation import generate
+from labsupport.models.masks import chunk_mask, context_mask
+from labsupport.sampling import SamplingConfig
+from labsupport.serving import (BlockManager, Engine, PagedKVCache, Request, Scheduler, ServedSequence,
+                                budget_prefill_chunks, make_workload)
+from labsupport.serving.model_runner import ModelRunner
+
+
+def prompts(n=8, seed=0, vocab=256, lengths=(5, 9, 3, 23, 7, 4, 17, 6)):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths[:n]]
+
+
+def alone(model, request):
+    return generate(model, request.prompt, request.max_new_tokens, sampling=request.sampling,
+                    eos_token_ids=request.eos_token_ids).row(0)
+
+
+# --- the budget, as a pure function ----------------------------------------------------
+
+def test_budget_prefill_chunks_fills_the_budget_in_order():
+    assert budget_prefill_chunks(16, 3, [5, 20, 4]) == [5, 8, 0]       # 3 decodes + 5 + 8 = 16
+    assert budget_prefill_chunks(16, 0, [4, 4]) == [4, 4]               # room to spare
+    assert budget_prefill_chunks(8, 8, [7, 1]) == [0, 0]                # decodes take it all
+    assert budget_prefill_chunks(8, 2, []) == []
+    with pytest.raises(LabError, match="budget is 8; give a token_budget of at least max_slots"):
+        budget_prefill_chunks(8, 9, [1])
+
+
+def test_chunk_mask_is_causal_after_each_rows_own_context():
+    positions = torch.tensor([[2, 2, 3], [5, 6, 7]])          # row 0: one padding query, then 2, 3
+    mask = chunk_mask(positions)
+    assert mask.shape == (2, 1, 3, 8)
+    assert mask[0, 0, 1].tolist() == [True] * 3 + [False] * 5
+    assert mask[0, 0, 2].tolist() == [True] * 4 + [False] * 4
+    assert mask[1, 0, 0].tolist() == [True] * 6 + [False] * 2
+    decode = torch.tensor([[4], [1]])                          # one query each: the decode mask
+    assert torch.equal(chunk_mask(decode), context_mask(decode[:, 0] + 1))
+
+
+# --- one ragged forward pass equals the model without a cache ---------------------------
+
+def test_a_ragged_pass_of_chunks_and_decodes_gives_the_full_models_logits(tiny_model_f64):
+    model = tiny_model_f64
+    blocks = BlockManager(num_blocks=40, block_size=4)
+    cache = PagedKVCache(model.config, 40, 4, dtype=model.dtype)
+    runner = ModelRunner(model, cache, blocks)
+    seqs = [ServedSequence(Request(p, max_new_tokens=8), i, "cpu") for i, p in enumerate(prompts(3))]
+    for grown in (2, 40):
+        for seq in seqs:
+            blocks.grow(seq.index, grown)
+    runner.forward([seqs[0]], [5])                            # seq 0: whole prompt: next, a decode
+    seqs[0].output.append(3)
+    runner.forward([seqs[1]], [4])                            # seq 1: a first chunk of its prompt
+    logits = runner.forward(seqs, [1, 3, 2])                  # a decode, a middle chunk, a first chunk
+    for row, (seq, upto) in enumerate(zip(seqs, (6, 7, 2))):
+        full = model(torch.tensor([seq.tokens[:upto]]))[0, -1]             # no cache at all
+        torch.testing.assert_close(logits[row], full, rtol=0, atol=1e-10)
+    assert [s.num_cached for s in seqs] == [6, 7, 2]
+
+
+# --- the scheduler under a budget ----------------------------------------------------
+
+def test_a_step_under_the_budget_decodes_first_then_fills_with_chunks():
+    blocks = BlockManager(num_blocks=64, block_size=4)
+    scheduler = Scheduler("continuous", max_slots=4, blocks=blocks, token_budget=10)
+    seqs = [ServedSequence(Request([1] * n, max_new_tokens=4), i, "cpu") for i, n in enumerate((3, 4, 30, 5))]
+    for s in seqs:
+        scheduler.add(s)
+    first = scheduler.schedule(now=0)
+    assert first.decode == [] and first.prefill == seqs[:3] and first.chunks == [3, 4, 3]   # several newcomers
+    assert list(scheduler.waiting) == [seqs[3]]               # no token left for it: not admitted yet
+    for s, n in zip(first.prefill, first.chunks):             # as the engine does after the pass
+        s.num_cached += n
+    for s in seqs[:2]:
+        s.output.append(7)                                    # prompts done: first tokens
+    second = scheduler.schedule(now=1)
+    assert second.decode == seqs[:2]
+    assert second.prefill == [seqs[2]] and second.chunks == [8]   # the long prompt goes on; 2 + 8 = 10
+    assert list(scheduler.waiting) == [seqs[3]]
+
+
+def test_a_long_prompt_is_split_and_emits_only_when_done(tiny_llama):
+    request = Request(list(range(1, 40)), max_new_tokens=3)
+    result = Engine(tiny_llama, max_slots=2, block_size=4, token_budget=8).run([request], clock="steps")
+    chunks = [r.prefill_tokens for r in result.steps]
+    assert chunks[:5] == [8, 8, 8, 8, 7] and sum(chunks) == 39
+    assert [r.prefills for r in result.steps[:5]] == [0, 0, 0, 0, 1]
+    assert result.sequences[0].first_token_at == 5            # the step that ended the prompt
+    assert result.sequences[0].output == alone(tiny_llama, request)
+
+
+def test_one_forward_pass_per_step_and_the_budget_is_kept(tiny_llama, monkeypatch):
+    calls = []
+    original = ModelRunner.forward
+
+    def counting(self, seqs, chunks, padding_rows=0):
+        calls.append(sum(chunks))
+        return original(self, seqs, chunks, padding_rows)
+
+    monkeypatch.setattr(ModelRunner, "forward", counting)
+    requests = make_workload(prompts(), count=10, rate=0.8, median_new_tokens=6, max_new_tokens=16, seed=2)
+    result = Engine(tiny_llama, max_slots=4, block_size=4, token_budget=9).run(requests, clock="steps")
+    assert len(calls) == len(result.steps) and max(calls) <= 9
+    assert any(r.decode_rows and r.prefill_chunks for r in result.steps)        # mixed steps happen
+    assert any(r.prefill_chunks >= 2 for r in result.steps)                     # several prompts in one pass
+    assert sum(r.prefill_tokens for r in result.steps) == sum(len(r.prompt) for r in requests)
+    calls.clear()
+    unchunked = Engine(tiny_llama, max_slots=4, block_size=4).run(requests, clock="steps")
+    assert len(calls) > len(unchunked.steps)                   # newcomers prefilled alone
+
+
+# --- the invariant: the tokens a request gets alone ---------------------------------
+
+@pytest.mark.parametrize("policy", ["continuous", "static"])
+@pytest.mark.parametrize("token_budget", [4, 7, 64])
+@pytest.mark.parametrize("cache_tokens", [None, 48])
+def test_chunked_prefill_gives_every_request_its_tokens_alone(tiny_model_f64, policy, token_budget, cache_tokens):
+    requests = make_workload(prompts(), count=10, rate=0.5, median_new_tokens=10, max_new_tokens=24, seed=3)
+    engine = Engine(tiny_model_f64, max_slots=4, policy=policy, block_size=4, cache_tokens=cache_tokens,
+                    token_budget=token_budget)
+    result = engine.run(requests, clock="steps")
+    assert not result.rejected
+    for request, seq in zip(requests, result.sequences):
+        assert seq.output == alone(tiny_model_f64, request), request.request_id
+    engine.blocks.assert_no_leaks()
+    if cache_tokens is not None and policy == "continuous":
+        assert result.metrics()["preemptions"] > 0
+
+
+def test_sampled_requests_keep_their_streams_under_chunking_and_preemption(tiny_model_f64):
+    sampling = SamplingConfig(temperature=1.0, top_k=20, seed=5)
+    requests = make_workload(prompts(), count=8, median_new_tokens=12, max_new_tokens=24, seed=3, sampling=sampling)
+    engine = Engine(tiny_model_f64, max_slots=4, block_size=4, cache_tokens=48, token_budget=6)
+    result = engine.run(requests, clock="steps")
+    assert result.metrics()["preemptions"] > 0
+    assert list(result.tokens().values()) == [alone(tiny_model_f64, r) for r in requests]
+    engine.blocks.assert_no_leaks()
+
+
+# --- metrics and bad input -----------------------------------------------------------
+
+def test_token_times_and_latency_metrics(tiny_llama):
+    requests = make_workload(prompts(), count=8, rate=1.0, median_new_tokens=6, max_new_tokens=12, seed=2)
+    result = Engine(tiny_llama, max_slots=3, block_size=4, token_budget=6).run(requests, clock="steps")
+    for seq in result.sequences:
+        assert len(seq.token_times) == len(seq.output)
+        assert seq.token_times[0] == seq.first_token_at and seq.token_times[-1] == seq.finished_at
+        assert seq.token_times == sorted(seq.token_times)
+    m = result.metrics()
+    gaps = [b - a for s in result.sequences for a, b in zip(s.token_times, s.token_times[1:])]
+    assert m["itl_p50"] == pytest.approx(float(np.percentile(gaps, 50)))
+    assert m["itl_p99"] == pytest.approx(float(np.percentile(gaps, 99)))
+    assert 1 <= m["itl_p50"] <= m["itl_p99"] <= max(gaps)      # the steps clock: at least one step apart
+    tpot = [(s.finished_at - s.first_token_at) / (len(s.output) - 1) for s in result.sequences]
+    assert m["tpot_p50"] == pytest.approx(float(np.percentile(tpot, 50))) and m["tpot_p99"] <= max(tpot)
+    assert m["token_budget"] == 6 and m["prefix_caching"] is False and m["prefix_cached_tokens"] == 0
+    assert m["prefill_tokens_computed"] == sum(len(r.prompt) for r in requests)
+
+
+def test_a_request_that_never_fits_is_refused_and_the_rest_chunked(tiny_llama):
+    good = make_workload(prompts(4), max_new_tokens=8, seed=1)
+    huge = Request(list(range(60)), max_new_tokens=10, request_id="huge")
+    engine = Engine(tiny_llama, max_slots=2, block_size=4, cache_tokens=64, token_budget=5, prefix_caching=True)
+    result = engine.run(good + [huge], clock="steps")
+    assert list(result.rejected) == ["huge"] and "paged cache holds 64" in result.rejected["huge"]
+    assert [s.output for s in result.sequences] == [alone(tiny_llama, r) for r in good]
+    engine.blocks.assert_no_leaks()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_slots": 4, "token_budget": 3}, r"token_budget .*at least max_slots = 4.* must be at least 4, got 3"),
+    ({"token_budget": 0}, "token_budget .* must be at least"),
+    ({"token_budget": 12.5}, "token_budget .* must be a whole number"),
+    ({"token_budget": "16"}, "token_budget .* must be a whole number"),
+    ({"prefix_caching": "yes"}, "prefix_caching must be True or False, got 'yes'"),
+    ({"prefix_caching": 1}, "prefix_caching must be True or False, got 1"),
+])
+def test_bad_budget_or_prefix_setting_gets_one_sentence(tiny_llama, kwargs, message):
+    with pytest.raises(LabError, match=message):
+        Engine(tiny_llama, **kwargs)

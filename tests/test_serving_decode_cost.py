@@ -1,0 +1,119 @@
+"""The decode path's own cost (notebook 06): block tables kept as a tensor updated in place,
+the gather by whole blocks, attention over the pool in place (checked against the gather:
+equal logits), and `decode_step_costs`' report. No timed assertions: only its shape."""
+
+import pytest
+import torch
+
+from labsupport.busy import busy_reason
+from labsupport.errors import LabError
+from labsupport.measure import Timing
+from labsupport.serving import BlockManager, Engine, PagedKVCache, Request, ServedSequence, make_workload
+from labsupport.serving.decode_cost import decode_step_costs, gather_by_slots
+from labsupport.serving.model_runner import ModelRunner, list_tables
+
+
+def prompts(n=6, seed=0, vocab=256):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in (5, 9, 3, 12, 7, 4)[:n]]
+
+
+def test_the_table_tensor_follows_the_lists_in_place():
+    blocks = BlockManager(num_blocks=50, block_size=2)
+    before = blocks.table_tensor.data_ptr()
+    for grown in (1, 5, 9):
+        for seq in range(3):
+            blocks.grow(seq, grown + seq)
+    blocks.release(1)
+    blocks.grow(3, 4)                                         # takes the row seq 1 gave back
+    live = [0, 2, 3]
+    expected = list_tables([blocks.table(i) for i in live] + [[]], 50, 50, "cpu")
+    assert torch.equal(blocks.table_rows(live, padding_rows=1), expected)
+    assert blocks.table_tensor.data_ptr() == before           # updated in place, never rebuilt
+    for seq in range(20):                                     # more sequences than rows: the rows double
+        blocks.grow(100 + seq, 1)
+    assert torch.equal(blocks.table_rows([0, 119])[:, :5], list_tables([blocks.table(0), blocks.table(119)], 50, 5, "cpu"))
+
+
+def _ragged_state(model, blocks, runner):
+    """Three sequences at different lengths, their blocks interleaved, with one decoding."""
+    seqs = [ServedSequence(Request(p, max_new_tokens=8), i, "cpu") for i, p in enumerate(prompts(3))]
+    for grown in (2, 30):
+        for seq in seqs:
+            blocks.grow(seq.index, grown)
+    runner.forward([seqs[0]], [5])
+    seqs[0].output.append(7)
+    runner.forward([seqs[1]], [4])
+    return seqs
+
+
+@pytest.mark.parametrize("padding_rows", [0, 2])
+def test_attention_over_the_pool_gives_the_gathers_logits(tiny_model_f64, padding_rows):
+    model = tiny_model_f64
+    results = {}
+    for attention in ("gather", "pool"):
+        blocks = BlockManager(num_blocks=40, block_size=4)
+        cache = PagedKVCache(model.config, 40, 4, dtype=model.dtype)
+        runner = ModelRunner(model, cache, blocks, attention=attention)
+        seqs = _ragged_state(model, blocks, runner)
+        results[attention] = runner.forward(seqs, [1, 3, 2], padding_rows)
+        seqs[0].output.append(9), seqs[1].output.append(9)
+        results[attention + " decode"] = runner.forward(seqs[:2], [1, 1], padding_rows)
+    torch.testing.assert_close(results["pool"], results["gather"], rtol=0, atol=1e-10)
+    torch.testing.assert_close(results["pool decode"], results["gather decode"], rtol=0, atol=1e-10)
+
+
+def test_an_engine_serving_over_the_pool_gives_the_same_tokens(tiny_model_f64):
+    requests = make_workload(prompts(), count=8, rate=0.7, median_new_tokens=8, max_new_tokens=16, seed=3)
+    runs = []
+    for attention in ("gather", "pool"):
+        engine = Engine(tiny_model_f64, max_slots=3, block_size=4, cache_tokens=48, token_budget=5,
+                        prefix_caching=True)
+        engine.runner.attention = attention
+        runs.append(engine.run(requests, clock="steps").tokens())
+        engine.blocks.assert_no_leaks()
+    assert runs[0] == runs[1]
+
+
+def test_the_gather_by_slots_equals_the_gather_by_blocks(tiny_model_f64):
+    blocks = BlockManager(num_blocks=40, block_size=4)
+    cache = PagedKVCache(tiny_model_f64.config, 40, 4, dtype=tiny_model_f64.dtype)
+    runner = ModelRunner(tiny_model_f64, cache, blocks)
+    seqs = _ragged_state(tiny_model_f64, blocks, runner)
+    tables = blocks.table_rows([s.index for s in seqs], width=3)
+    view = cache.view(tables, torch.zeros(3, 1, dtype=torch.long), torch.tensor([5, 4, 1]))
+    by_slots = gather_by_slots(cache, tables, 5)
+    for layer in range(tiny_model_f64.config.num_layers):
+        keys, values = view.gather(layer)                                    # (B, kv_heads, S, D)
+        assert torch.equal(keys.transpose(1, 2), by_slots[layer][0])
+        assert torch.equal(values.transpose(1, 2), by_slots[layer][1])
+
+
+def test_decode_step_costs_reports_shares_that_add_up(tiny_llama):
+    costs = decode_step_costs(tiny_llama, batch_size=3, context=20, block_size=4, steps=3)
+    parts = ("table_build", "gather", "rest")
+    assert sum(costs[f"{p}_share"] for p in parts) == pytest.approx(1.0)
+    assert all(costs[f"{p}_s"] >= 0 for p in parts) and costs["gather_s"] > 0 and costs["table_build_s"] > 0
+    assert costs["timed_step_s"] == pytest.approx(sum(costs[f"{p}_s"] for p in parts))
+    for name in ("step_s", "pool_step_s", "table_build_lists_s", "gather_by_slots_s"):
+        assert costs[name] > 0
+    assert all(isinstance(t, Timing) and len(t.samples) == 3 for t in costs["timings"].values())
+    assert costs["timings"]["step"].median == costs["step_s"]
+    busy_reason(costs["timings"], load=None)                  # the figures can go through the busy probe
+    assert costs["batch_size"] == 3 and costs["context"] == 20
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"context": 10 ** 6}, r"context .* must be from 1 to \d+, got 1000000"),
+    ({"batch_size": 0}, "batch_size .* must be at least 1"),
+    ({"steps": 1.5}, "steps .* must be a whole number"),
+])
+def test_decode_step_costs_refuses_bad_input(tiny_llama, kwargs, message):
+    with pytest.raises(LabError, match=message):
+        decode_step_costs(tiny_llama, **kwargs)
+
+
+def test_an_unknown_attention_path_is_refused(tiny_llama):
+    cache = PagedKVCache(tiny_llama.config, 4, 4)
+    with pytest.raises(LabError, match="attention must be 'gather' or 'pool', got 'flash'"):
+        ModelRunner(tiny_llama, cache, BlockManager(4, 4), attention="flash")
