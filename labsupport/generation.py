@@ -230,7 +230,7 @@ def _compiled_step_or_none(model, cache, next_tokens, positions, key_mask) -> tu
     warm = shape in getattr(model, "_compiled_shapes", set())
     start = time.perf_counter()
     try:
-        logits = _compiled_step(model, cache, next_tokens, positions, key_mask)
+        logits = compiled_step(model, cache, next_tokens, positions, key_mask)
     except Exception as error:                   # noqa: BLE001 - any failure: decode eagerly instead
         reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
         model._compile_failed = reason
@@ -259,14 +259,16 @@ def compiled_decode(model):
         # StaticKVCache's preallocated buffers, a fixed-shape mask (masks.fixed_decode_mask) and the
         # write slot as a tensor, so nothing changes shape or address between steps; dynamic=False
         # compiles one graph per batch size. The first calls compile and record (the warm-up); the
-        # logits are cloned out of the graph's output buffer (`_compiled_step`) before the next replay.
+        # logits are cloned out of the graph's output buffer (`compiled_step`) before the next replay.
         mode = "reduce-overhead" if model.device.type == "cuda" else None
         model._compiled_decode = torch.compile(model.decode_static, mode=mode, dynamic=False)
     return model._compiled_decode
 
 
 @torch.inference_mode()
-def _compiled_step(model, cache, next_tokens: torch.Tensor, positions=None, key_mask=None) -> torch.Tensor:
+def compiled_step(model, cache, next_tokens: torch.Tensor, positions=None, key_mask=None) -> torch.Tensor:
+    """One decode step through `compiled_decode`, writing at `cache.length`; returns logits
+    (batch, vocab), copied out of the compiled step's buffers. Introduced in notebook 07."""
     slot = torch.full((1,), cache.length, dtype=torch.long, device=next_tokens.device)
     if positions is None:
         positions = slot.expand(next_tokens.shape[0], 1)                 # (batch, 1)

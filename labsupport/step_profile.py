@@ -32,7 +32,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from .errors import LabError
-from .generation import decode_step
+from .generation import compiled_step, decode_step
 from .hardware import synchronize
 from .measure import time_fn
 from .roofline import filled_cache
@@ -76,6 +76,16 @@ def _greedy_step(model, cache, next_tokens):
     return logits.argmax(dim=-1)                                         # (batch,)
 
 
+def compiled_greedy_step(model, cache, next_tokens):
+    """The same step through torch.compile (`generation.compiled_decode`, what
+    `generate(compile=True)` runs), and the greedy pick. Introduced in notebook 00 (where
+    the time goes). Inductor fuses the norms and elementwise operators into a few
+    generated kernels, which the profiler records inside the compiled region, not as
+    separate operators: they count as "norms and elementwise"; its matmuls still appear
+    as matmul operators."""
+    return compiled_step(model, cache, next_tokens).argmax(dim=-1)      # (batch,)
+
+
 @contextmanager
 def _native_stderr_silenced():
     """The profiler's C++ side prints a "profiler_start" and a "profiler_stop" line on the
@@ -101,7 +111,9 @@ def profile_decode_step(model, batch: int = 1, context: int = 64, steps: int = 5
     step's seconds per kind, under the profiler, in the order of KINDS), share (the same
     as fractions of the profiled step), and top (the 8 operators with the most self time:
     name, kind, seconds per step, calls per step). step_fn(model, cache, next_tokens), the
-    work of one step, defaults to the eager decode step and its argmax.
+    work of one step, defaults to the eager decode step and its argmax; pass
+    `compiled_greedy_step` for the compiled step (its first calls compile: a minute or two
+    on a 2-core CPU for the embedded model, untimed warm-up).
     """
     if not isinstance(batch, int) or batch < 1 or not isinstance(steps, int) or steps < 1:
         raise LabError(f"profile_decode_step takes whole numbers batch >= 1 and steps >= 1, got {batch} and {steps}.")

@@ -46,3 +46,14 @@ def test_the_figure_stacks_every_kind_for_every_step(tiny_llama):
     assert all(list(trace.y) == ["batch 1", "batch 1 again"] for trace in fig.data)
     with pytest.raises(LabError, match="at least one"):
         step_profile_figure({})
+
+
+def test_the_compiled_step_is_profiled_with_the_same_kinds(fresh_tiny_llama):
+    """The compiled step (what generate(compile=True) runs) splits into the same kinds; its
+    matmuls are still there, and its step is timed without the profiler, after warm-up."""
+    from labsupport.step_profile import compiled_greedy_step
+    result = profile_decode_step(fresh_tiny_llama, batch=2, context=8, steps=2, step_fn=compiled_greedy_step)
+    assert list(result["seconds"]) == list(KINDS)
+    assert sum(result["share"].values()) == pytest.approx(1.0)
+    assert result["seconds"]["matmuls"] > 0 and result["step_seconds"] > 0
+    assert getattr(fresh_tiny_llama, "_compiled_decode", None) is not None
