@@ -169,8 +169,22 @@ def build_stages(model, requests, slots: int = 8, draft_k: int = 4,
     return stages
 
 
+def _count_weight_passes(stages, variants: ModelVariants):
+    """Count, per stage, the forward passes of its model (each reads every weight once): a
+    hook on each served model's output layer, which every pass ends with. Returns
+    (passes: {stage: count}, set_current(stage name), remove())."""
+    passes, current, handles = {}, [None], []
+    served = {id(m): m for m in (variants.get(*s.variant) for s in stages if s.variant is not None)}
+
+    def count(*_):
+        passes[current[0]] = passes.get(current[0], 0) + 1
+    for m in served.values():
+        handles.append(m.lm_head.register_forward_hook(count))
+    return passes, lambda name: current.__setitem__(0, name), lambda: [h.remove() for h in handles]
+
+
 def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progress=None,
-              variants: ModelVariants | None = None, agreement_tokens=None) -> dict:
+              variants: ModelVariants | None = None, agreement_tokens=None, bandwidth: float | None = None) -> dict:
     """Time every stage side by side; returns one row per stage with its tokens/s, its gain
     over the stage it builds on, its gain over the naive loop, how many of its generated
     tokens equal the fp32 reference (the KV-cache stage), and the memory it holds.
@@ -186,21 +200,33 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
     so they only prove that the fp32 stages are exact. Each row also holds its ``timing``
     (`measure.Timing.to_dict`), and the result the machine's ``load`` per core right after
     the timings (`busy.load_per_core`), so that verdicts can say when the machine was busy.
+    Each stage with a model also counts its forward passes per run (``weight_passes``: every
+    pass reads every weight once); with the machine's `bandwidth` (bytes/s, `roofs.probe`)
+    its ``bandwidth_fraction`` is weight bytes x passes per second / bandwidth: how close the
+    stage runs to the memory roof, and what a technique removed (fewer bytes per pass, or
+    fewer passes per token).
     """
     if not requests:
         raise LabError("run_stack needs at least one request.")
     variants = variants or ModelVariants(model)
     stages = build_stages(model, requests, slots, variants=variants) + list(peers)
     outputs: dict = {}
+    passes, set_current, remove_hooks = _count_weight_passes(stages, variants)
+    runs = dict.fromkeys((s.name for s in stages), 0)      # warm-up calls included, as in passes
 
     def timed(stage):
         def fn():
             if progress is not None:
                 progress(stage.name)
+            set_current(stage.name)
+            runs[stage.name] += 1
             outputs[stage.name] = stage.run()
         return fn
 
-    timings = time_side_by_side({s.name: timed(s) for s in stages}, model.device, warmup=0, repeats=repeats)
+    try:
+        timings = time_side_by_side({s.name: timed(s) for s in stages}, model.device, warmup=0, repeats=repeats)
+    finally:
+        remove_hooks()
     load = load_per_core()
     tokens = sum(r.max_new_tokens for r in requests)
     reference = outputs["+ KV cache"]
@@ -217,10 +243,14 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
                "gain": speed[stage.name] / speed[stage.builds_on] if stage.builds_on else None,
                "cumulative": speed[stage.name] / speed["naive loop"],
                "same_tokens_as_fp32": same / tokens, "top1_agreement": None,
-               "weight_bytes": None, "kv_cache_bytes": None}
+               "weight_bytes": None, "kv_cache_bytes": None, "weight_passes": None, "bandwidth_fraction": None}
         if stage.variant is not None:
             served = variants.get(*stage.variant)
             row["weight_bytes"] = served.weight_bytes()
+            row["weight_passes"] = passes.get(stage.name, 0) / runs[stage.name]
+            if bandwidth:
+                row["bandwidth_fraction"] = (row["weight_bytes"] * row["weight_passes"] / row["seconds"]
+                                             / bandwidth)
             row["kv_cache_bytes"] = kv_cache_bytes(served.config, longest, stage.cached_sequences, served.dtype)
             if agreement_tokens is not None:
                 if stage.variant not in agreement:
@@ -236,6 +266,30 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
     if HF_PEER in speed and best is not None:
         result["stack_vs_hf"] = best["tokens_per_s"] / speed[HF_PEER]
     return result
+
+
+def removed_work(result: dict) -> list[dict]:
+    """What each stage removed from the stage it builds on, from `run_stack`'s counts: bytes
+    of weights per forward pass (precision, quantization), forward passes per generated
+    token (the KV cache does not remove passes but makes each one cheap; batching and
+    speculation remove passes), and the time gain those bought.
+
+    Introduced in notebook 07 (putting it together). One row per stage with a model and a
+    `builds_on`: stage, builds_on, bytes_per_pass (this stage's / its base's),
+    passes_per_token (likewise), gain, bandwidth_fraction (None without a bandwidth).
+    """
+    rows = {r["stage"]: r for r in result["stages"]}
+    tokens = result["tokens"]
+    out = []
+    for row in result["stages"]:
+        base = rows.get(row["builds_on"])
+        if base is None or row["weight_passes"] is None or base["weight_passes"] is None:
+            continue
+        out.append({"stage": row["stage"], "builds_on": base["stage"],
+                    "bytes_per_pass": row["weight_bytes"] / base["weight_bytes"],
+                    "passes_per_token": (row["weight_passes"] / tokens) / (base["weight_passes"] / tokens),
+                    "gain": row["gain"], "bandwidth_fraction": row["bandwidth_fraction"]})
+    return out
 
 
 def best_under_budget(rows: list[dict], budget_bytes: float) -> str | None:

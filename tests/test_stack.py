@@ -118,3 +118,31 @@ def test_stack_explorer_measures_quality_teacher_forced(tiny_llama, requests_):
     assert figure.layout.annotations[1].text == "top-1 agreement with fp32"
     want = top1_agreement(tiny_llama, variants.get(explorer.controls["precision"].value, "int4"), list(range(30)))
     assert figure.data[1].x[0] == pytest.approx(100 * want)
+
+
+def test_every_stage_counts_its_weight_passes_and_bandwidth_fraction(tiny_llama, requests_):
+    """One request at a time, a token costs one pass (the naive loop re-reads the whole
+    sequence, the cache one token: both one pass per token); a padded batch of 2 costs one
+    pass per step of its longest member; the fraction follows from passes, bytes and time."""
+    result = run_stack(tiny_llama, requests_, slots=2, bandwidth=1e9)
+    rows = {r["stage"]: r for r in result["stages"]}
+    lengths = [r.max_new_tokens for r in requests_]
+    assert rows["naive loop"]["weight_passes"] == sum(lengths)
+    assert rows["+ KV cache"]["weight_passes"] == sum(lengths)
+    batches = [lengths[i:i + 2] for i in range(0, len(lengths), 2)]
+    assert rows["+ static batching"]["weight_passes"] == sum(max(b) for b in batches)
+    assert rows["+ speculative decoding"]["weight_passes"] <= sum(lengths)
+    for row in result["stages"]:
+        assert row["bandwidth_fraction"] == pytest.approx(
+            row["weight_bytes"] * row["weight_passes"] / row["seconds"] / 1e9)
+    assert all(r["bandwidth_fraction"] is None for r in run_stack(tiny_llama, requests_[:2], slots=2)["stages"])
+
+
+def test_removed_work_names_fewer_bytes_and_fewer_passes(tiny_llama, requests_):
+    from labsupport.stack import removed_work
+    result = run_stack(tiny_llama, requests_, slots=2, bandwidth=1e9)
+    removed = {r["stage"]: r for r in removed_work(result)}
+    assert removed["+ KV cache"]["passes_per_token"] == 1.0 and removed["+ KV cache"]["bytes_per_pass"] == 1.0
+    assert removed["+ static batching"]["passes_per_token"] < 1.0          # one pass serves two rows
+    assert removed["+ int4 weights"]["bytes_per_pass"] < 0.5                # fewer bytes per weight
+    assert "naive loop" not in removed and HF_PEER not in removed

@@ -30,7 +30,8 @@ def section_stack(ctx: BenchContext, options: BenchOptions) -> dict:
     requests = stack_workload(tok, ctx.device, options.stack_requests)
     result = run_stack(model, requests, slots=options.stack_slots,
                        peers=[hf_stack_stage(ctx.hf_model(torch.float32), requests)],
-                       repeats=options.stack_repeats, agreement_tokens=eval_tokens(tok, max_tokens=256))
+                       repeats=options.stack_repeats, agreement_tokens=eval_tokens(tok, max_tokens=256),
+                       bandwidth=ctx.hardware.bandwidth)
     rows = {r["stage"]: r for r in result["stages"]}
 
     def busy(*names):
@@ -40,7 +41,9 @@ def section_stack(ctx: BenchContext, options: BenchOptions) -> dict:
                         note=f"{r['tokens_per_s']:.1f} tokens/s, {r['precision']}"
                              + (f"; top-1 agreement with fp32 {r['top1_agreement']:.0%}"
                                 if r["top1_agreement"] is not None else "")
-                             + ("" if r["kept"] else "; does not pay here"),
+                             + ("" if r["kept"] else "; does not pay here")
+                             + (f"; {r['bandwidth_fraction']:.0%} of copy bandwidth"
+                                if r["bandwidth_fraction"] is not None else ""),
                         busy=busy(r["stage"], r["builds_on"]))
                for r in result["stages"] if r["gain"] is not None]
     if result["best"] is not None:
