@@ -17,6 +17,7 @@ that grows quadratically with the length (notebook 01 measures it).
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -227,9 +228,10 @@ def _compiled_step_or_none(model, cache, next_tokens, positions, key_mask) -> tu
     """One compiled decode step and the seconds it spent warming up (0 once this shape is warm);
     (None, 0) after a warning when compiling fails here, so that `generate` goes on eagerly."""
     shape = (next_tokens.shape[0], cache.max_len, key_mask is not None)
-    warm = shape in getattr(model, "_compiled_shapes", set())
     start = time.perf_counter()
     try:
+        compiled_decode(model)                  # (re)built first: new options warm up again
+        warm = shape in getattr(model, "_compiled_shapes", set())
         logits = compiled_step(model, cache, next_tokens, positions, key_mask)
     except Exception as error:                   # noqa: BLE001 - any failure: decode eagerly instead
         reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
@@ -243,8 +245,30 @@ def _compiled_step_or_none(model, cache, next_tokens, positions, key_mask) -> tu
     return logits, time.perf_counter() - start
 
 
+# Inductor's options for the compiled decode step, per device type (torch._inductor.config names):
+# "freezing" folds the weights into the graph as constants (on a CPU, linear layers then use
+# prepacked oneDNN weights), "cpp_wrapper" calls the step's kernels from generated C++ instead of
+# Python. Empty: inductor's defaults. The compile bench section measures the variants
+# (`inductor_options` switches them for a while).
+INDUCTOR_OPTIONS: dict[str, dict] = {"cpu": {}, "cuda": {}}
+
+
+@contextmanager
+def inductor_options(options: dict):
+    """Compile decode steps made inside the with-block with these inductor `options`.
+    Introduced in notebook 07 (putting it together), for the compile bench section."""
+    device_types = list(INDUCTOR_OPTIONS)
+    saved = {k: INDUCTOR_OPTIONS[k] for k in device_types}
+    INDUCTOR_OPTIONS.update(dict.fromkeys(device_types, dict(options)))
+    try:
+        yield
+    finally:
+        INDUCTOR_OPTIONS.update(saved)
+
+
 def compiled_decode(model):
-    """`model.decode_static` through torch.compile, built once per model.
+    """`model.decode_static` through torch.compile, built once per model (and per set of
+    `INDUCTOR_OPTIONS` for its device).
 
     On CUDA the mode is "reduce-overhead", which also captures the step as a CUDA
     graph: one launch replays every kernel of the step, removing the per-kernel
@@ -252,7 +276,9 @@ def compiled_decode(model):
 
     Notebooks 03 and 07 point to it (`generate(..., compile=True)`) for a fast GPU.
     """
-    if getattr(model, "_compiled_decode", None) is None:
+    options = INDUCTOR_OPTIONS.get(model.device.type, {})
+    key = tuple(sorted(options.items()))
+    if getattr(model, "_compiled_decode", None) is None or getattr(model, "_compiled_key", None) != key:
         # torch.compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None, ...):
         # "reduce-overhead" records the step as a CUDA graph (torch 2.13's docs), which replays fixed
         # device addresses: so the step must see the same tensors every call. decode_static takes the
@@ -260,8 +286,12 @@ def compiled_decode(model):
         # write slot as a tensor, so nothing changes shape or address between steps; dynamic=False
         # compiles one graph per batch size. The first calls compile and record (the warm-up); the
         # logits are cloned out of the graph's output buffer (`compiled_step`) before the next replay.
-        mode = "reduce-overhead" if model.device.type == "cuda" else None
-        model._compiled_decode = torch.compile(model.decode_static, mode=mode, dynamic=False)
+        # torch.compile takes mode or options, not both.
+        mode = "reduce-overhead" if model.device.type == "cuda" and not options else None
+        model._compiled_decode = torch.compile(model.decode_static, mode=mode, dynamic=False,
+                                               options=dict(options) or None)
+        model._compiled_key = key
+        model._compiled_shapes = set()                  # a new compile warms up again
     return model._compiled_decode
 
 

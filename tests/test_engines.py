@@ -115,3 +115,19 @@ def test_compare_compiled_on_a_tiny_model(fresh_tiny_llama):
         assert record["payback_steps"] == pytest.approx(record["warmup_s"] / saved)
     else:
         assert record["payback_steps"] == float("inf")
+
+
+def test_inductor_options_are_switched_for_a_while_and_recompile(fresh_tiny_llama):
+    from labsupport import generation
+    from labsupport.generation import compiled_decode, inductor_options
+    before = dict(generation.INDUCTOR_OPTIONS)
+    plain = compiled_decode(fresh_tiny_llama)
+    with inductor_options({"freezing": True}):
+        assert generation.INDUCTOR_OPTIONS["cpu"] == {"freezing": True}
+        frozen = compiled_decode(fresh_tiny_llama)
+        assert frozen is not plain and fresh_tiny_llama._compiled_shapes == set()
+        out = generation.generate(fresh_tiny_llama, [1, 2, 3], 6, eos_token_ids=(), compile=True)
+        assert out.warmup_seconds > 0
+        eager = generation.generate(fresh_tiny_llama, [1, 2, 3], 6, eos_token_ids=(), compile=False)
+        assert out.row(0) == eager.row(0)
+    assert generation.INDUCTOR_OPTIONS == before

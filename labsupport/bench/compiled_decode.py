@@ -9,7 +9,9 @@ step through torch.compile (`generation.compiled_decode`): inductor fuses the el
 work and, on a GPU, replays the whole step as one CUDA graph. For each precision of
 `options.compile_rows` and each batch of `options.compile_batches` this section times
 eager and compiled `generate()` side by side, and reports the warm-up (compile) seconds
-and how many tokens a generation needs before compiling has paid for itself.
+and how many tokens a generation needs before compiling has paid for itself. On a CPU it
+also tries inductor's options (`CPU_VARIANTS`: freezing the weights into the graph, a C++
+wrapper, max-autotune) on fp32 at the first batch size.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import copy
 import torch
 
 from ..busy import busy_reason
-from ..generation import chat_prompt, generate
+from ..generation import chat_prompt, generate, inductor_options
 from ..hardware import bf16_supported
 from ..measure import time_side_by_side
 from ..quantize import quantize_model
@@ -95,5 +97,33 @@ def section_compile(ctx: BenchContext, options: BenchOptions) -> dict:
                      f"tokens/s; warm-up {record['warmup_s']:.0f} s, "
                      + (f"paid back after {payback:.0f} decode steps" if payback != float("inf")
                         else "never paid back") + f"; same tokens: {record['same_tokens']}"))
+    variants = _inductor_variants(ctx, options, [ids] * options.compile_batches[0], figures)
     return {"new_tokens": new_tokens, "prompt_tokens": len(ids), "rows": rows, "skipped": skipped,
-            "figures": figures}
+            "inductor_variants": variants, "figures": figures}
+
+
+# Inductor's CPU options worth trying on a decode step (torch._inductor.config names).
+CPU_VARIANTS = {"freezing": {"freezing": True},
+                "freezing + C++ wrapper": {"freezing": True, "cpp_wrapper": True},
+                "max-autotune": {"max_autotune": True}}
+
+
+def _inductor_variants(ctx: BenchContext, options: BenchOptions, prompts, figures: list) -> list[dict]:
+    """On a CPU, fp32 at the first batch size: each of CPU_VARIANTS against eager (its own
+    fresh model, so each compiles from scratch). Appends one figure per variant."""
+    if ctx.device.type != "cpu" or not options.compile_inductor_variants:
+        return []
+    out = []
+    for name, inductor in CPU_VARIANTS.items():
+        model = _model_for(ctx, "fp32")
+        with inductor_options(inductor):
+            record = compare_compiled(model, prompts, options.compile_new_tokens, ctx.device, options.repeats)
+        if isinstance(record, str):
+            out.append({"variant": name, "skipped": record})
+            continue
+        out.append({"variant": name, **record})
+        figures.append(reported(
+            f"compiled ({name}) / eager decode, fp32, batch {len(prompts)}",
+            record["compiled_decode_tokens_per_s"] / record["eager_decode_tokens_per_s"], "x", busy=record["busy"],
+            note=f"warm-up {record['warmup_s']:.0f} s; same tokens: {record['same_tokens']}"))
+    return out
