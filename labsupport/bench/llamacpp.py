@@ -57,11 +57,16 @@ class LlamaCppGreedy:
         # are kept unless logits_all.
         self.llm = Llama(model_path=str(gguf), n_ctx=context, n_batch=min(512, context), n_threads=threads,
                          n_threads_batch=threads, logits_all=False, verbose=False)
-        self.context = context
+        self.context, self.vocab = context, self.llm.n_vocab()
 
     def _next_token(self) -> int:
-        """The greedy token after everything evaluated so far (its last logits' argmax)."""
-        return int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+        """The greedy token after everything evaluated so far: the argmax of the last position's
+        logits, read from llama.cpp's own buffer (`llama_get_logits`; without logits_all,
+        llama-cpp-python 0.3 no longer copies them into `Llama.scores`)."""
+        import llama_cpp
+
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.llm.ctx), shape=(self.vocab,))
+        return int(np.argmax(logits))
 
     def prefill(self, prompt_ids: list[int]) -> int:
         """Forget the last run, read the prompt, return the first new token."""
