@@ -3,7 +3,7 @@ measurements that should not, and timings taken on a busy machine (no verdict th
 
 import pytest
 
-from labsupport.busy import BUSY_VERDICT
+from labsupport.busy import BUSY_VERDICT, busy_reason
 from labsupport.claims import serving_claims
 from labsupport.claims.serving import alone_waste
 from labsupport.serving import Engine, Request
@@ -77,3 +77,70 @@ def test_compare_speed_has_a_noise_margin_on_both_sides():
     assert [compare_speed(r) for r in (1.05, 1.04, 1.0, 1 / 1.04, 1 / 1.05)] == [
         "faster", "same", "same", "same", "slower"]
     assert compare_speed(1.5, margin=2.0) == "same"
+
+
+# --- the production engine's claims: the prefill stall, chunked prefill, prefix caching, the load curve ---
+
+def step(start, end, prefill_tokens=0, decode_rows=2):
+    from labsupport.serving import StepRecord
+    return StepRecord(start, end, prefills=int(prefill_tokens > 0), decode_rows=decode_rows, padding_rows=0,
+                      preempted=0, blocks_used=1, prefill_tokens=prefill_tokens)
+
+
+def test_prefill_stall_compares_the_steps_with_a_prefill_with_the_decode_only_ones():
+    from types import SimpleNamespace
+    from labsupport.claims import prefill_stall
+    run = SimpleNamespace(steps=[step(0, 0.5, prefill_tokens=30, decode_rows=0),   # nobody to stall: left out
+                                 step(0.5, 0.6), step(0.6, 0.9, 20), step(0.9, 1.0), step(1.0, 1.1),
+                                 step(1.1, 1.5, 40)])
+    stall = prefill_stall(run)
+    assert (stall["prefill_steps"], stall["decode_steps"]) == (2, 3)
+    assert stall["prefill_step_s"] == pytest.approx(0.35) and stall["decode_step_s"] == pytest.approx(0.1)
+    assert stall["ratio"] == pytest.approx(3.5)
+    import math
+    assert math.isnan(prefill_stall(SimpleNamespace(steps=[step(0, 1, 10)]))["ratio"])
+
+
+def production(stall_ratio=3.0, itl=(0.6, 0.2), throughput=(10.0, 9.5), computed=(400, 150), ttft=(2.0, 1.0),
+               curve=((1.0, 10.0, 0.5), (2.0, 18.0, 0.7), (4.0, 20.0, 5.0))):
+    return dict(stall={"prefill_step_s": 0.1 * stall_ratio, "decode_step_s": 0.1, "prefill_steps": 5,
+                       "decode_steps": 50, "ratio": stall_ratio},
+                prefix={"without": {"prefill_tokens_computed": computed[0], "ttft_p50": ttft[0]},
+                        "with": {"prefill_tokens_computed": computed[1], "ttft_p50": ttft[1]}},
+                chunked={"without": {"itl_p99": itl[0], "throughput": throughput[0]},
+                         "with": {"itl_p99": itl[1], "throughput": throughput[1]}},
+                curve=[{"configuration": "continuous", "rate": r, "throughput": t, "ttft_p99": w}
+                       for r, t, w in curve])
+
+
+def test_engine_claims_hold_on_measurements_that_support_them():
+    from labsupport.claims import engine_claims
+    rows = engine_claims(**production())
+    assert [r["verdict"] for r in rows] == ["holds"] * 4
+    assert "300 ms vs 100 ms decoding only" in rows[0]["measured"]
+    assert "600 ms without, 200 ms with (3.00x); throughput 95% of without" in rows[1]["measured"]
+    assert "150 of 400 prompt tokens computed (38%)" in rows[2]["measured"]
+    assert "throughput 2.00x, time to first token p99 10.00x" in rows[3]["measured"]
+
+
+def test_engine_claims_that_do_not_hold_say_so():
+    from labsupport.claims import engine_claims
+    rows = engine_claims(**production(stall_ratio=1.0, itl=(0.6, 0.5), computed=(400, 300),
+                                      curve=((1.0, 10.0, 0.5), (4.0, 40.0, 0.6))))
+    assert [r["verdict"] for r in rows] == [
+        "not here: no longer than a decode step", "not here: the p99 inter-token latency improved 1.20x",
+        "not here: 75% of the prompt tokens still computed", "not here: no knee in this range of rates"]
+    rows = engine_claims(**production(throughput=(10.0, 8.0), ttft=(2.0, 1.6)))
+    assert rows[1]["verdict"] == "shorter tail, but throughput 80% of without"
+    assert rows[2]["verdict"] == "fewer tokens computed, but the first token only 1.25x sooner"
+
+
+def test_engine_claims_on_a_busy_machine_give_no_verdict_from_the_clock():
+    from labsupport.claims import engine_claims
+    reason = busy_reason({}, load=4.0)
+    rows = engine_claims(**production(), busy=dict.fromkeys(("stall", "prefix", "chunked", "curve"), reason))
+    assert all(r["verdict"].startswith(BUSY_VERDICT) and "load average was 4.0" in r["verdict"] for r in rows)
+    # a count of tokens needs no clock: too many tokens computed is a verdict even on a busy machine
+    rows = engine_claims(**production(computed=(400, 300)), busy={"prefix": reason})
+    assert rows[2]["verdict"] == "not here: 75% of the prompt tokens still computed"
+    assert rows[0]["verdict"] == "holds"

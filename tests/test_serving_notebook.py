@@ -63,20 +63,84 @@ def test_utilization_and_blocks_figures(runs):
 
 # --- the explorer ------------------------------------------------------------------
 
-def test_explorer_redraws_when_a_control_changes(tiny_llama):
-    from labsupport.explorers.serving import serving_explorer
+def test_explorer_redraws_when_a_control_changes_and_opens_with_the_notebooks_runs(tiny_llama):
+    from labsupport.explorers.serving import serving_explorer, setting_label
+    from labsupport.serving.load_curve import at_rate
     torch.manual_seed(0)
-    explorer = serving_explorer(tiny_llama, [[1, 2, 3, 4], [5, 6, 7, 8, 9]], count=6, median_new_tokens=4,
-                                max_new_tokens=10, max_slots=4, block_size=4, use_widget=False)
+    requests = make_workload([[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 10, 11]], count=5,
+                             median_new_tokens=3, max_new_tokens=6)
+    opened = Engine(tiny_llama, max_slots=2, block_size=4, token_budget=8).run(at_rate(requests, 40.0))
+    explorer = serving_explorer(tiny_llama, requests, capacity=80.0, max_slots=2, block_size=4, budgets=(4,),
+                                opening={("50% of capacity", "continuous", 8, False): opened}, use_widget=False,
+                                loads={"all at once": None, "50% of capacity": 0.5, "200% of capacity": 2.0})
+    values = {name: c.value for name, c in explorer.controls.items()}
+    assert list(explorer.controls["load"].options) == ["all at once", "50% of capacity", "200% of capacity"]
+    assert values == {"load": "50% of capacity", "policy": "continuous", "budget": "8", "prefix": "off"}
+    assert list(explorer.controls["budget"].options) == ["off", "4", "8"]
     before = [f.figure.to_plotly_json()["data"] for f in explorer.figures]
     assert len(before) == 2 and explorer.status.value == ""
-    explorer.controls["slots"].value = 2
+    assert list(before[1][0]["x"]) == [setting_label("50% of capacity", "continuous", 8, False)]   # not served again
+    explorer.controls["prefix"].value = "on"
     after = [f.figure.to_plotly_json()["data"] for f in explorer.figures]
-    assert explorer.status.value == "" and after != before
-    assert len(after[1][0]["x"]) == 2                                  # two settings measured
+    assert explorer.status.value == "" and after != before and len(after[1][0]["x"]) == 2
+    cached = next(t for t in after[0] if t["name"] == "prompt tokens from the prefix cache")
+    assert sum(cached["y"]) > 0                                          # the shared 8-token prefix: two blocks
+    explorer.controls["budget"].value = "off"
+    explorer.controls["load"].value = "all at once"
     explorer.controls["policy"].value = "static"
-    explorer.controls["rate"].value = "1 per 2 steps"
-    again = [f.figure.to_plotly_json()["data"] for f in explorer.figures]
-    assert explorer.status.value == "" and again != after and len(again[1][0]["x"]) == 4
+    again = explorer.figures[1].figure.to_plotly_json()["data"]
+    assert len(again[0]["x"]) == 5 and any(t["name"] == "inter-token latency p99" for t in again)
     explorer.controls["policy"].value = "continuous"                   # cached: shown at once
     assert len(explorer.figures[1].figure.to_plotly_json()["data"][0]["x"]) == 5
+
+
+# --- the engine's second half: prefill chunks, the prefix cache, the load curve, the decode step ---
+
+@pytest.fixture(scope="module")
+def chunked_cached(tiny_llama):
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14]]
+    requests = make_workload(prompts, count=5, rate=0.5, median_new_tokens=4, max_new_tokens=8, seed=1)
+    return Engine(tiny_llama, max_slots=2, block_size=4, token_budget=4, prefix_caching=True).run(
+        requests, clock="steps")
+
+
+def test_phase_timeline_shows_prefill_chunks_decodes_and_cached_tokens(chunked_cached):
+    from labsupport.plots.serving import phase_timeline_figure, prefill_spans
+    run = chunked_cached
+    fig = phase_timeline_figure(run, clock="steps")
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == {"decoding", "prefilling (prompt chunks)", "decode tokens", "prompt tokens computed",
+                            "prompt tokens from the prefix cache"}
+    assert by_name["decoding"].marker.color != by_name["prefilling (prompt chunks)"].marker.color
+    assert list(by_name["prompt tokens computed"].y) == [r.prefill_tokens for r in run.steps]
+    assert sum(by_name["prompt tokens from the prefix cache"].y) == run.metrics()["prefix_cached_tokens"] > 0
+    assert by_name["prompt tokens from the prefix cache"].marker.pattern.shape == "/"
+    # stacked: the computed prompt tokens sit on the decodes, the cached ones on both
+    assert list(by_name["prompt tokens computed"].base) == [r.decode_rows for r in run.steps]
+    assert list(by_name["prompt tokens from the prefix cache"].base) == [
+        r.decode_rows + r.prefill_tokens for r in run.steps]
+    assert any(s.line.dash == "dash" for s in fig.layout.shapes)               # the token budget
+    spans = prefill_spans(run)
+    # a prompt of 9 or 13 tokens under a budget of 4 takes several steps to prefill
+    assert len(spans) >= 5 and max(s["end"] - s["start"] for s in spans) >= 2
+    assert all(s["start"] <= s["end"] for s in spans)
+
+
+def test_load_curve_figure_draws_one_line_per_configuration():
+    from labsupport.plots.serving import load_curve_figure
+    rows = [{"configuration": c, "rate": r, "throughput": 10 * r, "ttft_p99": r, "itl_p99": 0.01 * r}
+            for c in ("continuous", "chunked prefill") for r in (2.0, 1.0)]
+    fig = load_curve_figure(rows)
+    assert [t.name for t in fig.data] == ["continuous", "continuous", "chunked prefill", "chunked prefill"]
+    assert list(fig.data[0].x) == [10.0, 20.0] and list(fig.data[1].y) == [10.0, 20.0]   # ms, in order of rate
+    assert [t.showlegend for t in fig.data] == [True, False, True, False]
+
+
+def test_decode_cost_figure_shows_the_shares_and_both_paths():
+    from labsupport.plots.serving import decode_cost_figure
+    costs = {"table_build_share": 0.05, "gather_share": 0.25, "rest_share": 0.7, "step_s": 0.02,
+             "pool_step_s": 0.015, "batch_size": 8, "context": 128}
+    fig = decode_cost_figure(costs)
+    shares = [t for t in fig.data if t.orientation == "h"]
+    assert [t.x[0] for t in shares] == [0.05, 0.25, 0.7] and [t.text[0] for t in shares] == ["5%", "25%", "70%"]
+    assert list(fig.data[-1].y) == pytest.approx([20.0, 15.0]) and "8 rows at 128 positions" in fig.layout.title.text

@@ -16,7 +16,7 @@ EXPECTED = {
     "cpu": dict(roofline_batches=(1, 2, 4, 8, 16, 32, 48), batch_sizes=(1, 2, 4, 8, 16, 32, 64),
                 batching_explorer_max_batch=32, kv_explorer_max_length=1024,
                 precision=PrecisionWorkload(decode_tokens=16, prefill_tokens=256, agreement_tokens=64, repeats=3),
-                serving_slots=8, serving_requests=48,
+                serving_slots=8, serving_requests=24,
                 stack=StackWorkload(requests=8, notebook_requests=8, slots=4, repeats=1, explorer_requests=4)),
     "gpu": dict(roofline_batches=(1, 4, 16, 64, 128, 256, 512), batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                 batching_explorer_max_batch=None, kv_explorer_max_length=4096,

@@ -1,7 +1,10 @@
-"""Notebook 06's section: static against continuous batching at equal slots, and against
-Hugging Face's continuous batching, on one long-tailed workload.
+"""Notebook 06's section: static against continuous batching at equal slots, chunked prefill
+and prefix caching, Hugging Face's continuous batching and vLLM as peers, a load curve, and
+what the paged decode step spends where.
 
 Introduced in notebook 06 (continuous batching); ``python -m labsupport bench --sections serving``.
+Every figure is measured side by side in one run and reported as measured: a target missed
+is reported with its figures, never tuned away.
 """
 
 from __future__ import annotations
@@ -10,12 +13,18 @@ import torch
 
 from ..busy import busy_reason, load_per_core
 from ..measure import time_side_by_side
+from ..models.loading import resolve_hf_source
 from ..serving.engine import Engine
+from ..serving.load_curve import configurations, load_curve, near_saturation, saturation_rate
 from ..serving.metrics import reserved_vs_used
-from ..workloads import preset, serving_workload
+from ..serving.workload import chat_prompts, make_workload
+from ..workloads import SERVING_PRESETS, device_class, preset, serving_workload
 from .core import BenchContext, reported
 from .options import BenchOptions
-from .serving_peers import hf_serve
+from .serving_peers import hf_serve, vllm_serve
+
+# our engine's servers in the side-by-side run (their settings: `our_servers`)
+OURS = ("static", "continuous", "prefix caching", "chunked + prefix caching")
 
 
 def default_slots(device) -> int:
@@ -26,46 +35,72 @@ def default_slots(device) -> int:
     return preset(device).serving_slots
 
 
-def serve_side_by_side(model, hf_model, requests: list, slots: int, repeats: int = 1) -> tuple[dict, dict]:
-    """Serve `requests` (all arriving at once) three ways, timed side by side: our engine with
-    continuous and with static batching (`slots` slots, a paged cache the size of a per-slot
-    reservation for the longest request) and Hugging Face's continuous batching (`serving_peers.hf_serve`).
+def our_servers(token_budget: int) -> dict[str, dict]:
+    """Our engine's servers of the side-by-side run, by name: static and continuous batching,
+    continuous with prefix caching, and continuous with chunked prefill (`token_budget` tokens
+    per step) and prefix caching. Introduced in notebook 06 (continuous batching)."""
+    settings = configurations(token_budget)
+    return {"static": settings["static"], "continuous": settings["continuous"],
+            "prefix caching": {"policy": "continuous", "prefix_caching": True},
+            "chunked + prefix caching": settings["chunked + prefix caching"]}
 
-    Introduced in notebook 06 (continuous batching). Returns (the `Timing` of "continuous",
-    "static" and "hf", the last run of each by the same names: a `ServingResult` for ours,
+
+def serve_side_by_side(model, hf_model, requests: list, slots: int, repeats: int = 1,
+                       token_budget: int | None = None, servers: dict | None = None) -> tuple[dict, dict]:
+    """Serve `requests` with each of our servers and with Hugging Face's continuous batching,
+    timed side by side (`time_side_by_side`: interleaved, so a noisy moment hits all alike).
+
+    Introduced in notebook 06 (continuous batching). Our servers: `servers` (name -> `Engine`
+    keyword arguments; default: "static" and "continuous", plus `our_servers(token_budget)`
+    when a token budget is given), each with `slots` slots and a paged cache of `slots` x the
+    longest request. "hf": `serving_peers.hf_serve` with transformers' own defaults (its
+    chunked prefill and prefix sharing) and the same slot limit; hf_model=None leaves it out.
+    Returns (the `Timing` of each name, the last run of each: a `ServingResult` for ours,
     `hf_serve`'s dict for "hf").
     """
+    if servers is None:
+        servers = our_servers(token_budget) if token_budget else {"static": {"policy": "static"},
+                                                                  "continuous": {"policy": "continuous"}}
     longest = max(r.max_length for r in requests)
     runs: dict = {}
 
-    def ours(policy):
+    def ours(name, kwargs):
         def fn():
-            runs[policy] = Engine(model, max_slots=slots, policy=policy, cache_tokens=slots * longest).run(requests)
+            runs[name] = Engine(model, max_slots=slots, cache_tokens=slots * longest, **kwargs).run(requests)
         return fn
 
     def huggingface():
-        runs["hf"] = hf_serve(hf_model, requests, max_slots=slots)
+        runs["hf"] = hf_serve(hf_model, requests, max_slots=slots, defaults=True, cache_tokens=slots * longest)
 
-    timings = time_side_by_side({"continuous": ours("continuous"), "static": ours("static"),
-                                 "hf": huggingface}, model.device, warmup=0, repeats=repeats)
+    fns = {name: ours(name, kwargs) for name, kwargs in servers.items()}
+    if hf_model is not None:
+        fns["hf"] = huggingface
+    timings = time_side_by_side(fns, model.device, warmup=0, repeats=repeats)
     return timings, runs
 
 
-def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
-    """All requests arrive at once; each server runs the whole workload, side by side.
-    Figures: continuous / static throughput (same slots, same paged cache), ours / HF
-    `generate_batch`-style continuous batching, latency percentiles, paged cache memory.
+def _decode_costs(model, slots: int) -> dict | None:
+    try:
+        from ..serving.decode_cost import decode_step_costs
+    except ImportError:                                      # the engine without its decode-cost probe
+        return None
+    return decode_step_costs(model, batch_size=slots, context=128, steps=5)
 
-    Introduced in notebook 06 (continuous batching). Reads serving_slots,
-    serving_requests and serving_repeats.
+
+def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
+    """All requests arrive at once; each server runs the whole workload, side by side; then a
+    load curve over Poisson arrival rates, the vLLM peer and the decode step's cost shares.
+
+    Introduced in notebook 06 (continuous batching). Reads serving_slots, serving_requests,
+    serving_repeats, serving_token_budget, serving_curve_requests, serving_curve_slots and
+    serving_curve_loads (percent of the measured saturation rate).
     """
     model, tok = ctx.model(torch.float32)
     hf = ctx.hf_model(torch.float32)
-    slots = options.serving_slots
+    slots, budget = options.serving_slots, options.serving_token_budget
     requests = serving_workload(tok, ctx.device, options.serving_requests)
-    repeats = options.serving_repeats
     longest = max(r.max_length for r in requests)
-    timings, runs = serve_side_by_side(model, hf, requests, slots, repeats)
+    timings, runs = serve_side_by_side(model, hf, requests, slots, options.serving_repeats, token_budget=budget)
     load = load_per_core()
 
     def busy(*names):
@@ -73,34 +108,99 @@ def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
 
     tokens = sum(r.max_new_tokens for r in requests)
     speed = {name: tokens / t.median for name, t in timings.items()}
-    metrics = {policy: runs[policy].metrics() for policy in ("continuous", "static")}
-    same_tokens = runs["continuous"].tokens() == runs["static"].tokens()
-    same_as_hf = runs["continuous"].tokens() == runs["hf"]["tokens"]
+    metrics = {name: runs[name].metrics() for name in OURS}
+    reference = runs["continuous"].tokens()
+    same = {name: (sum(runs[name].tokens().get(i) == t for i, t in reference.items()), len(reference))
+            for name in OURS}
+    same["hf"] = (sum(runs["hf"]["tokens"].get(i) == t for i, t in reference.items()), len(reference))
     memory = reserved_vs_used(runs["continuous"], max_length=longest)
     lengths = [r.max_new_tokens for r in requests]
+    plain, cached = metrics["continuous"], metrics["prefix caching"]
+    first, second = requests[0].prompt, requests[1 % len(requests)].prompt
+    shared = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
+
+    # the load curve: the same seeded workload at rising Poisson rates, fractions of the saturation rate
+    sizes = SERVING_PRESETS[device_class(ctx.device)]
+    curve_prompts, curve_slots = chat_prompts(tok, options.serving_curve_requests), options.serving_curve_slots
+    shape = dict(median_new_tokens=sizes.curve_median_new_tokens, sigma=1.0,        # the curve's answer lengths
+                 max_new_tokens=sizes.curve_max_new_tokens)
+    base = make_workload(curve_prompts, count=options.serving_curve_requests, **shape)
+    saturation = saturation_rate(model, base, curve_slots)
+    rates = [saturation * p / 100 for p in options.serving_curve_loads]
+    peer = None
+    if ctx.device.type == "cuda":                    # on a CPU, a Hugging Face curve waits out every arrival
+        def peer(reqs):
+            return hf_serve(hf, reqs, max_slots=curve_slots, defaults=True)
+    curve = load_curve(model, curve_prompts, rates, options.serving_curve_requests, curve_slots, budget, peer=peer,
+                       **shape)
+    curve_load = load_per_core()
+    at = near_saturation(curve, saturation)
+    point = {r["configuration"]: r for r in curve if r["rate"] == at}
+    chunked, unchunked = point["chunked prefill"], point["continuous"]
+
+    vllm = vllm_serve(resolve_hf_source(ctx.model_name), requests, ctx.device, max_slots=slots, reference=reference)
+    costs = _decode_costs(model, slots)
+
     figures = [
         reported("serving: continuous / static batching throughput", speed["continuous"] / speed["static"], "x",
                  target=2.0, claim="continuous batching frees slots as soon as a response ends",
                  note=f"{len(requests)} requests, {slots} slots, answer lengths {min(lengths)}-{max(lengths)} "
                       f"(median {sorted(lengths)[len(lengths) // 2]}); slot use "
-                      f"{metrics['continuous']['slot_utilization']:.0%} "
-                      f"vs {metrics['static']['slot_utilization']:.0%}; same tokens: {same_tokens}",
+                      f"{plain['slot_utilization']:.0%} vs {metrics['static']['slot_utilization']:.0%}; "
+                      f"same tokens: {same['static'][0]}/{same['static'][1]}",
                  busy=busy("continuous", "static")),
-        reported("serving: ours / Hugging Face continuous batching", speed["continuous"] / speed["hf"], "x",
-                 target=1.0, note=f"same tokens as HF: {same_as_hf}", busy=busy("continuous", "hf")),
+        reported("serving: prefill tokens computed, prefix caching / without", cached["prefill_tokens_computed"]
+                 / plain["prefill_tokens_computed"], "fraction", target=0.5, higher_is_better=False,
+                 note=f"{cached['prefill_tokens_computed']} of {plain['prefill_tokens_computed']} prompt tokens "
+                      f"computed; {cached['prefix_cached_tokens']} taken from the cache; the prompts share their "
+                      f"first {shared} tokens (full blocks of 16 only are shared), requests admitted in the same "
+                      "step share nothing yet"),
+        reported("serving: time to first token p50, without / with prefix caching",
+                 plain["ttft_p50"] / cached["ttft_p50"], "x", target=1.5,
+                 note=f"{plain['ttft_p50']:.2f} s without, {cached['ttft_p50']:.2f} s with; same tokens: "
+                      f"{same['prefix caching'][0]}/{same['prefix caching'][1]}",
+                 busy=busy("continuous", "prefix caching")),
+        reported("serving: inter-token latency p99, without / with chunked prefill",
+                 unchunked["itl_p99"] / chunked["itl_p99"], "x", target=1.5,
+                 note=f"{unchunked['itl_p99'] * 1e3:.0f} ms without, {chunked['itl_p99'] * 1e3:.0f} ms with a "
+                      f"budget of {budget} tokens, at {at:.2f} requests/s ({at / saturation:.0%} of the "
+                      f"{saturation:.2f} requests/s served when all arrive at once; {curve_slots} slots)",
+                 busy=busy_reason({}, load=curve_load)),
+        reported("serving: throughput with / without chunked prefill, near saturation",
+                 chunked["throughput"] / unchunked["throughput"], "x", target=0.9,
+                 note=f"{chunked['throughput']:.1f} vs {unchunked['throughput']:.1f} tokens/s at {at:.2f} "
+                      "requests/s (target: within 10%)", busy=busy_reason({}, load=curve_load)),
+        reported("serving: ours / Hugging Face continuous batching (both: chunked prefill, prefix sharing)",
+                 speed["chunked + prefix caching"] / speed["hf"], "x", target=1.0,
+                 note=f"budget {budget} tokens (ours), transformers' own (theirs); same tokens as HF: "
+                      f"{same['hf'][0]}/{same['hf'][1]}; ours without either: "
+                      f"{speed['continuous'] / speed['hf']:.2f}x", busy=busy("chunked + prefix caching", "hf")),
+        reported("serving: ours / vLLM throughput", speed["continuous"] / vllm["tokens_per_s"]
+                 if vllm["skipped"] is None else float("nan"), "x",
+                 note=vllm["skipped"] or f"same tokens as vLLM: {vllm['same_tokens'][0]}/{vllm['same_tokens'][1]}"),
         reported("serving: latency p99, static / continuous",
-                 metrics["static"]["latency_p99"] / metrics["continuous"]["latency_p99"], "x",
-                 busy=busy("continuous", "static")),
+                 metrics["static"]["latency_p99"] / plain["latency_p99"], "x", busy=busy("continuous", "static")),
         reported("serving: time to first token p99, static / continuous",
-                 metrics["static"]["ttft_p99"] / metrics["continuous"]["ttft_p99"], "x",
-                 note=f"p50 {metrics['continuous']['ttft_p50']:.2f} s continuous vs "
-                      f"{metrics['static']['ttft_p50']:.2f} s static", busy=busy("continuous", "static")),
+                 metrics["static"]["ttft_p99"] / plain["ttft_p99"], "x",
+                 note=f"p50 {plain['ttft_p50']:.2f} s continuous vs {metrics['static']['ttft_p50']:.2f} s static",
+                 busy=busy("continuous", "static")),
         reported("serving: paged cache peak / per-slot reservation", memory["used_bytes"] / memory["reserved_bytes"],
                  "fraction", note=f"{memory['used_bytes'] / 2**20:.1f} MiB used vs "
                                   f"{memory['reserved_bytes'] / 2**20:.1f} MiB reserved for {slots} x {longest} "
                                   f"positions"),
     ]
+    if costs is not None:
+        figures.append(reported("serving: decode step, share of the gather", costs["gather_share"], "fraction",
+                                note=f"block tables {costs['table_build_share']:.0%}, the rest "
+                                     f"{costs['rest_share']:.0%}; {costs['batch_size']} rows of "
+                                     f"{costs['context']} positions; attention over the pool: "
+                                     f"{costs['step_s'] / costs['pool_step_s']:.2f}x the gathering step's speed",
+                                busy=busy_reason(costs["timings"], load=load)))
+        costs = {k: v for k, v in costs.items() if k != "timings"}
     return {"requests": len(requests), "slots": slots, "tokens": tokens, "answer_lengths": lengths,
-            "tokens_per_s": speed, "timings_s": {k: t.to_dict() for k, t in timings.items()},
-            "metrics": metrics, "same_tokens_static_continuous": same_tokens, "same_tokens_as_hf": same_as_hf,
-            "memory": memory, "load": load, "figures": figures}
+            "token_budget": budget, "tokens_per_s": speed, "timings_s": {k: t.to_dict() for k, t in timings.items()},
+            "metrics": metrics, "same_tokens": same, "same_tokens_static_continuous": same["static"][0] == len(reference),
+            "same_tokens_as_hf": same["hf"][0] == len(reference), "memory": memory, "load": load,
+            "load_curve": {"saturation_rate": saturation, "slots": curve_slots, "rates": rates, "rows": curve,
+                           "chunked_at": at},
+            "vllm": {k: v for k, v in vllm.items() if k != "tokens"}, "decode_cost": costs, "figures": figures}

@@ -1,13 +1,12 @@
-"""Checkers for notebook 06 (continuous batching): one scheduler step, the blocks a set
-of sequences needs, and a sequence's keys gathered from the paged pool.
-
-Introduced in notebook 06 (continuous batching). Each checker compares a learner's
-function with the reference on a handful of cases and prints a short confirmation
-or raises `CheckFailed` with what was expected, what came back and a hint.
+"""Checkers for notebook 06 (continuous batching): one scheduler step, the blocks a set of
+sequences needs, a sequence's keys gathered from the paged pool, a block's hash in the prefix
+cache and a scheduler step under a token budget. Each compares a learner's function with the
+reference and prints a short confirmation or raises `CheckFailed` with a hint.
 """
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import random
 
@@ -16,7 +15,7 @@ import torch
 from ..models.config import PRESETS, ModelConfig
 from ..serving.block_manager import BlockManager, blocks_needed
 from ..serving.paged_cache import PagedKVCache
-from . import fail, grades_quietly, passed
+from . import call_learner, fail, grades_quietly, passed
 
 STEP = "one scheduler step"
 BLOCKS = "blocks for a set of sequences"
@@ -24,9 +23,7 @@ GATHER = "a sequence's keys gathered through its block table"
 
 
 def reference_schedule_step(running, waiting, max_slots, free_blocks, policy="continuous"):
-    """Who leaves the batch and who joins it before the next step.
-
-    Introduced in notebook 06 (continuous batching).
+    """Who leaves the batch and who joins it before the next step. Introduced in notebook 06 (continuous batching).
     running: [(seq_id, finished)] in the batch now; waiting: [(seq_id, blocks_needed)] in
     order of arrival; free_blocks: blocks free once the finished sequences have released
     theirs. Continuous: finished sequences leave; waiting ones join first come, first
@@ -123,7 +120,6 @@ def check_schedule_step(fn) -> None:
 
 def reference_blocks_for(lengths, block_size) -> int:
     """Blocks a set of sequences holds in a paged cache: each one rounds up on its own.
-
     Introduced in notebook 06 (continuous batching)."""
     return sum(blocks_needed(n, block_size) for n in lengths)
 
@@ -209,9 +205,8 @@ _GATHER_SLIPS = [
 
 
 def _gather_cases(config: ModelConfig):
-    """(pool, layer, block_size, {sequence: (table, length, its keys as the pool's own gather reads them)}):
-    sequences written through the pool's own scatter, their blocks handed out in a scrambled order
-    (as after a long run of requests coming and going), so that tables are neither adjacent nor increasing."""
+    """(pool, layer, block_size, {sequence: (table, length, its keys as the pool's gather reads them)}):
+    blocks handed out in a scrambled order, so that tables are neither adjacent nor increasing."""
     for seed, block_size, lengths in ((0, 4, (9, 3, 16, 1, 13)), (1, 8, (20, 8, 5, 17)), (2, 2, (7, 2, 4))):
         manager = BlockManager(num_blocks=sum(blocks_needed(n, block_size) for n in lengths) + 3,
                                block_size=block_size)
@@ -290,3 +285,115 @@ def check_paged_gather(fn, config: ModelConfig | None = None) -> None:
             fail(GATHER, "the keys written for this sequence", f"other keys at position {wrong}",
                  f"{hint} Case: {case}")
     passed(GATHER, "A block table turns scattered blocks back into one contiguous sequence.")
+
+
+# --- the engine's second half: a block's name in the prefix cache, a step under a token budget --------
+
+HASH, BUDGET = "the hash of a block and its prefix", "a scheduler step under a token budget"
+
+
+def _stable_across_processes(fn, cases) -> bool | None:
+    """Same hashes from `fn`'s source in two Pythons of different hash seeds? None: it cannot run alone."""
+    import inspect, os, subprocess, sys, textwrap  # noqa: E401 - the one place these are needed
+    try:
+        program = (f"import hashlib, struct, zlib\n{textwrap.dedent(inspect.getsource(fn))}\n"
+                   f"print([{fn.__name__}(p, t) for p, t in {cases!r}])")
+    except (OSError, TypeError):
+        return None
+    runs = [subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
+    return None if any(r.returncode for r in runs) else runs[0].stdout == runs[1].stdout
+
+
+@grades_quietly
+def check_block_hash(fn) -> None:
+    """Check `fn(parent_hash, block_tokens) -> int`, a block's name in the prefix cache: an
+    integer that depends on every token, their order and the parent's hash, the same on every
+    call and in every process. Introduced in notebook 06 (continuous batching)."""
+    block = [11, 12, 13, 14]
+    got = call_learner(HASH, "an integer", "your function raised an error on fn(None, [11, 12, 13, 14]).",
+                       fn, None, list(block))
+    if isinstance(got, bool) or not isinstance(got, numbers.Integral) or not -2**63 <= got < 2**64:
+        fail(HASH, "an integer of at most 64 bits", repr(got)[:60],
+             "return an int, e.g. int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), 'little').")
+    parent = fn(None, [1, 2, 3, 4])
+    if fn(None, list(block)) != got or fn(None, tuple(block)) != got or fn(parent, list(block)) != fn(parent, block):
+        fail(HASH, "the same hash on every call for the same tokens", "different hashes",
+             "hash the token ids themselves (not the list object, its id() or a random salt).")
+    if fn(parent, block) == got or fn(parent, block) == fn(fn(None, [5, 6, 7, 8]), block):
+        fail(HASH, "different hashes for the same tokens after different prefixes", "the same hash",
+             "mix the parent's hash into the block's hash: the name must stand for the whole prefix, "
+             "or two prompts that differ early would share a later block.")
+    if fn(None, [5, 11, 12, 14]) == fn(None, [9, 11, 12, 14]) or fn(None, [11, 12, 13, 15]) == got:
+        fail(HASH, "a different hash when any one token changes", "the same hash",
+             "hash every token of the block, not only the last (or the first) one.")
+    if fn(None, [14, 13, 12, 11]) == got or fn(None, [12, 11, 13, 14]) == got:
+        fail(HASH, "a different hash when the tokens are reordered", "the same hash",
+             "the order of the tokens matters: hash them in order, not as a set, a sum or sorted.")
+    blocks = itertools.product(range(3), range(3), range(3), range(4))     # 108 blocks, after 2 parents
+    names = {fn(p, list(b)) for b in blocks for p in (None, parent)}
+    if len(names) < 2 * 108:
+        fail(HASH, "216 different hashes for 216 different (parent, block) pairs", f"{len(names)} different",
+             "keep the whole hash (64 bits): a small modulus or a short digest makes different blocks collide.")
+    if _stable_across_processes(fn, [(None, block), (parent, block)]) is False:
+        fail(HASH, "the same hash in every Python process", "a different hash in a new process",
+             "Python's hash() of a str or bytes is salted per process; use hashlib (e.g. blake2b or sha256).")
+    passed(HASH, "Equal names mean equal prefixes: that is what lets two requests share a block.")
+
+
+# (token_budget, num_decodes, remaining): all fit, one split, a long one in the middle, decodes only, ...
+BUDGET_CASES = [(16, 4, [5, 3]), (16, 4, [5, 20, 3]), (16, 4, [20]), (8, 8, [3, 4]), (10, 0, [4, 4, 4]),
+                (32, 3, []), (64, 2, [10, 100, 5])]
+
+
+@grades_quietly
+def check_budget_chunks(fn) -> None:
+    """Check `fn(token_budget, num_decodes, remaining) -> list[int]`: the prompt tokens each waiting
+    sequence computes this step (`scheduler.budget_prefill_chunks`). Introduced in notebook 06 (continuous batching)."""
+    from ..serving.scheduler import budget_prefill_chunks as reference
+    for budget, decodes, remaining in BUDGET_CASES:
+        want = reference(budget, decodes, list(remaining))
+        case = f"token_budget={budget}, num_decodes={decodes}, remaining={remaining}"
+        got = call_learner(BUDGET, want, f"it raised an error. Case: {case}", fn, budget, decodes, list(remaining))
+        if not isinstance(got, (list, tuple)) or not all(isinstance(c, numbers.Integral) for c in got):
+            fail(BUDGET, f"a list like {want}", repr(got)[:60], f"return one int per waiting sequence. Case: {case}")
+        got = [int(c) for c in got]
+        if len(got) != len(remaining):
+            fail(BUDGET, want, got, f"one chunk per waiting sequence, zeros included, in order. Case: {case}")
+        if got == want:
+            continue
+        if any(c < 0 for c in got):
+            hint = "a chunk is never negative: once the budget is spent, the rest get 0."
+        elif any(c > r for c, r in zip(got, remaining)):
+            hint = "a sequence never computes more than the prompt tokens it has left."
+        elif got == reference(budget, 0, remaining):
+            hint = "each running sequence's decode costs one token of the budget first; the prompts get the rest."
+        elif decodes + sum(got) > budget:
+            hint = "the decodes and the prompt chunks together must fit in the budget."
+        elif got == _whole_prompts(budget - decodes, remaining, skip=False):
+            hint = "a prompt longer than what is left still gets a chunk of what is left: split it across steps."
+        elif got == _whole_prompts(budget - decodes, remaining, skip=True):
+            hint = ("in order of arrival: a long prompt gets what is left (it is split across steps), "
+                    "and later prompts must not jump ahead of it.")
+        elif got[1:] == [0] * (len(got) - 1) and want[1:] != got[1:]:
+            hint = "what the first prompt leaves of the budget goes to the next prompts, in order."
+        else:
+            hint = "left = token_budget - num_decodes; then each prompt in order gets min(its remaining, left)."
+        fail(BUDGET, want, got, f"{hint} Case: {case}")
+    try:
+        got = fn(4, 6, [1])
+    except Exception:                                # noqa: BLE001 - any error refuses the impossible step
+        pass
+    else:
+        fail(BUDGET, "an error", repr(got)[:60], "6 decodes cannot fit in a budget of 4 tokens: raise an error "
+             "(the engine refuses a token_budget below max_slots).")
+    passed(BUDGET, "Decodes first, then prompt chunks in order: a long prompt no longer stalls the batch.")
+
+
+def _whole_prompts(left, remaining, skip):
+    """A prompt only whole: stop at the first that does not fit (skip=False) or skip it (skip=True)."""
+    chunks, stopped = [], False
+    for need in remaining:
+        chunks.append(need if need <= left and not stopped else 0)
+        left, stopped = left - chunks[-1], stopped or (need > left and not skip)
+    return chunks

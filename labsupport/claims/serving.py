@@ -98,3 +98,91 @@ def serving_claims(speed: Mapping[str, float], metrics: Mapping[str, dict], toy_
                             "not quite: " + ", ".join(f"{n} request(s) differ for {name}" for name, n in differ.items())
                             + " (float32 rounding near a tie, from a different batch shape)"})
     return rows
+
+
+# --- the production engine's claims: the prefill stall, chunked prefill, prefix caching, the load curve ---
+
+LATENCY_GAIN = 1.5          # the issue's targets: a latency figure "improves" at 1.5x or more ...
+THROUGHPUT_KEPT = 0.9       # ... at a throughput within 10% of without
+PREFILL_SHARE = 0.5         # prefix caching computes at most half the prompt tokens
+
+
+def prefill_stall(run) -> dict:
+    """How much longer the steps that prefilled a newcomer lasted than the steps that only decoded.
+
+    Introduced in notebook 06 (continuous batching). run: a `ServingResult` without a token
+    budget (each newcomer prefilled whole, before the decode batch). Returns {"prefill_step_s",
+    "decode_step_s" (medians), "prefill_steps", "decode_steps", "ratio"}; nan where a kind of
+    step is missing.
+    """
+    import numpy as np
+    with_prefill = [r.end - r.start for r in run.steps if r.prefill_tokens and r.decode_rows]
+    decode_only = [r.end - r.start for r in run.steps if not r.prefill_tokens and r.decode_rows]
+    nan = float("nan")
+    prefill_s = float(np.median(with_prefill)) if with_prefill else nan
+    decode_s = float(np.median(decode_only)) if decode_only else nan
+    return {"prefill_step_s": prefill_s, "decode_step_s": decode_s, "prefill_steps": len(with_prefill),
+            "decode_steps": len(decode_only), "ratio": prefill_s / decode_s if decode_only else nan}
+
+
+def engine_claims(stall: Mapping[str, float], prefix: Mapping[str, dict], chunked: Mapping[str, dict],
+                  curve: list[dict], busy: Mapping[str, str | None] | None = None) -> list[dict]:
+    """The claims of notebook 06's second half (chunked prefill, prefix caching, the load curve), with verdicts.
+
+    Introduced in notebook 06 (continuous batching).
+    stall: `prefill_stall` of a continuous run without a token budget; prefix: `metrics()` of
+    "without" and "with" prefix caching on the chat workload; chunked: load-curve rows (or
+    metrics with "itl_p99" and "throughput") "without" and "with" chunked prefill at a rate near
+    saturation; curve: `load_curve` rows of the "continuous" configuration (at least two rates);
+    busy: why the machine looked busy while each of "stall", "prefix", "chunked", "curve" was
+    measured (`busy.busy_reason`), or None; a busy group gets no verdict.
+
+    Thresholds: the stall "holds" when steps with a prefill last at least FASTER (1.05) times
+    the decode-only ones; chunked prefill "holds" when p99 inter-token latency improves
+    LATENCY_GAIN (1.5) times or more with throughput at least THROUGHPUT_KEPT (0.9) of without;
+    prefix caching "holds" when it computes at most PREFILL_SHARE (half) of the prompt tokens
+    and the time to first token p50 improves LATENCY_GAIN times; the load curve "holds" when,
+    from the lowest to the highest rate, the time to first token p99 at least doubles while
+    throughput grows by less than the rate does.
+    """
+    busy = busy or {}
+    rows = []
+    ratio = stall["ratio"]
+    rows.append({"claim": "(course) prefilling a newcomer alone stalls every running request for that step",
+                 "measured": f"steps with a prefill {stall['prefill_step_s'] * 1e3:.0f} ms vs "
+                             f"{stall['decode_step_s'] * 1e3:.0f} ms decoding only (median, {stall['prefill_steps']} "
+                             f"and {stall['decode_steps']} steps): {ratio:.2f}x",
+                 "verdict": judge("holds" if ratio >= FASTER else "not here: no longer than a decode step",
+                                  busy.get("stall"))})
+
+    without, with_ = chunked["without"], chunked["with"]
+    gain, kept = without["itl_p99"] / with_["itl_p99"], with_["throughput"] / without["throughput"]
+    verdict = ("holds" if gain >= LATENCY_GAIN and kept >= THROUGHPUT_KEPT else
+               f"shorter tail, but throughput {kept:.0%} of without" if gain >= LATENCY_GAIN else
+               f"not here: the p99 inter-token latency improved {gain:.2f}x")
+    rows.append({"claim": "chunked prefill bounds inter-token latency at little cost in throughput (Sarathi)",
+                 "measured": f"p99 inter-token latency {without['itl_p99'] * 1e3:.0f} ms without, "
+                             f"{with_['itl_p99'] * 1e3:.0f} ms with ({gain:.2f}x); throughput {kept:.0%} of without",
+                 "verdict": judge(verdict, busy.get("chunked"))})
+
+    plain, cached = prefix["without"], prefix["with"]
+    share = cached["prefill_tokens_computed"] / plain["prefill_tokens_computed"]
+    faster = plain["ttft_p50"] / cached["ttft_p50"]
+    verdict = ("holds" if share <= PREFILL_SHARE and faster >= LATENCY_GAIN else
+               f"fewer tokens computed, but the first token only {faster:.2f}x sooner" if share <= PREFILL_SHARE else
+               f"not here: {share:.0%} of the prompt tokens still computed")
+    rows.append({"claim": "prefix caching computes a shared prompt prefix once",
+                 "measured": f"{cached['prefill_tokens_computed']} of {plain['prefill_tokens_computed']} prompt tokens "
+                             f"computed ({share:.0%}); time to first token p50 {faster:.2f}x shorter",
+                 "verdict": judge(verdict, busy.get("prefix") if share <= PREFILL_SHARE else None)})
+
+    points = sorted(curve, key=lambda r: r["rate"])
+    low, high = points[0], points[-1]
+    grew = high["throughput"] / low["throughput"]
+    waits = high["ttft_p99"] / low["ttft_p99"]
+    bends = waits >= 2 and grew < high["rate"] / low["rate"]
+    rows.append({"claim": "(course) past saturation, waiting grows while throughput stops growing",
+                 "measured": f"from {low['rate']:.2f} to {high['rate']:.2f} requests/s: throughput {grew:.2f}x, "
+                             f"time to first token p99 {waits:.2f}x",
+                 "verdict": judge("holds" if bends else "not here: no knee in this range of rates", busy.get("curve"))})
+    return rows

@@ -1,87 +1,105 @@
-"""Notebook 06's explorer: arrival rate, batch slots and policy, live.
+"""Notebook 06's explorer: arrival rate, policy, token budget and prefix caching, live.
 
 Introduced in notebook 06 (continuous batching).
 
-Each setting serves one small seeded workload (a dozen requests, long-tailed short
-answers) with the real engine on the notebook's model, on the "steps" clock: time
-is counted in engine steps, so arrival rates are in requests per step and the
-figures are the same on every machine (a step with all slots busy costs about the
-same as one with a single row, notebook 02). The wall time of the run is shown too.
-Two figures are redrawn: the slot timeline of the current setting, and throughput
-and latency percentiles of every setting measured so far. Results are cached, so
-going back to a setting shows at once.
+Each setting serves one small seeded workload (the same requests every time; only their
+arrival times change with the rate) with the real engine on the notebook's model, on the
+wall clock: a prefill that stalls the decodes shows as a long gap between two tokens, which
+a clock counting engine steps would hide. Rates are fractions of the capacity the notebook
+measured (requests per second when all arrive at once), so "90%" means close to saturation
+on any machine. Two figures are redrawn: the phase timeline of the current setting (prefill
+chunks, decodes and cached prompt tokens) and throughput and latency percentiles of every
+setting measured so far. Results are cached, so going back to a setting shows at once; the
+explorer opens with the settings the notebook already measured.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Mapping, Sequence
 
 import ipywidgets as widgets
 
-from ..plots.serving import settings_figure, slot_timeline_figure
-from ..serving import Engine, make_workload
+from ..plots.serving import phase_timeline_figure, settings_figure
+from ..serving import Engine
+from ..serving.load_curve import at_rate
 from .base import Explorer
 
-RATES = {"all at once": None, "1 per step": 1.0, "1 per 2 steps": 0.5, "1 per 4 steps": 0.25,
-         "1 per 8 steps": 0.125}
+LOADS = {"all at once": None, "25% of capacity": 0.25, "50% of capacity": 0.5, "90% of capacity": 0.9,
+         "150% of capacity": 1.5}
 
 
-def serving_explorer(model, prompts: list[list[int]], count: int = 12, median_new_tokens: float = 6,
-                     max_new_tokens: int = 32, max_slots: int = 8, block_size: int = 16,
-                     use_widget: bool | None = None) -> Explorer:
-    """Controls: arrival rate (requests per engine step), batch slots, policy.
+def setting_label(load: str, policy: str, budget: int | None, prefix: bool) -> str:
+    """The name of one explorer setting, as its figures show it. Introduced in notebook 06 (continuous batching)."""
+    return (f"{policy}, {'no budget' if budget is None else f'budget {budget}'}, "
+            f"{'prefix cache' if prefix else 'no prefix cache'}, {load}")
+
+
+def serving_explorer(model, requests: Sequence, capacity: float, max_slots: int = 8, block_size: int = 16,
+                     budgets: Sequence[int] = (16, 32, 64), opening: Mapping[tuple, object] | None = None,
+                     loads: Mapping[str, float | None] = LOADS, use_widget: bool | None = None) -> Explorer:
+    """Controls: arrival rate (a fraction of `capacity`), policy, token budget, prefix caching.
 
     Introduced in notebook 06 (continuous batching).
-    prompts: token-id prompts, reused in turn; `count` requests with log-normal answer
-    lengths (median `median_new_tokens`, sigma 1.2, at most `max_new_tokens`), seed 0.
+    requests: the workload (`make_workload`; its arrival times are replaced at each rate);
+    capacity: requests per second served when all arrive at once (`load_curve.saturation_rate`);
+    budgets: the token budgets offered besides "off" (each at least `max_slots`); loads: the
+    arrival rates offered, name -> fraction of `capacity` (None: all at once); opening: runs the
+    notebook already made on the same requests, by (load name, policy, budget or None, prefix
+    caching), shown without serving them again.
     """
     results: dict = {}
     holder: dict = {}
+    longest = max(r.max_length for r in requests)
 
     def progress(done, total):
         explorer = holder.get("explorer")
         if explorer is not None:
             explorer.status.value = f"<i>serving... {done}/{total} requests done</i>"
 
-    def label(rate_name, slots, policy):
-        return f"{policy}, {slots} slots, {rate_name}"
+    def keep(key, run, seconds):
+        m = run.metrics()
+        results[key] = {"run": run, "seconds": seconds, "row": {
+            "label": setting_label(*key), "policy": key[1], "throughput": m["throughput_tokens_per_s"],
+            "ttft_p50": m["ttft_p50"], "latency_p50": m["latency_p50"], "latency_p99": m["latency_p99"],
+            "itl_p99": m["itl_p99"], "tokens": m["tokens"], "computed": m["prefill_tokens_computed"],
+            "cached": m["prefix_cached_tokens"]}}
 
-    def measure(rate_name, slots, policy):
-        key = label(rate_name, slots, policy)
+    def measure(key):
         if key not in results:
-            requests = make_workload(prompts, count=count, rate=RATES[rate_name],
-                                     median_new_tokens=median_new_tokens, sigma=1.2,
-                                     max_new_tokens=max_new_tokens, seed=0)
-            longest = max(r.max_length for r in requests)
+            load, policy, budget, prefix = key
+            rate = None if loads[load] is None else loads[load] * capacity
             start = time.perf_counter()
-            run = Engine(model, max_slots=slots, policy=policy, block_size=block_size,
-                         cache_tokens=slots * longest).run(requests, clock="steps", progress=progress)
-            seconds = time.perf_counter() - start
-            m = run.metrics()
-            results[key] = {"run": run, "seconds": seconds, "row": {
-                "label": key, "policy": policy, "throughput": m["throughput_tokens_per_s"],
-                "ttft_p50": m["ttft_p50"], "latency_p50": m["latency_p50"], "latency_p99": m["latency_p99"],
-                "tokens": m["tokens"], "utilization": m["slot_utilization"]}}
+            run = Engine(model, max_slots=max_slots, policy=policy, block_size=block_size,
+                         cache_tokens=max_slots * longest, token_budget=budget,
+                         prefix_caching=prefix).run(at_rate(requests, rate), progress=progress)
+            keep(key, run, time.perf_counter() - start)
         return results[key]
 
-    def render(values):
-        current = measure(values["rate"], int(values["slots"]), values["policy"])
-        row = current["row"]
-        title = (f"{row['label']}<br><sup>{row['tokens']} tokens, {row['throughput']:.2f} tokens/step, "
-                 f"slot use {row['utilization']:.0%}, {row['tokens'] / current['seconds']:.1f} tokens/s wall</sup>")
-        timeline = slot_timeline_figure({values["policy"]: current["run"]}, clock="steps", title=title,
-                                        height=400)
-        return [timeline, settings_figure([r["row"] for r in results.values()], current=row["label"],
-                                          clock="steps")]
+    for key, run in (opening or {}).items():
+        keep(tuple(key), run, float("nan"))
 
+    def render(values):
+        budget = None if values["budget"] == "off" else int(values["budget"])
+        current = measure((values["load"], values["policy"], budget, values["prefix"] == "on"))
+        row = current["row"]
+        title = (f"{row['label']}<br><sup>{row['tokens']} tokens at {row['throughput']:.1f} tokens/s; "
+                 f"{row['computed']} prompt tokens computed, {row['cached']} from the prefix cache; "
+                 f"inter-token latency p99 {1e3 * row['itl_p99']:.0f} ms</sup>")
+        return [phase_timeline_figure(current["run"], title=title),
+                settings_figure([r["row"] for r in results.values()], current=row["label"])]
+
+    first = next(iter(results), ("90% of capacity", "continuous", None, False))
+    offered = {key[2] for key in results if key[2] is not None}          # the opening's budgets too
     controls = {
-        "rate": widgets.Dropdown(options=list(RATES), value="all at once", description="arrivals"),
-        "slots": widgets.IntSlider(value=min(4, max_slots), min=1, max=max_slots, description="batch slots",
-                                   continuous_update=False),
-        "policy": widgets.ToggleButtons(options=["static", "continuous"], value="continuous",
-                                        description="policy"),
+        "load": widgets.Dropdown(options=list(loads), value=first[0], description="arrivals"),
+        "policy": widgets.ToggleButtons(options=["static", "continuous"], value=first[1], description="policy"),
+        "budget": widgets.Dropdown(options=["off"] + [str(b) for b in sorted(set(budgets) | offered)],
+                                   value="off" if first[2] is None else str(first[2]), description="token budget"),
+        "prefix": widgets.ToggleButtons(options=["off", "on"], value="on" if first[3] else "off",
+                                        description="prefix cache"),
     }
-    explorer = Explorer(controls, render, title="Serving: arrival rate, batch slots, policy",
+    explorer = Explorer(controls, render, title="Serving: arrival rate, policy, token budget, prefix caching",
                         use_widget=use_widget)
     holder["explorer"] = explorer
     return explorer

@@ -213,7 +213,8 @@ def settings_figure(rows: Sequence[dict], current: str | None = None, clock: str
 
     Introduced in notebook 06 (continuous batching).
     rows: dicts with "label", "policy", "throughput" (tokens per second, or per step with
-    clock="steps"), "ttft_p50", "latency_p50", "latency_p99" (seconds, or steps); the bars
+    clock="steps"), "ttft_p50", "latency_p50", "latency_p99" and optionally "itl_p99" (seconds,
+    or steps); the bars
     of `current` (a label) are drawn solid, the others faded.
     """
     per, unit = ("step", "engine steps") if clock == "steps" else ("s", "seconds")
@@ -226,8 +227,11 @@ def settings_figure(rows: Sequence[dict], current: str | None = None, clock: str
                          text=[f"{r['throughput']:.2f}" for r in rows], name="throughput", showlegend=False,
                          hovertemplate="%{x}: %{y:.2f} tokens per " + per + "<extra></extra>"),
                   row=1, col=1)
-    for key, name, color in (("ttft_p50", "time to first token p50", "#9467bd"),
-                             ("latency_p50", "latency p50", "#1f77b4"), ("latency_p99", "latency p99", "#ff7f0e")):
+    latencies = [("ttft_p50", "time to first token p50", "#9467bd"), ("latency_p50", "latency p50", "#1f77b4"),
+                 ("latency_p99", "latency p99", "#ff7f0e")]
+    if rows and all("itl_p99" in r for r in rows):
+        latencies.append(("itl_p99", "inter-token latency p99", "#8c564b"))
+    for key, name, color in latencies:
         fig.add_trace(go.Bar(x=labels, y=[r[key] for r in rows], name=name,
                              marker=dict(color=color, opacity=opacity),
                              hovertemplate="%{x}: %{y:.2f} " + unit + "<extra></extra>"),
@@ -237,4 +241,123 @@ def settings_figure(rows: Sequence[dict], current: str | None = None, clock: str
     fig.update_layout(barmode="group", height=420, margin=dict(t=70, b=120, l=60, r=20),
                       title="every setting measured so far (the current one solid)",
                       legend=dict(LEGEND_BELOW, y=-0.22))
+    return fig
+
+
+# --- chunked prefill, prefix caching, the load curve, the decode step's cost (the engine's second half) ---
+
+PHASE_COLORS = {"decode": "#1f77b4", "prefill": "#ff7f0e", "cached": "#2ca02c"}
+CONFIG_COLORS = {"static": "#d62728", "continuous": "#2ca02c", "chunked prefill": "#1f77b4",
+                 "chunked + prefix caching": "#9467bd", "Hugging Face": "#7f7f7f"}
+
+
+def prefill_spans(result) -> list[dict]:
+    """Each stay of a request in a slot split at its first token of that stay: before it the
+    stay was prefilling (its prompt, in one piece or in chunks), after it decoding.
+
+    Introduced in notebook 06 (continuous batching). Returns {"request", "slot", "start", "end"}
+    of the prefill part of every stay (a stay that never emitted stays prefill to its end)."""
+    spans = []
+    for seq in result.sequences:
+        for slot, start, end in seq.slot_spans:
+            end = end if end is not None else start
+            first = next((t for t in seq.token_times if t >= start), end)
+            spans.append({"request": seq.id, "slot": slot, "start": start, "end": min(first, end)})
+    return spans
+
+
+def phase_timeline_figure(result, clock: str = "wall", title: str | None = None) -> go.Figure:
+    """Two views of one run on a shared time axis. Top: the slot timeline, each stay split
+    into its prefill part (orange) and its decode part (blue). Bottom: the tokens of every
+    engine step, stacked: decodes, prompt tokens computed (prefill chunks) and prompt tokens
+    taken from the prefix cache (hatched green: cached blocks, never computed), with the
+    token budget as a dashed line when the run had one.
+
+    Introduced in notebook 06 (continuous batching). result: a `ServingResult`."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, row_heights=[0.55, 0.45],
+                        subplot_titles=("who is in which slot: prefilling or decoding", "tokens of each engine step"))
+    bars = slot_bars(result)
+    fig.add_trace(go.Bar(y=[f"slot {b['slot']}" for b in bars], x=[b["end"] - b["start"] for b in bars],
+                         base=[b["start"] for b in bars], orientation="h", name="decoding",
+                         marker=dict(color=PHASE_COLORS["decode"], line=dict(color="white", width=1)),
+                         text=[str(b["request"]) for b in bars], textposition="inside", insidetextanchor="end",
+                         hovertemplate="request %{text}: in its slot from %{base:.2f}<extra></extra>"), row=1, col=1)
+    spans = [s for s in prefill_spans(result) if s["end"] > s["start"]]
+    fig.add_trace(go.Bar(y=[f"slot {s['slot']}" for s in spans], x=[s["end"] - s["start"] for s in spans],
+                         base=[s["start"] for s in spans], orientation="h", name="prefilling (prompt chunks)",
+                         marker=dict(color=PHASE_COLORS["prefill"], line=dict(color="white", width=1)),
+                         customdata=[s["request"] for s in spans],
+                         hovertemplate="request %{customdata}: prefilling until %{x:.2f} after %{base:.2f}"
+                                       "<extra></extra>"), row=1, col=1)
+    slots = [f"slot {s}" for s in reversed(range(result.max_slots))]
+    fig.update_yaxes(categoryorder="array", categoryarray=slots, row=1, col=1)
+    steps = result.steps
+    mid = [(r.start + r.end) / 2 for r in steps]
+    width = [max(r.end - r.start, 1e-9) for r in steps]
+    below = [0] * len(steps)                                  # stacked by hand: the figure overlays its bars
+    for key, name, values in (("decode", "decode tokens", [r.decode_rows for r in steps]),
+                              ("prefill", "prompt tokens computed", [r.prefill_tokens for r in steps]),
+                              ("cached", "prompt tokens from the prefix cache", [r.cached_tokens for r in steps])):
+        base, below = below, [b + v for b, v in zip(below, values)]
+        fig.add_trace(go.Bar(x=mid, y=values, base=base, width=width, name=name,
+                             marker=dict(color=PHASE_COLORS[key], line=dict(width=0),
+                                         pattern=dict(shape="/" if key == "cached" else "")),
+                             hovertemplate=name + ": %{y}<extra></extra>"), row=2, col=1)
+    if getattr(result, "token_budget", None):
+        fig.add_hline(y=result.token_budget, line_dash="dash", line_color="#7f7f7f", row=2, col=1,
+                      annotation_text=f"token budget {result.token_budget}")
+    fig.update_yaxes(title_text="tokens", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text=_time_unit(clock), row=2, col=1)
+    fig.update_layout(barmode="overlay", height=560, margin=MARGIN, legend=dict(LEGEND_BELOW, y=-0.15),
+                      title=title or "prefill chunks and decode steps, and what the prefix cache saved")
+    return fig
+
+
+def load_curve_figure(rows: Sequence[dict], title: str | None = None) -> go.Figure:
+    """The throughput-latency curve: for each configuration, one point per arrival rate, at its
+    throughput (x) and its time to first token p99 (left) and inter-token latency p99 (right).
+
+    Introduced in notebook 06 (continuous batching). rows: `serving.load_curve.load_curve`'s."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("time to first token, p99 (s)", "inter-token latency, p99 (ms)"))
+    names = list(dict.fromkeys(r["configuration"] for r in rows))
+    for name in names:
+        points = sorted((r for r in rows if r["configuration"] == name), key=lambda r: r["rate"])
+        color = CONFIG_COLORS.get(name)
+        for col, key, scale in ((1, "ttft_p99", 1), (2, "itl_p99", 1e3)):
+            fig.add_trace(go.Scatter(x=[p["throughput"] for p in points], y=[scale * p[key] for p in points],
+                                     mode="lines+markers", name=name, legendgroup=name, showlegend=col == 1,
+                                     line=dict(color=color, width=2), customdata=[p["rate"] for p in points],
+                                     hovertemplate=name + ": %{customdata:.2f} requests/s -> %{x:.1f} tokens/s, "
+                                                   "%{y:.2f}<extra></extra>"), row=1, col=col)
+    for col in (1, 2):
+        fig.update_xaxes(title_text="throughput (tokens/s)", rangemode="tozero", row=1, col=col)
+        fig.update_yaxes(rangemode="tozero", row=1, col=col)
+    fig.update_layout(height=420, margin=MARGIN, legend=LEGEND_BELOW,
+                      title=title or "the load curve: each point one arrival rate, rising to the right")
+    return fig
+
+
+def decode_cost_figure(costs: Mapping[str, float], title: str | None = None) -> go.Figure:
+    """Where a paged decode step's time goes: the shares of the block-table build, the gather
+    and the rest (left), and seconds per step gathering against attending over the pool (right).
+
+    Introduced in notebook 06 (continuous batching). costs: `serving.decode_cost.decode_step_costs`'s dict."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15, column_widths=[0.6, 0.4],
+                        subplot_titles=("share of a decode step", "milliseconds per decode step"))
+    parts = (("table_build_share", "block tables", "#ff7f0e"), ("gather_share", "gather of the context", "#d62728"),
+             ("rest_share", "the rest (matmuls, attention, ...)", "#1f77b4"))
+    for key, name, color in parts:
+        fig.add_trace(go.Bar(y=["decode step"], x=[costs[key]], orientation="h", name=name, marker_color=color,
+                             text=[f"{costs[key]:.0%}"], textposition="inside",
+                             hovertemplate=name + ": %{x:.1%}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(x=["gather, then attend", "attend over the pool"],
+                         y=[1e3 * costs["step_s"], 1e3 * costs["pool_step_s"]], marker_color=["#d62728", "#2ca02c"],
+                         text=[f"{1e3 * costs['step_s']:.1f}", f"{1e3 * costs['pool_step_s']:.1f}"],
+                         textposition="outside", showlegend=False, cliponaxis=False), row=1, col=2)
+    fig.update_xaxes(tickformat=".0%", range=[0, 1], row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", title_text="ms", row=1, col=2)
+    fig.update_layout(barmode="stack", height=340, margin=MARGIN, legend=LEGEND_BELOW,
+                      title=title or (f"a decode step of {costs.get('batch_size', '?')} rows at "
+                                      f"{costs.get('context', '?')} positions"))
     return fig

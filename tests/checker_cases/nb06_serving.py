@@ -1,11 +1,14 @@
 """Checker cases of notebook 06 (continuous batching): the reference and each typical mistake."""
 
 import math
+import random
 
 import torch
 
-from labsupport.checks.serving import (check_blocks_for, check_paged_gather, check_schedule_step,
-                                       reference_blocks_for, reference_paged_gather, reference_schedule_step)
+from labsupport.checks.serving import (check_block_hash, check_blocks_for, check_budget_chunks, check_paged_gather,
+                                       check_schedule_step, reference_blocks_for, reference_paged_gather,
+                                       reference_schedule_step)
+from labsupport.serving import block_hash, budget_prefill_chunks
 from labsupport.models.config import PRESETS
 
 from checker_cases.common import accepts, refuses
@@ -80,6 +83,45 @@ def whole_blocks(pool_keys, table, length, block_size):
     return pool_keys[slots]
 
 
+# --- a block's hash in the prefix cache ----------------------------------------------------
+
+def salted(parent_hash, block_tokens):
+    return hash(f"{parent_hash}|{list(block_tokens)}")              # Python's str hash: salted per process
+
+
+def sorted_tokens(parent_hash, block_tokens):
+    return block_hash(parent_hash, sorted(block_tokens))
+
+
+# --- a scheduler step under a token budget -------------------------------------------------
+
+def goes_negative(token_budget, num_decodes, remaining):
+    left, chunks = token_budget - num_decodes, []
+    for need in remaining:
+        chunks.append(min(need, left))
+        left -= need                                                 # subtracts the whole prompt
+    return chunks
+
+
+def whole_prompts_only(token_budget, num_decodes, remaining, skip=False):
+    left, chunks, stopped = token_budget - num_decodes, [], False
+    for need in remaining:
+        fits = need <= left and not stopped
+        chunks.append(need if fits else 0)
+        left -= chunks[-1]
+        stopped = stopped or (not fits and not skip)
+    return chunks
+
+
+def first_only(token_budget, num_decodes, remaining):
+    return [min(remaining[0], token_budget - num_decodes)] + [0] * (len(remaining) - 1) if remaining else []
+
+
+def never_refuses(token_budget, num_decodes, remaining):
+    return [0] * len(remaining) if num_decodes > token_budget else budget_prefill_chunks(token_budget, num_decodes,
+                                                                                          remaining)
+
+
 NOTEBOOK_06 = [
     accepts(check_schedule_step, "reference", reference_schedule_step),
     refuses(check_schedule_step, "too-many-join", "only \\d+ slots are free", too_many),
@@ -117,4 +159,29 @@ NOTEBOOK_06 = [
     refuses(check_paged_gather, "heads-first", "positions come first",
             lambda pool, t, n, b: reference_paged_gather(pool, t, n, b).transpose(0, 1)),
     refuses(check_paged_gather, "a-list", "one tensor", lambda pool, t, n, b: reference_paged_gather(pool, t, n, b).tolist()),
+    accepts(check_block_hash, "reference", block_hash),
+    refuses(check_block_hash, "ignores-the-parent", "mix the parent", lambda p, t: block_hash(None, t)),
+    refuses(check_block_hash, "only-the-last-token", "not only the last", lambda p, t: block_hash(p, list(t)[-1:])),
+    refuses(check_block_hash, "only-the-first-token", "not only the last \\(or the first\\)",
+            lambda p, t: block_hash(p, list(t)[:1])),
+    refuses(check_block_hash, "order-ignored", "order of the tokens matters", sorted_tokens),
+    refuses(check_block_hash, "a-sum", "order of the tokens matters", lambda p, t: hash((p, sum(t)))),
+    refuses(check_block_hash, "random", "same hash on every call", lambda p, t: random.getrandbits(64)),
+    refuses(check_block_hash, "salted-str-hash", "salted per process", salted),
+    refuses(check_block_hash, "small-modulus", "collide", lambda p, t: block_hash(p, t) % 97),
+    refuses(check_block_hash, "a-string", "return an int", lambda p, t: str(block_hash(p, t))),
+    accepts(check_budget_chunks, "reference", budget_prefill_chunks),
+    refuses(check_budget_chunks, "forgets-the-decodes", "decode costs one token",
+            lambda b, d, r: budget_prefill_chunks(b, 0, r)),
+    refuses(check_budget_chunks, "no-split", "split it across steps", whole_prompts_only),
+    refuses(check_budget_chunks, "skips-a-long-one", "must not jump ahead",
+            lambda b, d, r: whole_prompts_only(b, d, r, skip=True)),
+    refuses(check_budget_chunks, "first-only", "goes to the next prompts", first_only),
+    refuses(check_budget_chunks, "exceeds-the-budget", "must fit in the budget", lambda b, d, r: list(r)),
+    refuses(check_budget_chunks, "negative-chunks", "never negative", goes_negative),
+    refuses(check_budget_chunks, "zeros-left-out", "zeros included",
+            lambda b, d, r: [c for c in budget_prefill_chunks(b, d, r) if c]),
+    refuses(check_budget_chunks, "a-total", "one int per waiting sequence",
+            lambda b, d, r: sum(budget_prefill_chunks(b, d, r))),
+    refuses(check_budget_chunks, "never-refuses", "raise an error", never_refuses),
 ]
