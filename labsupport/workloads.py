@@ -124,7 +124,7 @@ PRESETS: dict[str, DevicePreset] = {
             agreement_tokens=64,                # 64 positions x the whole vocabulary: plenty of logits
             repeats=3),                         # a median of three, timed side by side
         serving_slots=8,                        # two cores saturate early (notebook 02)
-        serving_requests=48,                    # a long tail of answers, served in about a minute
+        serving_requests=24,                    # a long tail of answers: five servers in about two minutes
         stack=StackWorkload(
             requests=8,                         # every stage, the naive loop included, in minutes
             notebook_requests=8,                # as the bench: the naive loop is the slow stage
@@ -154,6 +154,40 @@ PRESETS: dict[str, DevicePreset] = {
 }
 
 
+@dataclass(frozen=True)
+class ServingSizes:
+    """Notebook 06's sizes beyond the slots and the requests of `DevicePreset`, per kind of
+    device (`SERVING_PRESETS`). Introduced in notebook 06 (continuous batching).
+
+    token_budget: tokens per engine step of the chunked-prefill servers; curve_requests,
+    curve_slots: requests served at each rate of the load curve, and the servers' batch slots
+    there (fewer slots than requests, so that a queue can form); curve_median_new_tokens,
+    curve_max_new_tokens: its answer lengths; curve_loads: its rates, in percent of the
+    saturation rate measured in the run.
+    """
+
+    token_budget: int
+    curve_requests: int
+    curve_slots: int
+    curve_median_new_tokens: int
+    curve_max_new_tokens: int
+    curve_loads: tuple[int, ...]
+
+
+SERVING_PRESETS: dict[str, ServingSizes] = {
+    "cpu": ServingSizes(token_budget=32,           # a prompt chunk or two beside the decodes of a few slots
+                        curve_requests=12,         # four configurations x three rates in about a minute
+                        curve_slots=4,             # three requests per slot: a queue forms past capacity
+                        curve_median_new_tokens=8, curve_max_new_tokens=32,
+                        curve_loads=(50, 90, 200)),   # light, near saturation, overloaded
+    "gpu": ServingSizes(token_budget=512,          # chunked prefill's usual order of magnitude on a GPU
+                        curve_requests=256,        # four batches of 64 slots at each rate
+                        curve_slots=64,
+                        curve_median_new_tokens=16, curve_max_new_tokens=128,
+                        curve_loads=(25, 50, 75, 90, 110, 150, 200)),   # a curve with a visible knee
+}
+
+
 def device_class(device) -> str:
     """ "gpu" for a CUDA device, "cpu" for any other: which of `PRESETS` a device gets.
 
@@ -166,12 +200,67 @@ def preset(device) -> DevicePreset:
     return PRESETS[device_class(device)]
 
 
+# --- notebook 08's sizes (long context) ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class LongContextWorkload:
+    """How big each of notebook 08's measurements is, per kind of device (`LONG_CONTEXT_PRESETS`).
+
+    Introduced in notebook 08 (long context). prefill_lengths: prompt lengths T of naive vs
+    fused prefill attention (one layer); naive_budget_bytes: the memory naive attention's
+    score matrices may take before it is no longer run; decode_contexts, decode_batches: the
+    decode-step sweep (attention's share); long_context: the context of the MHA/GQA/MQA and
+    int8-vs-float timings (at the largest decode batch); eval_tokens: tokens of the evaluation
+    text behind the perplexities; windows: sliding windows tried (None: full attention);
+    repeats: timed rounds, interleaved; explorer_max_context: the explorer's longest context.
+    """
+
+    prefill_lengths: tuple[int, ...]
+    naive_budget_bytes: int
+    decode_contexts: tuple[int, ...]
+    decode_batches: tuple[int, ...]
+    long_context: int
+    eval_tokens: int
+    windows: tuple[int | None, ...]
+    repeats: int
+    explorer_max_context: int
+
+
+LONG_CONTEXT_PRESETS: dict[str, LongContextWorkload] = {
+    "cpu": LongContextWorkload(
+        prefill_lengths=(256, 512, 1024, 2048, 4096),   # naive's scores: 18 MiB at 512 ... 1.1 GiB at 4096
+        naive_budget_bytes=512 * 2**20,                 # so naive stops after 2048 (288 MiB) on two cores
+        decode_contexts=(256, 1024, 2048),              # batch 16 x 2048 x 45 KiB = 1.4 GiB of fp32 cache
+        decode_batches=(1, 16),                         # the issue's two batch sizes
+        long_context=2048,                              # the longest context the CPU run times
+        eval_tokens=512,                                # one forward pass of 512 tokens per window: seconds
+        windows=(32, 64, 128, 256, None),
+        repeats=3,                                      # a median of three, interleaved
+        explorer_max_context=8191),                     # the explorer computes; it measures at most one step
+    "gpu": LongContextWorkload(
+        prefill_lengths=(1024, 2048, 4096, 8192, 16384, 32768),
+        naive_budget_bytes=16 * 2**30,                  # 16 GiB of scores: naive stops after 8192 (4.5 GiB)
+        decode_contexts=(512, 2048, 8000),              # up to the model's 8192 positions
+        decode_batches=(1, 16),
+        long_context=8000,
+        eval_tokens=1024,                               # the whole evaluation text
+        windows=(32, 64, 128, 256, 512, None),
+        repeats=10,                                     # short runs: more rounds for a stable median
+        explorer_max_context=8191),
+}
+
+
+def long_context_workload(device) -> LongContextWorkload:
+    """Notebook 08's sizes for `device` (`LONG_CONTEXT_PRESETS`). Introduced in notebook 08 (long context)."""
+    return LONG_CONTEXT_PRESETS[device_class(device)]
+
+
 # --- the request workloads of notebooks 06 and 07 --------------------------------------------
 
 def serving_workload(tokenizer, device, count: int | None = None, rate: float | None = None, seed: int = 0):
     """The course's long-tailed workload: chat prompts, log-normal answer lengths (median 16,
     sigma 1.0, at most 256 tokens); `count` requests, by default the device's preset
-    (``serving_requests``: 48 on a CPU, 256 on a GPU).
+    (``serving_requests``: 24 on a CPU, 256 on a GPU).
 
     Introduced in notebook 06 (continuous batching)."""
     if count is None:

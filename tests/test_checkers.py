@@ -26,9 +26,11 @@ from checker_cases.nb04_quantize import NOTEBOOK_04
 from checker_cases.nb05_speculative import NOTEBOOK_05
 from checker_cases.nb06_serving import NOTEBOOK_06
 from checker_cases.nb07_stack import NOTEBOOK_07
+from checker_cases.nb08_long_context import NOTEBOOK_08
 
 
-CASES = NOTEBOOK_00 + NOTEBOOK_01 + NOTEBOOK_02 + NOTEBOOK_03 + NOTEBOOK_04 + NOTEBOOK_05 + NOTEBOOK_06 + NOTEBOOK_07
+CASES = (NOTEBOOK_00 + NOTEBOOK_01 + NOTEBOOK_02 + NOTEBOOK_03 + NOTEBOOK_04 + NOTEBOOK_05 + NOTEBOOK_06 + NOTEBOOK_07
+         + NOTEBOOK_08)
 
 
 def case_id(case: Case) -> str:

@@ -10,6 +10,8 @@ holding that notebook's section(s) and prompts:
     serving_peers 06  the serving peers: Hugging Face's continuous batching
     suite         --  SECTIONS in the course's order, and `run`
     baseline      00  labsupport generate() vs Hugging Face's; the bandwidth a decode step reaches
+    engines       00  every peer side by side: HF (dynamic, static + compile, prompt lookup, assisted), llama.cpp
+    llamacpp      --  the llama.cpp peer (optional extra `peers`)
     roofline      00  decode-step sweep over batch sizes on this machine's roofline
     kv_cache      01  the uncached loop vs the static KV cache; GQA and 128K-context arithmetic
     batching      02  throughput vs batch size, padding waste, Hugging Face on a padded batch
@@ -18,6 +20,8 @@ holding that notebook's section(s) and prompts:
     speculative   05  prompt lookup and the int4 self-draft vs plain and Hugging Face decoding
     serving       06  static vs continuous batching vs Hugging Face's continuous batching
     stack         07  every technique stacked on one workload
+    compiled_decode 07  eager vs compiled decode per precision and batch (section "compile"; only when named)
+    long_context  08  int8 vs float KV cache (bytes, decode speed), naive vs fused prefill memory, crossovers
 
 A section is a function ``(context, options) -> dict``; its dict holds the raw timings
 and a list of `reported` entries (name, value, unit, target, met, claim, note) under

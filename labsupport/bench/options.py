@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from ..errors import LabError
 from ..inputs import finite_number, whole_number
-from ..workloads import PRESETS, DevicePreset, device_class
+from ..workloads import PRESETS, SERVING_PRESETS, DevicePreset, device_class
 
 
 def device_sizes(preset: DevicePreset) -> dict:
@@ -28,7 +28,16 @@ def device_sizes(preset: DevicePreset) -> dict:
     Introduced in notebook 00 (where the time goes)."""
     return dict(roofline_batches=preset.roofline_batches, batch_sizes=preset.batch_sizes,
                 serving_slots=preset.serving_slots, serving_requests=preset.serving_requests,
+                **_serving_sizes(preset),
                 stack_requests=preset.stack.requests)
+
+
+def _serving_sizes(preset: DevicePreset) -> dict:
+    """serving_token_budget, serving_curve_requests, serving_curve_slots, serving_curve_loads of the preset's kind
+    (`workloads.SERVING_PRESETS`)."""
+    sizes = SERVING_PRESETS[next(kind for kind, p in PRESETS.items() if p == preset)]
+    return dict(serving_token_budget=sizes.token_budget, serving_curve_requests=sizes.curve_requests,
+                serving_curve_slots=sizes.curve_slots, serving_curve_loads=sizes.curve_loads)
 
 
 CPU_SIZES = device_sizes(PRESETS["cpu"])         # the defaults below
@@ -36,9 +45,9 @@ CPU_SIZES = device_sizes(PRESETS["cpu"])         # the defaults below
 # The fields the command line's --new-tokens and --repeats stand for (see `from_cli`).
 NEW_TOKENS_FIELDS = ("new_tokens", "batch_new_tokens", "precision_new_tokens", "quant_new_tokens")
 REPEATS_FIELDS = ("repeats", "roofline_repeats", "kv_repeats", "kv_step_repeats", "quant_repeats",
-                  "serving_repeats", "stack_repeats")
+                  "serving_repeats", "stack_repeats", "long_repeats")
 # Smallest allowed value of each whole-number field (1 unless listed).
-MINIMUM = {"quant_new_tokens": 2, "quant_slow_new_tokens": 2, "quant_eval_tokens": 2}
+MINIMUM = {"engines_draft_layers": 0, "quant_new_tokens": 2, "quant_slow_new_tokens": 2, "quant_eval_tokens": 2}
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,18 @@ class BenchOptions:
     """Timed repeats per candidate: baseline (00), batching's batch-16/batch-1 pair and its
     Hugging Face peer (02), precision (03), speculative (05). ``--repeats`` also sets every
     other ``*_repeats`` field."""
+
+    # -- engines (notebook 00) ------------------------------------------------------------
+    engines_compile: bool = True
+    """Time the compiled rows of engines (labsupport's compiled decode, Hugging Face's static
+    cache + torch.compile); each compiles on its first call (minutes on a 2-core CPU)."""
+    engines_llamacpp: bool = True
+    """Time llama.cpp in engines, where llama-cpp-python is installed (the `peers` extra)."""
+    engines_lookup: int = 10
+    """Tokens Hugging Face's prompt-lookup row drafts per step: engines."""
+    engines_draft_layers: int = 10
+    """First layers of the model kept as the draft of Hugging Face's assisted-generation row
+    (0: no such row): engines."""
 
     # -- roofline (notebook 00) -----------------------------------------------------------
     roofline_batches: tuple[int, ...] = CPU_SIZES["roofline_batches"]
@@ -111,6 +132,14 @@ class BenchOptions:
     """Requests in serving's long-tailed workload (`workloads.serving_workload`)."""
     serving_repeats: int = 1
     """Timed repeats of serving's whole workload per server."""
+    serving_token_budget: int = CPU_SIZES["serving_token_budget"]
+    """Tokens per engine step of serving's chunked-prefill servers (at least serving_slots)."""
+    serving_curve_requests: int = CPU_SIZES["serving_curve_requests"]
+    """Requests served at each rate of serving's load curve."""
+    serving_curve_slots: int = CPU_SIZES["serving_curve_slots"]
+    """Batch slots of every configuration of serving's load curve (fewer than its requests)."""
+    serving_curve_loads: tuple[int, ...] = CPU_SIZES["serving_curve_loads"]
+    """Rates of serving's load curve, in percent of the saturation rate measured in the run."""
 
     # -- putting it together (notebook 07) ------------------------------------------------
     stack_slots: int = 8
@@ -120,11 +149,39 @@ class BenchOptions:
     stack_repeats: int = 1
     """Timed repeats of every stage of stack."""
 
+    # -- compile (notebook 07; not in the default run) ---------------------------------------
+    compile_rows: tuple[str, ...] = ("fp32", "int4")
+    """Precisions compile times eager against compiled: any of "fp32", "bf16", "int8", "int4"
+    (the GPU preset: all four)."""
+    compile_batches: tuple[int, ...] = (1, 8)
+    """Batch sizes compile times."""
+    compile_new_tokens: int = 64
+    """New tokens per timed generate() in compile."""
+    compile_inductor_variants: bool = True
+    """On a CPU, also time inductor's option variants (freezing, C++ wrapper, max-autotune): compile."""
+
+    # -- long context (notebook 08) ------------------------------------------------------
+    long_context: int = 2048
+    """Cached positions behind long_context's int8-vs-float decode step (the longest the CPU run times)."""
+    long_batch: int = 16
+    """Rows of long_context's int8-vs-float decode step."""
+    long_prefill_lengths: tuple[int, ...] = (512, 1024, 2048)
+    """Prompt lengths of long_context's naive vs fused prefill attention (2048 is its reported figure)."""
+    long_naive_budget_mib: int = 512
+    """MiB naive attention's score matrices may take before long_context stops running it."""
+    long_repeats: int = 3
+    """Timed repeats of long_context's pairs, interleaved."""
+
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "kv_naive_budget_s":
                 value = finite_number(value, f.name, minimum=0.0)
+            elif f.name == "compile_rows":
+                value = _compile_rows(value)
+            elif isinstance(f.default, bool):
+                if not isinstance(value, bool):
+                    raise LabError(f"{f.name} must be True or False, got {value!r}.")
             elif isinstance(f.default, tuple):
                 value = _whole_numbers(value, f.name)
             else:
@@ -142,7 +199,7 @@ class BenchOptions:
     def gpu(cls, **changes) -> BenchOptions:
         """The GPU preset (`workloads.PRESETS["gpu"]`): longer sweeps, a larger serving
         workload, with `changes`. Introduced in notebook 00."""
-        return cls(**{**device_sizes(PRESETS["gpu"]), **changes})
+        return cls(**{**device_sizes(PRESETS["gpu"]), "compile_rows": COMPILE_ROWS, **changes})
 
     @classmethod
     def for_device(cls, device, **changes) -> BenchOptions:
@@ -175,6 +232,17 @@ class BenchOptions:
     def to_dict(self) -> dict:
         """Every field, lists as lists: what a report's ``"options"`` holds."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+COMPILE_ROWS = ("fp32", "bf16", "int8", "int4")
+
+
+def _compile_rows(values) -> tuple[str, ...]:
+    """`values` as a non-empty tuple of names from COMPILE_ROWS; else one sentence."""
+    if isinstance(values, str) or not hasattr(values, "__iter__") or not values \
+            or any(v not in COMPILE_ROWS for v in values):
+        raise LabError(f"compile_rows must be a non-empty list of {list(COMPILE_ROWS)}, got {values!r}.")
+    return tuple(values)
 
 
 def _whole_numbers(values, name: str) -> tuple[int, ...]:

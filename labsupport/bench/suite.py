@@ -14,7 +14,8 @@ from typing import Callable
 from ..busy import busy_reason, load_per_core
 from ..errors import LabError
 from ..hardware import pick_device
-from . import baseline, batching, kv_cache, precision, quantization, roofline, serving, speculative, stack
+from . import baseline, batching, compiled_decode, engines, kv_cache, precision, quantization, roofline, serving, speculative, stack
+from . import long_context
 from .core import BenchContext, machine_info
 from .options import BenchOptions
 
@@ -27,6 +28,7 @@ class Section:
 
     notebook: str
     run: Callable[[BenchContext, BenchOptions], dict]
+    in_default_run: bool = True       # False: runs only when named (--sections), being long
 
     def __call__(self, ctx: BenchContext, options: BenchOptions) -> dict:
         return self.run(ctx, options)
@@ -34,6 +36,7 @@ class Section:
 
 SECTIONS: dict[str, Section] = {
     "baseline": Section("00 where the time goes", baseline.section_baseline),
+    "engines": Section("00 where the time goes", engines.section_engines),
     "roofline": Section("00 where the time goes", roofline.section_roofline),
     "kv_cache": Section("01 KV cache", kv_cache.section_kv_cache),
     "batching": Section("02 batching", batching.section_batching),
@@ -42,12 +45,15 @@ SECTIONS: dict[str, Section] = {
     "speculative": Section("05 speculative decoding", speculative.section_speculative),
     "serving": Section("06 continuous batching", serving.section_serving),
     "stack": Section("07 putting it together", stack.section_stack),
+    "compile": Section("07 putting it together", compiled_decode.section_compile, in_default_run=False),
+    "long_context": Section("08 long context", long_context.section_long_context),
 }
 
 
 def run(sections=None, device=None, model_name: str = "smollm2-135m", options: BenchOptions | None = None,
         progress=print) -> dict:
-    """Run the named sections (default: all, in the course's order) and return one report dict:
+    """Run the named sections (default: all but those marked not `in_default_run`, in the course's
+    order) and return one report dict:
     created, model, options, machine, and each section's dict (with the seconds it took).
 
     Introduced in notebook 00 (where the time goes). options: default, the preset for
@@ -60,7 +66,7 @@ def run(sections=None, device=None, model_name: str = "smollm2-135m", options: B
     options = options if options is not None else BenchOptions.for_device(ctx.device)
     report = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "model": model_name,
               "options": options.to_dict(), "machine": machine_info(ctx), "sections": {}}
-    for name in sections or SECTIONS:
+    for name in sections or [name for name, section in SECTIONS.items() if section.in_default_run]:
         progress(f"[bench] {name} ...")
         start = time.perf_counter()
         section = report["sections"][name] = SECTIONS[name](ctx, options)

@@ -15,18 +15,22 @@ machine was busy while it measured (`busy.busy_reason`), a verdict says so inste
     quantization_claims   04  int8 / int4 memory, speed and quality, per format (quantization_claim: one bench row)
     speculative_claims    05  2-4x when draft and target agree, where a step's time goes, exact output
     serving_claims        06  slots freed, the static waste, time to first token, paged memory
+    engine_claims         06  the prefill stall, chunked prefill, prefix caching, the load curve
     stack_claims          07  every technique of the chapter beside the stack's run
+    long_context_claims   08  naive vs fused attention, decode at long context, fewer kv-heads, int8 cache, window
 """
 
 from .batching import batching_claims
 from .kv_cache import kv_cache_claims, step_busy_reason
+from .long_context import long_context_busy_reason, long_context_claims
 from .precision import precision_claims, summarize_verdicts
 from .quantization import QUANTIZATION_CLAIMS, quantization_claim, quantization_claims, quantization_conclusions
 from .roofline import claims_summary, roofline_claims, sweep_busy_reason
-from .serving import serving_claims
+from .serving import engine_claims, prefill_stall, serving_claims
 from .speculative import speculative_claims
 from .stack import stack_claims
 
 __all__ = ["roofline_claims", "claims_summary", "sweep_busy_reason", "kv_cache_claims", "step_busy_reason",
            "batching_claims", "precision_claims", "summarize_verdicts", "QUANTIZATION_CLAIMS", "quantization_claim",
-           "quantization_claims", "quantization_conclusions", "speculative_claims", "serving_claims", "stack_claims"]
+           "quantization_claims", "quantization_conclusions", "speculative_claims", "serving_claims", "engine_claims", "prefill_stall", "stack_claims",
+           "long_context_claims", "long_context_busy_reason"]

@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
-from .masks import causal_mask, fixed_decode_mask
+from .masks import causal_mask, fixed_decode_mask, sliding_window
 
 
 class RMSNorm(nn.Module):
@@ -174,6 +174,11 @@ class Transformer(nn.Module):
     """The course's decoder: tokens (batch, T) -> logits (batch, T, vocab).
     Notebook 00 (where the time goes)."""
 
+    # Sliding-window attention (notebook 08, long context): None = every earlier key; W = each
+    # query sees at most the last W keys (`long_context.attention_window` sets it for a block).
+    # The window is a mask over the full cache, which still holds every position: see there why.
+    attention_window: int | None = None
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -218,6 +223,9 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(start, start + T, device=tokens.device).expand(batch, T)
         mask = causal_mask(T, start, key_mask, tokens.device)
+        if self.attention_window is not None:
+            mask = sliding_window(mask, torch.arange(start, start + T, device=tokens.device), start + T,
+                                  self.attention_window)                        # (B or 1, 1, T, start + T)
         logits = self.run_layers(tokens, positions, cache, mask, last_only)
         if cache is not None:
             cache.advance(T)
@@ -250,6 +258,8 @@ class Transformer(nn.Module):
         The caller moves `cache.length` on. Returns logits (batch, vocab).
         """
         mask = fixed_decode_mask(cache.max_len, slot, key_mask)           # (B or 1, 1, 1, max_len)
+        if self.attention_window is not None:
+            mask = sliding_window(mask, slot, cache.max_len, self.attention_window)
         return self.run_layers(tokens, positions, cache.writer_at(slot), mask)[:, -1]
 
     def weight_bytes(self) -> int:

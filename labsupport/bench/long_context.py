@@ -1,0 +1,96 @@
+"""Notebook 08's section: the int8 KV cache against the float cache, naive vs fused prefill
+attention, and where a decode step's reads cross over from weights to cache.
+
+Introduced in notebook 08 (long context); ``python -m labsupport bench --sections long_context``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..busy import busy_reason
+from ..decode_bytes import cache_bytes_per_token, decode_weight_bytes
+from ..kv_cache import kv_cache_bytes
+from ..kv_quant import int8_kv_cache_bytes
+from ..long_context import time_cache_kinds
+from ..models.config import PRESETS
+from ..prefill_attention import prefill_attention_sweep
+from .core import BenchContext, reported
+from .options import BenchOptions
+
+MIB = 2 ** 20
+
+
+def section_long_context(ctx: BenchContext, options: BenchOptions) -> dict:
+    """The int8 KV cache's bytes and decode speed, naive vs fused prefill memory, the crossovers.
+
+    Introduced in notebook 08 (long context). Figures:
+
+    * the int8 cache's bytes against a 16-bit and an fp32 cache of the same shape (allocated;
+      targets 1.9x and 3.8x: a half and a quarter, up to one 2-byte scale per 64 values);
+    * one decode step with the float (fp32) cache against the int8 cache, side by side, at
+      ``long_context`` positions and ``long_batch`` rows (random cache contents), target 1.0x:
+      reported as measured (the int8 cache dequantizes what it reads, so on a CPU it may lose);
+    * naive / fused prefill attention memory and time at T = 2048 (the largest of
+      ``long_prefill_lengths``; memory measured on CUDA, computed from tensor sizes elsewhere);
+    * the crossover contexts at which a decode step reads more cache than weights (computed).
+    """
+    model, _ = ctx.model(torch.float32)
+    config = model.config
+    figures = []
+
+    int8 = int8_kv_cache_bytes(config, options.long_context, options.long_batch)
+    sixteen = kv_cache_bytes(config, options.long_context, options.long_batch, torch.float16)
+    fp32 = kv_cache_bytes(config, options.long_context, options.long_batch, torch.float32)
+    ideal = 2 * config.head_dim / (config.head_dim + 2)
+    figures.append(reported("int8 KV cache: bytes of a 16-bit cache / int8 cache", sixteen / int8, "x", target=1.9,
+                            claim="an int8 KV cache halves the cache vs fp16/bf16",
+                            note=f"exact: {config.head_dim} int8 bytes + a 2-byte scale per token per kv-head "
+                                 f"({ideal:.3f}x); {sixteen / MIB:.0f} MiB vs {int8 / MIB:.0f} MiB"))
+    figures.append(reported("int8 KV cache: bytes of an fp32 cache / int8 cache", fp32 / int8, "x", target=3.8,
+                            claim="an int8 KV cache quarters the cache vs fp32",
+                            note=f"exact ({2 * ideal:.3f}x with the scales)"))
+
+    speed = time_cache_kinds(model, options.long_context, options.long_batch, repeats=options.long_repeats)
+    ratio = speed["float_s"] / speed["int8_s"]
+    figures.append(reported(
+        f"int8 vs fp32 KV cache: decode step speedup at context {options.long_context}, batch {options.long_batch}",
+        ratio, "x", target=1.0, busy=busy_reason(speed["timings"]),
+        claim="the int8 cache is faster than the float cache at long context",
+        note=f"measured side by side: fp32 cache {1e3 * speed['float_s']:.0f} ms, int8 {1e3 * speed['int8_s']:.0f} ms "
+             f"per step; this int8 cache dequantizes every position it reads to fp32 before attention (no fused "
+             f"int8 attention kernel), so it reads fewer bytes from the cache but writes and reads a float copy: "
+             f"below 1.0x that extra pass costs more than the bytes saved"))
+
+    budget = options.long_naive_budget_mib * MIB
+    prefill = prefill_attention_sweep(config, options.long_prefill_lengths, budget, ctx.device,
+                                      repeats=options.long_repeats)
+    largest = prefill[-1]
+    if largest["naive_over_budget"]:
+        figures.append(reported(f"naive attention at T={largest['T']}", largest["naive_bytes"] / MIB, "MiB",
+                                note=f"computed; over the {options.long_naive_budget_mib} MiB budget, not run"))
+    else:
+        figures.append(reported(
+            f"prefill attention memory at T={largest['T']}: naive / fused (one layer)",
+            largest["naive_bytes"] / largest["fused_bytes"], "x",
+            claim="fused attention does not materialise the T x T scores",
+            note=f"{largest['memory']}: naive {largest['naive_bytes'] / MIB:.0f} MiB, fused "
+                 f"{largest['fused_bytes'] / MIB:.1f} MiB"))
+        figures.append(reported(
+            f"prefill attention time at T={largest['T']}: naive / fused (one layer)",
+            largest["naive_s"] / largest["fused_s"], "x", busy=busy_reason(largest["timings"]),
+            note=f"side by side: naive {1e3 * largest['naive_s']:.1f} ms, fused {1e3 * largest['fused_s']:.1f} ms"))
+
+    seven_b = PRESETS["llama-7b-shape"]
+    curves = [{"model": f"{config.name} (fp32)", "weight_bytes": model.weight_bytes(),
+               "cache_bytes_per_token": cache_bytes_per_token(config, "fp32"), "batches": [1, 16]},
+              {"model": "7B shape (fp16)", "weight_bytes": decode_weight_bytes(seven_b, 2),
+               "cache_bytes_per_token": cache_bytes_per_token(seven_b, "fp16/bf16"), "batches": [1, 16]}]
+    crossovers = [{"model": c["model"], "batch": batch, "context": c["weight_bytes"] / (batch * c["cache_bytes_per_token"])}
+                  for c in curves for batch in c["batches"]]
+    for c in crossovers:
+        figures.append(reported(f"crossover context, {c['model']}, batch {c['batch']} (computed)", c["context"],
+                                "tokens", note="computed, not measured: weight bytes / (batch x cache bytes per token)"))
+    return {"int8_bytes": {"int8": int8, "sixteen_bit": sixteen, "fp32": fp32, "head_dim": config.head_dim},
+            "int8_speed": speed, "prefill": prefill, "naive_budget_bytes": budget, "crossovers": crossovers,
+            "crossover_curves": curves, "figures": figures}
