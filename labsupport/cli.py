@@ -25,7 +25,7 @@ from .report import text_table, write_report
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: the best available)")
     parser.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded smollm2-135m)")
-    parser.add_argument("--sections", nargs="*", default=None, help="which sections to run (default: all)")
+    parser.add_argument("--sections", nargs="*", default=None, help="which sections to run (default: all but compile, which runs only when named)")
     parser.add_argument("--new-tokens", type=int, default=None,
                         help="new tokens per generate() call, in every section that has such a count "
                              "(default: 128 for baseline and speculative, 32 for batching, precision and "

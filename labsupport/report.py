@@ -3,6 +3,7 @@ handbook chapter's claims. Used by ``python -m labsupport tour``."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .bench.core import all_figures, write_json
@@ -15,6 +16,8 @@ def _value(f: dict) -> str:
     v = f["value"]
     if isinstance(v, bool):
         return str(v)
+    if isinstance(v, float) and math.isnan(v):
+        return "not measured"                       # the note says why (a skipped peer, say)
     if f["unit"] == "fraction":
         return f"{100 * v:.0f}%"
     if f["unit"] == "x":
@@ -254,6 +257,9 @@ def _serving_plots(section: dict) -> list:
     fig.update_yaxes(title_text="seconds from arrival to first token", rangemode="tozero", row=1, col=3)
     fig.update_layout(title=f"{section['requests']} requests, {section['slots']} slots, all arriving at once",
                       barmode="group", height=420, template="plotly_white", font=dict(size=12))
+    if section.get("load_curve", {}).get("rows"):
+        from .plots.serving import load_curve_figure
+        return [fig, load_curve_figure(section["load_curve"]["rows"])]
     return [fig]
 
 
@@ -262,10 +268,26 @@ def _stack_plots(section: dict) -> list:
     return [cumulative_figure(section)]
 
 
-SECTION_PLOTS = {"baseline": _baseline_plots, "roofline": _roofline_plots, "kv_cache": _kv_cache_plots,
-                 "batching": _batching_plots, "precision": _precision_plots,
+def _engines_plots(section: dict) -> list:
+    from .plots.engines import engines_figure
+    return [engines_figure(section)]
+
+
+def _compile_plots(section: dict) -> list:
+    from .plots.engines import compile_figure
+    return [compile_figure(section)] if section["rows"] else []
+
+
+def _long_context_plots(section: dict) -> list:
+    from .plots.long_context import bench_section_figures
+    return bench_section_figures(section)
+
+
+SECTION_PLOTS = {"baseline": _baseline_plots, "engines": _engines_plots, "roofline": _roofline_plots,
+                 "kv_cache": _kv_cache_plots, "batching": _batching_plots, "precision": _precision_plots,
                  "quantization": _quantization_plots, "speculative": _speculative_plots,
-                 "serving": _serving_plots, "stack": _stack_plots}
+                 "serving": _serving_plots, "stack": _stack_plots, "compile": _compile_plots,
+                 "long_context": _long_context_plots}
 
 _UNIT_TITLES = {"x": "ratio [x]", "fraction": "fraction [%]"}
 

@@ -162,3 +162,22 @@ def test_a_builder_that_fails_falls_back_to_ratio_bars():
     del section["sweep"]
     figs = section_figures("batching", section)
     assert figs and all(f.layout.title.text.startswith("Measured figures") for f in figs)
+
+
+def test_engines_and_compile_sections_draw_their_figures():
+    from labsupport.plots.engines import compile_figure, engines_figure
+    row = {"decode_tokens_per_s": 20.0, "prefill_s": 0.05, "bandwidth_fraction": 0.5}
+    fig = engines_figure({"rows": {"labsupport fp32": row, "HF generate() fp32": dict(row, decode_tokens_per_s=12.0)},
+                          "new_tokens": 16, "absent": {"llama.cpp": "not installed"}})
+    assert list(fig.data[0].y) == [20.0, 12.0] and "not installed" in fig.layout.title.text
+    record = {"row": "fp32", "batch": 1, "eager_decode_tokens_per_s": 20.0, "compiled_decode_tokens_per_s": 25.0,
+              "warmup_s": 90.0}
+    fig = compile_figure({"rows": [record], "inductor_variants": [dict(record, variant="freezing"),
+                                                                  {"variant": "max-autotune", "skipped": "failed"}]})
+    assert list(fig.data[1].y) == [25.0, 25.0] and len(fig.data[0].x) == 2
+
+
+def test_a_figure_that_was_not_measured_says_so():
+    from labsupport.report import _value
+    assert _value({"value": float("nan"), "unit": "x"}) == "not measured"
+    assert _value({"value": 1.5, "unit": "x"}) == "1.50x"

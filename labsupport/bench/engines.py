@@ -148,6 +148,10 @@ def section_engines(ctx: BenchContext, options: BenchOptions) -> dict:
                       "same_tokens_as_labsupport_fp32": tokens == reference,
                       "tokens_agreeing_with_labsupport_fp32": agree,
                       "compile_s": compile_s.get(name)}
+    if LLAMACPP in rows:                 # the same Q4_1 weights: how long do the two int4 engines agree?
+        rows[LLAMACPP]["tokens_agreeing_with_labsupport_int4"] = next(
+            (i for i, (a, b) in enumerate(zip(outputs[LLAMACPP], outputs[OURS_INT4])) if a != b),
+            len(outputs[LLAMACPP]))
     return {"prompt_tokens": len(ids), "new_tokens": new_tokens, "batch": 1,
             "copy_bandwidth_bytes_per_s": bandwidth, "kv_cache_bytes_per_step_mean": kv_bytes,
             "rows": rows, "absent": absent,
@@ -165,9 +169,11 @@ def _ratio_figure(rows: dict, absent: dict, ours: str, theirs: str, key: str, ta
                         note=f"not measured: {missing}: {absent.get(missing, 'absent')}")
     value = rows[ours][key] / rows[theirs][key]
     agree = [rows[n]["tokens_agreeing_with_labsupport_fp32"] for n in (ours, theirs)]
+    int4 = rows[theirs].get("tokens_agreeing_with_labsupport_int4")
     return reported(f"{ours} / {theirs} ({what})", value, "x", target=target, busy=busy,
                     note=f"{rows[ours][key]:.1f} vs {rows[theirs][key]:.1f} {what}; first tokens agreeing "
-                         f"with labsupport fp32: {agree[0]} and {agree[1]}")
+                         f"with labsupport fp32: {agree[0]} and {agree[1]}"
+                         + (f"; with each other: {int4}" if int4 is not None else ""))
 
 
 def _figures(rows: dict, absent: dict, busy: str | None) -> list[dict]:

@@ -61,6 +61,9 @@ def section_precision(ctx: BenchContext, options: BenchOptions) -> dict:
         rows[name] = {"bytes": memory[name],
                       "decode_speedup": decode_t["float32"].median / decode_t[name].median,
                       "prefill_speedup": prefill_t["float32"].median / prefill_t[name].median,
+                      # weights read per token x tokens/s (the short prompt's prefill counted in the time)
+                      "bandwidth_fraction": m.weight_bytes() * new_tokens / decode_t[name].median
+                      / ctx.hardware.bandwidth,
                       **(logit_agreement(model, m, probe_tokens) if name != "float32" else {})}
         if name != "float32":
             label, emulated = dtype_label(ctx.device, name), emulation_note(ctx.device, name)
@@ -70,7 +73,9 @@ def section_precision(ctx: BenchContext, options: BenchOptions) -> dict:
             prefill_busy = busy_reason({"float32": prefill_t["float32"], name: prefill_t[name]})
             figures += [
                 reported(f"{label} / fp32 decode speed (batch 1)", rows[name]["decode_speedup"], "x",
-                         claim="fp16 ~1.5x", note="; ".join(filter(None, [f"{new_tokens} new tokens", emulated])),
+                         claim="fp16 ~1.5x", note="; ".join(filter(None, [
+                             f"{new_tokens} new tokens", f"{rows[name]['bandwidth_fraction']:.0%} of copy bandwidth "
+                             f"(fp32: {rows['float32']['bandwidth_fraction']:.0%})", emulated])),
                          busy=decode_busy),
                 reported(f"{label} / fp32 prefill speed ({len(long_prompt)}-token prompt)",
                          rows[name]["prefill_speedup"], "x", note=emulated, busy=prefill_busy),

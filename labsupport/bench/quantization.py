@@ -158,6 +158,7 @@ def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
                           decode_speedup=_median(decode_s[f"fp32@{tokens}"]) / step,
                           timed_on_new_tokens=tokens,
                           bandwidth_bytes_per_s=rows[name]["weight_bytes"] / step,
+                          bandwidth_fraction=rows[name]["weight_bytes"] / step / ctx.hardware.bandwidth,
                           busy=busy_reason({"fp32": Timing(decode_s[f"fp32@{tokens}"]),
                                             name: Timing(decode_s[f"{name}@{tokens}"])}))
         if "bf16" in fast_rows and name in fast_rows and rows[name]["kind"] in ("int8", "int4"):
@@ -188,7 +189,8 @@ def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
                    f"{warm[name] / warm['fp32']:.0f}x slower than fp32 in the warm-up)")
             figures.append(reported(f"{name} / fp32 decode speed (batch 1)", row["decode_speedup"], "x",
                                     target=TARGETS.get(name), claim=quantization_claim(name, 1),
-                                    note=f"{row['decode_tokens_per_s']:.1f} tokens/s; {how}; "
+                                    note=f"{row['decode_tokens_per_s']:.1f} tokens/s, "
+                                         f"{row['bandwidth_fraction']:.0%} of copy bandwidth; {how}; "
                                          f"{row.get('kernel', 'dense matmul')}", busy=row["busy"]))
         if row.get("decode_speedup_bf16") is not None:
             figures.append(reported(f"{name} / bf16 decode speed (batch 1)", row["decode_speedup_bf16"], "x",

@@ -1,0 +1,47 @@
+"""Figures of the peer table and of compiled decoding: pure data -> plotly figure.
+
+Introduced in notebook 00 (where the time goes), for the bench's engines section;
+notebook 07 (putting it together) for its compile section.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+
+def engines_figure(section: dict) -> go.Figure:
+    """Each engine's decode tokens/s (bars, labelled with the fraction of copy bandwidth it
+    reached) and its prefill time (a second axis), from the engines section's ``rows``.
+    Introduced in notebook 00 (where the time goes)."""
+    names = list(section["rows"])
+    rows = [section["rows"][n] for n in names]
+    fig = go.Figure()
+    fig.add_bar(x=names, y=[r["decode_tokens_per_s"] for r in rows], name="decode tokens/s",
+                text=[f"{r['bandwidth_fraction']:.0%} of bandwidth" for r in rows], textposition="outside")
+    fig.add_scatter(x=names, y=[1e3 * r["prefill_s"] for r in rows], name="prefill [ms]", yaxis="y2",
+                    mode="markers", marker=dict(size=11, symbol="diamond"))
+    absent = "; ".join(f"{n}: {why}" for n, why in section.get("absent", {}).items())
+    fig.update_layout(title=f"Every engine, batch 1, {section['new_tokens']} new tokens, greedy"
+                            + (f"<br><sup>not measured: {absent}</sup>" if absent else ""),
+                      yaxis=dict(title="decode tokens/s"), height=460, template="plotly_white",
+                      yaxis2=dict(title="prefill [ms]", overlaying="y", side="right", rangemode="tozero"),
+                      legend=dict(orientation="h", y=-0.3), font=dict(size=12))
+    return fig
+
+
+def compile_figure(section: dict) -> go.Figure:
+    """Eager against compiled decode tokens/s for each (precision, batch) of the compile
+    section, each compiled bar labelled with its warm-up seconds.
+    Introduced in notebook 07 (putting it together)."""
+    labels = [f"{r['row']}, batch {r['batch']}" for r in section["rows"]]
+    labels += [f"fp32 {v['variant']}, batch {v['batch']}" for v in section.get("inductor_variants", [])
+               if "skipped" not in v]
+    records = section["rows"] + [v for v in section.get("inductor_variants", []) if "skipped" not in v]
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=[r["eager_decode_tokens_per_s"] for r in records], name="eager")
+    fig.add_bar(x=labels, y=[r["compiled_decode_tokens_per_s"] for r in records], name="compiled",
+                text=[f"warm-up {r['warmup_s']:.0f} s" for r in records], textposition="outside")
+    fig.update_layout(title="Decode tokens/s (all rows), eager against compiled", barmode="group",
+                      yaxis=dict(title="decode tokens/s"), height=440, template="plotly_white",
+                      font=dict(size=12))
+    return fig
