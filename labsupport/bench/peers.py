@@ -52,11 +52,17 @@ def hf_generate_fn(hf_model, prompt_ids: list[int], new_tokens: int, prompt_look
     if prompt_lookup is not None:
         config.prompt_lookup_num_tokens = prompt_lookup
         config.max_matching_ngram_size = lookup_ngram
-    inputs = torch.tensor([prompt_ids], device=hf_model.device)
+    return _batch_one_run(hf_model, prompt_ids, config)
+
+
+def _batch_one_run(hf_model, prompt_ids: list[int], config, **generate_kwargs):
+    """generate() of one prompt with `config` (and e.g. an assistant_model), as a zero-argument function."""
+    inputs = torch.tensor([prompt_ids], device=hf_model.device)          # (1, prompt)
 
     @torch.inference_mode()
     def run():
-        return hf_model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)
+        return hf_model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config,
+                                 **generate_kwargs)
     return run
 
 
@@ -76,12 +82,7 @@ def hf_static_compiled_fn(hf_model, prompt_ids: list[int], new_tokens: int):
     compile_config = CompileConfig()
     compile_config._compile_all_devices = True
     config.compile_config = compile_config
-    inputs = torch.tensor([prompt_ids], device=hf_model.device)
-
-    @torch.inference_mode()
-    def run():
-        return hf_model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)
-    return run
+    return _batch_one_run(hf_model, prompt_ids, config)
 
 
 def hf_early_layers_draft(hf_model, num_layers: int):
@@ -106,14 +107,7 @@ def hf_assisted_fn(hf_model, draft_model, prompt_ids: list[int], new_tokens: int
     """Hugging Face's assisted generation (``assistant_model``), greedy: the draft proposes
     tokens and the target checks them in one pass. A zero-argument function like
     `hf_generate_fn`'s. Introduced in notebook 00 (where the time goes), as a peer."""
-    config = hf_greedy_config(hf_model, new_tokens)
-    inputs = torch.tensor([prompt_ids], device=hf_model.device)
-
-    @torch.inference_mode()
-    def run():
-        return hf_model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config,
-                                 assistant_model=draft_model)
-    return run
+    return _batch_one_run(hf_model, prompt_ids, hf_greedy_config(hf_model, new_tokens), assistant_model=draft_model)
 
 
 class ForwardPasses:
