@@ -32,6 +32,7 @@ from .kv_cache import StaticKVCache, kv_cache_bytes
 from .kv_quant import Int8KVCache
 from .measure import time_side_by_side
 from .models.config import ModelConfig
+from .models.loading import random_model
 from .models.transformer import Transformer
 
 CACHE_KINDS = ("float", "int8")       # a StaticKVCache in the model's dtype, or an Int8KVCache
@@ -43,15 +44,7 @@ def random_weights_model(config: ModelConfig, device="cpu", dtype: torch.dtype =
                          seed: int = 0) -> Transformer:
     """A `Transformer` of any config with seeded random weights (std 0.02, norms at 1): for
     timing and bytes only, never for text. Introduced in notebook 08 (long context)."""
-    generator = torch.Generator().manual_seed(seed)
-    model = Transformer(config)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.fill_(1.0) if name.endswith("weight") else parameter.zero_()
-            else:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
-    return model.to(device=device, dtype=dtype).eval()
+    return random_model(config, seed=seed, device=device, dtype=dtype, layout=False)
 
 
 def filled_cache(model, batch: int, context: int, kind: str = "float", seed: int = 0):

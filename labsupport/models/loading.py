@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ModelUnavailable
 from ..hardware import require_usable_dtype, pick_device
-from .config import PRESETS, config_from_hf
+from .config import PRESETS, ModelConfig, config_from_hf
 from .embedded import embedded_model_dir
 from .layout import apply_layout
 from .transformer import Transformer
@@ -69,11 +69,13 @@ class ByteTokenizer:
         return self.vocab_size
 
 
-def random_model(name: str, seed: int = 0, device="cpu", dtype=torch.float32) -> Transformer:
-    """A tiny preset with seeded random weights (std 0.02, norms at 1).
-    Notebook 06 (continuous batching); the unit tests use it throughout."""
+def random_model(name: str | ModelConfig, seed: int = 0, device="cpu", dtype=torch.float32,
+                 layout: bool = True) -> Transformer:
+    """A tiny preset (or any `ModelConfig`) with seeded random weights (std 0.02, norms at 1).
+    Notebook 06 (continuous batching); the unit tests use it throughout, notebook 08 (long
+    context) for shapes it only times. layout=False skips timing the weight layouts."""
     generator = torch.Generator().manual_seed(seed)
-    model = Transformer(PRESETS[name])
+    model = Transformer(name if isinstance(name, ModelConfig) else PRESETS[name])
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if "norm" in pname:
@@ -81,7 +83,8 @@ def random_model(name: str, seed: int = 0, device="cpu", dtype=torch.float32) ->
             else:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
     model = model.to(device=device, dtype=dtype).eval()
-    apply_layout(model)
+    if layout:
+        apply_layout(model)
     return model
 
 
