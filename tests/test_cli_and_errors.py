@@ -99,6 +99,7 @@ def test_bench_sections_write_json(tmp_path, smollm, smollm_hf):
     assert baseline["same_tokens_as_huggingface"] is True
     assert baseline["weight_bytes_per_token"] == smollm[0].weight_bytes()
     assert all(r["same_tokens"] for r in kv["rows"])
+    assert all(0 < r["cached_bandwidth_fraction"] for r in kv["rows"] if "cached_bandwidth_fraction" in r)
     report = {"sections": {"baseline": baseline, "kv_cache": kv}}
     path = write_json(report, tmp_path / "bench.json")
     names = [f["name"] for f in all_figures(json.loads(path.read_text()))]

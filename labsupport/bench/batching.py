@@ -62,7 +62,9 @@ def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
     for batch in sizes:
         seconds = time_fn(run(batch), ctx.device, warmup=1 if batch <= 16 else 0, repeats=1).median
         sweep.append({"batch": batch, "seconds": seconds, "tokens_per_s": batch * new_tokens / seconds,
-                      "ms_per_step": 1e3 * seconds / new_tokens})
+                      "ms_per_step": 1e3 * seconds / new_tokens,
+                      # every weight read once per step (the prompt's prefill counted in the time)
+                      "bandwidth_fraction": model.weight_bytes() * new_tokens / seconds / ctx.hardware.bandwidth})
     # the headline ratio: batch 16 against batch 1, interleaved; in fp32, and in bf16
     # where the hardware has it (16-bit matrix units make the compute-bound side cheaper)
     ratio, pair = batch_speedup(model, prompt, 16, new_tokens, warmup=1, repeats=options.repeats)
@@ -96,7 +98,9 @@ def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
         "figures": [
             reported("throughput at batch 16 / batch 1 (fp32 decode)", ratio, "x", target=8.0,
                      busy=busy_reason(pair), claim="batch 1 -> 16 might give 10-15x throughput",
-                     note=f"{new_tokens} new tokens per row, one prompt repeated"),
+                     note=f"{new_tokens} new tokens per row, one prompt repeated; weights read per second "
+                          "/ copy bandwidth by batch: " + ", ".join(f"{r['batch']}: {r['bandwidth_fraction']:.0%}"
+                                                                   for r in sweep)),
             *([reported("throughput at batch 16 / batch 1 (bf16 decode)", bf16_ratio, "x", target=8.0,
                         busy=busy_reason(bf16_pair),
                         claim="batch 1 -> 16 might give 10-15x throughput",
