@@ -18,7 +18,7 @@ from pathlib import Path
 from . import delivery
 from .bench import BenchOptions, run, write_json
 from .errors import LabError
-from .hardware import require_supported_platform, pick_device
+from .engine.hardware import require_supported_platform, pick_device
 from .report import text_table, write_report
 
 

@@ -138,7 +138,7 @@ def describe_runtime(device=None) -> str:
     import torch
 
     from . import __version__
-    from .hardware import bf16_supported, device_name, pick_device
+    from .engine.hardware import bf16_supported, device_name, pick_device
 
     device = pick_device(device)
     where = "Google Colab" if "google.colab" in sys.modules else "this machine"

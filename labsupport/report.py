@@ -8,8 +8,8 @@ from pathlib import Path
 
 from .bench.core import all_figures, write_json
 from .bench.suite import SECTIONS
-from .busy import BUSY_VERDICT
-from .tables import markdown_table
+from .lab.busy import BUSY_VERDICT
+from .lab.tables import markdown_table
 
 
 def _value(f: dict) -> str:
@@ -155,7 +155,7 @@ def _baseline_plots(section: dict) -> list:
 
 
 def _roofline_plots(section: dict) -> list:
-    from .roofs import HardwareProfile
+    from .lab.roofs import HardwareProfile
     from .plots.roofline import roofline_figure, step_time_figure
     rows = [r for dtype_rows in section["sweeps"].values() for r in dtype_rows]
     profile = HardwareProfile(**section["hardware"])

@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-The tiny random-weight models (`labsupport.models.loading.random_model`: the presets
+The tiny random-weight models (`labsupport.weights.fixtures.random_model`: the presets
 "tiny-llama" and "tiny-gpt2", seed 0, built in milliseconds) come from these fixtures:
 `tiny_llama`, `tiny_gpt2`, `tiny_model` (both presets, parametrised), `tiny_model_f64` (both in
 float64) and `fresh_tiny_llama` (a new one for each test). The shared ones are built
@@ -31,19 +31,19 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def smollm():
     """labsupport's model and tokenizer for the embedded SmolLM2-135M-Instruct (fp32, CPU)."""
-    from labsupport.models.loading import load_model
+    from labsupport.weights.loading import load_model
     return load_model("smollm2-135m", device="cpu", dtype=torch.float32)
 
 
 @pytest.fixture(scope="session")
 def smollm_hf():
     """The Hugging Face model with the same weights."""
-    from labsupport.models.loading import load_hf_model
+    from labsupport.weights.loading import load_hf_model
     return load_hf_model("smollm2-135m", device="cpu", dtype=torch.float32)
 
 
 def _tiny(name: str, dtype=torch.float32):
-    from labsupport.models.loading import random_model
+    from labsupport.weights.fixtures import random_model
     return random_model(name, seed=0, dtype=dtype)
 
 

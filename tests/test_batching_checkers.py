@@ -3,12 +3,12 @@
 
 import pytest
 
-from labsupport.batching import padding_waste
+from labsupport.engine.padding import padding_waste
 from labsupport.checks import CheckFailed
 from labsupport.checks.batching import (GENERATION_CASES, NEW_TOKENS, SLIPS, WASTE_CASES, WASTE_MISTAKES,
                                         check_batched_generation, slipped_rows)
 from labsupport.checks.kv_cache import tiny_test_model
-from labsupport.generation import generate
+from labsupport.engine.generation import generate
 
 
 def test_every_waste_slip_gives_its_own_answers_and_none_is_right():

@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from labsupport.busy import BUSY_VERDICT
+from labsupport.lab.busy import BUSY_VERDICT
 from labsupport.claims import batching_claims
 from labsupport.claims.batching import (batch_sweep_busy_reason, headline_verdict, loop_verdict,
                                         padding_verdict, regime_verdict)
-from labsupport.measure import Timing
+from labsupport.lab.measure import Timing
 
 
 def sweep(ms_per_token, batches=(1, 2, 4, 8, 16, 32, 64)):

@@ -5,9 +5,10 @@ import pytest
 
 import math
 
-from labsupport import batch_timing, batching
+from labsupport.lab import batch_timing, batching
+from labsupport.engine import padding
 from labsupport.explorers.batching import batching_explorer
-from labsupport.models.loading import ByteTokenizer
+from labsupport.weights.fixtures import ByteTokenizer
 from labsupport.plots.batching import left_padding_figure, padding_figure, peer_figure, scaling_figure
 
 
@@ -48,7 +49,7 @@ def test_the_batch_axis_starts_at_batch_1():
 
 
 def test_left_padding_figure_shows_tokens_mask_and_positions():
-    fig = left_padding_figure(batching.left_pad([[5, 6, 7], [8], [9, 10]], pad_id=0))
+    fig = left_padding_figure(padding.left_pad([[5, 6, 7], [8], [9, 10]], pad_id=0))
     tokens, mask, positions = fig.data
     assert [list(r) for r in tokens.z] == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]      # 1: real token, 0: padding
     assert [list(r) for r in tokens.text] == [["5", "6", "7"], ["0", "0", "8"], ["0", "9", "10"]]
@@ -56,7 +57,7 @@ def test_left_padding_figure_shows_tokens_mask_and_positions():
     assert [list(r) for r in positions.text] == [["0", "1", "2"], ["(0)", "(0)", "0"], ["(0)", "0", "1"]]
     assert [a.text for a in fig.layout.annotations[:3]] == ["tokens", "attention mask", "position ids"]
     assert "[3, 1, 2] tokens" in fig.layout.title.text
-    words = left_padding_figure(batching.left_pad([[5], [6, 7]], pad_id=0), token_text=[["<pad>", "hi"], ["a", "b"]])
+    words = left_padding_figure(padding.left_pad([[5], [6, 7]], pad_id=0), token_text=[["<pad>", "hi"], ["a", "b"]])
     assert list(words.data[0].text[0]) == ["<pad>", "hi"]
 
 

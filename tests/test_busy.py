@@ -1,10 +1,10 @@
-"""labsupport.busy: the guard that keeps a verdict from a disturbed measurement."""
+"""labsupport.lab.busy: the guard that keeps a verdict from a disturbed measurement."""
 
 import pytest
 
-from labsupport.busy import BUSY_VERDICT, busy_reason, judge, load_per_core, relative_spread
+from labsupport.lab.busy import BUSY_VERDICT, busy_reason, judge, load_per_core, relative_spread
 from labsupport.errors import LabError
-from labsupport.measure import Timing
+from labsupport.lab.measure import Timing
 
 QUIET = Timing([1.00, 1.01, 1.02, 0.99, 1.00])
 NOISY = Timing([1.0, 2.5, 1.1, 2.4, 1.0])       # a browser woke up in the middle

@@ -15,9 +15,10 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Lla
                           PreTrainedTokenizerFast)
 
 from labsupport.errors import ModelUnavailable
-from labsupport.models.config import config_from_hf
-from labsupport.models.loading import load_model, random_model
-from labsupport.models.weights import from_hf
+from labsupport.engine.models.config import config_from_hf
+from labsupport.weights.loading import load_model
+from labsupport.weights.fixtures import random_model
+from labsupport.engine.models.weights import from_hf
 
 TOKENS = torch.randint(0, 300, (2, 13), generator=torch.Generator().manual_seed(1))
 
@@ -117,7 +118,7 @@ def test_biases_and_head_dim_also_come_through_from_hf(tmp_path):
 
 def test_the_kv_cache_path_works_with_biases_and_a_wide_head():
     """Prefill then decode with a cache equals one pass over the whole sequence."""
-    from labsupport.kv_cache import StaticKVCache
+    from labsupport.engine.kv_cache import StaticKVCache
     ours = from_hf(hf_llama(attention_bias=True, mlp_bias=True, head_dim=32))
     cache = StaticKVCache(ours.config, batch_size=2, max_len=32)
     with torch.no_grad():

@@ -13,7 +13,7 @@ from labsupport.bench.baseline import section_baseline
 from labsupport.bench.kv_cache import section_kv_cache
 from labsupport.bench.options import NEW_TOKENS_FIELDS, REPEATS_FIELDS
 from labsupport.errors import LabError, MissingPackage, UnsupportedDtype, require_package
-from labsupport.models.loading import load_model
+from labsupport.weights.loading import load_model
 
 
 def run_cli(*args):
@@ -76,7 +76,7 @@ def test_dtype_the_device_cannot_run(monkeypatch):
 
 
 def test_bf16_on_a_cpu_without_bf16_instructions_loads_emulated(monkeypatch):
-    from labsupport import hardware
+    from labsupport.engine import hardware
     monkeypatch.setenv(hardware.NO_BF16_SWITCH, "1")
     model, _ = load_model("tiny-llama", device="cpu", dtype=torch.bfloat16)
     assert model.dtype == torch.bfloat16

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from labsupport.delivery import SETUP_MARKER
-from labsupport.workloads import PRESETS, preset
+from labsupport.lab.workloads import PRESETS, preset
 
 from simulated_gpu import GPUS, simulated
 

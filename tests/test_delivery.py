@@ -20,8 +20,8 @@ import yaml  # PyYAML: a dependency of jupyter-events, which jupyterlab requires
 from labsupport import cli, delivery
 from labsupport.errors import LabError
 from labsupport.delivery import (CODE_STUB, README_END, README_START, SETUP_MARKER, STUB_MESSAGE,
-                                 apply_delivery_cells, is_solution_cell, needs_install,
-                                 setup_cell_source, student_version, write_badges)
+                                 apply_delivery_cells, is_solution_cell, needs_install, setup_cell_source,
+                                 student_version, write_badges)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -303,7 +303,7 @@ def test_postbuild_installs_and_fetches_the_model():
     assert text.startswith("#!/usr/bin/env bash") and "set -e" in text
     assert "pip install --no-deps -e ." in text
     assert "embedded_model_dir()" in text                            # the download + conversion
-    from labsupport.models.embedded import embedded_model_dir        # the function it calls exists
+    from labsupport.weights.embedded import embedded_model_dir        # the function it calls exists
     assert callable(embedded_model_dir)
 
 

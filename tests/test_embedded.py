@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from labsupport.errors import ModelUnavailable
-from labsupport.models import embedded, model_cache
+from labsupport.weights import embedded, model_cache
+from labsupport.engine import cache_dir
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def test_a_crash_during_conversion_leaves_no_cache(monkeypatch, fake_conversion,
     monkeypatch.setattr(embedded, "_convert", crash)
     with pytest.raises(KeyboardInterrupt):
         embedded.embedded_model_dir()
-    root = model_cache.cache_root()
+    root = cache_dir.cache_root()
     assert not (root / embedded.MODEL_DIR_NAME).exists()
     assert not list(root.glob("*building*"))
 
@@ -134,12 +135,12 @@ def test_first_use_from_an_empty_cache(tmp_path, smollm):
     the model loaded from it gives the same logits as the one the other tests use."""
     import torch
 
-    from labsupport.models.loading import load_model
+    from labsupport.weights.loading import load_model
 
     cache = tmp_path / "empty-cache"
     env = {k: v for k, v in os.environ.items() if k != "LABSUPPORT_GGUF"}
     env["LABSUPPORT_CACHE"] = str(cache)
-    code = "from labsupport.models.embedded import embedded_model_dir; print(embedded_model_dir())"
+    code = "from labsupport.weights.embedded import embedded_model_dir; print(embedded_model_dir())"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     directory = Path(done.stdout.strip().splitlines()[-1])

@@ -118,8 +118,8 @@ def test_compare_compiled_on_a_tiny_model(fresh_tiny_llama):
 
 
 def test_inductor_options_are_switched_for_a_while_and_recompile(fresh_tiny_llama):
-    from labsupport import generation
-    from labsupport.generation import compiled_decode, inductor_options
+    from labsupport.engine import generation
+    from labsupport.engine.generation import compiled_decode, inductor_options
     before = dict(generation.INDUCTOR_OPTIONS)
     plain = compiled_decode(fresh_tiny_llama)
     with inductor_options({"freezing": True}):

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.generation import (chat_prompt, decode_step, generate, generate_naive,
-                                 generate_text, prefill)
-from labsupport.kv_cache import KVCache, KVWriter, StaticKVCache, kv_cache_bytes
-from labsupport.models.loading import random_model
-from labsupport.sampling import SamplingConfig, probabilities, sample
+from labsupport.engine.generation import (chat_prompt, decode_step, generate, generate_naive, generate_text,
+                                          prefill)
+from labsupport.engine.kv_cache import KVCache, KVWriter, StaticKVCache, kv_cache_bytes
+from labsupport.weights.fixtures import random_model
+from labsupport.engine.sampling import SamplingConfig, probabilities, sample
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 
@@ -197,7 +197,8 @@ def test_every_row_of_a_padded_batch_equals_the_prompt_alone(tiny_model):
 
 
 def test_padded_batch_masks_and_positions():
-    from labsupport.batching import left_pad, padding_waste, sorted_batches
+    from labsupport.engine.padding import left_pad, padding_waste
+    from labsupport.lab.batching import sorted_batches
     batch = left_pad([[1, 2, 3], [4]], pad_id=0)
     assert batch.tokens.tolist() == [[1, 2, 3], [0, 0, 4]]
     assert batch.attention_mask.tolist() == [[True, True, True], [False, False, True]]
@@ -220,7 +221,7 @@ def test_embedded_padded_batch_rows_equal_each_prompt_alone(smollm):
 def test_decode_is_compiled_by_default_on_a_gpu_only():
     from simulated_gpu import GPUS, simulated
 
-    from labsupport.generation import AUTO_COMPILE_MIN_TOKENS, compile_by_default
+    from labsupport.engine.generation import AUTO_COMPILE_MIN_TOKENS, compile_by_default
     assert not compile_by_default("cpu", 1000)
     with simulated(GPUS["T4"]):
         assert compile_by_default("cuda", AUTO_COMPILE_MIN_TOKENS)
@@ -228,7 +229,7 @@ def test_decode_is_compiled_by_default_on_a_gpu_only():
 
 
 def test_a_failing_compile_falls_back_to_eager_decoding_in_one_warning(monkeypatch):
-    from labsupport import generation
+    from labsupport.engine import generation
     model = random_model("tiny-llama", seed=3)
     plain = generate(model, PROMPT, 12, eos_token_ids=())
     assert plain.warmup_seconds == 0.0
@@ -245,8 +246,8 @@ def test_a_failing_compile_falls_back_to_eager_decoding_in_one_warning(monkeypat
 def test_checking_for_the_end_every_few_steps_gives_the_same_result(monkeypatch):
     """On a GPU `generate` asks whether every row has ended only every few steps (each question
     stalls the GPU); the extra steps are cut off, so the result is the same."""
-    from labsupport import generation
-    from labsupport.models.loading import lively_model
+    from labsupport.engine import generation
+    from labsupport.weights.fixtures import lively_model
     model = lively_model("tiny-llama", seed=3)              # weights scaled up: varied tokens
     prompts = [PROMPT, [9, 8, 7]]
     free = generate(model, prompts, 20, eos_token_ids=())

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from labsupport.generation import generate
-from labsupport.models.loading import load_model, random_model
+from labsupport.engine.generation import generate
+from labsupport.weights.loading import load_model
+from labsupport.weights.fixtures import random_model
 
 pytestmark = pytest.mark.gpu
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
@@ -17,7 +18,7 @@ def test_tiny_model_gives_the_same_tokens_on_cuda():
 
 
 def test_static_cache_lives_on_the_device():
-    from labsupport.kv_cache import StaticKVCache
+    from labsupport.engine.kv_cache import StaticKVCache
     model = random_model("tiny-llama", device="cuda")
     cache = StaticKVCache(model.config, 2, 16, device=model.device, dtype=model.dtype)
     assert cache.keys.is_cuda
@@ -39,7 +40,7 @@ def test_embedded_model_matches_hugging_face_on_cuda(smollm_hf):
 
 
 def test_bf16_generation_runs_on_cuda_where_supported():
-    from labsupport.hardware import bf16_supported
+    from labsupport.engine.hardware import bf16_supported
     if not bf16_supported(torch.device("cuda")):
         pytest.skip("this GPU has no bf16")
     model, tok = load_model("smollm2-135m", device="cuda", dtype=torch.bfloat16)
@@ -48,7 +49,8 @@ def test_bf16_generation_runs_on_cuda_where_supported():
 
 
 def test_serving_engine_on_cuda_gives_each_request_its_tokens_alone():
-    from labsupport.serving import Engine, make_workload
+    from labsupport.engine.serving import Engine
+    from labsupport.lab.serving_workload import make_workload
     model = random_model("tiny-llama", seed=3, device="cuda", dtype=torch.float64)
     prompts = [[5, 17, 42], [99, 3, 250, 7, 8], [1, 2]]
     requests = make_workload(prompts, count=9, median_new_tokens=8, max_new_tokens=20, seed=1)
@@ -62,8 +64,8 @@ def test_serving_engine_on_cuda_gives_each_request_its_tokens_alone():
 
 
 def test_stack_ladder_runs_on_cuda():
-    from labsupport.serving import make_workload
-    from labsupport.stack import run_stack
+    from labsupport.lab.serving_workload import make_workload
+    from labsupport.lab.stack import run_stack
     model = random_model("tiny-llama", seed=3, device="cuda")
     requests = make_workload([[5, 17, 42, 99], [3, 250, 7]], count=4, median_new_tokens=6, max_new_tokens=10)
     result = run_stack(model, requests, slots=2)

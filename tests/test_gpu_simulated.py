@@ -8,14 +8,14 @@ so fp16 is offered instead of bf16, and every GPU workload must fit in its memor
 import pytest
 import torch
 
-from labsupport import batching, roofline
+from labsupport.lab import batching, roofline
 from labsupport.delivery import describe_runtime
 from labsupport.errors import UnsupportedDtype
-from labsupport.hardware import (bf16_emulated, bf16_supported, device_name, dtype_label, fp16_fast, pick_device,
-                                 pick_dtype, require_usable_dtype)
-from labsupport.kv_cache import kv_cache_bytes
-from labsupport.models.config import PRESETS as MODELS
-from labsupport.workloads import PRESETS, device_class, preset
+from labsupport.engine.hardware import (bf16_emulated, bf16_supported, device_name, dtype_label, fp16_fast,
+                                        pick_device, pick_dtype, require_usable_dtype)
+from labsupport.engine.kv_cache import kv_cache_bytes
+from labsupport.engine.models.config import PRESETS as MODELS
+from labsupport.lab.workloads import PRESETS, device_class, preset
 
 from simulated_gpu import GPUS, simulated
 
@@ -92,14 +92,14 @@ def test_every_gpu_workload_fits_a_t4():
 def test_the_bandwidth_probe_fits_the_free_memory(gpu):
     from unittest import mock
 
-    from labsupport.roofs import CUDA_COPY_BYTES, default_copy_bytes
+    from labsupport.lab.roofs import CUDA_COPY_BYTES, default_copy_bytes
     assert default_copy_bytes(CUDA) == CUDA_COPY_BYTES               # a whole GPU: 1 GiB buffers
     with mock.patch.object(torch.cuda, "mem_get_info", return_value=(2 * 2**30, gpu.total_memory)):
         assert default_copy_bytes(CUDA) == 2 * 2**30 // 8              # a MIG slice with 2 GiB free
 
 
 def test_the_int4_kernel_is_offered_from_capability_8_only(gpu):
-    from labsupport.quantize_kernels import int4_kernel_unavailable
+    from labsupport.engine.quant.kernels import int4_kernel_unavailable
     reason = int4_kernel_unavailable(CUDA, group_size=32, in_features=576)
     if gpu.capability >= (8, 0):
         assert reason is None
@@ -114,7 +114,7 @@ def test_int4_on_a_t4_falls_back_to_the_reference_with_the_reason():
     layer's weights stay on the CPU here; only the kernel decision is asked about "cuda".)"""
     from unittest import mock
 
-    from labsupport import quantize_kernels
+    from labsupport.engine.quant import kernels as quantize_kernels
     original = quantize_kernels.int4_kernel_unavailable
     linear = torch.nn.Linear(64, 64, bias=False)
     with simulated(GPUS["T4"]), mock.patch.object(quantize_kernels, "int4_kernel_unavailable",
@@ -127,7 +127,7 @@ def test_int4_on_a_t4_falls_back_to_the_reference_with_the_reason():
 def test_timing_on_a_gpu_always_warms_up_once(gpu):
     """The first call of a shape compiles and records the decode step on a GPU, so the timing
     harness never times it, even where a caller asked for no warm-up (a CPU has nothing to warm)."""
-    from labsupport.measure import time_fn, time_side_by_side
+    from labsupport.lab.measure import time_fn, time_side_by_side
     calls = []
     time_fn(lambda: calls.append(1), CUDA, warmup=0, repeats=3)
     assert len(calls) == 4

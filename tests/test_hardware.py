@@ -1,22 +1,15 @@
-"""Tests for labsupport.hardware: device and dtype choice, the probe, the roofline."""
+"""Tests for labsupport.engine.hardware: device and dtype choice, the probe, the roofline."""
 
 import pytest
 import torch
 
-from labsupport import hardware
+from labsupport.engine import hardware
 from labsupport.errors import LabError, UnsupportedDtype
-from labsupport import measure, roofs
-from labsupport.measure import Timing
-from labsupport.roofs import HardwareProfile, measure_bandwidth, measure_matmul_flops, probe
-from labsupport.hardware import (
-    bf16_supported,
-    require_usable_dtype,
-    device_name,
-    fp16_fast,
-    pick_device,
-    pick_dtype,
-    synchronize,
-)
+from labsupport.lab import measure, roofs
+from labsupport.lab.measure import Timing
+from labsupport.lab.roofs import HardwareProfile, measure_bandwidth, measure_matmul_flops, probe
+from labsupport.engine.hardware import (bf16_supported, require_usable_dtype, device_name, fp16_fast,
+                                        pick_device, pick_dtype, synchronize)
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.generation import generate, generate_naive
+from labsupport.engine.generation import generate, generate_naive
 from labsupport.inputs import finite_number, token_rows, whole_number
-from labsupport.models.loading import random_model
-from labsupport.sampling import SamplingConfig
-from labsupport.speculative import PromptLookupDraft, speculative_generate
+from labsupport.weights.fixtures import random_model
+from labsupport.engine.sampling import SamplingConfig
+from labsupport.engine.speculative import PromptLookupDraft, speculative_generate
 
 NAN, INF = float("nan"), float("inf")
 

@@ -6,8 +6,8 @@ import torch
 
 from labsupport.checks.kv_cache import (SIZE_CASES, SIZE_MISTAKES, CountingModel, check_cached_generation,
                                         tiny_test_model)
-from labsupport.generation import generate
-from labsupport.kv_cache import kv_cache_bytes
+from labsupport.engine.generation import generate
+from labsupport.engine.kv_cache import kv_cache_bytes
 
 BYTES = {4: torch.float32, 2: torch.float16, 1: torch.int8}
 

@@ -3,9 +3,9 @@ that should hold, that should not, and that a busy machine produced. No timing h
 
 import pytest
 
-from labsupport.busy import BUSY_VERDICT
+from labsupport.lab.busy import BUSY_VERDICT
 from labsupport.claims import kv_cache_claims, step_busy_reason
-from labsupport.busy import more_work_faster_reason
+from labsupport.lab.busy import more_work_faster_reason
 
 MIB, GIB = 2 ** 20, 2 ** 30
 MEMORY = [(256, 100, 100), (512, 200, 200)]

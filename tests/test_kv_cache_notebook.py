@@ -4,12 +4,12 @@ figures and the explorer (its checkers: tests/test_checkers.py). Tiny random mod
 import pytest
 
 from labsupport.errors import LabError
-from labsupport.kv_cache import kv_cache_bytes
-from labsupport.kv_timing import (estimated_step_seconds, estimated_total_seconds, gqa_savings,
-                                  time_per_token_by_position)
-from labsupport.models.config import PRESETS
+from labsupport.engine.kv_cache import kv_cache_bytes
+from labsupport.lab.kv_timing import (estimated_step_seconds, estimated_total_seconds, gqa_savings,
+                                      time_per_token_by_position)
+from labsupport.engine.models.config import PRESETS
 from labsupport.plots.kv_cache import (cache_memory_figure, cumulative_time_figure, kv_layout_figure,
-                                      per_token_time_figure)
+                                       per_token_time_figure)
 
 
 # --- estimated_total_seconds: the integration math ---------------------------------------
@@ -166,7 +166,7 @@ def test_bench_section_labels_the_7b_figure_computed_and_reports_busy(tiny_llama
     from labsupport.bench.core import BenchContext
     from labsupport.bench.kv_cache import section_kv_cache
     from labsupport.bench.options import BenchOptions
-    from labsupport.models.loading import ByteTokenizer
+    from labsupport.weights.fixtures import ByteTokenizer
 
     ctx = BenchContext(device=torch.device("cpu"))
     ctx._cache[("ours", torch.float32)] = (tiny_llama, ByteTokenizer())

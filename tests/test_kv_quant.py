@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.kv_cache import KVCache, kv_cache_bytes
-from labsupport.kv_quant import (Int8KVCache, dequantize_per_token, int8_kv_cache_bytes,
-                                 quantize_per_token)
-from labsupport.models.config import PRESETS
+from labsupport.engine.kv_cache import KVCache, kv_cache_bytes
+from labsupport.engine.kv_quant import (Int8KVCache, dequantize_per_token, int8_kv_cache_bytes,
+                                        quantize_per_token)
+from labsupport.engine.models.config import PRESETS
 
 
 def test_quantize_per_token_round_trip_within_half_a_scale():
@@ -58,7 +58,7 @@ def test_at_short_context_int8_logits_stay_close_to_the_float_cache():
     # the invariant: logits within 2% of the largest logit, and (nearly) the same greedy tokens;
     # larger random weights (x5) so that the tokens depend on the context
     from labsupport.checks.kv_cache import tiny_test_model
-    from labsupport.long_context import generation_agreement, kv_precision_quality
+    from labsupport.lab.long_context import generation_agreement, kv_precision_quality
     model = tiny_test_model("tiny-llama", dtype=torch.float32, scale=5.0)
     run = generation_agreement(model, [5, 17, 99, 3, 42, 8], 24)
     assert 0 < run["relative_logit_difference"] <= 0.02         # > 0: it does quantize

@@ -5,8 +5,11 @@ inside functions alike, relative (``from .x import y``) and absolute
 (``import labsupport.x``). From these imports:
 
 * the import graph between labsupport's modules has no cycle;
-* no technique module imports the layers built on the techniques (bench/, claims,
-  report, cli, plots/, explorers/, checks/);
+* the folders show the architecture (COURSE.md, "labsupport: how it is cut"): engine/
+  imports only itself, `errors` and `inputs`; weights/ (getting a model onto the machine)
+  adds engine/; lab/ (measuring each technique) adds weights/; the layers built on them
+  (bench/, claims/, report, cli, plots/, explorers/, checks/, delivery) may import anything
+  below;
 * no module is longer than 400 lines;
 * every public function and class at the top of a module has a docstring that names the
   notebook introducing it (COURSE.md: "the package is an index of the book").
@@ -26,9 +29,18 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "labsupport"
 MAX_LINES = 400
 
-# Layers built on the techniques: a technique module imports none of them.
-LAYERS = ("bench", "claims", "report", "cli", "plots", "explorers", "checks")
-NOT_TECHNIQUE = LAYERS + ("delivery", "__main__")
+# The folder rule: what each folder may import (besides itself). `errors` and `inputs` sit
+# at the bottom, importable by all; everything not named here is a layer built on top.
+BASE = ("errors", "inputs")
+MAY_IMPORT = {
+    "errors": (),
+    "inputs": ("errors",),
+    "engine": BASE,
+    "weights": BASE + ("engine",),
+    "lab": BASE + ("engine", "weights"),
+}
+# Layers built on the engine and the lab: none of the folders above imports them.
+LAYERS = ("bench", "claims", "report", "cli", "plots", "explorers", "checks", "delivery", "__main__")
 
 # Modules over MAX_LINES, owned elsewhere: each one is an xfail until it is split.
 KNOWN_LONG: dict[str, str] = {}
@@ -144,29 +156,25 @@ def show(found: list[list[str]]) -> str:
 def test_the_graph_sees_every_kind_of_import():
     source = """
 import torch
-import labsupport.kv_cache
+import labsupport.engine.kv_cache
 from ..errors import LabError
-from ..models import loading
+from ..weights import loading
 from . import core, SECTIONS
 
 
 def late():
-    from ..generation import generate
-    import labsupport.serving.engine as engine
+    from ..engine.generation import generate
+    import labsupport.engine.serving.engine as engine
 """
     assert imports_in(source, "labsupport.bench.suite") == {
-        "labsupport.kv_cache", "labsupport.errors", "labsupport.models.loading", "labsupport.bench.core",
-        "labsupport.bench", "labsupport.generation", "labsupport.serving.engine"}
+        "labsupport.engine.kv_cache", "labsupport.errors", "labsupport.weights.loading", "labsupport.bench.core",
+        "labsupport.bench", "labsupport.engine.generation", "labsupport.engine.serving.engine"}
     assert imports_in("from .errors import LabError", "labsupport.bench", is_package=True) == set()
-    assert imports_in("from .generation import generate", "labsupport", is_package=True) == {"labsupport.generation"}
+    assert imports_in("from .engine.generation import generate", "labsupport", is_package=True) == {
+        "labsupport.engine.generation"}
     assert "labsupport.bench.baseline" in GRAPH["labsupport.bench.suite"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
-
-
-def test_no_cycle_through_the_layers_built_on_the_techniques():
-    found = [c for c in cycles(GRAPH) if any(layer(m) in NOT_TECHNIQUE for m in c)]
-    assert not found, f"import cycle(s): {show(found)}"
 
 
 def test_no_import_cycle_at_all():
@@ -174,9 +182,34 @@ def test_no_import_cycle_at_all():
     assert not found, f"import cycle(s): {show(found)}"
 
 
-def test_technique_modules_never_import_the_layers_built_on_them():
-    wrong = sorted(f"{module} imports {target}" for module, targets in GRAPH.items()
-                   if layer(module) not in NOT_TECHNIQUE for target in targets if layer(target) in LAYERS)
+def folder_rule_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that crosses the folder rule (`MAY_IMPORT`), as "a imports b"."""
+    return sorted(f"{module} imports {target}" for module, targets in graph.items()
+                  if layer(module) in MAY_IMPORT for target in targets
+                  if layer(target) != layer(module) and layer(target) not in MAY_IMPORT[layer(module)])
+
+
+def test_the_folder_rule_is_what_the_test_checks():
+    """The rule itself, on a made-up graph: each kind of crossing is caught, the allowed ones pass."""
+    graph = {"labsupport.engine.a": {"labsupport.engine.b", "labsupport.errors", "labsupport.lab.c"},
+             "labsupport.weights.w": {"labsupport.engine.a", "labsupport.lab.c"},
+             "labsupport.lab.c": {"labsupport.weights.w", "labsupport.engine.a", "labsupport.bench.core"},
+             "labsupport.bench.core": {"labsupport.lab.c", "labsupport.claims"},
+             "labsupport.inputs": {"labsupport.errors"}}
+    assert folder_rule_breaks(graph) == ["labsupport.engine.a imports labsupport.lab.c",
+                                         "labsupport.lab.c imports labsupport.bench.core",
+                                         "labsupport.weights.w imports labsupport.lab.c"]
+
+
+def test_every_module_lives_in_a_folder_of_the_rule_or_a_layer_above():
+    """No flat module is left between the folders: each is engine/, weights/, lab/, the two
+    bottom modules, or one of the layers built on top."""
+    stray = sorted(m for m in MODULES if m != "labsupport" and layer(m) not in MAY_IMPORT and layer(m) not in LAYERS)
+    assert not stray, f"modules outside the folders: {stray}"
+
+
+def test_the_folders_import_only_what_the_rule_allows():
+    wrong = folder_rule_breaks(GRAPH)
     assert not wrong, "; ".join(wrong)
 
 
@@ -203,7 +236,7 @@ def test_check_means_grading_an_exercise():
 
 
 def test_no_module_shares_its_name_with_a_public_function():
-    """`import labsupport.generation` is the module; `labsupport.generate` is the function."""
+    """`import labsupport.engine.generation` is the module; `labsupport.generate` is the function."""
     import labsupport
     clashes = [name for name in labsupport.__all__ if f"labsupport.{name}" in MODULES]
     assert not clashes, f"labsupport.{clashes[0]} is both a module and a public name of the package"

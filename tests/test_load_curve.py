@@ -1,4 +1,4 @@
-"""Notebook 06's load curve (`serving.load_curve`) and its peers (`bench.serving_peers`): the rows a
+"""Notebook 06's load curve (`lab.load_curve`) and its peers (`bench.serving_peers`): the rows a
 sweep returns, the figures of a peer computed from its token times, vLLM's row where it cannot run
 (and, with a simulated vllm module, where it can)."""
 
@@ -11,10 +11,12 @@ import pytest
 from labsupport.bench.serving import our_servers
 from labsupport.bench.serving_peers import hf_serve, vllm_serve, vllm_skip_reason
 from labsupport.errors import LabError
-from labsupport.sampling import SamplingConfig
-from labsupport.serving import Request, make_workload
-from labsupport.serving.load_curve import (KEYS, configurations, curve_of, engine_row, load_curve,
-                                           near_saturation, peer_row, saturation_rate)
+from labsupport.engine.sampling import SamplingConfig
+from labsupport.engine.serving import Request
+from labsupport.lab.serving_workload import make_workload
+from labsupport.lab.load_curve import (KEYS, configurations, curve_of, engine_row, load_curve,
+                                       near_saturation, peer_row, saturation_rate)
+from labsupport.lab.serving_metrics import summarize
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 10, 11], [1, 2, 3, 4, 5, 6, 7, 8, 12]]
 
@@ -64,11 +66,11 @@ def test_a_sweep_refuses_bad_rates(tiny_llama):
 
 
 def test_engine_row_and_the_saturation_rate(tiny_llama):
-    from labsupport.serving import Engine
+    from labsupport.engine.serving import Engine
     requests = make_workload(PROMPTS, count=4, median_new_tokens=3, max_new_tokens=5)
     result = Engine(tiny_llama, max_slots=2, block_size=4).run(requests, clock="steps")
     row = engine_row(result)
-    assert row["throughput"] == pytest.approx(sum(r.max_new_tokens for r in requests) / result.metrics()["duration"])
+    assert row["throughput"] == pytest.approx(sum(r.max_new_tokens for r in requests) / summarize(result)["duration"])
     assert row["prefill_tokens"] == sum(len(r.prompt) for r in requests) and row["cached_tokens"] == 0
     assert saturation_rate(tiny_llama, requests, max_slots=2, block_size=4) > 0
 

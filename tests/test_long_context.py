@@ -4,17 +4,19 @@ attention, and the measurements' shapes (tiny random models only: fast; no speed
 import pytest
 import torch
 
-from labsupport.decode_bytes import (cache_bytes_per_token, crossover_context, decode_weight_bytes,
-                                     kv_head_variants, mla_bytes_per_token, predicted_step_seconds, step_bytes)
+from labsupport.lab.decode_bytes import (cache_bytes_per_token, crossover_context, decode_weight_bytes,
+                                         kv_head_variants, mla_bytes_per_token, predicted_step_seconds,
+                                         step_bytes)
 from labsupport.errors import LabError
-from labsupport.kv_cache import StaticKVCache, kv_cache_bytes
-from labsupport.long_context import (attention_window, decode_attention_share, filled_cache,
-                                     generation_agreement, kv_precision_quality, random_weights_model,
-                                     time_cache_kinds, time_kv_variants, window_perplexity)
-from labsupport.models.config import PRESETS
-from labsupport.models.masks import causal_mask, sliding_window
-from labsupport.prefill_attention import (fused_attention, naive_attention, naive_attention_bytes,
-                                          prefill_attention_sweep)
+from labsupport.engine.kv_cache import StaticKVCache, kv_cache_bytes
+from labsupport.engine.window import attention_window
+from labsupport.lab.long_context import (decode_attention_share, filled_cache, generation_agreement,
+                                         kv_precision_quality, random_weights_model, time_cache_kinds,
+                                         time_kv_variants, window_perplexity)
+from labsupport.engine.models.config import PRESETS
+from labsupport.engine.models.masks import causal_mask, sliding_window
+from labsupport.lab.prefill_attention import (fused_attention, naive_attention, naive_attention_bytes,
+                                              prefill_attention_sweep)
 
 SMOLLM = PRESETS["smollm2-135m"]
 TOKENS = [(7 * i + 3) % 250 for i in range(60)]
@@ -33,7 +35,7 @@ def test_window_mask_sees_the_last_w_keys_only():
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
 def test_a_window_at_least_the_context_is_the_plain_path(name):
-    from labsupport.models.loading import random_model
+    from labsupport.weights.fixtures import random_model
     model = random_model(name)
     tokens = torch.tensor([TOKENS])
     plain = model(tokens)

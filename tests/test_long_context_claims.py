@@ -3,7 +3,7 @@ hold, ones that should not, and busy ones."""
 
 import pytest
 
-from labsupport.busy import BUSY_VERDICT
+from labsupport.lab.busy import BUSY_VERDICT
 from labsupport.claims import long_context_busy_reason, long_context_claims
 
 

@@ -1,4 +1,4 @@
-"""Tests for labsupport.measure: the timing path and the memory tracker."""
+"""Tests for labsupport.lab.measure: the timing path and the memory tracker."""
 
 import statistics
 import time
@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from labsupport import measure
+from labsupport.lab import measure
 from labsupport.errors import LabError
-from labsupport.measure import Timing, time_fn, time_side_by_side, track_peak_memory
+from labsupport.lab.measure import Timing, time_fn, time_side_by_side, track_peak_memory
 
 # ---------------------------------------------------------------- Timing math
 

@@ -5,9 +5,10 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from labsupport.errors import LabError, ModelUnavailable
-from labsupport.models.config import PRESETS, ModelConfig
-from labsupport.models.loading import load_model, random_model
-from labsupport.models.weights import from_hf
+from labsupport.engine.models.config import PRESETS, ModelConfig
+from labsupport.weights.loading import load_model
+from labsupport.weights.fixtures import random_model
+from labsupport.engine.models.weights import from_hf
 
 
 def tiny_hf_llama(tie=True):
@@ -102,7 +103,7 @@ def test_unknown_model_name_is_one_sentence():
 
 def test_unreachable_hub_fails_fast_with_one_sentence(monkeypatch, tmp_path):
     import time
-    from labsupport.models import loading
+    from labsupport.weights import loading
     monkeypatch.setenv("HF_HOME", str(tmp_path))           # an empty local cache
     monkeypatch.setattr(loading, "_hub_reachable", lambda timeout=3.0: False)
     start = time.perf_counter()
@@ -112,14 +113,14 @@ def test_unreachable_hub_fails_fast_with_one_sentence(monkeypatch, tmp_path):
 
 
 def test_hub_probe_honours_offline_mode(monkeypatch):
-    from labsupport.models import loading
+    from labsupport.weights import loading
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert loading._hub_reachable() is False
 
 
 def test_the_course_model_is_the_embedded_one_unless_the_setting_names_another(monkeypatch):
     from labsupport.errors import ModelUnavailable
-    from labsupport.models.loading import EMBEDDED, MODEL_SETTING, course_model_name
+    from labsupport.weights.loading import EMBEDDED, MODEL_SETTING, course_model_name
     monkeypatch.delenv(MODEL_SETTING, raising=False)
     assert course_model_name() == EMBEDDED
     monkeypatch.setenv(MODEL_SETTING, "smollm2-1.7b")
@@ -133,8 +134,8 @@ def test_the_course_model_is_the_embedded_one_unless_the_setting_names_another(m
 
 def test_model_config_reads_a_shape_without_loading_weights():
     from labsupport.errors import ModelUnavailable
-    from labsupport.models.config import PRESETS
-    from labsupport.models.loading import model_config
+    from labsupport.engine.models.config import PRESETS
+    from labsupport.weights.loading import model_config
     assert model_config("smollm2-135m") is PRESETS["smollm2-135m"]
     with pytest.raises(ModelUnavailable, match="Unknown model name"):
         model_config("no-such-model")

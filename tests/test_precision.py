@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from labsupport.errors import LabError, UnsupportedDtype
-from labsupport.models.config import PRESETS
-from labsupport.models.loading import random_model
-from labsupport.precision import (as_dtype, autocast_logits, bf16_report, cast_model, first_overflow,
-                                  logit_agreement, overflow_demo, parameter_bytes, tensor_bytes)
+from labsupport.engine.models.config import PRESETS
+from labsupport.weights.fixtures import random_model
+from labsupport.lab.precision import (as_dtype, autocast_logits, bf16_report, first_overflow,
+                                      logit_agreement, overflow_demo, parameter_bytes)
+from labsupport.engine.precision import cast_model, tensor_bytes
 
 
 def test_half_precision_halves_the_tensors():
@@ -76,7 +77,8 @@ def test_unknown_precision_is_one_sentence():
 def test_bf16_without_bf16_instructions_is_emulated_not_refused(monkeypatch):
     """The common AVX2 laptop: casting to bf16 works, stores the same bits as on bf16
     hardware, and is labelled emulated everywhere its speed is shown."""
-    from labsupport import hardware, precision
+    from labsupport.engine import hardware
+    from labsupport.lab import precision
     monkeypatch.setenv(hardware.NO_BF16_SWITCH, "1")
     model = random_model("tiny-llama")
     half = cast_model(model, "bfloat16")
@@ -96,19 +98,19 @@ def test_bf16_on_a_gpu_without_bf16_units_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
-    from labsupport import precision
+    from labsupport.lab import precision
     assert precision.precision_choices("cuda") == ["float32", "float16"]
     with pytest.raises(UnsupportedDtype, match="Tesla T4"):
         hardware_check("cuda", torch.bfloat16)
 
 
 def hardware_check(device, dtype):
-    from labsupport.hardware import require_usable_dtype
+    from labsupport.engine.hardware import require_usable_dtype
     require_usable_dtype(device, dtype)
 
 
 def test_the_tables_and_the_blocks_add_up_to_the_parameters():
-    from labsupport.precision import block_parameters, table_parameters
+    from labsupport.lab.precision import block_parameters, table_parameters
     gpt2, llama = PRESETS["gpt2"], PRESETS["llama-7b-shape"]
     assert table_parameters(gpt2) == 50257 * 768 + 1024 * 768                 # tied: the embedding once, positions
     assert table_parameters(llama) == 2 * 32000 * 4096                         # its own output layer
@@ -121,13 +123,13 @@ def test_the_tables_and_the_blocks_add_up_to_the_parameters():
 
 
 def test_spacing_is_the_step_to_the_next_number():
-    from labsupport.precision import spacing
+    from labsupport.lab.precision import spacing
     assert spacing(22000, "bfloat16") == 128 and spacing(22000, "float16") == 16
     assert spacing(1.0, "bfloat16") == 2.0**-7 and spacing(-1.0, "float32") == 2.0**-23
 
 
 def test_a_16_bit_running_sum_stalls_where_an_fp32_one_does_not():
-    from labsupport.precision import matmul_accumulate
+    from labsupport.lab.precision import matmul_accumulate
     ones = torch.ones(2, 1024, dtype=torch.bfloat16)
     assert matmul_accumulate(ones, ones.t(), torch.bfloat16).unique().tolist() == [256.0]
     fp32 = matmul_accumulate(ones, ones.t(), torch.float32)
@@ -141,7 +143,7 @@ def test_a_16_bit_running_sum_stalls_where_an_fp32_one_does_not():
 
 def test_format_bits_figure_draws_each_format_to_scale():
     from labsupport.plots.precision import format_bits_figure
-    from labsupport.precision import format_bits
+    from labsupport.lab.precision import format_bits
     fig = format_bits_figure([format_bits(d) for d in ("float32", "float16", "bfloat16")])
     widths = {t.name: list(t.x) for t in fig.data}
     assert widths == {"sign": [1, 1, 1], "exponent": [8, 5, 8], "mantissa": [7, 10, 23]}

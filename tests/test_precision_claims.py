@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import labsupport.claims.precision as claims
-from labsupport.busy import BUSY_VERDICT
+from labsupport.lab.busy import BUSY_VERDICT
 from labsupport.claims.precision import precision_claims, speed_verdict, summarize_verdicts, verdict_kind
-from labsupport.measure import Timing
+from labsupport.lab.measure import Timing
 
 GPT2_MIB = {"float32": 474.7002, "float16": 237.3501}
 QUIET = Timing([1.00, 1.01, 0.99]).to_dict()

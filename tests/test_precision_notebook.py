@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from labsupport.explorers.precision import PrecisionLab, precision_explorer
-from labsupport.models.config import PRESETS
+from labsupport.engine.models.config import PRESETS
 from labsupport.plots.precision import agreement_figure, memory_figure, overflow_figure, speed_figure
-from labsupport import precision
-from labsupport.workloads import PrecisionWorkload
+from labsupport.lab import precision
+from labsupport.lab.workloads import PrecisionWorkload
 
 TINY_WORK = PrecisionWorkload(decode_tokens=3, prefill_tokens=24, agreement_tokens=12, repeats=1)
 

@@ -8,14 +8,14 @@ import torch
 import torch.nn as nn
 
 from labsupport.errors import LabError
-from labsupport.generation import generate, generate_text
-from labsupport.models.loading import ByteTokenizer, random_model
-from labsupport.linear_swap import SwapHandle, swap_linears
-from labsupport.models.layout import apply_layout, relayout
-from labsupport.quantize import (Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, pack_int4,
-                                 perplexity, quantize_int4_groupwise, quantize_int8_absmax, quantize_model,
-                                 quantized_bytes, quantized_replacement, top1_agreement, unpack_int4,
-                                 weight_error_stats)
+from labsupport.engine.generation import generate, generate_text
+from labsupport.weights.fixtures import ByteTokenizer, random_model
+from labsupport.engine.linear_swap import SwapHandle, swap_linears
+from labsupport.engine.models.layout import apply_layout, relayout
+from labsupport.engine.quant import (Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, pack_int4,
+                                     quantize_int4_groupwise, quantize_int8_absmax, quantize_model,
+                                     quantized_replacement, unpack_int4, weight_error_stats)
+from labsupport.lab.quality import perplexity, quantized_bytes, top1_agreement
 
 
 def _weight(out_features=96, in_features=128, seed=0):
@@ -305,7 +305,7 @@ def test_a_replacement_that_fails_halfway_leaves_the_model_as_it_was():
 def test_bitsandbytes_that_cannot_run_here_is_refused_in_one_sentence(monkeypatch):
     """An older bitsandbytes raises on a machine without CUDA: one sentence, and no layer is left swapped."""
     pytest.importorskip("bitsandbytes")
-    import labsupport.quantize_bnb as quantize_bnb
+    import labsupport.engine.quant.bnb as quantize_bnb
     built = []
 
     def build_on_cpu(bnb, linear, kind):

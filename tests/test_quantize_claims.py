@@ -4,11 +4,11 @@ verdicts withheld on a busy machine; the conclusions written from the verdicts."
 
 import pytest
 
-from labsupport.busy import BUSY_VERDICT
+from labsupport.lab.busy import BUSY_VERDICT
 from labsupport.claims import quantization_claim
 from labsupport.claims.quantization import (chapter_format, loss_of, memory_verdict, quantization_claims,
                                             quantization_conclusions, quality_verdict, speed_claim_verdict)
-from labsupport.measure import Timing
+from labsupport.lab.measure import Timing
 
 QUIET = Timing([0.010, 0.0101, 0.0099])
 NOISY = Timing([0.010, 0.020, 0.011])

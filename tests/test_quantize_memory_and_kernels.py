@@ -6,9 +6,10 @@ import torch
 import torch.nn as nn
 
 from labsupport.errors import LabError
-from labsupport.precision import tensor_bytes
-from labsupport.quantize import (Int4Linear, Int8Linear, kernel_description, pack_int4, quantize_model,
-                                 quantized_bytes, resident_bytes, unpack_int4, weight_error_stats)
+from labsupport.engine.precision import tensor_bytes
+from labsupport.engine.quant import (Int4Linear, Int8Linear, kernel_description, pack_int4, quantize_model,
+                                     unpack_int4, weight_error_stats)
+from labsupport.lab.quality import quantized_bytes, resident_bytes
 
 
 def test_odd_widths_pack_with_a_zero_nibble_and_unpack_to_their_length():
@@ -73,7 +74,7 @@ def test_packing_figure_shows_weights_integers_and_bytes():
 
 def test_the_explorer_times_against_fp32_and_bf16_and_names_the_kernel(fresh_tiny_llama):
     from labsupport.explorers.quantize import QuantizeLab
-    from labsupport.models.loading import ByteTokenizer
+    from labsupport.weights.fixtures import ByteTokenizer
     lab = QuantizeLab(fresh_tiny_llama, ByteTokenizer(), new_tokens=3, eval_tokens=32, repeats=1)
     result = lab.measure(4, 32, "own")
     assert result["speedup"] > 0 and result["speedup_bf16"] > 0

@@ -3,7 +3,7 @@
 
 def test_explorer_redraws_when_a_control_changes(fresh_tiny_llama):
     from labsupport.explorers.quantize import quantize_explorer
-    from labsupport.models.loading import ByteTokenizer
+    from labsupport.weights.fixtures import ByteTokenizer
 
     # the explorer quantizes the model in place for each setting, then restores it
     explorer = quantize_explorer(fresh_tiny_llama, ByteTokenizer(), new_tokens=4, eval_tokens=64, repeats=1,

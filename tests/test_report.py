@@ -10,7 +10,7 @@ import pytest
 
 from labsupport.bench import SECTIONS, all_figures, reported
 from labsupport.report import SECTION_PLOTS, html_report, markdown_report_table, section_figures, write_report
-from labsupport.tables import markdown_table, records_table
+from labsupport.lab.tables import markdown_table, records_table
 
 ROOT = Path(__file__).resolve().parent.parent
 TOUR = ROOT / "docs" / "results" / "2core-cpu-2026-11-30.json"
@@ -96,7 +96,7 @@ def test_html_from_a_synthetic_report(tmp_path):
 
 
 def _notebooks_markdown_table(header, rows):
-    """The definition notebooks 05, 06 and 07 each carried before `labsupport.tables`."""
+    """The definition notebooks 05, 06 and 07 each carried before `labsupport.lab.tables`."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
 

@@ -8,13 +8,13 @@ import torch
 
 from labsupport.explorers.roofline import roofline_explorer
 from labsupport.errors import LabError
-from labsupport.measure import Timing
-from labsupport.roofs import HardwareProfile
-from labsupport.models.config import PRESETS
+from labsupport.lab.measure import Timing
+from labsupport.lab.roofs import HardwareProfile
+from labsupport.engine.models.config import PRESETS
 from labsupport.plots.roofline import matvec_matmul_figure, roofline_figure, step_time_figure, sweep_points
-from labsupport import roofline
+from labsupport.lab import roofline
 from labsupport.claims import roofline_claims
-from labsupport.tables import records_table
+from labsupport.lab.tables import records_table
 
 TINY = PRESETS["tiny-llama"]
 
@@ -237,4 +237,4 @@ def test_roofline_claims():
     assert [c["verdict"] for c in checks] == ["holds", "holds", "holds"]
     table = roofline.markdown_table(checks)
     assert table.count("\n") == 4 and "| claim |" in table
-    assert table == records_table(checks)                     # the one table format, labsupport.tables
+    assert table == records_table(checks)                     # the one table format, labsupport.lab.tables

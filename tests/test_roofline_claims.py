@@ -4,14 +4,13 @@ should hold, that should not, and that were measured on a busy machine."""
 import pytest
 import torch
 
-from labsupport import roofline
-from labsupport.busy import BUSY_VERDICT
-from labsupport.claims.roofline import (claims_summary, falling_time_reason, roofline_claims,
-                                        sweep_busy_reason)
+from labsupport.lab import roofline
+from labsupport.lab.busy import BUSY_VERDICT
+from labsupport.claims.roofline import claims_summary, falling_time_reason, roofline_claims, sweep_busy_reason
 from labsupport.errors import LabError
-from labsupport.measure import Timing
-from labsupport.roofs import HardwareProfile
-from labsupport.models.config import PRESETS
+from labsupport.lab.measure import Timing
+from labsupport.lab.roofs import HardwareProfile
+from labsupport.engine.models.config import PRESETS
 
 TINY = PRESETS["tiny-llama"]
 # ridge 10 FLOP/B: tiny-llama's float32 decode step (context 0, ~batch / 2 FLOP/B) reaches it near batch 20.

@@ -10,16 +10,17 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.generation import generate
-from labsupport.kv_cache import KVCache, KVWriter, StaticKVCache
-from labsupport.models.loading import random_model
-from labsupport.sampling import SamplingConfig
-from labsupport.serving import (BlockManager, Engine, PagedKVCache, Request, Scheduler, ServedSequence,
-                                blocks_needed, make_workload, reserved_vs_used, slot_bars,
-                                utilization_timeline)
-from labsupport.serving.model_runner import ModelRunner
-from labsupport.speculative import Draft, speculative_generate
-from labsupport.serving.workload import arrival_times, output_lengths
+from labsupport.engine.generation import generate
+from labsupport.engine.kv_cache import KVCache, KVWriter, StaticKVCache
+from labsupport.weights.fixtures import random_model
+from labsupport.engine.sampling import SamplingConfig
+from labsupport.engine.serving import (BlockManager, Engine, PagedKVCache, Request, Scheduler,
+                                       ServedSequence, blocks_needed)
+from labsupport.lab.serving_workload import make_workload
+from labsupport.lab.serving_metrics import reserved_vs_used, slot_bars, utilization_timeline, summarize
+from labsupport.engine.serving.model_runner import ModelRunner
+from labsupport.engine.speculative import Draft, speculative_generate
+from labsupport.lab.serving_workload import arrival_times, output_lengths
 
 
 def prompts(n=6, seed=0, vocab=256):
@@ -136,14 +137,14 @@ def test_every_request_gets_its_tokens_alone(tiny_model_f64, policy, cache_token
         assert seq.output == alone(tiny_model_f64, request), request.request_id
     engine.blocks.assert_no_leaks()
     if cache_tokens is not None and policy == "continuous":
-        assert result.metrics()["preemptions"] > 0          # the small cache forced preemptions
+        assert summarize(result)["preemptions"] > 0          # the small cache forced preemptions
 
 
 def test_policies_are_objects_and_a_new_one_is_a_small_subclass(tiny_model_f64):
     """The names still work; a Policy object gives the same schedule; a custom policy
     (admit only into an empty server: batches of whatever is waiting, no padding rows)
     plugs into the same engine and still gives every request its tokens alone."""
-    from labsupport.serving import ContinuousBatching, Policy
+    from labsupport.engine.serving import ContinuousBatching, Policy
 
     class DrainThenRefill(Policy):
         name = "drain-then-refill"
@@ -175,7 +176,7 @@ def test_sampled_requests_survive_preemption(tiny_model_f64):
     roomy = Engine(tiny_model_f64, max_slots=4, block_size=4).run(requests, clock="steps")
     tight_engine = Engine(tiny_model_f64, max_slots=4, block_size=4, cache_tokens=48)
     tight = tight_engine.run(requests, clock="steps")
-    assert tight.metrics()["preemptions"] > 0
+    assert summarize(tight)["preemptions"] > 0
     assert roomy.tokens() == tight.tokens()
     assert [alone(tiny_model_f64, r) for r in requests] == list(roomy.tokens().values())
     tight_engine.blocks.assert_no_leaks()
@@ -302,11 +303,11 @@ def test_workload_is_seeded_and_long_tailed():
 def test_metrics_timeline_and_memory(tiny_llama):
     requests = make_workload(prompts(), count=12, rate=1.0, median_new_tokens=6, max_new_tokens=20, seed=2)
     result = Engine(tiny_llama, max_slots=3, block_size=4).run(requests, clock="steps")
-    m = result.metrics()
+    m = summarize(result)
     assert m["requests"] == 12 and m["tokens"] == sum(r.max_new_tokens for r in requests)
     assert 0 < m["slot_utilization"] <= 1 and m["ttft_p50"] <= m["latency_p50"] <= m["latency_p99"]
     assert m["throughput_tokens_per_s"] == pytest.approx(m["tokens"] / m["duration"])
-    again = Engine(tiny_llama, max_slots=3, block_size=4).run(requests, clock="steps").metrics()
+    again = summarize(Engine(tiny_llama, max_slots=3, block_size=4).run(requests, clock="steps"))
     assert again == m                                                 # the steps clock is exact
     bars = slot_bars(result)
     assert len(bars) >= 12 and all(0 <= b["slot"] < 3 and b["end"] >= b["start"] for b in bars)
@@ -324,7 +325,7 @@ def test_metrics_timeline_and_memory(tiny_llama):
 
 @pytest.mark.slow
 def test_embedded_model_serves_the_same_tokens_as_alone_and_as_hf(smollm, smollm_hf):
-    from labsupport.serving import chat_prompts
+    from labsupport.lab.serving_workload import chat_prompts
     from labsupport.bench.serving_peers import hf_serve
     model, tokenizer = smollm
     requests = make_workload(chat_prompts(tokenizer, 4), median_new_tokens=6, max_new_tokens=12, seed=0)

@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.generation import generate
-from labsupport.models.masks import chunk_mask, context_mask
-from labsupport.sampling import SamplingConfig
-from labsupport.serving import (BlockManager, Engine, PagedKVCache, Request, Scheduler, ServedSequence,
-                                budget_prefill_chunks, make_workload)
-from labsupport.serving.model_runner import ModelRunner
+from labsupport.engine.generation import generate
+from labsupport.engine.models.masks import chunk_mask, context_mask
+from labsupport.engine.sampling import SamplingConfig
+from labsupport.engine.serving import (BlockManager, Engine, PagedKVCache, Request, Scheduler,
+                                       ServedSequence, budget_prefill_chunks)
+from labsupport.lab.serving_workload import make_workload
+from labsupport.engine.serving.model_runner import ModelRunner
+from labsupport.lab.serving_metrics import summarize
 
 
 def prompts(n=8, seed=0, vocab=256, lengths=(5, 9, 3, 23, 7, 4, 17, 6)):
@@ -134,7 +136,7 @@ def test_chunked_prefill_gives_every_request_its_tokens_alone(tiny_model_f64, po
         assert seq.output == alone(tiny_model_f64, request), request.request_id
     engine.blocks.assert_no_leaks()
     if cache_tokens is not None and policy == "continuous":
-        assert result.metrics()["preemptions"] > 0
+        assert summarize(result)["preemptions"] > 0
 
 
 def test_sampled_requests_keep_their_streams_under_chunking_and_preemption(tiny_model_f64):
@@ -142,7 +144,7 @@ def test_sampled_requests_keep_their_streams_under_chunking_and_preemption(tiny_
     requests = make_workload(prompts(), count=8, median_new_tokens=12, max_new_tokens=24, seed=3, sampling=sampling)
     engine = Engine(tiny_model_f64, max_slots=4, block_size=4, cache_tokens=48, token_budget=6)
     result = engine.run(requests, clock="steps")
-    assert result.metrics()["preemptions"] > 0
+    assert summarize(result)["preemptions"] > 0
     assert list(result.tokens().values()) == [alone(tiny_model_f64, r) for r in requests]
     engine.blocks.assert_no_leaks()
 
@@ -156,7 +158,7 @@ def test_token_times_and_latency_metrics(tiny_llama):
         assert len(seq.token_times) == len(seq.output)
         assert seq.token_times[0] == seq.first_token_at and seq.token_times[-1] == seq.finished_at
         assert seq.token_times == sorted(seq.token_times)
-    m = result.metrics()
+    m = summarize(result)
     gaps = [b - a for s in result.sequences for a, b in zip(s.token_times, s.token_times[1:])]
     assert m["itl_p50"] == pytest.approx(float(np.percentile(gaps, 50)))
     assert m["itl_p99"] == pytest.approx(float(np.percentile(gaps, 99)))

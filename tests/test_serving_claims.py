@@ -3,10 +3,10 @@ measurements that should not, and timings taken on a busy machine (no verdict th
 
 import pytest
 
-from labsupport.busy import BUSY_VERDICT, busy_reason
+from labsupport.lab.busy import BUSY_VERDICT, busy_reason
 from labsupport.claims import serving_claims
 from labsupport.claims.serving import alone_waste
-from labsupport.serving import Engine, Request
+from labsupport.engine.serving import Engine, Request
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_compare_speed_has_a_noise_margin_on_both_sides():
 # --- the production engine's claims: the prefill stall, chunked prefill, prefix caching, the load curve ---
 
 def step(start, end, prefill_tokens=0, decode_rows=2):
-    from labsupport.serving import StepRecord
+    from labsupport.engine.serving import StepRecord
     return StepRecord(start, end, prefills=int(prefill_tokens > 0), decode_rows=decode_rows, padding_rows=0,
                       preempted=0, blocks_used=1, prefill_tokens=prefill_tokens)
 

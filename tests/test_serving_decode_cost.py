@@ -5,12 +5,13 @@ equal logits), and `decode_step_costs`' report. No timed assertions: only its sh
 import pytest
 import torch
 
-from labsupport.busy import busy_reason
+from labsupport.lab.busy import busy_reason
 from labsupport.errors import LabError
-from labsupport.measure import Timing
-from labsupport.serving import BlockManager, Engine, PagedKVCache, Request, ServedSequence, make_workload
-from labsupport.serving.decode_cost import decode_step_costs, gather_by_slots
-from labsupport.serving.model_runner import ModelRunner, list_tables
+from labsupport.lab.measure import Timing
+from labsupport.engine.serving import BlockManager, Engine, PagedKVCache, Request, ServedSequence
+from labsupport.lab.serving_workload import make_workload
+from labsupport.lab.decode_cost import decode_step_costs, gather_by_slots
+from labsupport.engine.serving.model_runner import ModelRunner, list_tables
 
 
 def prompts(n=6, seed=0, vocab=256):

@@ -4,7 +4,9 @@
 import pytest
 import torch
 
-from labsupport.serving import Engine, make_workload
+from labsupport.engine.serving import Engine
+from labsupport.lab.serving_workload import make_workload
+from labsupport.lab.serving_metrics import summarize
 
 
 # --- figures ------------------------------------------------------------------------
@@ -28,14 +30,14 @@ def test_slot_timeline_draws_every_stay_and_marks_preemption(runs):
     static_end = max(b + w for b, w in zip(bars[0].base, bars[0].x))
     continuous_end = max(b + w for b, w in zip(bars[1].base, bars[1].x))
     assert continuous_end < static_end
-    assert runs["preempted"].metrics()["preemptions"] > 0
+    assert summarize(runs["preempted"])["preemptions"] > 0
     fig = slot_timeline_figure({"tight cache": runs["preempted"]}, clock="steps")
     assert any(t.name == "stay cut by preemption" for t in fig.data)
 
 
 def test_block_table_figure_draws_one_arrow_per_table_entry():
     from labsupport.plots.serving import block_table_figure
-    from labsupport.serving import BlockManager
+    from labsupport.engine.serving import BlockManager
     blocks = BlockManager(num_blocks=12, block_size=4)
     blocks.grow(0, 6), blocks.grow(1, 3), blocks.grow(0, 9)              # tables {0: [0, 1, 3], 1: [2]}
     fig = block_table_figure(blocks.tables, {0: 9, 1: 3}, num_blocks=12, block_size=4)
@@ -65,7 +67,7 @@ def test_utilization_and_blocks_figures(runs):
 
 def test_explorer_redraws_when_a_control_changes_and_opens_with_the_notebooks_runs(tiny_llama):
     from labsupport.explorers.serving import serving_explorer, setting_label
-    from labsupport.serving.load_curve import at_rate
+    from labsupport.lab.load_curve import at_rate
     torch.manual_seed(0)
     requests = make_workload([[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 10, 11]], count=5,
                              median_new_tokens=3, max_new_tokens=6)
@@ -113,7 +115,7 @@ def test_phase_timeline_shows_prefill_chunks_decodes_and_cached_tokens(chunked_c
                             "prompt tokens from the prefix cache"}
     assert by_name["decoding"].marker.color != by_name["prefilling (prompt chunks)"].marker.color
     assert list(by_name["prompt tokens computed"].y) == [r.prefill_tokens for r in run.steps]
-    assert sum(by_name["prompt tokens from the prefix cache"].y) == run.metrics()["prefix_cached_tokens"] > 0
+    assert sum(by_name["prompt tokens from the prefix cache"].y) == summarize(run)["prefix_cached_tokens"] > 0
     assert by_name["prompt tokens from the prefix cache"].marker.pattern.shape == "/"
     # stacked: the computed prompt tokens sit on the decodes, the cached ones on both
     assert list(by_name["prompt tokens computed"].base) == [r.decode_rows for r in run.steps]

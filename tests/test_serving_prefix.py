@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.generation import generate
-from labsupport.sampling import SamplingConfig
-from labsupport.serving import BlockManager, Engine, PrefixCache, Request, block_hash, make_workload
-from labsupport.serving.paged_cache import PagedView
-from labsupport.serving.prefix_cache import prefix_block_hashes
+from labsupport.engine.generation import generate
+from labsupport.engine.sampling import SamplingConfig
+from labsupport.engine.serving import BlockManager, Engine, PrefixCache, Request, block_hash
+from labsupport.lab.serving_workload import make_workload
+from labsupport.engine.serving.paged_cache import PagedView
+from labsupport.engine.serving.prefix_cache import prefix_block_hashes
+from labsupport.lab.serving_metrics import summarize
 
 
 def chat_like(n=8, system=13, seed=0, vocab=256):
@@ -37,7 +39,7 @@ def test_block_hash_names_the_tokens_and_the_prefix_before_them():
     assert block_hash(None, [1, 2, 3, 4]) != block_hash(None, [1, 2, 3, 5])
     assert block_hash(None, [12, 3]) != block_hash(None, [1, 23])                # no ambiguous joins
     assert block_hash(0, [1]) != block_hash(None, [1])
-    code = "from labsupport.serving import block_hash; print(block_hash(None, [1, 2, 3, 4]))"
+    code = "from labsupport.engine.serving import block_hash; print(block_hash(None, [1, 2, 3, 4]))"
     other_process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                    env={"PYTHONHASHSEED": "123", "OMP_NUM_THREADS": "1"})
     assert int(other_process.stdout) == first                                    # not salted per process
@@ -159,7 +161,7 @@ def test_prefix_caching_gives_every_request_its_tokens_alone(tiny_model_f64, gua
     result = engine.run(requests, clock="steps")
     assert not result.rejected
     assert list(result.tokens().values()) == [alone(tiny_model_f64, r) for r in requests]
-    m = result.metrics()
+    m = summarize(result)
     assert m["prefix_cached_tokens"] >= 12 * 8 * 0.5             # most requests reused the 3-block system prompt
     assert m["prefill_tokens_computed"] + m["prefix_cached_tokens"] >= sum(len(r.prompt) for r in requests)
     if cache_tokens is not None:
@@ -169,9 +171,9 @@ def test_prefix_caching_gives_every_request_its_tokens_alone(tiny_model_f64, gua
 
 def test_prefix_caching_computes_fewer_prompt_tokens(tiny_llama):
     requests = make_workload(chat_like(system=24), count=10, median_new_tokens=4, max_new_tokens=8, seed=1)
-    plain = Engine(tiny_llama, max_slots=4, block_size=4).run(requests, clock="steps").metrics()
+    plain = summarize(Engine(tiny_llama, max_slots=4, block_size=4).run(requests, clock="steps"))
     shared = Engine(tiny_llama, max_slots=4, block_size=4, prefix_caching=True).run(requests, clock="steps")
-    m = shared.metrics()
+    m = summarize(shared)
     assert m["prefix_caching"] is True and plain["prefix_cached_tokens"] == 0
     assert m["prefill_tokens_computed"] == plain["prefill_tokens_computed"] - m["prefix_cached_tokens"]
     assert m["prefill_tokens_computed"] <= 0.5 * plain["prefill_tokens_computed"]
@@ -181,7 +183,7 @@ def test_prefix_caching_computes_fewer_prompt_tokens(tiny_llama):
 @pytest.mark.slow
 @pytest.mark.parametrize("sampling", [None, SamplingConfig(temperature=0.8, top_k=20, seed=1)])
 def test_embedded_model_chunked_and_cached_under_preemption_gives_the_tokens_alone(smollm, sampling):
-    from labsupport.serving import chat_prompts
+    from labsupport.lab.serving_workload import chat_prompts
     model, tokenizer = smollm
     extra = {} if sampling is None else {"sampling": sampling}
     requests = make_workload(chat_prompts(tokenizer, 3), median_new_tokens=8, max_new_tokens=8, min_new_tokens=8,
@@ -191,6 +193,6 @@ def test_embedded_model_chunked_and_cached_under_preemption_gives_the_tokens_alo
                     prefix_caching=True)
     result = engine.run(requests, clock="steps")
     assert list(result.tokens().values()) == [alone(model, r) for r in requests]
-    m = result.metrics()
+    m = summarize(result)
     assert m["prefix_cached_tokens"] > 0 and m["preemptions"] > 0
     engine.blocks.assert_no_leaks()

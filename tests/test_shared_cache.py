@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from labsupport.errors import MissingPackage, ModelUnavailable
-from labsupport.models import embedded, model_cache
+from labsupport.weights import embedded, model_cache
+from labsupport.engine import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -78,7 +79,7 @@ def cache(shared, monkeypatch):
 CHILD = """
 import json, sys
 from labsupport.errors import ModelUnavailable
-from labsupport.models import embedded, model_cache
+from labsupport.weights import embedded, model_cache
 
 def must_not_convert(gguf, directory):
     print(json.dumps({"converted": True}))
@@ -324,9 +325,9 @@ def test_a_file_where_the_model_directory_belongs_is_one_sentence(cache, shared)
 def test_an_empty_labsupport_cache_means_the_default(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("LABSUPPORT_CACHE", "")
-    assert model_cache.cache_root() == tmp_path / ".cache" / "labsupport"
+    assert cache_dir.cache_root() == tmp_path / ".cache" / "labsupport"
     monkeypatch.setenv("LABSUPPORT_CACHE", "~/shared-cache")
-    assert model_cache.cache_root() == tmp_path / "shared-cache"
+    assert cache_dir.cache_root() == tmp_path / "shared-cache"
 
 
 def test_a_failed_conversion_is_one_sentence_and_leaves_nothing(cache, monkeypatch):
@@ -340,7 +341,7 @@ def test_a_failed_conversion_is_one_sentence_and_leaves_nothing(cache, monkeypat
     message = str(info.value)
     assert message.startswith("Could not convert the embedded model") and "ValueError: GGUF header is invalid" in message
     assert "LABSUPPORT_GGUF" in message and one_sentence(message)
-    root = model_cache.cache_root()
+    root = cache_dir.cache_root()
     assert not (root / embedded.MODEL_DIR_NAME).exists() and not list(root.glob("*building*"))
 
 
@@ -362,7 +363,7 @@ def test_a_missing_package_during_conversion_keeps_its_own_sentence(cache, monke
     monkeypatch.setattr(embedded, "_convert", missing)
     with pytest.raises(MissingPackage):
         embedded.embedded_model_dir()
-    assert not list(model_cache.cache_root().glob("*building*"))
+    assert not list(cache_dir.cache_root().glob("*building*"))
 
 
 def test_a_good_cache_that_appeared_meanwhile_is_kept(cache, monkeypatch):
@@ -397,13 +398,13 @@ def test_the_real_model_built_by_one_user_loads_for_another(shared, smollm):
     gguf = embedded.find_gguf()                       # the session's copy (LABSUPPORT_CACHE's download)
     env = {k: v for k, v in os.environ.items() if k not in ("LABSUPPORT_GGUF",)}
     env.update(LABSUPPORT_CACHE=str(shared / "cache"), LABSUPPORT_GGUF=str(gguf))
-    build = "from labsupport.models.embedded import embedded_model_dir; print(embedded_model_dir())"
+    build = "from labsupport.weights.embedded import embedded_model_dir; print(embedded_model_dir())"
     done = subprocess.run([sys.executable, "-c", build], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     out = shared / "home" / "logits.pt"
     load = f"""
 import torch
-from labsupport.models.loading import load_model
+from labsupport.weights.loading import load_model
 model, tok = load_model("smollm2-135m", device="cpu", dtype=torch.float32)
 tokens = torch.tensor([tok.encode("The lighthouse keeper climbed the stairs")])
 with torch.inference_mode():

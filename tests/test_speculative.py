@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.generation import generate
-from labsupport.kv_cache import StaticKVCache
-from labsupport.models.loading import lively_model as lively
-from labsupport.models.transformer import Transformer
-from labsupport.sampling import GREEDY, SamplingConfig, probabilities
-from labsupport.speculative import (ModelDraft, PromptLookupDraft, QuantizedSelfDraft, expected_speedup,
-                                    expected_tokens_per_call, speculative_generate)
+from labsupport.engine.generation import generate
+from labsupport.engine.kv_cache import StaticKVCache
+from labsupport.weights.fixtures import lively_model as lively
+from labsupport.engine.models.transformer import Transformer
+from labsupport.engine.sampling import GREEDY, SamplingConfig, probabilities
+from labsupport.engine.speculative import (ModelDraft, PromptLookupDraft, QuantizedSelfDraft,
+                                           speculative_generate)
+from labsupport.lab.speculative_math import expected_speedup, expected_tokens_per_call
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def test_end_token_stops_generation_and_is_kept(target, one_thread):
 
 @pytest.mark.slow
 def test_int4_self_draft_on_the_embedded_model(smollm):
-    pytest.importorskip("labsupport.quantize", reason="labsupport.quantize (notebook 04) is not available")
+    pytest.importorskip("labsupport.engine.quant", reason="labsupport.engine.quant (notebook 04) is not available")
     model, tokenizer = smollm
     ids = tokenizer.encode("Repeat after me: the quick brown fox jumps over the lazy dog.")
     draft = QuantizedSelfDraft(model, "int4", group_size=32)

@@ -5,11 +5,12 @@ distribution of one speculative position, and the Hugging Face peer's exact leng
 import pytest
 import torch
 
-from labsupport.busy import BUSY_VERDICT
+from labsupport.lab.busy import BUSY_VERDICT
 from labsupport.claims import speculative_claims
 from labsupport.errors import LabError
-from labsupport.measure import Timing
-from labsupport.speculative import PassCosts, SpeculativeStats, pass_costs, speculative_token_distribution
+from labsupport.lab.measure import Timing
+from labsupport.lab.speculative_math import PassCosts, pass_costs, speculative_token_distribution
+from labsupport.engine.speculative import SpeculativeStats
 
 
 def stats(acceptance: float, draft_seconds: float = 0.0, target_seconds: float = 1.0, calls: int = 10):

@@ -5,8 +5,8 @@ import torch
 
 def test_explorer_redraws_when_a_control_changes(tiny_llama):
     from labsupport.explorers.speculative import speculative_explorer
-    from labsupport.models.loading import ByteTokenizer, random_model
-    from labsupport.speculative import ModelDraft, PromptLookupDraft
+    from labsupport.weights.fixtures import ByteTokenizer, random_model
+    from labsupport.engine.speculative import ModelDraft, PromptLookupDraft
 
     torch.manual_seed(0)
     draft = random_model("tiny-llama", seed=1)

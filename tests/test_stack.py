@@ -7,9 +7,9 @@ import torch
 from labsupport.claims import stack_claims
 from labsupport.errors import LabError
 from labsupport.plots.stack import cumulative_figure
-from labsupport.serving import make_workload
-from labsupport.kv_cache import kv_cache_bytes
-from labsupport.stack import HF_PEER, INT4_BATCH_1, Stage, best_under_budget, build_stages, run_stack
+from labsupport.lab.serving_workload import make_workload
+from labsupport.engine.kv_cache import kv_cache_bytes
+from labsupport.lab.stack import HF_PEER, INT4_BATCH_1, Stage, best_under_budget, build_stages, run_stack
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +109,8 @@ def test_stack_explorer_runs_a_setting_and_explains_impossible_ones(tiny_llama, 
 
 def test_stack_explorer_measures_quality_teacher_forced(tiny_llama, requests_):
     from labsupport.explorers.stack import stack_explorer
-    from labsupport.quantize_eval import top1_agreement
-    from labsupport.variants import ModelVariants
+    from labsupport.lab.quality import top1_agreement
+    from labsupport.lab.variants import ModelVariants
     variants = ModelVariants(tiny_llama)
     explorer = stack_explorer(tiny_llama, requests_[:2], slots=2, variants=variants,
                               agreement_tokens=list(range(30)), use_widget=False)
@@ -139,7 +139,7 @@ def test_every_stage_counts_its_weight_passes_and_bandwidth_fraction(tiny_llama,
 
 
 def test_removed_work_names_fewer_bytes_and_fewer_passes(tiny_llama, requests_):
-    from labsupport.stack import removed_work
+    from labsupport.lab.stack import removed_work
     result = run_stack(tiny_llama, requests_, slots=2, bandwidth=1e9)
     removed = {r["stage"]: r for r in removed_work(result)}
     assert removed["+ KV cache"]["passes_per_token"] == 1.0 and removed["+ KV cache"]["bytes_per_pass"] == 1.0

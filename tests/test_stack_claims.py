@@ -3,10 +3,10 @@ runs that should not, and runs measured on a busy machine (no verdict then)."""
 
 import pytest
 
-from labsupport.busy import BUSY_VERDICT
+from labsupport.lab.busy import BUSY_VERDICT
 from labsupport.claims import stack_claims
 from labsupport.claims.stack import fewer_bytes_finding
-from labsupport.stack import HF_PEER, INT4_BATCH_1
+from labsupport.lab.stack import HF_PEER, INT4_BATCH_1
 
 LADDER = {"naive loop": None, "+ KV cache": "naive loop", "+ static batching": "+ KV cache",
           "+ bf16": "+ static batching", "+ int4 weights": "+ bf16", INT4_BATCH_1: "+ KV cache",

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from labsupport import variants as variants_module
+from labsupport.lab import variants as variants_module
 from labsupport.errors import LabError
-from labsupport.models import layout
-from labsupport.models.loading import random_model
-from labsupport.precision import cast_model
-from labsupport.variants import ModelVariants
+from labsupport.engine.models import layout
+from labsupport.weights.fixtures import random_model
+from labsupport.engine.precision import cast_model
+from labsupport.lab.variants import ModelVariants
 
 
 @pytest.fixture()

@@ -5,11 +5,11 @@ import dataclasses
 
 import pytest
 
-from labsupport import workloads
+from labsupport.lab import workloads
 from labsupport.bench.options import BenchOptions
 from labsupport.bench.serving import default_slots
-from labsupport.models.loading import ByteTokenizer
-from labsupport.workloads import PRESETS, PrecisionWorkload, StackWorkload, device_class, preset
+from labsupport.weights.fixtures import ByteTokenizer
+from labsupport.lab.workloads import PRESETS, PrecisionWorkload, StackWorkload, device_class, preset
 
 # The values before `workloads` existed, caller by caller: changing one is a decision, not a refactoring.
 EXPECTED = {

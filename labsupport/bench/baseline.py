@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from ..busy import busy_reason
-from ..generation import chat_prompt, generate
-from ..kv_cache import kv_cache_bytes
-from ..measure import time_side_by_side, track_peak_memory
-from ..roofs import copy_bandwidth, copy_timing
-from ..workloads import DEFAULT_PROMPT
+from ..lab.busy import busy_reason
+from ..engine.generation import chat_prompt, generate
+from ..engine.kv_cache import kv_cache_bytes
+from ..lab.measure import time_side_by_side, track_peak_memory
+from ..lab.roofs import copy_bandwidth, copy_timing
+from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions
 from .peers import hf_generate_fn

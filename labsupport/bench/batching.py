@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from ..batch_timing import batch_speedup
-from ..batching import left_pad, padding_waste, sorted_batches
-from ..busy import busy_reason
-from ..generation import chat_prompt, generate
-from ..hardware import bf16_supported
-from ..measure import time_fn, time_side_by_side
-from ..workloads import BATCHING_PROMPTS, STORY_PROMPT
+from ..lab.batch_timing import batch_speedup
+from ..engine.padding import left_pad, padding_waste
+from ..lab.batching import sorted_batches
+from ..lab.busy import busy_reason
+from ..engine.generation import chat_prompt, generate
+from ..engine.hardware import bf16_supported
+from ..lab.measure import time_fn, time_side_by_side
+from ..lab.workloads import BATCHING_PROMPTS, STORY_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions
 from .peers import hf_padded_generate_fn
@@ -23,7 +24,7 @@ from .peers import hf_padded_generate_fn
 def versus_huggingface(model, hf_model, prompts: list[list[int]], padded, new_tokens: int,
                        repeats: int = 3) -> tuple[dict, dict]:
     """labsupport's `generate` on `prompts` and Hugging Face's greedy generate() on the same batch
-    left-padded (`padded`, from `batching.left_pad`), timed side by side, no early stop.
+    left-padded (`padded`, from `padding.left_pad`), timed side by side, no early stop.
 
     Introduced in notebook 02 (batching). Returns (the `Timing` of "labsupport" and of
     "huggingface", the new tokens of each one's last run by the same names, each (batch, new_tokens)).

@@ -20,12 +20,12 @@ import copy
 
 import torch
 
-from ..busy import busy_reason
-from ..generation import chat_prompt, generate, inductor_options
-from ..hardware import bf16_supported
-from ..measure import time_side_by_side
-from ..quantize import quantize_model
-from ..workloads import DEFAULT_PROMPT
+from ..lab.busy import busy_reason
+from ..engine.generation import chat_prompt, generate, inductor_options
+from ..engine.hardware import bf16_supported
+from ..lab.measure import time_side_by_side
+from ..engine.quant import quantize_model
+from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..roofs import HardwareProfile, probe
-from ..models.loading import load_hf_model, load_model
+from ..lab.roofs import HardwareProfile, probe
+from ..weights.loading import load_hf_model, load_model
 
 
 def reported(name: str, value: float, unit: str, target: float | None = None,

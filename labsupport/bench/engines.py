@@ -27,14 +27,15 @@ import time
 
 import torch
 
-from ..busy import busy_reason
-from ..generation import chat_prompt, generate
-from ..kv_cache import kv_cache_bytes
-from ..measure import time_side_by_side
-from ..models.embedded import find_gguf
-from ..quantize import quantize_model, quantized_bytes
-from ..roofs import copy_bandwidth, copy_timing
-from ..workloads import DEFAULT_PROMPT
+from ..lab.busy import busy_reason
+from ..engine.generation import chat_prompt, generate
+from ..engine.kv_cache import kv_cache_bytes
+from ..lab.measure import time_side_by_side
+from ..weights.embedded import find_gguf
+from ..engine.quant import quantize_model
+from ..lab.quality import quantized_bytes
+from ..lab.roofs import copy_bandwidth, copy_timing
+from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
 from .llamacpp import LlamaCppGreedy, llamacpp_unavailable
 from .options import BenchOptions

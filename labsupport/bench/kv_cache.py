@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from ..busy import busy_reason
+from ..lab.busy import busy_reason
 from ..claims.kv_cache import step_busy_reason
-from ..generation import generate, generate_naive
-from ..kv_cache import kv_cache_bytes
-from ..kv_timing import estimated_total_seconds, gqa_savings, time_per_token_by_position
-from ..measure import time_side_by_side
-from ..models.config import PRESETS
-from ..workloads import KV_PROMPT
+from ..engine.generation import generate, generate_naive
+from ..engine.kv_cache import kv_cache_bytes
+from ..lab.kv_timing import estimated_total_seconds, gqa_savings, time_per_token_by_position
+from ..lab.measure import time_side_by_side
+from ..engine.models.config import PRESETS
+from ..lab.workloads import KV_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from ..busy import busy_reason
-from ..decode_bytes import cache_bytes_per_token, decode_weight_bytes
-from ..kv_cache import kv_cache_bytes
-from ..kv_quant import int8_kv_cache_bytes
-from ..long_context import time_cache_kinds
-from ..models.config import PRESETS
-from ..prefill_attention import prefill_attention_sweep
+from ..lab.busy import busy_reason
+from ..lab.decode_bytes import cache_bytes_per_token, decode_weight_bytes
+from ..engine.kv_cache import kv_cache_bytes
+from ..engine.kv_quant import int8_kv_cache_bytes
+from ..lab.long_context import time_cache_kinds
+from ..engine.models.config import PRESETS
+from ..lab.prefill_attention import prefill_attention_sweep
 from .core import BenchContext, reported
 from .options import BenchOptions
 

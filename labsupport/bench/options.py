@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from ..errors import LabError
 from ..inputs import finite_number, whole_number
-from ..workloads import PRESETS, SERVING_PRESETS, DevicePreset, device_class
+from ..lab.workloads import PRESETS, SERVING_PRESETS, DevicePreset, device_class
 
 
 def device_sizes(preset: DevicePreset) -> dict:

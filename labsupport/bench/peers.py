@@ -19,9 +19,9 @@ import time
 import torch
 
 from ..errors import LabError
-from ..hardware import synchronize
-from ..serving.request import Request
-from ..stack import HF_PEER, Stage
+from ..engine.hardware import synchronize
+from ..engine.serving.request import Request
+from ..lab.stack import HF_PEER, Stage
 
 
 def hf_greedy_config(hf_model, new_tokens: int):
@@ -143,7 +143,7 @@ class ForwardPasses:
 
 
 def hf_padded_generate_fn(hf_model, padded, new_tokens: int):
-    """Hugging Face greedy generate() on a left-padded batch (`batching.left_pad`): a zero-argument
+    """Hugging Face greedy generate() on a left-padded batch (`padding.left_pad`): a zero-argument
     function returning the new tokens only, shape (batch, new_tokens).
 
     Introduced in notebook 02 (batching)."""

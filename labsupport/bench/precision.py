@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import torch
 
-from ..busy import busy_reason
-from ..hardware import bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast
-from ..measure import time_side_by_side
-from ..models.config import PRESETS
-from ..precision import (bf16_report, decode_run, emulation_note, logit_agreement, parameter_bytes, prefill_run,
-                         tensor_bytes)
-from ..variants import ModelVariants
-from ..workloads import LIGHTHOUSE_PROMPT
+from ..lab.busy import busy_reason
+from ..engine.hardware import bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast
+from ..lab.measure import time_side_by_side
+from ..engine.models.config import PRESETS
+from ..lab.precision import (bf16_report, decode_run, emulation_note, logit_agreement, parameter_bytes,
+                             prefill_run)
+from ..engine.precision import tensor_bytes
+from ..lab.variants import ModelVariants
+from ..lab.workloads import LIGHTHOUSE_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions
 

@@ -7,10 +7,10 @@ bitsandbytes LLM.int8() and NF4. One fp32 model is loaded; the 16-bit rows are
 cast copies, and every quantized row is a `QuantizedHandle` on that same model,
 swapped in only while it runs (``with handle:``), so no extra fp32 copy is held.
 
-* memory: bytes resident in the model (`quantize.resident_bytes`, the footprint
+* memory: bytes resident in the model (`quality.resident_bytes`, the footprint
   the chapter's claim is about; with a tied output layer, quantizing it keeps the
   float embedding for lookups beside the quantized copy), and bytes a decode step
-  reads (`quantize.quantized_bytes`: the embedding is read one row per token);
+  reads (`quality.quantized_bytes`: the embedding is read one row per token);
 * speed: decode tokens/s at batch 1 as a ratio to fp32, and to bf16 for the
   quantized rows (the fast int8/int4 kernels compute in bf16, so the ratio to bf16
   is what the smaller weights add), the rows interleaved in one run
@@ -33,15 +33,16 @@ from statistics import median as _median
 
 import torch
 
-from ..busy import busy_reason
+from ..lab.busy import busy_reason
 from ..claims import quantization_claim
 from ..errors import LabError
-from ..generation import chat_prompt, generate
-from ..hardware import fp16_fast
-from ..measure import Timing, time_side_by_side
-from ..precision import cast_model
-from ..quantize import eval_tokens, quantize_model, quantized_bytes, resident_bytes
-from ..quantize_eval import _score
+from ..engine.generation import chat_prompt, generate
+from ..engine.hardware import fp16_fast
+from ..lab.measure import Timing, time_side_by_side
+from ..engine.precision import cast_model
+from ..lab.quality import eval_tokens, quantized_bytes, resident_bytes
+from ..engine.quant import quantize_model
+from ..lab.quality import _score
 from .baseline import DEFAULT_PROMPT
 from .core import BenchContext, reported
 from .options import BenchOptions

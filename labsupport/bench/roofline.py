@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..claims.roofline import sweep_busy_reason
-from ..roofline import growth_batch, ridge_batch, supported_dtypes, sweep_decode
+from ..lab.roofline import growth_batch, ridge_batch, supported_dtypes, sweep_decode
 from .core import BenchContext, reported
 from .options import BenchOptions
 

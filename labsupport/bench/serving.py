@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from ..busy import busy_reason, load_per_core
-from ..measure import time_side_by_side
-from ..models.loading import resolve_hf_source
-from ..serving.engine import Engine
-from ..serving.load_curve import configurations, load_curve, near_saturation, saturation_rate
-from ..serving.metrics import reserved_vs_used
-from ..serving.workload import chat_prompts, make_workload
-from ..workloads import SERVING_PRESETS, device_class, preset, serving_workload
+from ..lab.busy import busy_reason, load_per_core
+from ..lab.measure import time_side_by_side
+from ..weights.loading import resolve_hf_source
+from ..engine.serving.engine import Engine
+from ..lab.load_curve import configurations, load_curve, near_saturation, saturation_rate
+from ..lab.serving_metrics import reserved_vs_used, summarize
+from ..lab.serving_workload import chat_prompts, make_workload
+from ..lab.workloads import SERVING_PRESETS, device_class, preset, serving_workload
 from .core import BenchContext, reported
 from .options import BenchOptions
 from .serving_peers import hf_serve, vllm_serve
@@ -81,7 +81,7 @@ def serve_side_by_side(model, hf_model, requests: list, slots: int, repeats: int
 
 def _decode_costs(model, slots: int) -> dict | None:
     try:
-        from ..serving.decode_cost import decode_step_costs
+        from ..lab.decode_cost import decode_step_costs
     except ImportError:                                      # the engine without its decode-cost probe
         return None
     return decode_step_costs(model, batch_size=slots, context=128, steps=5)
@@ -108,7 +108,7 @@ def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
 
     tokens = sum(r.max_new_tokens for r in requests)
     speed = {name: tokens / t.median for name, t in timings.items()}
-    metrics = {name: runs[name].metrics() for name in OURS}
+    metrics = {name: summarize(runs[name]) for name in OURS}
     reference = runs["continuous"].tokens()
     same = {name: (sum(runs[name].tokens().get(i) == t for i, t in reference.items()), len(reference))
             for name in OURS}

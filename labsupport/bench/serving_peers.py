@@ -14,8 +14,8 @@ import time
 import torch
 
 from ..errors import LabError
-from ..hardware import synchronize
-from ..serving.request import Request
+from ..engine.hardware import synchronize
+from ..engine.serving.request import Request
 from .peers import hf_greedy_config
 
 
@@ -138,7 +138,7 @@ def vllm_serve(model_source: str, requests: list[Request], device, max_slots: in
     """The same requests through vLLM's offline engine (`LLM.generate`), as a production peer.
 
     Introduced in notebook 06 (continuous batching). model_source: the model's directory
-    (`models.loading.resolve_hf_source`); every request greedy, end-of-sequence ignored, its
+    (`weights.loading.resolve_hf_source`); every request greedy, end-of-sequence ignored, its
     own `max_tokens`, all submitted at once (the offline API has no arrival times), at most
     `max_slots` sequences per batch. reference: request id -> tokens of our engine, to count
     requests with the same tokens.

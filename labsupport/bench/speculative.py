@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from ..busy import busy_reason
+from ..lab.busy import busy_reason
 from ..errors import LabError
-from ..generation import chat_prompt, generate
-from ..measure import time_side_by_side
-from ..speculative import (PromptLookupDraft, QuantizedSelfDraft, SpeculativeResult, expected_speedup,
-                           pass_costs, speculative_generate)
+from ..engine.generation import chat_prompt, generate
+from ..lab.measure import time_side_by_side
+from ..engine.speculative import (PromptLookupDraft, QuantizedSelfDraft, SpeculativeResult,
+                                  speculative_generate)
+from ..lab.speculative_math import expected_speedup, pass_costs
 from .core import BenchContext, reported
 from .options import BenchOptions
 from .peers import ForwardPasses, hf_generate_fn

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from ..busy import busy_reason
+from ..lab.busy import busy_reason
 from ..claims import stack_claims
-from ..quantize_eval import eval_tokens
-from ..stack import HF_PEER, run_stack
-from ..workloads import stack_workload
+from ..lab.quality import eval_tokens
+from ..lab.stack import HF_PEER, run_stack
+from ..lab.workloads import stack_workload
 from .core import BenchContext, reported
 from .options import BenchOptions
 from .peers import hf_stack_stage

@@ -11,10 +11,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..busy import busy_reason, load_per_core
+from ..lab.busy import busy_reason, load_per_core
 from ..errors import LabError
-from ..hardware import pick_device
-from . import baseline, batching, compiled_decode, engines, kv_cache, precision, quantization, roofline, serving, speculative, stack
+from ..engine.hardware import pick_device
+from . import (baseline, batching, compiled_decode, engines, kv_cache, precision, quantization, roofline,
+               serving, speculative, stack)
 from . import long_context
 from .core import BenchContext, machine_info
 from .options import BenchOptions

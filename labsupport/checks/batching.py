@@ -1,7 +1,7 @@
 """Checkers for notebook 02 (batching).
 
 Introduced in notebook 02 (batching). Each compares a learner's answer with
-`labsupport.batching` and `generate` and either confirms it or raises `CheckFailed`
+`labsupport.lab.batching` and `generate` and either confirms it or raises `CheckFailed`
 with what was expected, what came back, and a hint that names the mistake:
 
 * `check_left_pad`: right padding, an inverted mask, a mask built from
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ..batching import PaddedBatch, left_pad, padding_waste
-from ..generation import decode_step, generate, prefill
-from ..kv_cache import StaticKVCache
+from ..engine.padding import PaddedBatch, left_pad, padding_waste
+from ..engine.generation import decode_step, generate, prefill
+from ..engine.kv_cache import StaticKVCache
 from . import call_learner, close_enough, fail, grades_quietly, passed
 from .kv_cache import tiny_test_model
 
@@ -97,7 +97,7 @@ def _positions_hint(positions: torch.Tensor, expected: PaddedBatch, pad_id: int)
 
 @grades_quietly
 def check_left_pad(fn, prompts=None, pad_id: int | None = None) -> None:
-    """Check `fn(prompts, pad_id) -> (tokens, attention_mask[, positions])` against `batching.left_pad`.
+    """Check `fn(prompts, pad_id) -> (tokens, attention_mask[, positions])` against `padding.left_pad`.
 
     Introduced in notebook 02 (batching). The mask may be bool or 0/1 integers; positions
     on the padding may be any valid id (>= 0). `prompts`, `pad_id`: the notebook's own batch,
@@ -153,7 +153,7 @@ SLIPS = {
     "no_mask": "the padding is not hidden: give the prefill key_mask=padded.attention_mask, and every decode "
                "step key_mask[:, :cache.length + 1] of a mask over all cache slots.",
     "mask_from_tokens": "the mask hides a real token: the end id also occurs inside a prompt, so build the mask "
-                        "from the prompts' lengths (batching.left_pad), not from token == end_id.",
+                        "from the prompts' lengths (padding.left_pad), not from token == end_id.",
     "right_padding": "pad on the left: every prompt must end in the last column, where the next token goes.",
     "positions_count_padding": "positions count the padding: GPT-2 adds a learned vector per position, so a "
                                "row's first real token is position 0 (padded.positions), in the prefill and after.",
@@ -240,7 +240,7 @@ def _run_case(fn, model, name: str, prompts, end_id: int, new_tokens: int, tiny:
     A tiny case keeps its inputs and rows, for `_generation_hint` to replay the slips on."""
     with torch.inference_mode():
         rows = call_learner(GENERATION, f"token rows for {len(prompts)} prompts on {name}",
-                            "pad with batching.left_pad, make the cache with StaticKVCache(model.config, batch, "
+                            "pad with padding.left_pad, make the cache with StaticKVCache(model.config, batch, "
                             "prompt length + new_tokens, device=model.device, dtype=model.dtype), then ls.prefill "
                             "and ls.decode_step.", fn, model, [list(p) for p in prompts], new_tokens, end_id)
     if not isinstance(rows, (list, tuple)) or len(rows) != len(prompts):

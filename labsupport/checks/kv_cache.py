@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 
 from ..errors import LabError
-from ..generation import generate_naive
-from ..kv_cache import StaticKVCache, kv_cache_bytes
-from ..models.config import PRESETS, ModelConfig
-from ..models.loading import random_model
+from ..engine.generation import generate_naive
+from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
+from ..engine.models.config import PRESETS, ModelConfig
+from ..weights.fixtures import random_model
 from . import call_learner, fail, grades_quietly, passed
 
 UPDATE = "cache update of one attention layer"

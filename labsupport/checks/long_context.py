@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ..decode_bytes import cache_bytes_per_token
-from ..models.config import PRESETS
+from ..lab.decode_bytes import cache_bytes_per_token
+from ..engine.models.config import PRESETS
 from . import call_learner, close_enough, fail, grades_quietly, passed
 
 CROSSOVER = "crossover context"

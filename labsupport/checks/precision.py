@@ -1,7 +1,7 @@
 """Checkers for notebook 03 (mixed precision).
 
 Introduced in notebook 03 (mixed precision). Each compares a learner's answer
-with `labsupport.precision` and either confirms it or raises `CheckFailed` with
+with `labsupport.lab.precision` and either confirms it or raises `CheckFailed` with
 what was expected, what came back, and a hint.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..hardware import dtype_name
-from ..models.config import PRESETS
-from ..precision import MIB, first_square_overflow, footprint_mib, matmul_accumulate
+from ..engine.hardware import dtype_name
+from ..engine.models.config import PRESETS
+from ..lab.precision import MIB, first_square_overflow, footprint_mib, matmul_accumulate
 from . import close_enough, fail, grades_quietly, passed
 
 # (config, dtype): GPT-2 gives the handbook chapter's 474.7 / 237.4 and has a position

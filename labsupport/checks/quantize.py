@@ -1,7 +1,7 @@
 """Checkers for notebook 04 (quantization): int8 absmax, int4 packing, int4 in groups.
 
 Introduced in notebook 04 (quantization). Each checker compares a learner's
-functions with the package's reference (`labsupport.quantize`) on inputs chosen
+functions with the package's reference (`labsupport.engine.quant`) on inputs chosen
 so that each usual slip gives another answer, and prints a short confirmation or
 raises `CheckFailed` with what was expected, what came back, and a hint that
 names the slip.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..quantize import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise, quantize_int8_absmax,
-                        unpack_int4)
+from ..engine.quant import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
+                            quantize_int8_absmax, unpack_int4)
 from . import fail, grades_quietly, passed
 
 

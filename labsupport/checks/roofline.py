@@ -1,7 +1,7 @@
 """Checkers for notebook 00 (where the time goes).
 
 Introduced in notebook 00 (where the time goes). Each compares a learner's
-answer with `labsupport.roofline` and either confirms it or raises
+answer with `labsupport.lab.roofline` and either confirms it or raises
 `CheckFailed` with what was expected, what came back, and a hint.
 
 Each checker knows the typical wrong answers of its exercise (the `*_MISTAKES`
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from ..hardware import dtype_name
-from ..roofs import HardwareProfile
-from ..models.config import PRESETS, ModelConfig
-from ..roofline import (COMPUTE_BOUND, MEMORY_BOUND, OVERHEAD_BOUND, attention_flops, bytes_per_value,
-                        decode_step_cost, matmul_params, ridge_batch, step_bounds)
+from ..engine.hardware import dtype_name
+from ..lab.roofs import HardwareProfile
+from ..engine.models.config import PRESETS, ModelConfig
+from ..lab.roofline import (COMPUTE_BOUND, MEMORY_BOUND, OVERHEAD_BOUND, attention_flops, bytes_per_value,
+                            decode_step_cost, matmul_params, ridge_batch, step_bounds)
 from . import close_enough, fail, grades_quietly, passed
 
 SMOLLM2 = PRESETS["smollm2-135m"]

@@ -12,9 +12,9 @@ import random
 
 import torch
 
-from ..models.config import PRESETS, ModelConfig
-from ..serving.block_manager import BlockManager, blocks_needed
-from ..serving.paged_cache import PagedKVCache
+from ..engine.models.config import PRESETS, ModelConfig
+from ..engine.serving.block_manager import BlockManager, blocks_needed
+from ..engine.serving.paged_cache import PagedKVCache
 from . import call_learner, fail, grades_quietly, passed
 
 STEP = "one scheduler step"
@@ -350,7 +350,7 @@ BUDGET_CASES = [(16, 4, [5, 3]), (16, 4, [5, 20, 3]), (16, 4, [20]), (8, 8, [3, 
 def check_budget_chunks(fn) -> None:
     """Check `fn(token_budget, num_decodes, remaining) -> list[int]`: the prompt tokens each waiting
     sequence computes this step (`scheduler.budget_prefill_chunks`). Introduced in notebook 06 (continuous batching)."""
-    from ..serving.scheduler import budget_prefill_chunks as reference
+    from ..engine.serving.scheduler import budget_prefill_chunks as reference
     for budget, decodes, remaining in BUDGET_CASES:
         want = reference(budget, decodes, list(remaining))
         case = f"token_budget={budget}, num_decodes={decodes}, remaining={remaining}"

@@ -14,9 +14,10 @@ import math
 
 import torch
 
-from ..kv_cache import StaticKVCache
-from ..models.loading import lively_model
-from ..speculative import PromptLookupDraft, expected_tokens_per_call
+from ..engine.kv_cache import StaticKVCache
+from ..weights.fixtures import lively_model
+from ..engine.speculative import PromptLookupDraft
+from ..lab.speculative_math import expected_tokens_per_call
 from . import close_enough, fail, grades_quietly, passed
 
 ACCEPT = "the accept/reject-and-resample step"

@@ -6,7 +6,7 @@ Introduced in notebook 07 (putting it together).
 
 from __future__ import annotations
 
-from ..stack import HF_PEER, best_under_budget
+from ..lab.stack import HF_PEER, best_under_budget
 from . import close_enough, fail, grades_quietly, passed
 
 CUMULATIVE = "cumulative speedup along the ladder"

@@ -24,7 +24,8 @@ from .batching import batching_claims
 from .kv_cache import kv_cache_claims, step_busy_reason
 from .long_context import long_context_busy_reason, long_context_claims
 from .precision import precision_claims, summarize_verdicts
-from .quantization import QUANTIZATION_CLAIMS, quantization_claim, quantization_claims, quantization_conclusions
+from .quantization import (QUANTIZATION_CLAIMS, quantization_claim, quantization_claims,
+                           quantization_conclusions)
 from .roofline import claims_summary, roofline_claims, sweep_busy_reason
 from .serving import engine_claims, prefill_stall, serving_claims
 from .speculative import speculative_claims

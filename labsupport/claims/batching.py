@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..batching import scaling_stops_at
-from ..busy import busy_reason, judge, more_work_faster_reason
+from ..lab.batching import scaling_stops_at
+from ..lab.busy import busy_reason, judge, more_work_faster_reason
 
 SAME_WORK = (0.8, 1.25)        # two runs of the same work: a ratio inside this band is "1.0x"
 CLAIMED_16, TARGET_16 = 10.0, 8.0

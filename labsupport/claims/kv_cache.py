@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Collection, Mapping, Sequence
 
-from ..busy import busy_reason, judge, more_work_faster_reason
+from ..lab.busy import busy_reason, judge, more_work_faster_reason
 
 HOLDS_SPEEDUP = 1.5        # the cache "wins" at the longest length from 1.5x on
 SOME_SPEEDUP = 1.05        # below this the cache gained nothing measurable

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-from ..busy import busy_reason, judge, more_work_faster_reason
+from ..lab.busy import busy_reason, judge, more_work_faster_reason
 
 QUADRATIC_EXPONENT = 1.6      # naive memory or time "grows as T^2" when T x 2 multiplies it by 2^1.6 or more
 LINEAR_EXPONENT = 1.2         # the fused kernel's memory "grows linearly" below T^1.2

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..busy import BUSY_VERDICT, busy_reason, judge
-from ..hardware import dtype_label
-from ..precision import CHAPTER_GPT2_MIB, REGIMES, emulation_note, precision_choices
+from ..lab.busy import BUSY_VERDICT, busy_reason, judge
+from ..engine.hardware import dtype_label
+from ..lab.precision import CHAPTER_GPT2_MIB, REGIMES, emulation_note, precision_choices
 
 SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 SPEED_CLAIMS = {"float16": "fp16 ~1.5x faster than fp32",

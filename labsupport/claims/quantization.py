@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ..busy import busy_reason, judge
+from ..lab.busy import busy_reason, judge
 from .precision import summarize_verdicts
 
 QUANTIZATION_CLAIMS = {  # the handbook chapter's claims: (memory, speed), per format

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
-from ..busy import BUSY_VERDICT, busy_reason, judge, more_work_faster_reason
+from ..lab.busy import BUSY_VERDICT, busy_reason, judge, more_work_faster_reason
 from ..errors import LabError
-from ..roofs import HardwareProfile
-from ..roofline import OVERHEAD_SLACK, roof_fraction
+from ..lab.roofs import HardwareProfile
+from ..lab.roofline import OVERHEAD_SLACK, roof_fraction
 
 FREE_ROWS_LIMIT = 1.5  # "extra rows are nearly free": 4 rows take under 1.5x the time of 1
 GROWTH_LIMIT = 0.5     # "compute-bound": past the ridge, time grows at least as batch^0.5

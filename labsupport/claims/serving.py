@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..busy import busy_reason, judge
+from ..lab.busy import busy_reason, judge
 from .ratios import MARGIN, compare_speed
+from ..lab.serving_metrics import summarize
 
 FASTER = MARGIN        # a ratio at least this large is "faster"; within it of 1, "no measurable difference"
 
@@ -34,9 +35,9 @@ def serving_claims(speed: Mapping[str, float], metrics: Mapping[str, dict], toy_
 
     Introduced in notebook 06 (continuous batching).
     speed: tokens/s by server, "static", "continuous" and "hf" (section 2, side by side);
-    metrics: `ServingResult.metrics()` of "static" and "continuous"; toy_static: the static
+    metrics: `summarize(ServingResult)` of "static" and "continuous"; toy_static: the static
     run of the chapter's example (one long and three short answers, four slots);
-    memory: `serving.reserved_vs_used` of the continuous run; same_tokens: server ->
+    memory: `serving_metrics.reserved_vs_used` of the continuous run; same_tokens: server ->
     (requests whose tokens equal the continuous run's, requests); timings: the `Timing` (or
     its dict) of each server, and load: `busy.load_per_core()` after the run, for the busy
     guard of every verdict drawn from the clock.
@@ -68,7 +69,7 @@ def serving_claims(speed: Mapping[str, float], metrics: Mapping[str, dict], toy_
     rows.append({"claim": "static batching: one long and three short responses waste three quarters of the batch "
                           "while the long one finishes",
                  "measured": (f"{waste:.0%} of the slots idle in the {steps} steps the long answer ran alone; "
-                              f"{1 - toy_static.metrics()['slot_utilization']:.0%} over the whole example; "
+                              f"{1 - summarize(toy_static)['slot_utilization']:.0%} over the whole example; "
                               f"{1 - static['slot_utilization']:.0%} over section 2's static run") if steps else
                              "the long answer never ran alone",
                  "verdict": "holds" if steps and waste >= 0.75 - 1e-9 else "not here"})

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..busy import busy_reason, judge
-from ..speculative import pass_costs
+from ..lab.busy import busy_reason, judge
+from ..lab.speculative_math import pass_costs
 
 FASTER = 2.0          # the chapter: "sometimes 2-4 times faster"
 LITTLE_GAIN = 1.1     # a speedup below this is "little benefit"

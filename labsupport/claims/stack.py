@@ -6,9 +6,9 @@ timings behind it says the machine was busy, the row says so instead of judging.
 
 from __future__ import annotations
 
-from ..busy import busy_reason, judge
-from ..precision import tensor_bytes
-from ..stack import HF_PEER, INT4_BATCH_1
+from ..lab.busy import busy_reason, judge
+from ..engine.precision import tensor_bytes
+from ..lab.stack import HF_PEER, INT4_BATCH_1
 from .ratios import MARGIN, compare_speed
 
 FASTER = MARGIN        # a gain at least this large is "faster"; at most 1 / FASTER, "slower"

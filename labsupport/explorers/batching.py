@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from ..batch_timing import measure_batch
-from ..batching import batch_sizes, padding_waste, prompts_of_lengths, spread_lengths
-from ..generation import chat_prompt
+from ..lab.batch_timing import measure_batch
+from ..lab.batching import batch_sizes, prompts_of_lengths, spread_lengths
+from ..engine.padding import padding_waste
+from ..engine.generation import chat_prompt
 from ..plots.batching import padding_figure, scaling_figure
-from ..workloads import BATCHING_SOURCE_TEXT, preset
+from ..lab.workloads import BATCHING_SOURCE_TEXT, preset
 from .base import Explorer
 
 SPREADS = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -16,10 +16,10 @@ from typing import Sequence
 
 import ipywidgets as widgets
 
-from ..kv_cache import StaticKVCache
-from ..kv_timing import MODES, time_per_token_by_position
+from ..engine.kv_cache import StaticKVCache
+from ..lab.kv_timing import MODES, time_per_token_by_position
 from ..plots.kv_cache import cache_memory_figure, per_token_time_figure
-from ..workloads import preset
+from ..lab.workloads import preset
 from .base import Explorer
 
 

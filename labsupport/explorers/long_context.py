@@ -15,12 +15,12 @@ from __future__ import annotations
 import ipywidgets as widgets
 import numpy as np
 
-from ..decode_bytes import KV_PRECISIONS, decode_weight_bytes, predicted_step_seconds, step_bytes
-from ..hardware import dtype_name
-from ..long_context import decode_step_runner, filled_cache
-from ..measure import time_fn
+from ..lab.decode_bytes import KV_PRECISIONS, decode_weight_bytes, predicted_step_seconds, step_bytes
+from ..engine.hardware import dtype_name
+from ..lab.long_context import decode_step_runner, filled_cache
+from ..lab.measure import time_fn
 from ..plots.long_context import step_split_figure, time_per_token_curve_figure
-from ..workloads import long_context_workload
+from ..lab.workloads import long_context_workload
 from .base import Explorer
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)

@@ -15,15 +15,16 @@ from __future__ import annotations
 import ipywidgets as widgets
 import torch
 
-from ..busy import busy_reason, load_per_core
+from ..lab.busy import busy_reason, load_per_core
 from ..errors import LabError
-from ..hardware import dtype_name
-from ..measure import time_side_by_side
+from ..engine.hardware import dtype_name
+from ..lab.measure import time_side_by_side
 from ..plots.precision import agreement_figure, memory_figure, speed_figure
-from ..precision import (MIB, REGIMES, decode_run, emulation_note, logit_differences, precision_choices, prefill_run,
-                         regime_label, repeat_to_length, speed_skip_reason, tensor_bytes)
-from ..variants import ModelVariants
-from ..workloads import PrecisionWorkload
+from ..lab.precision import (MIB, REGIMES, decode_run, emulation_note, logit_differences, precision_choices,
+                             prefill_run, regime_label, repeat_to_length, speed_skip_reason)
+from ..engine.precision import tensor_bytes
+from ..lab.variants import ModelVariants
+from ..lab.workloads import PrecisionWorkload
 from .base import Explorer
 
 

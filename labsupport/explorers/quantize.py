@@ -20,13 +20,14 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from ..busy import BUSY_VERDICT, busy_reason, load_per_core
+from ..lab.busy import BUSY_VERDICT, busy_reason, load_per_core
 from ..errors import LabError
-from ..generation import generate
-from ..measure import Timing, time_side_by_side
-from ..precision import cast_model, precision_choices
-from ..quantize import (pack_int4, perplexity, quantize_int4_groupwise, quantize_model, quantized_bytes, resident_bytes,
-                        weight_error_stats)
+from ..engine.generation import generate
+from ..lab.measure import Timing, time_side_by_side
+from ..engine.precision import cast_model
+from ..lab.precision import precision_choices
+from ..engine.quant import pack_int4, quantize_int4_groupwise, quantize_model, weight_error_stats
+from ..lab.quality import perplexity, quantized_bytes, resident_bytes
 from .base import Explorer
 
 MIB = 2**20

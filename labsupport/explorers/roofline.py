@@ -15,11 +15,11 @@ import ipywidgets as widgets
 import torch
 
 from ..errors import LabError
-from ..roofs import HardwareProfile
+from ..lab.roofs import HardwareProfile
 from ..plots.roofline import roofline_figure, step_time_figure
-from ..roofline import measure_decode_point, supported_dtypes
-from ..variants import ModelVariants
-from ..workloads import preset
+from ..lab.roofline import measure_decode_point, supported_dtypes
+from ..lab.variants import ModelVariants
+from ..lab.workloads import preset
 from .base import Explorer
 
 

@@ -21,9 +21,10 @@ from typing import Mapping, Sequence
 import ipywidgets as widgets
 
 from ..plots.serving import phase_timeline_figure, settings_figure
-from ..serving import Engine
-from ..serving.load_curve import at_rate
+from ..engine.serving import Engine
+from ..lab.load_curve import at_rate
 from .base import Explorer
+from ..lab.serving_metrics import summarize
 
 LOADS = {"all at once": None, "25% of capacity": 0.25, "50% of capacity": 0.5, "90% of capacity": 0.9,
          "150% of capacity": 1.5}
@@ -58,7 +59,7 @@ def serving_explorer(model, requests: Sequence, capacity: float, max_slots: int 
             explorer.status.value = f"<i>serving... {done}/{total} requests done</i>"
 
     def keep(key, run, seconds):
-        m = run.metrics()
+        m = summarize(run)
         results[key] = {"run": run, "seconds": seconds, "row": {
             "label": setting_label(*key), "policy": key[1], "throughput": m["throughput_tokens_per_s"],
             "ttft_p50": m["ttft_p50"], "latency_p50": m["latency_p50"], "latency_p99": m["latency_p99"],

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from ..generation import chat_prompt, generate
-from ..measure import time_side_by_side
+from ..engine.generation import chat_prompt, generate
+from ..lab.measure import time_side_by_side
 from ..plots.speculative import acceptance_figure, speedup_figure
-from ..sampling import SamplingConfig
-from ..speculative import expected_speedup, pass_costs, speculative_generate
+from ..engine.sampling import SamplingConfig
+from ..lab.speculative_math import expected_speedup, pass_costs
+from ..engine.speculative import speculative_generate
 from .base import Explorer
 
 TEMPERATURES = (0.0, 0.7, 1.0)

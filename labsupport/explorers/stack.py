@@ -19,10 +19,10 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..measure import time_side_by_side
-from ..quantize_eval import top1_agreement
-from ..stack import BATCHING, low_precision, serve_fn
-from ..variants import ModelVariants
+from ..lab.measure import time_side_by_side
+from ..lab.quality import top1_agreement
+from ..lab.stack import BATCHING, low_precision, serve_fn
+from ..lab.variants import ModelVariants
 from .base import Explorer
 
 
@@ -30,7 +30,7 @@ def stack_explorer(model, requests, slots: int = 4, variants: ModelVariants | No
                    repeats: int = 1, agreement_tokens=None, use_widget: bool | None = None) -> Explorer:
     """Controls: KV cache, batching, precision, weights, speculative; a Run button.
     Notebook 07 (putting it together). agreement_tokens: token ids for the quality bar
-    (`quantize_eval.top1_agreement` against `model`); None: generated tokens compared instead."""
+    (`quality.top1_agreement` against `model`); None: generated tokens compared instead."""
     variants = variants or ModelVariants(model)
     dtype, half = low_precision(model.device)
     precisions = ["fp32"] + ([half] if dtype is not None else [])

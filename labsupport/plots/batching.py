@@ -152,7 +152,7 @@ def left_padding_figure(padded, token_text: Sequence[Sequence[str]] | None = Non
     """A left-padded batch as three grids, one cell per token slot: the tokens, the attention
     mask and the position ids; padding grey, real tokens green.
 
-    Introduced in notebook 02 (batching). padded: a `batching.PaddedBatch` (tokens,
+    Introduced in notebook 02 (batching). padded: a `padding.PaddedBatch` (tokens,
     attention_mask, positions, each (batch, T)). token_text: what to write in each token
     cell instead of its id (e.g. the decoded tokens), one list per row.
     """

@@ -15,10 +15,10 @@ import torch
 from plotly.subplots import make_subplots
 
 from ..errors import LabError
-from ..hardware import dtype_name
-from ..kv_cache import kv_cache_bytes
-from ..kv_timing import estimated_step_seconds
-from ..models.config import ModelConfig
+from ..engine.hardware import dtype_name
+from ..engine.kv_cache import kv_cache_bytes
+from ..lab.kv_timing import estimated_step_seconds
+from ..engine.models.config import ModelConfig
 
 MIB = 2 ** 20
 COLORS = {"naive_s": "#d62728", "cached_s": "#1f77b4"}

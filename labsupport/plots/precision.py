@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..busy import BUSY_VERDICT
+from ..lab.busy import BUSY_VERDICT
 from .roofline import DTYPE_COLORS
 
 WIDTH, HEIGHT = 900, 440

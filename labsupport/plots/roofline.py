@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..errors import LabError
-from ..roofs import HardwareProfile
+from ..lab.roofs import HardwareProfile
 
 WIDTH, HEIGHT = 900, 480
 DTYPE_COLORS = {"float32": "#1f77b4", "bfloat16": "#d62728", "float16": "#2ca02c"}

@@ -3,7 +3,7 @@ slot timeline, slot use over time, cache blocks over the run, and throughput / l
 per setting.
 
 Introduced in notebook 06 (continuous batching). Pure functions: `ServingResult`s
-(or the dicts of `labsupport.serving.metrics`) in, plotly figures out.
+(or the dicts of `labsupport.lab.serving_metrics`) in, plotly figures out.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..serving.metrics import slot_bars, utilization_timeline
+from ..lab.serving_metrics import slot_bars, utilization_timeline
 
 HEIGHT = 420
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
@@ -317,7 +317,7 @@ def load_curve_figure(rows: Sequence[dict], title: str | None = None) -> go.Figu
     """The throughput-latency curve: for each configuration, one point per arrival rate, at its
     throughput (x) and its time to first token p99 (left) and inter-token latency p99 (right).
 
-    Introduced in notebook 06 (continuous batching). rows: `serving.load_curve.load_curve`'s."""
+    Introduced in notebook 06 (continuous batching). rows: `load_curve.load_curve`'s."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=("time to first token, p99 (s)", "inter-token latency, p99 (ms)"))
     names = list(dict.fromkeys(r["configuration"] for r in rows))
@@ -342,7 +342,7 @@ def decode_cost_figure(costs: Mapping[str, float], title: str | None = None) -> 
     """Where a paged decode step's time goes: the shares of the block-table build, the gather
     and the rest (left), and seconds per step gathering against attending over the pool (right).
 
-    Introduced in notebook 06 (continuous batching). costs: `serving.decode_cost.decode_step_costs`'s dict."""
+    Introduced in notebook 06 (continuous batching). costs: `decode_cost.decode_step_costs`'s dict."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15, column_widths=[0.6, 0.4],
                         subplot_titles=("share of a decode step", "milliseconds per decode step"))
     parts = (("table_build_share", "block tables", "#ff7f0e"), ("gather_share", "gather of the context", "#d62728"),

@@ -3,7 +3,8 @@
 import torch
 
 import labsupport as ls
-from labsupport import batching
+from labsupport.lab import batching
+from labsupport.engine import padding
 from labsupport.checks.batching import check_batched_generation, check_left_pad, check_padding_waste
 
 from checker_cases.common import accepts, refuses
@@ -12,7 +13,7 @@ from checker_cases.common import accepts, refuses
 # --- notebook 02 (batching): left padding (exercise 1) --------------------------------------
 
 def reference_left_pad(prompts, pad_id):
-    batch = batching.left_pad(prompts, pad_id)
+    batch = padding.left_pad(prompts, pad_id)
     return batch.tokens, batch.attention_mask, batch.positions
 
 
@@ -71,7 +72,7 @@ def batched_loop(model, prompts, new_tokens, end_id, right_padding=False, mask=T
                  prefill_positions=True, decode_positions="own", decode_mask=True, trim=True,
                  stop_at_first=False):
     """The reference solution, with switches that each introduce one typical mistake."""
-    padded = batching.left_pad(prompts, pad_id=end_id, device=model.device)
+    padded = padding.left_pad(prompts, pad_id=end_id, device=model.device)
     tokens, attention_mask, positions = padded.tokens, padded.attention_mask, padded.positions
     if right_padding:
         width = tokens.shape[1]
@@ -107,7 +108,7 @@ def batched_loop(model, prompts, new_tokens, end_id, right_padding=False, mask=T
 NOTEBOOK_02 = [
     accepts(check_left_pad, "reference", reference_left_pad),
     accepts(check_left_pad, "no-positions", lambda prompts, pad_id: reference_left_pad(prompts, pad_id)[:2]),
-    accepts(check_left_pad, "a-padded-batch", lambda prompts, pad_id: batching.left_pad(prompts, pad_id)),
+    accepts(check_left_pad, "a-padded-batch", lambda prompts, pad_id: padding.left_pad(prompts, pad_id)),
     accepts(check_left_pad, "a-0-1-mask", lambda prompts, pad_id: (reference_left_pad(prompts, pad_id)[0],
                                                                   reference_left_pad(prompts, pad_id)[1].long())),
     accepts(check_left_pad, "with-the-notebooks-own-batch", reference_left_pad, [[1, 2, 7, 2, 9], [1, 2, 4]], 2),
@@ -140,10 +141,10 @@ NOTEBOOK_02 = [
             lambda *args: batched_loop(*args, stop_at_first=True)),
     refuses(check_batched_generation, "a-tensor", "one list of new token ids per prompt",
             lambda *args: torch.zeros(3)),
-    accepts(check_padding_waste, "reference", batching.padding_waste),
+    accepts(check_padding_waste, "reference", padding.padding_waste),
     refuses(check_padding_waste, "real-fraction", "fraction of real tokens",
             lambda lengths: sum(lengths) / (len(lengths) * max(lengths))),
-    refuses(check_padding_waste, "percentage", "percentage", lambda lengths: 100 * batching.padding_waste(lengths)),
+    refuses(check_padding_waste, "percentage", "percentage", lambda lengths: 100 * padding.padding_waste(lengths)),
     refuses(check_padding_waste, "over-real-tokens", "not by the real tokens",
             lambda lengths: (len(lengths) * max(lengths) - sum(lengths)) / sum(lengths)),
     refuses(check_padding_waste, "padding-slots-count", "divide by all slots",

@@ -2,9 +2,9 @@
 
 import torch
 
-from labsupport import precision
+from labsupport.lab import precision
 from labsupport.checks.precision import check_accumulation, check_first_overflow, check_footprint
-from labsupport.precision import MIB, block_parameters
+from labsupport.lab.precision import MIB, block_parameters
 
 from checker_cases.common import accepts, refuses
 

@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from labsupport.checks.quantize import check_int4_groupwise, check_int4_pack, check_int8_absmax
-from labsupport.quantize import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
-                                 quantize_int8_absmax, unpack_int4)
+from labsupport.engine.quant import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
+                                     quantize_int8_absmax, unpack_int4)
 
 from checker_cases.common import accepts, refuses
 

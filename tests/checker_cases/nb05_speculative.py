@@ -4,7 +4,7 @@ import torch
 
 from labsupport.checks.speculative import (check_accept_step, check_expected_tokens, check_speculative_step,
                                            reference_accept_step, reference_speculative_step)
-from labsupport.speculative import expected_tokens_per_call
+from labsupport.lab.speculative_math import expected_tokens_per_call
 
 from checker_cases.common import accepts, refuses
 

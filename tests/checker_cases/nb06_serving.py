@@ -5,11 +5,11 @@ import random
 
 import torch
 
-from labsupport.checks.serving import (check_block_hash, check_blocks_for, check_budget_chunks, check_paged_gather,
-                                       check_schedule_step, reference_blocks_for, reference_paged_gather,
-                                       reference_schedule_step)
-from labsupport.serving import block_hash, budget_prefill_chunks
-from labsupport.models.config import PRESETS
+from labsupport.checks.serving import (check_block_hash, check_blocks_for, check_budget_chunks,
+                                       check_paged_gather, check_schedule_step, reference_blocks_for,
+                                       reference_paged_gather, reference_schedule_step)
+from labsupport.engine.serving import block_hash, budget_prefill_chunks
+from labsupport.engine.models.config import PRESETS
 
 from checker_cases.common import accepts, refuses
 

@@ -1,0 +1,280 @@
+"""A compact decoder-only transformer for the two families the course uses.
+
+Introduced in notebook 00 (where the time goes); the cache argument is the
+subject of notebook 01 (KV cache).
+
+Read it top to bottom: embeddings, then `num_layers` pre-norm blocks
+(attention, then MLP, each added back to the residual stream), then a final
+norm and the output projection to vocabulary logits. The two families differ
+only in a few places, each marked with ``if self.family == ...``:
+
+=============  ==========================  ==========================
+               llama (SmolLM2)             gpt2 (gpt2, distilgpt2)
+=============  ==========================  ==========================
+positions      rotary (RoPE) on q and k    learned embedding added to x
+norm           RMSNorm                     LayerNorm
+MLP            SwiGLU: down(silu(g) * u)   GELU: proj(gelu(fc(x)))
+attention      grouped-query (kv < heads)  multi-head, with biases
+=============  ==========================  ==========================
+
+Some Llama-family checkpoints add biases to the attention projections
+(``attention_bias``) or to the MLP (``mlp_bias``), or choose a head size other
+than hidden_size / num_heads (``explicit_head_dim``): the config carries those.
+
+Every matrix multiply is an ``nn.Linear``, so precision changes and
+quantization (notebooks 03 and 04) are a swap of those modules. The query, key
+and value projections are fused into one Linear (``qkv``), and so are the
+gate and up projections (``gate_up``): one bigger matmul instead of three or
+two small ones saves per-call overhead in the memory-bound decode step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .masks import causal_mask, fixed_decode_mask, sliding_window
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Llama). Computed in float32, as the reference does.
+    Notebook 00 (where the time goes)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's rotation angles, each (max_position, head_dim).
+    Notebook 00 (where the time goes)."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / config.rope_theta ** (torch.arange(half, dtype=torch.float32) / half)
+    angles = torch.outer(torch.arange(config.max_position, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)                  # (max_position, head_dim)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each (first-half, second-half) pair of x by its position's angle.
+
+    x: (batch, heads, T, head_dim); cos, sin: (batch, 1, T, head_dim).
+
+    Notebook 00 (where the time goes).
+    """
+    first, second = x.chunk(2, dim=-1)
+    rotated_half = torch.cat([-second, first], dim=-1)
+    return x * cos + rotated_half * sin
+
+
+class Attention(nn.Module):
+    """Causal self-attention with an optional KV cache and grouped-query heads.
+    Notebook 00 (where the time goes)."""
+
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        bias = config.family == "gpt2" or config.attention_bias
+        q_size = config.num_heads * config.head_dim
+        kv_size = config.num_kv_heads * config.head_dim
+        self.qkv = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias)
+        self.out = nn.Linear(q_size, config.hidden_size, bias=bias)
+
+    def forward(self, x, rope, cache, mask):
+        batch, T, _ = x.shape
+        qkv = self.qkv(x).view(batch, T, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qkv = qkv.transpose(1, 2)                                   # (B, heads + 2 kv_heads, T, D)
+        if rope is not None:
+            # rotate queries and keys in one go: they are the first heads + kv_heads rows
+            qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], *rope)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q, k = qkv[:, : self.num_heads], qkv[:, self.num_heads: self.num_heads + self.num_kv_heads]
+        v = qkv[:, self.num_heads + self.num_kv_heads:]               # (B, kv_heads, T, D)
+        if cache is not None:
+            k, v = cache.update(self.layer_index, k, v)                         # (B, kv_heads, S, D)
+        # F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+        # is_causal=False, scale=None, enable_gqa=False), torch 2.13's docs: a boolean attn_mask is
+        # True where a query may attend, broadcast to (B, heads, T, S); is_causal aligns the triangle
+        # to the upper left, so it is passed only for a fresh prompt (S == T, masks.causal_mask);
+        # attn_mask and is_causal together are an error. On CUDA, GQA (enable_gqa) runs only in the
+        # flash and math backends, and flash takes no attn_mask and no fp32: so fp16/bf16 prompts
+        # without padding get flash, and a padded batch or a fixed-shape decode mask the math
+        # backend (exact, slower). On a CPU every case runs (the fused CPU kernel, or math).
+        y = F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=mask if isinstance(mask, torch.Tensor) else None,
+            is_causal=mask == "causal",
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )                                                                        # (B, heads, T, D)
+        y = y.transpose(1, 2).reshape(batch, T, self.num_heads * self.head_dim)  # (B, T, heads*D)
+        return self.out(y)
+
+
+class SwiGLU(nn.Module):
+    """Llama's MLP: down(silu(gate(x)) * up(x)), with gate and up fused.
+    Notebook 00 (where the time goes)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class GeluMLP(nn.Module):
+    """GPT-2's MLP: proj(gelu(fc(x))), with the tanh approximation GPT-2 was trained with.
+    Notebook 00 (where the time goes)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.proj = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x)).
+    Notebook 00 (where the time goes)."""
+
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        if config.family == "llama":
+            self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
+            self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
+            self.mlp = SwiGLU(config)
+        else:
+            self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+            self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+            self.mlp = GeluMLP(config)
+        self.attn = Attention(config, layer_index)
+
+    def forward(self, x, rope, cache, mask):
+        x = x + self.attn(self.attn_norm(x), rope, cache, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    """The course's decoder: tokens (batch, T) -> logits (batch, T, vocab).
+    Notebook 00 (where the time goes)."""
+
+    # Sliding-window attention (notebook 08, long context): None = every earlier key; W = each
+    # query sees at most the last W keys (`window.attention_window` sets it for a block).
+    # The window is a mask over the full cache, which still holds every position: see there why.
+    attention_window: int | None = None
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.family = config.family
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        if self.family == "gpt2":
+            self.position_embed = nn.Embedding(config.max_position, config.hidden_size)
+        else:
+            cos, sin = rope_tables(config)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        if self.family == "llama":
+            self.final_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        else:
+            self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def forward(self, tokens: torch.Tensor, cache=None, positions: torch.Tensor | None = None,
+                key_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+        """Run the model on `tokens` (batch, T), continuing after what `cache` holds.
+
+        positions: (batch, T) position of each token; by default they continue
+            from the cache (start, start + 1, ...). Left-padded batches pass their own.
+        key_mask: (batch, start + T) booleans, False for padding positions that no
+            query may attend to; None when there is no padding.
+        last_only: compute logits for the last position only (all that sampling needs).
+        Returns logits (batch, T or 1, vocab); the cache, if any, has advanced by T.
+        """
+        batch, T = tokens.shape
+        start = cache.length if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(start, start + T, device=tokens.device).expand(batch, T)
+        mask = causal_mask(T, start, key_mask, tokens.device)
+        if self.attention_window is not None:
+            mask = sliding_window(mask, torch.arange(start, start + T, device=tokens.device), start + T,
+                                  self.attention_window)                        # (B or 1, 1, T, start + T)
+        logits = self.run_layers(tokens, positions, cache, mask, last_only)
+        if cache is not None:
+            cache.advance(T)
+        return logits
+
+    def run_layers(self, tokens, positions, cache, mask, last_only: bool = False) -> torch.Tensor:
+        """Embeddings, every block, final norm and output projection (see `forward`)."""
+        x = self.embed(tokens)                                          # (B, T, hidden)
+        rope = None
+        if self.family == "gpt2":
+            x = x + self.position_embed(positions)
+        else:
+            rope = (self.rope_cos[positions].unsqueeze(1),             # (B, 1, T, head_dim)
+                    self.rope_sin[positions].unsqueeze(1))
+        for block in self.blocks:
+            x = block(x, rope, cache, mask)
+        if last_only:
+            x = x[:, -1:]                                               # (B, 1, hidden)
+        return self.lm_head(self.final_norm(x))
+
+    def decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache,
+                      slot: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode step whose tensor shapes never change, for torch.compile and CUDA graphs.
+
+        tokens, positions: (batch, 1); slot: (1,) the cache index to write (the same for
+        every row; a left-padded row's position is smaller than the slot);
+        key_mask: (batch, max_len) False for padding slots, or None.
+        Attention covers the whole preallocated cache with the slots not written yet
+        masked out, so step 10 and step 500 run the same kernels on the same shapes.
+        The caller moves `cache.length` on. Returns logits (batch, vocab).
+        """
+        mask = fixed_decode_mask(cache.max_len, slot, key_mask)           # (B or 1, 1, 1, max_len)
+        if self.attention_window is not None:
+            mask = sliding_window(mask, slot, cache.max_len, self.attention_window)
+        return self.run_layers(tokens, positions, cache.writer_at(slot), mask)[:, -1]
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights read by one decode step: every parameter and buffer
+        (quantized layers keep their packed weights in buffers), each counted once.
+
+        Lookup tables are read one row per token, so they are left out: the RoPE
+        tables, learned positions, and the token embedding unless it is tied to
+        the output projection (then it is read in full, as lm_head).
+        """
+        seen, total = set(), 0
+        tensors = list(self.named_parameters(remove_duplicate=False)) + list(self.named_buffers())
+        for name, tensor in tensors:
+            if id(tensor) in seen or name.startswith(("rope_", "position_embed", "embed.")):
+                continue
+            seen.add(id(tensor))
+            total += tensor.nbytes
+        return total

@@ -1,0 +1,153 @@
+"""Weight-only quantization: int8 and int4 weights, float activations.
+
+Introduced in notebook 04 (quantization).
+
+A decode step at batch 1 reads every weight once for one token's worth of
+arithmetic (notebook 00), so storing the weights in fewer bits reads fewer
+bytes and can make the step faster. The activations stay in floating point;
+each weight is stored as a small integer plus a scale shared by many weights.
+
+The parts, in the order of the idea; notebook 04 reads them all from here
+(``from labsupport.engine import quant as Q``):
+
+* formats: the number formats (int8 absmax per row, int4 in groups,
+  two 4-bit values per byte) and what they cost (`weight_error_stats`);
+* kernels: `Int8Linear` and `Int4Linear`, whose speed depends on the
+  kernel (fast: dequantize inside the matmul; reference: dequantize, then matmul);
+* this module: a whole model's layers quantized through the linear swap
+  (`linear_swap.swap_linears`): `quantized_replacement` is the replacement it
+  takes, `quantize_model` the one call most code uses;
+* lab/quality.py (above the engine): bytes a decode step reads, perplexity, top-1 agreement.
+
+`quantize_model` swaps a model's ``nn.Linear`` modules in place and returns a
+handle that puts the originals back (``handle.restore()``, or use it as a
+context manager). bitsandbytes' LLM.int8() and NF4/FP4 layers (Dettmers et al.
+2022, 2023) plug in the same way (see bnb.py).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch.nn as nn
+
+from ...errors import LabError
+from ..linear_swap import SwapHandle, swap_linears
+from .formats import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
+                      quantize_int8_absmax, require_group_size, unpack_int4, weight_error_stats)
+from .kernels import Int4Linear, Int8Linear, kernel_description, require_kernel
+
+METHODS = ("int8", "int4", "bnb-int8", "bnb-nf4", "bnb-fp4")
+
+__all__ = ["METHODS", "QuantizedHandle", "quantize_linear", "quantized_replacement", "quantize_model",
+           "quantize_int8_absmax", "dequantize_int8", "require_group_size", "quantize_int4_groupwise",
+           "dequantize_int4", "pack_int4", "unpack_int4", "weight_error_stats", "Int8Linear", "Int4Linear",
+           "kernel_description"]
+
+
+class QuantizedHandle(SwapHandle):
+    """What `quantize_model` did, and how to undo it.
+
+    Introduced in notebook 04 (quantization). A `linear_swap.SwapHandle`:
+    ``restore()`` puts the original modules back; ``apply()`` swaps the quantized
+    ones in again (no re-quantizing); ``with handle:`` applies on entry and
+    restores on exit. It also says what was done: ``method``, ``group_size``
+    (int4 only), ``kernels`` per layer, and ``fallbacks``: [(layer name, reason)]
+    for the layers that run the reference kernel.
+    """
+
+    def __init__(self, swap: SwapHandle, method: str, group_size: int | None, fallbacks: list):
+        super().__init__(swap.model, swap.swaps, swap.restored, swap.layout)
+        self.method, self.group_size, self.fallbacks = method, group_size, fallbacks
+
+    @property
+    def kernels(self) -> dict[str, int]:
+        """How many layers run each kernel, e.g. {"fast": 210} or {"bitsandbytes": 211}."""
+        counts: dict[str, int] = {}
+        for swap in self.swaps:
+            kind = getattr(swap.replacement, "kernel", "bitsandbytes")
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    @property
+    def kernel_names(self) -> dict[str, int]:
+        """How many layers run each kernel, in words (`kernels.kernel_description`),
+        e.g. {"fused int4 kernel (aten._weight_int4pack_mm_for_cpu, bf16 arithmetic)": 211}."""
+        counts: dict[str, int] = {}
+        for swap in self.swaps:
+            name = kernel_description(swap.replacement)
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    def describe(self) -> str:
+        """The kernels in one phrase: the most common one, and how many layers run another."""
+        names = sorted(self.kernel_names.items(), key=lambda item: -item[1])
+        if not names:
+            return "no layer swapped"
+        main, others = names[0][0], sum(count for _, count in names[1:])
+        return main + (f" ({others} of {len(self.swaps)} layers: another kernel)" if others else "")
+
+    def __repr__(self) -> str:
+        return (f"QuantizedHandle(method={self.method!r}, layers={len(self.swaps)}, "
+                f"kernels={self.kernels}, applied={self.applied})")
+
+
+def quantize_linear(linear: nn.Linear, method: str, group_size: int = 32, kernel: str = "auto",
+                    warn: bool = True) -> nn.Module:
+    """One nn.Linear -> its quantized replacement (same inputs, same outputs, fewer bytes).
+
+    Introduced in notebook 04 (quantization)."""
+    if method == "int8":
+        return Int8Linear.from_linear(linear, kernel=kernel, warn=warn)
+    if method == "int4":
+        return Int4Linear.from_linear(linear, group_size=group_size, kernel=kernel, warn=warn)
+    if method.startswith("bnb-"):
+        from .bnb import bnb_linear
+        return bnb_linear(linear, method.removeprefix("bnb-"))
+    raise LabError(f"Unknown quantization method {method!r}; use one of {', '.join(METHODS)}.")
+
+
+def quantized_replacement(method: str, group_size: int = 32, kernel: str = "auto",
+                          include_lm_head: bool = True):
+    """The replacement `linear_swap.swap_linears` takes to quantize: (name, linear) ->
+    `quantize_linear(linear, ...)`, or None for the output layer when `include_lm_head` is False.
+
+    Introduced in notebook 04 (quantization). Every argument is checked here, before
+    the first layer is swapped, so a mistake never leaves a half-quantized model.
+    """
+    if method not in METHODS:
+        raise LabError(f"Unknown quantization method {method!r}; use one of {', '.join(METHODS)}.")
+    require_kernel(kernel)
+    if method == "int4":
+        require_group_size(group_size)
+    if method.startswith("bnb-"):
+        from .bnb import bnb_module
+        bnb_module()
+
+    def replace(name: str, linear: nn.Linear) -> nn.Module | None:
+        if not include_lm_head and name.split(".")[-1] == "lm_head":
+            return None
+        return quantize_linear(linear, method, group_size, kernel, warn=False)
+
+    return replace
+
+
+def quantize_model(model: nn.Module, method: str, group_size: int = 32, kernel: str = "auto",
+                   include_lm_head: bool = True) -> QuantizedHandle:
+    """Swap every nn.Linear of `model` for a quantized one, in place; returns the handle
+    that undoes it (``handle.restore()`` or ``with quantize_model(...):``).
+
+    Introduced in notebook 04 (quantization). method: "int8", "int4" (with
+    `group_size`), "bnb-int8", "bnb-nf4" or "bnb-fp4". kernel: "auto"/"fast" or
+    "reference" (ours only). The output projection tied to the embedding is
+    quantized as its own module; the embedding keeps the float weight for lookups.
+    It is `swap_linears(model, quantized_replacement(...))`, plus one warning when
+    layers fall back to the reference kernel.
+    """
+    swap = swap_linears(model, quantized_replacement(method, group_size, kernel, include_lm_head))
+    fallbacks = [(s.name, s.replacement.fallback_reason) for s in swap.swaps
+                 if getattr(s.replacement, "fallback_reason", None)]
+    if fallbacks and kernel != "reference":
+        warnings.warn(f"{len(fallbacks)} of {len(swap.swaps)} layers use the slower reference kernel because the "
+                      f"fast {method} kernel is not usable here ({fallbacks[0][1]}).", stacklevel=2)
+    return QuantizedHandle(swap, method, group_size if method == "int4" else None, fallbacks)

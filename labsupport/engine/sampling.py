@@ -1,0 +1,79 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p.
+
+Introduced in notebook 01 (KV cache); notebook 05 (speculative decoding) needs
+the full probability distribution, which `probabilities` gives.
+
+Reproducibility: every sampling call takes a `torch.Generator`; `generate` seeds
+one from `SamplingConfig.seed`, so the same seed gives the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..inputs import finite_number, whole_number
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to pick tokens. temperature 0 means greedy (argmax).
+    Notebook 01 (KV cache); notebook 05 (speculative decoding) samples with it."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = 0
+
+    def __post_init__(self):
+        # each check goes through labsupport.inputs, whose range checks NaN cannot pass
+        object.__setattr__(self, "temperature",
+                           finite_number(self.temperature, "temperature (0 means greedy)", minimum=0))
+        if self.top_k is not None:
+            object.__setattr__(self, "top_k", whole_number(self.top_k, "top_k (None disables it)"))
+        if self.top_p is not None:
+            object.__setattr__(self, "top_p", finite_number(self.top_p, "top_p (None disables it)",
+                                                            minimum=0, maximum=1, above_minimum=True))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", whole_number(self.seed, "seed (None for a random one)", minimum=0))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self, device) -> torch.Generator | None:
+        if self.greedy or self.seed is None:
+            return None
+        return torch.Generator(device=device).manual_seed(self.seed)
+
+
+GREEDY = SamplingConfig()
+
+
+def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The distribution the sampler draws from: softmax(logits / T) restricted to
+    the top-k tokens and the top-p nucleus, renormalized. logits: (..., vocab).
+    Notebook 05 (speculative decoding)."""
+    logits = logits.float() / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if sampling.top_p is not None and sampling.top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the tokens ranked above it already hold top_p of the mass
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= sampling.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def sample(logits: torch.Tensor, sampling: SamplingConfig = GREEDY,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next token for each row: logits (batch, vocab) -> tokens (batch,). Notebook 01 (KV cache)."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    probs = probabilities(logits, sampling)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

@@ -1,0 +1,252 @@
+"""The serving engine: requests in, tokens out, one step at a time.
+
+Introduced in notebook 06 (continuous batching).
+
+An engine step reads like the pseudocode of every continuous-batching server::
+
+    plan = scheduler.schedule(now)         # who leaves, who joins, who is preempted,
+                                           # how many prompt tokens each computes
+    if no token budget:                    # newcomers: their whole prompt, alone
+        for seq in plan.prefill:
+            emit(seq, sample(runner.forward([seq], [its whole prompt])))
+        rows = plan.decode                 # everyone else: one token each, one batch
+    else:                                  # chunked prefill: decodes and prompt chunks
+        rows = plan.decode + plan.prefill  #   together, in ONE forward pass
+    logits = runner.forward(rows, chunks)
+    for seq, row in zip(rows, logits):
+        if seq's prompt is done:           # a chunk that ends mid-prompt emits nothing
+            emit(seq, sample(row))         # a sequence that ends frees its blocks
+
+With prefix caching, admission points a newcomer's block table at the cached blocks
+of its longest cached full-block prefix (those tokens are not computed), and every
+full prompt block a step completes is named in the cache for later requests.
+
+`Engine.run(requests)` feeds requests in as they arrive and steps until all are
+done; its `ServingResult` holds every sequence and a log of every step, from
+which `lab/serving_metrics.py` computes throughput, latency percentiles and slot use.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from ...errors import LabError
+from ...inputs import whole_number
+from ..hardware import synchronize
+from .block_manager import BlockManager, blocks_needed
+from .model_runner import ModelRunner
+from .paged_cache import PagedKVCache
+from .request import Request, ServedSequence, next_token
+from .scheduler import Scheduler
+
+
+@dataclass
+class StepRecord:
+    """What one engine step did, for the timeline and the utilization plot.
+    Notebook 06 (continuous batching)."""
+
+    start: float
+    end: float
+    prefills: int
+    decode_rows: int
+    padding_rows: int
+    preempted: int
+    blocks_used: int
+    prefill_tokens: int = 0        # prompt tokens computed this step (a recomputed preempted
+                                   # sequence's output tokens count too)
+    prefill_chunks: int = 0        # prompt chunks in this step
+    cached_tokens: int = 0         # prompt tokens taken from the prefix cache at admissions
+
+
+@dataclass
+class ServingResult:
+    """Everything a run produced. `sequences` are in order of arrival. Notebook 06 (continuous batching)."""
+
+    sequences: list[ServedSequence]
+    steps: list[StepRecord]
+    rejected: dict = field(default_factory=dict)     # request id -> the reason, one sentence
+    policy: str = ""
+    max_slots: int = 0
+    peak_blocks: int = 0
+    block_bytes: int = 0
+    block_size: int = 1
+    token_budget: int | None = None
+    prefix_caching: bool = False
+
+    def tokens(self) -> dict:
+        """Request id -> generated tokens."""
+        return {seq.id: list(seq.output) for seq in self.sequences}
+
+
+class Engine:
+    """A model, a paged cache, a block manager and a scheduler, stepped together.
+
+    max_slots: the most sequences decoded together (the batch size).
+    cache_tokens: positions the paged cache holds over all sequences (default: one
+        full-context request per slot, capped at 1,024 positions each);
+        the pool has ceil(cache_tokens / block_size) blocks.
+    policy: "continuous" or "static" (see scheduler.py).
+    token_budget: None (each newcomer's prompt runs whole, alone, before the decode
+        batch) or the tokens one step computes: decodes first, then prompt chunks
+        (chunked prefill); at least max_slots.
+    prefix_caching: share the cache blocks of prompts' common full-block prefixes.
+
+    Notebook 06 (continuous batching).
+    """
+
+    def __init__(self, model, max_slots: int = 8, policy: str = "continuous",
+                 block_size: int = 16, cache_tokens: int | None = None,
+                 token_budget: int | None = None, prefix_caching: bool = False):
+        max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
+        block_size = whole_number(block_size, "block_size (positions per cache block)")
+        if cache_tokens is None:
+            cache_tokens = max_slots * min(model.config.max_position, 1024)
+        cache_tokens = whole_number(cache_tokens, "cache_tokens (positions the paged cache holds)")
+        if token_budget is not None:
+            token_budget = whole_number(token_budget, f"token_budget (tokens per step; at least max_slots = "
+                                        f"{max_slots}, so that every decode fits, or None)", minimum=max_slots)
+        if not isinstance(prefix_caching, bool):
+            raise LabError(f"prefix_caching must be True or False, got {prefix_caching!r}.")
+        num_blocks = blocks_needed(cache_tokens, block_size)
+        self.model = model
+        self.token_budget, self.prefix_caching = token_budget, prefix_caching
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching, model.device)
+        self.cache = PagedKVCache(model.config, num_blocks, block_size, model.device, model.dtype)
+        self.scheduler = Scheduler(policy, max_slots, self.blocks, token_budget)
+        self.runner = ModelRunner(model, self.cache, self.blocks)
+        self.sequences: list[ServedSequence] = []
+        self.steps: list[StepRecord] = []
+        self.clock = _RunClock("wall")
+
+    @property
+    def capacity(self) -> int:
+        """Positions the whole cache holds: a request longer than this can never run."""
+        return self.blocks.num_blocks * self.blocks.block_size
+
+    def add_request(self, request: Request, now: float = 0.0) -> ServedSequence:
+        """Queue a request; a request that can never fit is refused here, in one sentence,
+        and nothing else changes."""
+        context = self.model.config.max_position
+        name = request.request_id if request.request_id is not None else len(self.sequences)
+        if request.max_length > context:
+            raise LabError(
+                f"Request {name!r} needs {request.max_length} positions (prompt {len(request.prompt)} "
+                f"+ max_new_tokens {request.max_new_tokens}) but the model's context holds {context}; "
+                "shorten the prompt or ask for fewer tokens.")
+        if request.max_length > self.capacity:
+            raise LabError(
+                f"Request {name!r} needs {request.max_length} positions but the whole paged cache "
+                f"holds {self.capacity}; give the engine a larger cache_tokens or shorten the request.")
+        vocab = self.model.config.vocab_size
+        if max(request.prompt) >= vocab or min(request.prompt) < 0:
+            raise LabError(f"Request {name!r} has token ids outside the vocabulary [0, {vocab}).")
+        seq = ServedSequence(request, len(self.sequences), self.model.device)
+        self.sequences.append(seq)
+        self.scheduler.add(seq)
+        return seq
+
+    def step(self) -> list[tuple[ServedSequence, int]]:
+        """Run one scheduled step; returns the (sequence, token) pairs it produced."""
+        start = self.clock()
+        plan = self.scheduler.schedule(start)
+        chunked = [(seq, n) for seq, n in zip(plan.prefill, plan.chunks) if n > 0]
+        events: list[tuple[ServedSequence, int]] = []
+        if self.token_budget is None:
+            for seq, n in chunked:                                     # each newcomer alone
+                events += self._sample([seq], self.runner.forward([seq], [n]))
+            rows, chunks = plan.decode, [1] * len(plan.decode)
+        else:                                                          # decodes + chunks, one pass
+            rows = plan.decode + [seq for seq, _ in chunked]
+            chunks = [1] * len(plan.decode) + [n for _, n in chunked]
+        if rows:
+            events += self._sample(rows, self.runner.forward(rows, chunks, plan.padding_rows))
+        synchronize(self.model.device)
+        prompts_done = sum(seq.num_cached == len(seq.tokens) for seq, _ in chunked)
+        self.clock.tick()
+        now = self.clock()
+        for seq, _ in chunked:                                         # full prompt blocks: shareable now
+            self.blocks.cache_full_blocks(seq.index, seq.request.prompt, seq.num_cached)
+        for seq, token in events:
+            if seq.append(token, now):
+                self.scheduler.finish(seq, now)
+        self.steps.append(StepRecord(
+            start, now, prompts_done, len(plan.decode),
+            plan.padding_rows, len(plan.preempted), self.blocks.num_used,
+            prefill_tokens=sum(n for _, n in chunked), prefill_chunks=len(chunked),
+            cached_tokens=plan.cached_tokens))
+        return events
+
+    def _sample(self, seqs: list[ServedSequence], logits) -> list[tuple[ServedSequence, int]]:
+        """The next token of every sequence whose tokens are all in the cache now (a chunk that
+        ends part-way through a prompt gives none). logits: (len(seqs), vocab)."""
+        greedy = logits.argmax(dim=-1).tolist()                        # one sync for all rows
+        return [(seq, greedy[row] if seq.request.sampling.greedy else next_token(logits[row], seq))
+                for row, seq in enumerate(seqs) if seq.num_cached == len(seq.tokens)]
+
+    def run(self, requests: Iterable[Request], clock: str = "wall",
+            progress: Callable[[int, int], None] | None = None) -> ServingResult:
+        """Serve `requests` as they arrive, until every one has finished.
+
+        clock="wall": seconds of real time, except that while the server is idle the
+            clock jumps to the next arrival instead of sleeping;
+        clock="steps": every step lasts one time unit (arrivals are then in steps), so a
+            run is reproducible exactly; handy for exercises and tests.
+        Requests that can never fit are refused (see `add_request`) and listed in
+        `ServingResult.rejected`; the others are served as if they were not there.
+        """
+        pending = list(requests)
+        wrong = next((r for r in pending if not isinstance(r, Request)), None)
+        if wrong is not None:
+            raise LabError(f"The engine serves Request objects, got a {type(wrong).__name__}; "
+                           f"wrap each prompt as Request(prompt=ids, max_new_tokens=...).")
+        pending.sort(key=lambda r: r.arrival)
+        if not pending:
+            raise LabError("The request list is empty; give the engine at least one Request.")
+        if clock not in ("wall", "steps"):
+            raise LabError(f"clock must be 'wall' or 'steps', got {clock!r}.")
+        self.clock = _RunClock(clock)
+        rejected, total, done = {}, len(pending), 0
+        while pending or self.scheduler.has_work:
+            now = self.clock()
+            while pending and pending[0].arrival <= now:
+                request = pending.pop(0)
+                try:
+                    self.add_request(request, now)
+                except LabError as error:
+                    name = request.request_id if request.request_id is not None else f"#{total - len(pending) - 1}"
+                    rejected[name] = str(error)
+            if not self.scheduler.has_work:
+                if pending:
+                    self.clock.skip_to(pending[0].arrival)     # idle: jump to the next arrival
+                continue
+            self.step()
+            if progress is not None:
+                finished = sum(s.is_finished for s in self.sequences) + len(rejected)
+                if finished != done:
+                    done = finished
+                    progress(done, total)
+        return ServingResult(list(self.sequences), list(self.steps), rejected,
+                             self.scheduler.policy, self.scheduler.max_slots,
+                             self.blocks.peak_used, self.cache.bytes_per_block,
+                             self.blocks.block_size, self.token_budget, self.prefix_caching)
+
+
+class _RunClock:
+    """Seconds since the run started (or steps taken), with idle gaps skipped."""
+
+    def __init__(self, kind: str):
+        self.kind, self.offset, self.t0, self.ticks = kind, 0.0, time.perf_counter(), 0
+
+    def __call__(self) -> float:
+        if self.kind == "steps":
+            return self.ticks + self.offset
+        return time.perf_counter() - self.t0 + self.offset
+
+    def tick(self) -> None:
+        """A step has ended (the "steps" clock counts them)."""
+        self.ticks += 1
+
+    def skip_to(self, t: float) -> None:
+        self.offset += max(0.0, t - self())

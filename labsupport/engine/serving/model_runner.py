@@ -1,0 +1,144 @@
+"""Running the model over the sequences a step has scheduled.
+
+Introduced in notebook 06 (continuous batching).
+
+One kind of forward pass, `forward(seqs, chunks)`, through the paged cache: row b
+computes the next `chunks[b]` tokens of sequence b, from its `num_cached` on. A
+decode is a chunk of one token; a prompt, or a piece of one (chunked prefill), is a
+longer chunk. Three layouts, one rule (each query sees its own sequence's cached
+context, then its chunk up to itself):
+
+* one sequence from position 0 (a fresh prompt): plain causal attention over the new
+  tokens, no gather, no mask;
+* rows that all bring as many tokens (a decode batch: one each): a (B, T) batch,
+  `masks.chunk_mask`;
+* chunks of different lengths (chunked prefill beside decodes): packed into ONE row of
+  all their tokens, no padding, each chunk kept to its own keys by `masks.packed_mask`;
+  only each chunk's last token goes through the output layer.
+
+`prefill(seq)` and `decode(seqs)` are the two everyday cases. Block tables come from
+the block manager's tensor (`BlockManager.table_rows`): one index per step. A plain
+function `seq index -> list of blocks` works too; the tables are then rebuilt from
+lists every step (what decode_cost.py measures).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...errors import LabError
+from ..models.masks import causal_mask, chunk_mask, packed_mask
+from .block_manager import BlockManager, blocks_needed
+from .paged_cache import PagedKVCache
+from .request import ServedSequence
+
+
+class ModelRunner:
+    """Forward passes of scheduled sequences through a paged pool. Notebook 06.
+
+    cache: the `PagedKVCache` to read and write; blocks: the `BlockManager` whose
+    tables to use, or a function sequence index -> its list of block ids;
+    attention: "gather" (copy each row's context out of the pool) or "pool" (attend
+    over the pool in place, with a mask; see paged_cache.py).
+    """
+
+    def __init__(self, model, cache: PagedKVCache, blocks, attention: str = "gather"):
+        if attention not in ("gather", "pool"):
+            raise LabError(f"attention must be 'gather' or 'pool', got {attention!r}.")
+        self.model, self.cache = model, cache
+        self.blocks = blocks
+        self.attention = attention
+        self.device = model.device
+
+    def tables(self, seqs: list[ServedSequence], padding_rows: int = 0, width: int = 1) -> torch.Tensor:
+        """Block tables as one (B, >= width) tensor, short rows (and padding rows) filled with
+        the scratch block."""
+        if isinstance(self.blocks, BlockManager):
+            return self.blocks.table_rows([seq.index for seq in seqs], padding_rows, width)
+        return list_tables([self.blocks(seq.index) for seq in seqs] + [[]] * padding_rows,
+                           self.cache.scratch_block, width, self.device)
+
+    @torch.inference_mode()
+    def forward(self, seqs: list[ServedSequence], chunks: list[int], padding_rows: int = 0) -> torch.Tensor:
+        """Compute the next chunks[b] tokens of each sequence; returns the logits after each
+        row's last token (len(seqs), vocab). Padding rows (static batching's finished
+        members) compute one token each in the scratch block; their logits are dropped."""
+        starts = [seq.num_cached for seq in seqs] + [0] * padding_rows
+        lengths = list(chunks) + [1] * padding_rows
+        rows = [seq.tokens[start: start + n] for seq, start, n in zip(seqs, starts, lengths)] + [[0]] * padding_rows
+        if len(rows) == 1 and starts[0] == 0:
+            logits = self._fresh_prompt(seqs[0], rows[0])
+        elif len(set(lengths)) == 1:                     # decodes: every row brings as many tokens
+            logits = self._batched(seqs, starts, rows, padding_rows)
+        else:                                            # chunks of different lengths
+            logits = self._packed(seqs, starts, rows, padding_rows)
+        for seq, n in zip(seqs, chunks):
+            seq.num_cached += n
+        return logits[: len(seqs)]
+
+    def _fresh_prompt(self, seq: ServedSequence, tokens: list[int]) -> torch.Tensor:
+        """One sequence from position 0: causal attention over its own new tokens."""
+        T = len(tokens)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)             # (1, T)
+        positions = torch.arange(T, device=self.device)[None]                          # (1, T)
+        view = self.cache.view(self.tables([seq], width=blocks_needed(T, self.cache.block_size)),
+                               positions, context_lengths=None)
+        mask = causal_mask(T, 0, None, self.device)                                    # "causal"
+        return self.model.run_layers(ids, positions, view, mask, last_only=True)[:, -1]
+
+    def _batched(self, seqs, starts, rows, padding_rows) -> torch.Tensor:
+        """Rows of T new tokens each, every row after its own context: a (B, T) batch."""
+        ids = torch.tensor(rows, dtype=torch.long, device=self.device)                  # (B, T)
+        T = ids.shape[1]
+        positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(T, device=self.device)
+        context = positions[:, -1] + 1                                                  # (B,)
+        width = blocks_needed(int(context.max()), self.cache.block_size)
+        view = self.cache.view(self.tables(seqs, padding_rows, width), positions, context,
+                               over_pool=self.attention == "pool")
+        mask = chunk_mask(positions)                                                    # (B, 1, T, S)
+        if self.attention == "pool":
+            mask = view.pool_mask(mask)                                                 # (B, 1, T, span)
+        return self.model.run_layers(ids, positions, view, mask, last_only=True)[:, -1]
+
+    def _packed(self, seqs, starts, rows, padding_rows) -> torch.Tensor:
+        """Chunks of different lengths packed into one row of N tokens, no padding: the
+        linear layers see exactly the tokens to compute; attention keeps each chunk to its
+        own sequence (`masks.packed_mask`)."""
+        lengths = torch.tensor([len(row) for row in rows], device=self.device)         # (B,)
+        ids = torch.tensor([[t for row in rows for t in row]], dtype=torch.long, device=self.device)   # (1, N)
+        token_rows = torch.repeat_interleave(torch.arange(len(rows), device=self.device), lengths)  # (N,)
+        ends = lengths.cumsum(0)                                                        # (B,)
+        offset = torch.arange(ids.shape[1], device=self.device) - (ends - lengths)[token_rows]   # (N,) place in chunk
+        positions = torch.tensor(starts, device=self.device)[token_rows] + offset      # (N,)
+        context = torch.tensor(starts, device=self.device) + lengths                   # (B,)
+        width = blocks_needed(int(context.max()), self.cache.block_size)
+        view = self.cache.packed_view(self.tables(seqs, padding_rows, width), token_rows, positions, context,
+                                      over_pool=self.attention == "pool")
+        mask = packed_mask(token_rows, positions, len(rows), width * self.cache.block_size)   # (1, 1, N, K)
+        if self.attention == "pool":
+            mask = view.pool_mask(mask)                                                 # (1, 1, N, span)
+        # the output layer needs each chunk's last token only (as last_only does for one row)
+        last_tokens = ends - 1                                                          # (B,)
+        hook = self.model.lm_head.register_forward_pre_hook(
+            lambda layer, args: (args[0].index_select(1, last_tokens),))
+        try:
+            logits = self.model.run_layers(ids, positions[None], view, mask)            # (1, B, vocab)
+        finally:
+            hook.remove()
+        return logits[0]                                                                # (B, vocab)
+
+    def prefill(self, seq: ServedSequence) -> torch.Tensor:
+        """Run every token of `seq` not in the cache yet; returns the last logits (vocab,)."""
+        return self.forward([seq], [len(seq.tokens) - seq.num_cached])[0]
+
+    def decode(self, seqs: list[ServedSequence], padding_rows: int = 0) -> torch.Tensor:
+        """Feed each sequence its last token; returns next-token logits (len(seqs), vocab)."""
+        return self.forward(seqs, [1] * len(seqs), padding_rows)
+
+
+def list_tables(tables: list[list[int]], scratch_block: int, width: int, device) -> torch.Tensor:
+    """Block tables rebuilt from Python lists: (B, max(width, longest)), padded with the scratch
+    block (the slow path: one new tensor every step). Notebook 06 (continuous batching)."""
+    width = max(width, max(len(t) for t in tables))
+    padded = [t + [scratch_block] * (width - len(t)) for t in tables]
+    return torch.tensor(padded, dtype=torch.long, device=device)

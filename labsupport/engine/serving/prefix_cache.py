@@ -1,0 +1,107 @@
+"""Prefix caching: blocks of keys and values that several requests share.
+
+Introduced in notebook 06 (continuous batching).
+
+Chat requests start with the same system prompt, so their first cache blocks hold
+the same keys and values. A prefix cache (vLLM's automatic prefix caching, SGLang's
+RadixAttention) computes such a block once and lets every later request point its
+block table at it:
+
+* a FULL block of prompt tokens is named by `block_hash(parent_hash, tokens)`: a hash
+  of its tokens and of the hash of the block before it, so the same tokens after a
+  different prefix get a different name (their keys differ: attention saw another past);
+* a block in the cache has a reference count: how many sequences' tables hold it. It is
+  never written again: its positions are final;
+* a block that no sequence holds stays cached, in case another request needs it, until
+  its room is needed: then the least recently used one is evicted (forgotten, and given
+  out as a free block).
+
+The block manager (block_manager.py) owns blocks; this cache only names them and counts
+who shares them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Sequence
+
+from ...errors import LabError
+
+
+def block_hash(parent_hash: int | None, block_tokens: Sequence[int]) -> int:
+    """The name of a full block: a stable 64-bit hash of the hash of the block before it
+    (None for a sequence's first block) and of the block's token ids, so that a block's
+    name stands for its whole prefix. hashlib, not Python's salted `hash`: the same
+    tokens give the same name in every process. Introduced in notebook 06 (continuous batching)."""
+    text = f"{'-' if parent_hash is None else int(parent_hash)}|{','.join(str(int(t)) for t in block_tokens)}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def prefix_block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+    """The chained hashes of every full block of `tokens`, first block first.
+    Notebook 06 (continuous batching)."""
+    hashes, parent = [], None
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = block_hash(parent, tokens[start: start + block_size])
+        hashes.append(parent)
+    return hashes
+
+
+class PrefixCache:
+    """hash -> block id for full prompt blocks, with reference counts and LRU eviction of
+    the blocks no sequence holds. Notebook 06 (continuous batching)."""
+
+    def __init__(self):
+        self.block_of: dict[int, int] = {}          # hash -> block id
+        self.hash_of: dict[int, int] = {}           # block id -> hash
+        self.refs: dict[int, int] = {}              # block id -> sequences holding it
+        self.unused: OrderedDict[int, None] = OrderedDict()   # held by no one, least recently used first
+        self.evictions = 0
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.hash_of
+
+    @property
+    def num_evictable(self) -> int:
+        """Cached blocks no sequence holds: free room, once evicted."""
+        return len(self.unused)
+
+    def lookup(self, hashes: Sequence[int]) -> list[int]:
+        """The blocks of the longest cached prefix of `hashes` (stops at the first miss)."""
+        blocks = []
+        for h in hashes:
+            if h not in self.block_of:
+                break
+            blocks.append(self.block_of[h])
+        return blocks
+
+    def insert(self, h: int, block: int) -> bool:
+        """Name a just-computed full block, held by the one sequence that wrote it; False if
+        another block already has this name (that sequence keeps its own copy, uncached)."""
+        if h in self.block_of or block in self.hash_of:
+            return False
+        self.block_of[h], self.hash_of[block], self.refs[block] = block, h, 1
+        return True
+
+    def ref(self, block: int) -> None:
+        """One more sequence holds `block`."""
+        self.refs[block] += 1
+        self.unused.pop(block, None)
+
+    def unref(self, block: int) -> None:
+        """A sequence let go of `block`; at zero it stays cached, most recently used."""
+        if self.refs[block] <= 0:
+            raise LabError(f"Block {block} is released more often than it was taken; the block manager is broken.")
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            self.unused[block] = None
+
+    def evict(self) -> int:
+        """Forget the least recently used block no one holds, and return it for reuse."""
+        if not self.unused:
+            raise LabError("No cached block is free to evict; the scheduler should have preempted first.")
+        block, _ = self.unused.popitem(last=False)
+        self.evictions += 1
+        del self.block_of[self.hash_of.pop(block)], self.refs[block]
+        return block

@@ -1,0 +1,286 @@
+"""Speculative decoding: a cheap draft guesses, the target checks k guesses in one pass.
+
+Introduced in notebook 05 (speculative decoding).
+
+At batch 1 a decode step is limited by reading the weights (notebook 00), so
+scoring k + 1 tokens in one forward pass costs little more than scoring one.
+Speculative decoding (Leviathan et al. 2023, "Fast Inference from Transformers
+via Speculative Decoding"; Chen et al. 2023, "Accelerating Large Language Model
+Decoding with Speculative Sampling") turns that spare arithmetic into tokens:
+
+1. a cheap *draft* proposes k tokens d_1..d_k, with its probabilities q_i;
+2. the *target* runs once over [last token, d_1..d_k] and gets k + 1
+   next-token distributions p_0..p_k from its KV cache;
+3. d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)); at the first
+   rejection a replacement token is drawn from normalize(max(0, p_i - q_i)) (not
+   from p_i itself) and the step ends; if all k are accepted a bonus token is
+   sampled from p_k;
+4. both KV caches are rolled back past the rejected tokens (`truncate`).
+
+Every step yields between 1 and k + 1 tokens for one target pass, and the
+tokens are distributed *exactly* as if sampled from the target alone: the
+acceptance rule plus the residual distribution add up to p_i (the proof is one
+line per case in both papers; tests/test_speculative.py checks it with a
+chi-square test). Greedy decoding is temperature 0: accept while the target's
+argmax equals the draft token; at the first miss nothing is sampled, the target's
+argmax *corrects* the draft token; after k matches its argmax is the bonus token.
+
+Drafts (all behind one small interface, `Draft`; they live in drafts.py and are
+exported here too, with the rest of the technique):
+
+* `ModelDraft`: any causal LM with the target's tokenizer, with its own KV cache;
+* `QuantizedSelfDraft`: the target's own int4 (or int8) copy (notebook 04);
+* `PromptLookupDraft`: no model at all; copy what followed the last n tokens
+  earlier in the context (prompt-lookup decoding, Saxena 2023). It pays when the
+  answer quotes the prompt (summaries, edits, code changes), not in free text.
+
+If a fraction alpha of the drafted tokens is accepted (independently), a step
+yields (1 - alpha^(k+1)) / (1 - alpha) tokens on average, and with a draft step
+costing c target steps the speedup is that over (k c + 1) (Leviathan et al.).
+That "+ 1" assumes the target's pass over k + 1 tokens costs one plain decode
+step; `pass_costs` (lab/speculative_math.py, with the other formulas) measures what it really costs (v plain steps), and
+`expected_speedup(..., verify_cost=v)` divides by (k c + v) instead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .drafts import Draft, ModelDraft, PromptLookupDraft, QuantizedSelfDraft, quantized_copy
+from ..errors import LabError
+from .generation import require_fits_context
+from ..inputs import token_id_set, token_rows, whole_number
+from .hardware import synchronize
+from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
+from .sampling import GREEDY, SamplingConfig, probabilities
+
+__all__ = ["Draft", "ModelDraft", "QuantizedSelfDraft",
+           "quantized_copy", "PromptLookupDraft", "SpeculativeStep", "SpeculativeStats", "SpeculativeResult",
+           "require_compatible_draft", "verify", "speculative_generate"]
+
+
+# --- the generation loop -----------------------------------------------------------------
+
+REPLACEMENT_KINDS = ("corrected", "resampled")      # greedy: the target's argmax; sampling: a residual draw
+
+
+@dataclass
+class SpeculativeStep:
+    """One target pass: what was drafted, how much of it the target kept, and the token
+    the target added itself: "corrected" (greedy: its argmax in place of the first miss),
+    "resampled" (sampling: drawn from the residual in place of the first miss) or "bonus"
+    (after k matches). Notebook 05 (speculative decoding)."""
+
+    drafted: list[int]
+    n_accepted: int
+    extra_token: int | None              # None when an end token among the drafts ended generation
+    extra_kind: str | None               # "corrected", "resampled", "bonus" or None
+    target_argmax: list[int] | None = None   # the target's own choice at each of the k + 1 positions
+
+    @property
+    def statuses(self) -> list[str]:
+        """Per drafted token: "accepted", "rejected" (the first miss) or "unchecked" (after it)."""
+        out = ["accepted"] * self.n_accepted
+        if self.n_accepted < len(self.drafted):
+            out.append("rejected" if self.extra_kind in REPLACEMENT_KINDS else "unchecked")
+        return out + ["unchecked"] * (len(self.drafted) - len(out))
+
+
+@dataclass
+class SpeculativeStats:
+    """Counts and times of one speculative generation (notebook 05). Every new token is
+    an accepted draft, a replacement or a bonus token, so those three add up."""
+
+    drafted: int = 0                     # tokens proposed by the draft
+    accepted: int = 0                    # drafted tokens kept
+    rejected: int = 0                    # first misses (each ends a step)
+    replaced: int = 0                    # tokens the target put in place of a miss (greedy: its argmax)
+    bonus: int = 0                       # tokens the target added after all drafts passed
+    target_calls: int = 0                # verification passes (the prompt's prefill not counted)
+    draft_seconds: float = 0.0           # drafting during the steps (a model draft's prefill not counted)
+    target_seconds: float = 0.0          # the target's verification passes
+    prefill_seconds: float = 0.0         # the prompt, through the target and a model draft
+
+    @property
+    def tokens(self) -> int:
+        return self.accepted + self.replaced + self.bonus
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Fraction of drafted tokens that were kept (vLLM's definition)."""
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def alpha(self) -> float:
+        """Fraction of *checked* drafts that passed: the alpha of `expected_tokens_per_call`."""
+        checked = self.accepted + self.rejected
+        return self.accepted / checked if checked else float("nan")
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.tokens / self.target_calls if self.target_calls else float("nan")
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "tokens": self.tokens, "acceptance_rate": self.acceptance_rate,
+                "alpha": self.alpha, "tokens_per_target_call": self.tokens_per_call}
+
+
+@dataclass
+class SpeculativeResult:
+    """What `speculative_generate` returns (notebook 05): the new tokens, the stats and,
+    when asked for, the per-step trace."""
+
+    tokens: list[int]                    # the new tokens (up to and including an end token)
+    prompt_length: int
+    stats: SpeculativeStats
+    trace: list[SpeculativeStep] | None = field(default=None, repr=False)
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else float("nan")
+
+
+def require_compatible_draft(target, draft: Draft) -> None:
+    """Refuse a draft whose token ids mean something else than the target's (notebook 05)."""
+    vocab = target.config.vocab_size
+    if draft.vocab_size is not None and draft.vocab_size != vocab:
+        raise LabError(f"The draft has a vocabulary of {draft.vocab_size} tokens and the target "
+                       f"{vocab}; a draft must share the target's tokenizer.")
+
+
+def verify(target_probs: torch.Tensor | None, target_argmax: torch.Tensor, drafted: list[int],
+           draft_probs: torch.Tensor | None, generator: torch.Generator | None) -> tuple[int, int, str]:
+    """The acceptance rule. target_probs: (k+1, vocab) or None for greedy; target_argmax: (k+1,).
+    Returns (tokens accepted n, the token the target adds, its kind: "corrected" (greedy:
+    the target's argmax replaces the first miss, nothing is sampled), "resampled" (drawn
+    from the residual) or "bonus"). Notebook 05 (speculative decoding)."""
+    for i, d in enumerate(drafted):
+        if target_probs is None:                                         # greedy: exact match
+            if int(target_argmax[i]) != d:
+                return i, int(target_argmax[i]), "corrected"
+            continue
+        p = target_probs[i]                                              # (vocab,)
+        q_d = float(draft_probs[i, d]) if draft_probs is not None else 1.0  # a point mass: q(d) = 1
+        u = float(torch.rand((), generator=generator, device=p.device))
+        if u * q_d < float(p[d]):                                        # accept with prob min(1, p/q)
+            continue
+        if draft_probs is not None:
+            residual = (p - draft_probs[i]).clamp_min(0)                  # normalize(max(0, p - q))
+        else:
+            residual = p.clone()                                          # max(0, p - onehot(d)): p without d
+            residual[d] = 0
+        residual = residual if residual.sum() > 0 else p                  # p == q: only rounding gets here
+        token = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+        return i, token, "resampled"
+    k = len(drafted)
+    if target_probs is None:
+        return k, int(target_argmax[k]), "bonus"
+    return k, int(torch.multinomial(target_probs[k], 1, generator=generator)), "bonus"
+
+
+@torch.inference_mode()
+def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32, k: int = 4,
+                         sampling: SamplingConfig = GREEDY, eos_token_ids: Sequence[int] | None = None,
+                         trace: bool = False, cache: KVCache | None = None) -> SpeculativeResult:
+    """Generate from `target` with speculative decoding (batch 1); exact for any sampling.
+
+    Introduced in notebook 05 (speculative decoding); Leviathan et al. 2023, Chen et al. 2023.
+
+    prompt: a list or 1-D tensor of token ids. k: tokens drafted per step.
+    eos_token_ids: ids that end generation (default: the target's; () never stops).
+    trace: keep a `SpeculativeStep` per target pass (for the notebook's coloured trace).
+    cache: the target's cache, an empty `KVCache` of one row and at least prompt +
+        max_new_tokens positions (checked); default a new `StaticKVCache` of that size.
+        (A `ModelDraft` makes its own, with its `cache_factory`.)
+    The target's cache holds every token but the last ("pending") one; each pass feeds
+    [pending, d_1..d_k] and gets the k + 1 distributions that check the drafts.
+    """
+    require_compatible_draft(target, draft)
+    k = whole_number(k, "k (tokens drafted per step)", minimum=0)
+    rows = token_rows(prompt, target.config.vocab_size)         # the checks every entry point shares
+    if len(rows) != 1:
+        raise LabError(f"Speculative decoding runs one prompt at a time (batch 1), got {len(rows)}.")
+    prompt = rows[0]
+    max_new_tokens = require_fits_context(target, len(prompt), max_new_tokens)
+    if not isinstance(sampling, SamplingConfig):
+        raise LabError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}.")
+    device = target.device
+    eos = set(target.config.eos_token_ids if eos_token_ids is None else token_id_set(eos_token_ids))
+    generator = None
+    if not sampling.greedy:
+        generator = torch.Generator(device=device).manual_seed(sampling.seed if sampling.seed is not None
+                                                               else torch.seed())
+    max_len = len(prompt) + max_new_tokens
+    if cache is None:
+        cache = StaticKVCache.for_model(target, 1, max_len)
+    else:
+        require_fitting_cache(cache, 1, max_len, target)
+    stats, steps = SpeculativeStats(), [] if trace else None
+    context = list(prompt)
+
+    synchronize(device)
+    t_start = time.perf_counter()
+    draft.start(prompt, max_len, generator)                     # a model draft reads the prompt here
+    if len(prompt) > 1:
+        target(torch.tensor([prompt[:-1]], device=device), cache=cache, last_only=True)
+    synchronize(device)
+    stats.prefill_seconds = time.perf_counter() - t_start
+
+    new_tokens: list[int] = []
+    while len(new_tokens) < max_new_tokens:
+        # 1. draft (never more than can still be used: each step adds up to k + 1 tokens)
+        t0 = time.perf_counter()
+        k_step = min(k, max_new_tokens - len(new_tokens) - 1)
+        drafted, draft_probs = draft.propose(context, k_step) if k_step > 0 else ([], None)
+        drafted = drafted[:k_step]
+        synchronize(device)
+        t1 = time.perf_counter()
+
+        # 2. one target pass over [pending, d_1..d_k]: k + 1 next-token distributions
+        start = cache.length
+        fed = torch.tensor([[context[-1], *drafted]], device=device)                 # (1, k + 1)
+        logits = target(fed, cache=cache)[0].float()                                  # (k + 1, vocab)
+        target_probs = None if sampling.greedy else probabilities(logits, sampling)
+        target_argmax = logits.argmax(dim=-1)                                         # (k + 1,)
+        n, extra, kind = verify(target_probs, target_argmax, drafted,
+                                draft_probs[: len(drafted)] if draft_probs is not None else None,
+                                generator)
+        synchronize(device)
+        t2 = time.perf_counter()
+
+        # 3. keep d_1..d_n and the extra token, stopping at an end token
+        kept = drafted[:n] + [extra]
+        for j, token in enumerate(kept):
+            if token in eos:
+                kept = kept[: j + 1]
+                break
+        n_kept = min(n, len(kept))
+        extra_kept = len(kept) > n
+        stats.drafted += len(drafted)
+        stats.accepted += n_kept
+        replaced = kind in REPLACEMENT_KINDS and extra_kept
+        stats.rejected += int(replaced and n < len(drafted))
+        stats.replaced += int(replaced)
+        stats.bonus += int(kind == "bonus" and extra_kept)
+        stats.target_calls += 1
+        stats.draft_seconds += t1 - t0
+        stats.target_seconds += t2 - t1
+        if steps is not None:
+            steps.append(SpeculativeStep(drafted, n_kept, extra if extra_kept else None,
+                                         kind if extra_kept else None, target_argmax.tolist()))
+
+        # 4. roll back both caches past what was rejected: keep pending + d_1..d_n
+        cache.truncate(start + 1 + n_kept)
+        draft.accept(n_kept)
+        context += kept
+        new_tokens += kept
+        if kept[-1] in eos:
+            break
+    synchronize(device)
+    return SpeculativeResult(tokens=new_tokens, prompt_length=len(prompt), stats=stats, trace=steps,
+                             seconds=time.perf_counter() - t_start)

@@ -1,0 +1,62 @@
+"""Timing generation against batch size: what a batch buys in throughput and costs in latency.
+
+Introduced in notebook 02 (batching), as `kv_timing` is for notebook 01: the
+measurements that run `generate`, kept apart from `batching` itself (left
+padding, the mask, positions), which `generate` builds on.
+"""
+
+from __future__ import annotations
+
+from ..engine.padding import padding_waste
+from ..engine.generation import generate
+from .measure import time_fn, time_side_by_side
+
+
+def measure_batch(model, prompts, new_tokens: int = 16, repeats: int = 1, warmup: int = 1) -> dict:
+    """Generate `new_tokens` for every prompt of one batch (no early stop) and time it.
+
+    Introduced in notebook 02 (batching). Returns a dict: batch, seconds (whole
+    call, median), tokens_per_s (new tokens of all rows / seconds), ms_per_token
+    (one decode step: the time between two tokens of one row), prefill_s, and
+    padding_waste of the prompts.
+    """
+    results = []
+    timing = time_fn(lambda: results.append(generate(model, prompts, new_tokens, eos_token_ids=())),
+                     model.device, warmup=warmup, repeats=repeats)
+    timed = results[warmup:]
+    steps = max(new_tokens - 1, 1)
+    decode = sorted(r.decode_seconds for r in timed)[len(timed) // 2]
+    prefill_s = sorted(r.prefill_seconds for r in timed)[len(timed) // 2]
+    batch = len(prompts)
+    return {"batch": batch, "seconds": timing.median, "tokens_per_s": batch * new_tokens / timing.median,
+            "ms_per_token": 1e3 * decode / steps, "prefill_s": prefill_s,
+            "padding_waste": padding_waste([len(p) for p in prompts])}
+
+
+def sweep_batch_sizes(model, prompt: list[int], batches, new_tokens: int = 16, repeats: int = 1,
+                      progress=None) -> list[dict]:
+    """`measure_batch` for the same prompt repeated `batch` times, at each batch size.
+
+    Introduced in notebook 02 (batching). Small batches get a warm-up call;
+    larger ones are timed once as they come on a CPU (slow there; warmed up on a GPU).
+    """
+    rows = []
+    for batch in batches:
+        if progress is not None:
+            progress(f"batch {batch}...")
+        rows.append(measure_batch(model, [prompt] * batch, new_tokens, repeats=repeats,
+                                  warmup=1 if batch <= 4 or model.device.type != "cpu" else 0))
+    return rows
+
+
+def batch_speedup(model, prompt: list[int], batch: int = 16, new_tokens: int = 16, warmup: int = 1,
+                  repeats: int = 3) -> tuple[float, dict]:
+    """Throughput at `batch` rows over batch 1: `prompt` repeated, timed side by side, no early stop.
+
+    Introduced in notebook 02 (batching): the chapter's "batch 1 -> 16" question. Returns
+    (batch x median of "batch 1" / median of "batch {batch}", the `Timing` of each by name).
+    """
+    runs = {f"batch {b}": (lambda b=b: generate(model, [prompt] * b, new_tokens, eos_token_ids=()))
+            for b in (1, batch)}
+    timings = time_side_by_side(runs, model.device, warmup=warmup, repeats=repeats)
+    return batch * timings["batch 1"].median / timings[f"batch {batch}"].median, timings

@@ -1,0 +1,151 @@
+"""Where a paged decode step spends its time: block tables, the gather, the rest.
+
+Introduced in notebook 06 (continuous batching).
+
+Every decode step of the engine does two things a contiguous cache does not:
+
+* it builds the block tables of the batch (`ModelRunner.tables`): picked from the block
+  manager's tensor with one index; the first engine rebuilt them from Python lists
+  every step (`list_tables`, timed here too, for comparison);
+* in every layer it gathers each row's whole context out of the pool
+  (`PagedView.gather`), a copy of every key and value the step attends to, whole
+  blocks at a time (one index per block; timed against one index per position,
+  `gather_by_slots`, the way the first engine gathered).
+
+`decode_step_costs` serves a batch of sequences of one context length, then times
+decode steps three ways: with every table build and gather timed (the shares), plain
+(the step as the engine runs it), and with attention over the pool in place
+(`attention="pool"`: no gather, a bigger masked attention). It returns a flat dict for
+the notebook, with the raw `Timing`s for `busy.busy_reason`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..engine.hardware import synchronize
+from ..inputs import whole_number
+from .measure import Timing
+from ..engine.serving.block_manager import BlockManager, blocks_needed
+from ..engine.serving.model_runner import ModelRunner, list_tables
+from ..engine.serving.paged_cache import PagedKVCache, PagedView
+from ..engine.serving.request import Request, ServedSequence
+
+
+class _TimedView(PagedView):
+    """A `PagedView` that adds the seconds of each gather to `seconds[0]`."""
+
+    seconds = [0.0]
+
+    def gather(self, layer):
+        synchronize(self.cache.device)
+        start = time.perf_counter()
+        out = super().gather(layer)
+        synchronize(self.cache.device)
+        _TimedView.seconds[0] += time.perf_counter() - start
+        return out
+
+
+class _TimedRunner(ModelRunner):
+    """A `ModelRunner` that adds the seconds of each block-table build to `table_seconds`."""
+
+    table_seconds = 0.0
+
+    def tables(self, seqs, padding_rows=0, width=1):
+        synchronize(self.device)
+        start = time.perf_counter()
+        out = super().tables(seqs, padding_rows, width)
+        synchronize(self.device)
+        self.table_seconds += time.perf_counter() - start
+        return out
+
+
+def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size: int = 16,
+                      steps: int = 5, warmup: int = 1, seed: int = 0) -> dict:
+    """Time paged decode steps of `batch_size` sequences holding about `context` positions.
+
+    Returns seconds per step (medians): "step_s" (as the engine runs it, gathering),
+    "pool_step_s" (attention over the pool instead), "timed_step_s" (with every table
+    build and gather timed) split into "table_build_s", "gather_s" and "rest_s", their
+    shares of the timed step, "table_build_lists_s" (the tables rebuilt from lists
+    instead), "gather_by_slots_s" (every layer's gather with one index per position instead of
+    per block), and "timings": {name: Timing} for `busy.busy_reason`.
+    Introduced in notebook 06 (continuous batching).
+    """
+    batch_size = whole_number(batch_size, "batch_size (sequences decoded together)")
+    context = whole_number(context, "context (positions each sequence holds)",
+                           maximum=model.config.max_position - steps - warmup - 1)
+    steps, warmup = whole_number(steps, "steps (timed decode steps)"), whole_number(warmup, "warmup", minimum=0)
+    positions = context + warmup + steps + 1
+    blocks = BlockManager(batch_size * blocks_needed(positions, block_size), block_size, device=model.device)
+    pool = PagedKVCache(model.config, blocks.num_blocks, block_size, model.device, model.dtype)
+    pool.view_class = _TimedView
+    runner = _TimedRunner(model, pool, blocks)
+    generator = torch.Generator().manual_seed(seed)
+    seqs = [ServedSequence(Request(torch.randint(0, model.config.vocab_size, (context,), generator=generator)
+                                   .tolist(), max_new_tokens=positions), i, model.device)
+            for i in range(batch_size)]
+    for grown in range(block_size, positions + block_size, block_size):   # grow in turns: tables interleave
+        for seq in seqs:
+            blocks.grow(seq.index, min(grown, positions))
+    for seq in seqs:
+        seq.output.append(int(runner.prefill(seq).argmax()))
+    samples = {name: [] for name in ("step", "pool_step", "timed_step", "table_build", "gather",
+                                     "table_build_lists", "gather_by_slots")}
+    for step in range(warmup + steps):
+        record = {"table_build_lists": _seconds(lambda: list_tables(
+            [blocks.table(s.index) for s in seqs], pool.scratch_block, 1, model.device), model.device),
+            "gather_by_slots": _seconds(lambda: gather_by_slots(
+                pool, blocks.table_rows([s.index for s in seqs]), seqs[0].num_cached + 1), model.device)}
+        runner.table_seconds, _TimedView.seconds[0] = 0.0, 0.0
+        record["timed_step"] = _seconds(lambda: runner.decode(seqs), model.device)
+        record["table_build"], record["gather"] = runner.table_seconds, _TimedView.seconds[0]
+        for attention, name in (("gather", "step"), ("pool", "pool_step")):
+            _rewind(seqs)                                    # the same step again, the same tokens
+            runner.attention = attention
+            pool.view_class = PagedView
+            record[name] = _seconds(lambda: runner.decode(seqs), model.device)
+        runner.attention, pool.view_class = "gather", _TimedView
+        for seq in seqs:
+            seq.output.append(seq.output[-1])               # any token: the cost does not depend on it
+        if step >= warmup:
+            for name, seconds in record.items():
+                samples[name].append(seconds)
+    timings = {name: Timing(values) for name, values in samples.items()}
+    timed = timings["timed_step"].median
+    table, gather = timings["table_build"].median, timings["gather"].median
+    return {
+        "batch_size": batch_size, "context": context, "block_size": block_size, "device": str(model.device),
+        "step_s": timings["step"].median, "pool_step_s": timings["pool_step"].median,
+        "timed_step_s": timed, "table_build_s": table, "gather_s": gather,
+        "rest_s": max(0.0, timed - table - gather),
+        "table_build_share": table / timed, "gather_share": gather / timed,
+        "rest_share": max(0.0, timed - table - gather) / timed,
+        "table_build_lists_s": timings["table_build_lists"].median,
+        "gather_by_slots_s": timings["gather_by_slots"].median,
+        "timings": timings,
+    }
+
+
+def gather_by_slots(pool: PagedKVCache, tables: torch.Tensor, context: int) -> list:
+    """Every layer's keys and values of `context` positions per row, read one pool slot per
+    position (B, S, kv_heads, D): the gather of the first engine. Notebook 06 (continuous batching)."""
+    positions = torch.arange(context, device=tables.device).expand(len(tables), context)
+    slots = pool.slots(tables, positions)                                        # (B, S)
+    return [(pool.keys[layer][slots], pool.values[layer][slots]) for layer in range(len(pool.keys))]
+
+
+def _seconds(fn, device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def _rewind(seqs: list[ServedSequence]) -> None:
+    """Undo the last decode's cache write: the next decode recomputes the same position."""
+    for seq in seqs:
+        seq.num_cached -= 1

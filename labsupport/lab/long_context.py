@@ -1,0 +1,252 @@
+"""Measuring decode at long context: where a step's time goes, fewer kv-heads, the int8 cache,
+and the sliding window's effect on quality.
+
+Introduced in notebook 08 (long context).
+
+The decode measurements never run a long prompt through the model: a cache is filled with
+random keys and values (`filled_cache`) and one decode step is timed on top of it. What the
+numbers are does not change the time a step takes, and filling 16 rows x 2048 positions
+by a real prefill would take minutes on a CPU. The quality measurements use the real model
+and the evaluation text (`quality.eval_tokens`), in one forward pass each.
+
+Sliding-window attention (`attention_window`) is a mask, not a smaller cache: the cache keeps
+every position and each query sees only the last W of them. That keeps the `KVCache`
+protocol, the positions (RoPE) and every other notebook's code unchanged, and with W at least
+the context it is exactly the plain path. A serving engine would also free what the window
+no longer sees (a ring buffer of W positions); the memory that saves is computed here
+(`window_cache_bytes`), not allocated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import LabError
+from ..engine.generation import decode_step, generate
+from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
+from ..engine.kv_quant import Int8KVCache
+from .measure import time_side_by_side
+from ..engine.models.config import ModelConfig
+from ..weights.fixtures import random_model
+from ..engine.models.transformer import Transformer
+from ..engine.window import attention_window
+
+CACHE_KINDS = ("float", "int8")       # a StaticKVCache in the model's dtype, or an Int8KVCache
+
+
+# --- building blocks ------------------------------------------------------------------------
+
+def random_weights_model(config: ModelConfig, device="cpu", dtype: torch.dtype = torch.float32,
+                         seed: int = 0) -> Transformer:
+    """A `Transformer` of any config with seeded random weights (std 0.02, norms at 1): for
+    timing and bytes only, never for text. Introduced in notebook 08 (long context)."""
+    return random_model(config, seed=seed, device=device, dtype=dtype, layout=False)
+
+
+def filled_cache(model, batch: int, context: int, kind: str = "float", seed: int = 0):
+    """A cache of `model` holding `context` positions of random keys and values per row, with
+    room for one more (the decode step to time). kind: "float" (a `StaticKVCache` in the
+    model's dtype) or "int8" (an `Int8KVCache`). Introduced in notebook 08 (long context)."""
+    if kind not in CACHE_KINDS:
+        raise LabError(f"Unknown cache kind {kind!r}; choose one of {CACHE_KINDS}.")
+    if context < 1 or context + 1 > model.config.max_position:
+        raise LabError(f"A context of {context} does not fit the model's {model.config.max_position} positions.")
+    cache_class = StaticKVCache if kind == "float" else Int8KVCache
+    cache = cache_class.for_model(model, batch, context + 1)
+    generator = torch.Generator(device=cache.device).manual_seed(seed)
+    if kind == "float":
+        cache.keys.normal_(generator=generator)
+        cache.values.normal_(generator=generator)
+    else:
+        for store in (cache.keys, cache.values):
+            store.random_(-127, 128, generator=generator)
+        cache.key_scales.fill_(0.01)
+        cache.value_scales.fill_(0.01)
+    cache.length = context
+    return cache
+
+
+def decode_step_runner(model, cache):
+    """A function that runs one decode step of random tokens (one per row) on `cache` and
+    rolls the cache back, so that it can be timed again and again. Notebook 08 (long context)."""
+    tokens = torch.randint(0, model.config.vocab_size, (cache.batch_size,), device=model.device)  # (batch,)
+
+    def run():
+        filled = cache.length
+        with torch.inference_mode():
+            logits = decode_step(model, cache, tokens)                  # (batch,) -> (batch, vocab)
+        cache.truncate(filled)
+        return logits
+    return run
+
+
+def _attention_only(model, cache, batch: int):
+    """The step's attention alone: every layer's `scaled_dot_product_attention` of one query
+    per row over a float cache (the same shapes as inside the step)."""
+    config = model.config
+    q = torch.randn(batch, config.num_heads, 1, config.head_dim, device=model.device, dtype=model.dtype)
+    end = cache.length + 1
+
+    def run():
+        with torch.inference_mode():
+            for layer in range(config.num_layers):
+                k, v = cache.keys[layer, :, :, :end], cache.values[layer, :, :, :end]    # (B, kv, end, D)
+                F.scaled_dot_product_attention(q, k, v, enable_gqa=config.num_kv_heads != config.num_heads)
+    return run
+
+
+# --- where a decode step's time goes ------------------------------------------------------------
+
+def decode_attention_share(model, contexts: Sequence[int], batches: Sequence[int] = (1, 16),
+                           repeats: int = 3) -> list[dict]:
+    """Time one decode step and its attention alone, side by side, at each (batch, context).
+
+    Introduced in notebook 08 (long context). The cache holds random values (see the module
+    docstring). Rows: batch, context, step_s, attention_s (medians), attention_share
+    (attention_s / step_s), weight_bytes and cache_bytes (what the step reads), and timings
+    ({"step_s", "attention_s": Timing.to_dict()}).
+    """
+    rows = []
+    weight_bytes = model.weight_bytes()
+    for batch in sorted(set(batches)):
+        for context in sorted(set(contexts)):
+            cache = filled_cache(model, batch, context)
+            steps = {"step_s": decode_step_runner(model, cache),
+                     "attention_s": _attention_only(model, cache, batch)}
+            timings = time_side_by_side(steps, model.device, warmup=1, repeats=repeats)
+            rows.append({"batch": batch, "context": context, "step_s": timings["step_s"].median,
+                         "attention_s": timings["attention_s"].median,
+                         "attention_share": timings["attention_s"].median / timings["step_s"].median,
+                         "weight_bytes": weight_bytes,
+                         "cache_bytes": kv_cache_bytes(model.config, context, batch, model.dtype),
+                         "timings": {name: t.to_dict() for name, t in timings.items()}})
+            del cache
+    return rows
+
+
+def time_kv_variants(variants: dict[str, ModelConfig], context: int, batch: int = 1, device="cpu",
+                     dtype: torch.dtype = torch.float32, repeats: int = 3) -> list[dict]:
+    """One decode step and its attention, at `context`, for each config of `variants`
+    (`decode_bytes.kv_head_variants`: MHA, GQA, MQA), all timed side by side.
+
+    Introduced in notebook 08 (long context). Each variant is a `Transformer` with random
+    weights (`random_weights_model`): the same shapes but for the kv-heads, so only the cache
+    and the key/value projections differ. Rows: variant, kv_heads, cache_bytes,
+    weight_bytes, step_s, attention_s, timings.
+    """
+    models = {name: random_weights_model(config, device, dtype) for name, config in variants.items()}
+    caches = {name: filled_cache(model, batch, context) for name, model in models.items()}
+    steps = {}
+    for name, model in models.items():
+        steps[f"{name} step"] = decode_step_runner(model, caches[name])
+        steps[f"{name} attention"] = _attention_only(model, caches[name], batch)
+    timings = time_side_by_side(steps, device, warmup=1, repeats=repeats)
+    return [{"variant": name, "kv_heads": config.num_kv_heads,
+             "cache_bytes": kv_cache_bytes(config, context, batch, dtype),
+             "weight_bytes": models[name].weight_bytes(),
+             "step_s": timings[f"{name} step"].median, "attention_s": timings[f"{name} attention"].median,
+             "timings": {part: timings[f"{name} {part}"].to_dict() for part in ("step", "attention")}}
+            for name, config in variants.items()]
+
+
+def time_cache_kinds(model, context: int, batch: int = 1, repeats: int = 3) -> dict:
+    """One decode step with the float cache and with the int8 cache at `context`, side by side.
+
+    Introduced in notebook 08 (long context). Returns {"context", "batch", "float_s",
+    "int8_s", "float_bytes", "int8_bytes" (allocated), "timings"}."""
+    caches = {kind: filled_cache(model, batch, context, kind) for kind in CACHE_KINDS}
+    steps = {f"{kind}_s": decode_step_runner(model, cache) for kind, cache in caches.items()}
+    timings = time_side_by_side(steps, model.device, warmup=1, repeats=repeats)
+    return {"context": context, "batch": batch, **{name: t.median for name, t in timings.items()},
+            "float_bytes": caches["float"].nbytes, "int8_bytes": caches["int8"].nbytes,
+            "timings": {name: t.to_dict() for name, t in timings.items()}}
+
+
+# --- quality: the int8 cache and the window ---------------------------------------------------
+
+
+@torch.inference_mode()
+def _logits(model, tokens: Sequence[int], cache_kind: str | None = None) -> torch.Tensor:
+    """Logits (T, vocab) in float32 of one forward pass over `tokens`, through a cache of
+    `cache_kind` (whose keys and values the pass then attends to) or none."""
+    ids = torch.as_tensor(list(tokens), device=model.device).reshape(1, -1)     # (1, T)
+    cache = None
+    if cache_kind is not None:
+        cache_class = StaticKVCache if cache_kind == "float" else Int8KVCache
+        cache = cache_class.for_model(model, 1, ids.shape[1])
+    return model(ids, cache=cache)[0].float()                                   # (T, vocab)
+
+
+def _perplexity(logits: torch.Tensor, tokens: Sequence[int]) -> float:
+    targets = torch.as_tensor(list(tokens)[1:], device=logits.device)           # (T - 1,)
+    return math.exp(F.cross_entropy(logits[:-1], targets).item())
+
+
+def kv_precision_quality(model, tokens: Sequence[int]) -> dict:
+    """The int8 cache against the float cache on `tokens` (the evaluation text, say): one
+    forward pass each, every position attending through its cache.
+
+    Introduced in notebook 08 (long context). Returns perplexity of each ("float_ppl",
+    "int8_ppl"), the largest logit difference relative to the largest logit
+    ("relative_logit_difference"), and the fraction of positions whose top token agrees
+    ("top1_agreement")."""
+    if len(tokens) < 2:
+        raise LabError("kv_precision_quality needs at least 2 tokens.")
+    float_logits, int8_logits = _logits(model, tokens, "float"), _logits(model, tokens, "int8")
+    return {"tokens": len(tokens), "float_ppl": _perplexity(float_logits, tokens),
+            "int8_ppl": _perplexity(int8_logits, tokens),
+            "relative_logit_difference": ((int8_logits - float_logits).abs().max()
+                                          / float_logits.abs().max()).item(),
+            "top1_agreement": (int8_logits.argmax(-1) == float_logits.argmax(-1)).float().mean().item()}
+
+
+def generation_agreement(model, prompt_ids: Sequence[int], new_tokens: int = 32) -> dict:
+    """Greedy generation with the float cache and with the int8 cache: the short-context
+    invariant. Introduced in notebook 08 (long context).
+
+    Returns "same_tokens" (fraction of steps whose token agrees, up to the first difference
+    and after it: position by position), "first_difference" (index or None) and
+    "relative_logit_difference" (largest difference over the steps before the first
+    different token, relative to the largest logit there)."""
+    runs = {}
+    for kind, cache_class in (("float", StaticKVCache), ("int8", Int8KVCache)):
+        cache = cache_class.for_model(model, 1, len(prompt_ids) + new_tokens)
+        runs[kind] = generate(model, list(prompt_ids), new_tokens, eos_token_ids=(), return_logits=True,
+                              cache=cache, compile=False)
+    ids = {kind: run.row(0) for kind, run in runs.items()}
+    first = next((i for i, (a, b) in enumerate(zip(ids["float"], ids["int8"])) if a != b), None)
+    shared = new_tokens if first is None else first + 1        # logits up to the first difference compare
+    float_logits = torch.cat(runs["float"].logits[:shared])                     # (shared, vocab)
+    int8_logits = torch.cat(runs["int8"].logits[:shared])
+    return {"new_tokens": new_tokens, "first_difference": first,
+            "same_tokens": sum(a == b for a, b in zip(ids["float"], ids["int8"])) / new_tokens,
+            "relative_logit_difference": ((int8_logits - float_logits).abs().max()
+                                          / float_logits.abs().max()).item()}
+
+
+def window_cache_bytes(config: ModelConfig, context: int, window: int | None, batch: int = 1,
+                       dtype: torch.dtype = torch.float32) -> int:
+    """Bytes a cache needs at `context` when it keeps only the last `window` positions (a
+    ring buffer): computed, not allocated. Introduced in notebook 08 (long context)."""
+    kept = context if window is None else min(context, window)
+    return kv_cache_bytes(config, kept, batch, dtype)
+
+
+def window_perplexity(model, tokens: Sequence[int], windows: Sequence[int | None]) -> list[dict]:
+    """Perplexity of `tokens` with each sliding window (None: full attention), one forward
+    pass each. Introduced in notebook 08 (long context).
+
+    Rows: window, perplexity, cache_bytes (a ring buffer of the window at this length,
+    computed) and full_cache_bytes."""
+    rows = []
+    for window in windows:
+        with attention_window(model, window):
+            perplexity = _perplexity(_logits(model, tokens), tokens)
+        rows.append({"window": window, "perplexity": perplexity,
+                     "cache_bytes": window_cache_bytes(model.config, len(tokens), window, dtype=model.dtype),
+                     "full_cache_bytes": kv_cache_bytes(model.config, len(tokens), 1, model.dtype)})
+    return rows

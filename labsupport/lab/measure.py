@@ -1,0 +1,217 @@
+"""The one way this course times code and measures memory.
+
+Introduced in notebook 00 (where the time goes). Every benchmark in the
+course goes through these functions, so every number is taken the same way:
+
+* warm-up calls first (the first call pays for allocation and compilation; on a GPU
+  at least one, whatever the caller asks: there the first call compiles the decode step);
+* the device is synchronized before and after each call (GPUs run
+  asynchronously, so without it the clock stops before the work is done);
+* several repeats, summarized by the median, with the spread shown too;
+* when two versions are compared, their runs are interleaved
+  (`time_side_by_side`), so a noisy moment hits both alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from labsupport.errors import LabError
+from labsupport.engine.hardware import pick_device, synchronize
+
+try:
+    import resource  # Linux and macOS only
+except ImportError:  # Windows: CPU peak memory cannot be read, see track_peak_memory
+    resource = None
+
+
+def _format_seconds(seconds: float) -> str:
+    """0.0123 -> "12.3 ms"."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+@dataclass
+class Timing:
+    """Wall-clock samples (in seconds) of repeated runs of one piece of code.
+
+    Introduced in notebook 00 (where the time goes). Report the `median`:
+    unlike the mean, one run disturbed by the machine does not move it.
+    """
+
+    samples: list[float]
+
+    @property
+    def median(self) -> float:
+        """The middle sample: the typical run time, in seconds."""
+        return statistics.median(self.samples)
+
+    @property
+    def min(self) -> float:
+        """The fastest run, in seconds."""
+        return min(self.samples)
+
+    @property
+    def max(self) -> float:
+        """The slowest run, in seconds."""
+        return max(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """How much the runs disagree, in seconds.
+
+        The interquartile range (75th minus 25th percentile, computed like
+        numpy.percentile) with 4 or more samples; max minus min with fewer.
+        """
+        if len(self.samples) < 4:
+            return self.max - self.min
+        q1, _, q3 = statistics.quantiles(self.samples, n=4, method="inclusive")
+        return q3 - q1
+
+    def to_dict(self) -> dict:
+        """A plain dict with the samples and their summary (for JSON or a table)."""
+        return {"samples": list(self.samples), "median": self.median, "min": self.min, "max": self.max,
+                "spread": self.spread}
+
+    def __str__(self) -> str:
+        return (
+            f"{_format_seconds(self.median)} median "
+            f"(spread {_format_seconds(self.spread)}, {len(self.samples)} runs)"
+        )
+
+
+def _warmup_calls(warmup: int, repeats: int, device: torch.device) -> int:
+    """Refuse counts that would give no samples. On a GPU at least one warm-up call runs: its
+    first call of a shape compiles and records the decode step (`generation.compile_by_default`)."""
+    if repeats < 1 or warmup < 0:
+        raise LabError(f"Got warmup={warmup}, repeats={repeats}; use warmup >= 0 and repeats >= 1.")
+    return max(warmup, 1) if device.type == "cuda" else warmup
+
+
+def _time_once(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds for one call of fn, with the device idle before and finished after."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def time_fn(fn: Callable[[], object], device, warmup: int = 1, repeats: int = 5) -> Timing:
+    """Time `fn()`: `warmup` untimed calls, then `repeats` timed calls.
+
+    Introduced in notebook 00 (where the time goes). The device is
+    synchronized before and after every call, and the clock is
+    `time.perf_counter`.
+    """
+    device = pick_device(device)
+    for _ in range(_warmup_calls(warmup, repeats, device)):
+        fn()
+    synchronize(device)
+    return Timing([_time_once(fn, device) for _ in range(repeats)])
+
+
+def time_side_by_side(
+    fns: dict[str, Callable[[], object]], device, warmup: int = 1, repeats: int = 5
+) -> dict[str, Timing]:
+    """Time several candidates fairly against each other; returns a Timing per name.
+
+    Introduced in notebook 00 (where the time goes). Instead of timing A five
+    times and then B five times, each round runs every candidate once, and the
+    starting candidate rotates from round to round (A B C, then B C A, then
+    C A B, ...). A slow moment of the machine then lands on all candidates
+    alike, which is how every speed ratio in the course is measured.
+    """
+    if not fns:
+        raise LabError("time_side_by_side got no functions; pass a dict such as {'name': fn}.")
+    device = pick_device(device)
+    warmup = _warmup_calls(warmup, repeats, device)
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    synchronize(device)
+
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(_time_once(fns[name], device))
+    return {name: Timing(samples[name]) for name in names}
+
+
+@dataclass
+class PeakMemory:
+    """Filled in by `track_peak_memory` when its `with` block ends.
+
+    `peak_bytes` is the highest memory use during the block above the use at
+    its start. `exact` says whether the device could report a true peak
+    (CUDA can; on CPU and Apple GPUs the figure is coarse, see below).
+
+    Notebook 00 (where the time goes).
+    """
+
+    device: str
+    peak_bytes: int = 0
+    exact: bool = False
+
+
+def _peak_rss_bytes() -> int:
+    """This process's highest resident memory so far (Linux reports KiB, macOS bytes; 0 on Windows)."""
+    if resource is None:
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+@contextmanager
+def track_peak_memory(device) -> Iterator[PeakMemory]:
+    """Measure how much extra memory a block of code needs at its peak, in bytes.
+
+    Introduced in notebook 00 (where the time goes). Use it as
+
+        with track_peak_memory(device) as mem:
+            model.generate(...)
+        print(mem.peak_bytes)
+
+    On CUDA this is exact: PyTorch's peak counter is reset at the start and
+    read at the end (`torch.cuda.max_memory_allocated`). On a CPU it is
+    coarse: the operating system only reports the process's all-time peak
+    resident memory (`resource.getrusage`), so the answer is how far the
+    block pushed that peak up; a block that stays below an earlier peak
+    reports 0, and Windows always reports 0. On an Apple GPU it is the
+    memory still allocated at the end minus at the start, not a true peak.
+    """
+    device = pick_device(device)
+    mem = PeakMemory(device=str(device), exact=device.type == "cuda")
+    synchronize(device)
+    if device.type == "cuda":
+        # torch.cuda.reset_peak_memory_stats(device=None) -> None and memory_allocated(device=None)
+        # -> int: the caching allocator's counters, tensors only (not its reserved pool, cuBLAS
+        # workspaces or CUDA graphs' private pools), per device; checked in torch 2.13's docs.
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+    elif device.type == "mps":
+        start = torch.mps.current_allocated_memory()
+    else:
+        start = _peak_rss_bytes()
+
+    yield mem  # the with-block runs here; an exception in it skips the rest
+
+    synchronize(device)
+    if device.type == "cuda":
+        end = torch.cuda.max_memory_allocated(device)       # (device=None) -> int, peak since the reset
+    elif device.type == "mps":
+        end = torch.mps.current_allocated_memory()
+    else:
+        end = _peak_rss_bytes()
+    mem.peak_bytes = max(0, end - start)

@@ -1,0 +1,87 @@
+"""Measuring a quantized model: the bytes a decode step reads, perplexity, top-1 agreement.
+
+Introduced in notebook 04 (quantization).
+
+Quality is measured as perplexity on a fixed text shipped with the package,
+``labsupport/data/eval_text.txt``: the opening of chapter 1 of Lewis Carroll's
+"Alice's Adventures in Wonderland" (1865, public domain), plain ASCII, about
+4 KB (some 900 tokens with the SmolLM2 tokenizer). It is a well-known English
+text, so a small instruct model predicts it well and a damaged model shows it.
+The embedded SmolLM2 weights were distributed as Q4_1 (4 bits, blocks of 32):
+int4 with groups of 32 reproduces every block's weights exactly (error 0), so
+on this model all of its loss comes from the output layer, tied to the embedding,
+which the file stored at a finer precision (``include_lm_head=False`` keeps it
+float). Other group sizes cut across the original blocks and lose more (notebook
+04 measures how much, on this machine's kernels). Models that arrive in 16-bit
+show the usual pattern instead: smaller groups, less error.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import LabError
+
+EVAL_TEXT_PATH = Path(__file__).parent.parent / "data" / "eval_text.txt"
+
+
+def quantized_bytes(model: nn.Module) -> int:
+    """Bytes a decode step reads: `weight_bytes()` plus the side tensors bitsandbytes keeps
+    outside parameters and buffers (LLM.int8()'s row scales, 4-bit block absmax).
+    Notebook 04 (quantization)."""
+    from ..engine.quant.bnb import bnb_side_bytes
+    return model.weight_bytes() + sum(bnb_side_bytes(m) for m in model.modules())
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes the model holds in memory, its footprint: every parameter and buffer once
+    (`precision.tensor_bytes`: lookup tables included, such as a float embedding kept beside
+    its quantized output layer), plus bitsandbytes' side tensors. Notebook 04 (quantization)."""
+    from ..engine.precision import tensor_bytes
+    from ..engine.quant.bnb import bnb_side_bytes
+    return tensor_bytes(model) + sum(bnb_side_bytes(m) for m in model.modules())
+
+
+# --- quality -------------------------------------------------------------------------------
+
+def eval_text() -> str:
+    """The fixed evaluation text (see the module docstring). Notebook 04 (quantization)."""
+    return EVAL_TEXT_PATH.read_text(encoding="ascii")
+
+
+def eval_tokens(tokenizer, text: str | None = None, max_tokens: int = 512) -> list[int]:
+    """The first `max_tokens` token ids of `text` (default: the evaluation text), at least 2.
+    Notebook 04 (quantization)."""
+    ids = tokenizer.encode(eval_text() if text is None else text, add_special_tokens=False)[:max_tokens]
+    if len(ids) < 2:
+        raise LabError("The evaluation text needs at least 2 tokens; give a longer text.")
+    return ids
+
+
+@torch.inference_mode()
+def _score(model, ids) -> tuple[float, torch.Tensor]:
+    """Mean next-token negative log-likelihood over `ids`, and the argmax predictions (T,)."""
+    tokens = torch.as_tensor(ids, dtype=torch.long, device=model.device).reshape(1, -1)   # (1, T)
+    logits = model(tokens)[0].float()                                                    # (T, vocab)
+    nll = F.cross_entropy(logits[:-1], tokens[0, 1:])
+    return nll.item(), logits.argmax(-1)
+
+
+def perplexity(model, tokenizer, text: str | None = None, max_tokens: int = 512) -> float:
+    """exp(mean negative log-likelihood) of the next token over the first `max_tokens`
+    tokens of `text` (default: the shipped evaluation text). Lower is better.
+
+    Introduced in notebook 04 (quantization)."""
+    return math.exp(_score(model, eval_tokens(tokenizer, text, max_tokens))[0])
+
+
+def top1_agreement(reference_model, model, tokens) -> float:
+    """Fraction of positions where both models predict the same next token (argmax).
+
+    Introduced in notebook 04 (quantization). tokens: ids as a list or 1-D tensor."""
+    return (_score(reference_model, tokens)[1] == _score(model, tokens)[1]).float().mean().item()

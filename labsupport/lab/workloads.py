@@ -1,0 +1,281 @@
+"""Every prompt and every CPU / GPU size preset of the course, in one place.
+
+Introduced in notebook 00 (where the time goes); every notebook, its explorer and
+the benchmark (`bench.options.BenchOptions`) read their workload sizes here.
+
+What a 2-core laptop CPU finishes in a minute, a data-centre GPU finishes in well
+under a second, so each size comes in two presets (`PRESETS`): "cpu", small enough
+that every notebook runs top to bottom in a few minutes on two cores, and "gpu",
+large enough to be timed above a GPU's launch overhead and to reach the batch sizes
+where its decode step stops being memory-bound. `device_class` says which preset a
+device gets: a CUDA device is a "gpu"; any other device, the never-tested Apple GPU
+included, gets the CPU's sizes. The prompts are plain constants; `serving_workload`
+and `stack_workload` turn chat prompts into the requests of notebooks 06 and 07.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .batching import CPU_BATCHES
+from .roofline import CPU_DECODE_BATCHES, GPU_DECODE_BATCHES
+from .serving_workload import chat_prompts, make_workload
+
+# --- prompts --------------------------------------------------------------------------------
+
+# notebook 00 (bench baseline) and 04 (bench quantization): a chat question with a long answer
+DEFAULT_PROMPT = "Explain in a few paragraphs why the sky is blue and why sunsets are red."
+# notebook 01 (bench kv_cache): a story opening, continued for hundreds of tokens
+KV_PROMPT = "Once upon a time, in a small village by the sea,"
+# notebook 02 (bench batching): one chat prompt repeated down the batch in the throughput sweep
+STORY_PROMPT = "Tell me a story about a lighthouse keeper."
+BATCHING_PROMPTS = [        # very different lengths in one batch: the padding example (notebook 02 too)
+    "Hi!",
+    "Name three colours.",
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain in detail, step by step, how a refrigerator moves heat from its inside to the room around it.",
+    "Summarize the plot of a detective story in which a missing painting is found in the museum's own basement.",
+    "List five vegetables.",
+    "Why is the sky blue? Give the physical reason, mention Rayleigh scattering, and explain sunsets too.",
+]
+# notebook 02's explorer: prompts of any length are cut from this text (repeated)
+BATCHING_SOURCE_TEXT = ("A lighthouse keeper lived alone on a rock far out at sea. Every evening he climbed the "
+                        "spiral stairs, trimmed the wick, polished the great lens and watched the beam sweep "
+                        "across the water, counting the ships that passed safely in the dark. ")
+# notebook 03 and its bench section: the short prompt that decode continues ...
+LIGHTHOUSE_PROMPT = "The history of the lighthouse begins with fires lit on hills by the sea."
+# ... and real text for the prefill and the logit agreement (notebook 03)
+LIGHTHOUSE_TEXT = ("Long before electric lamps, sailors steered by fires kept burning on headlands and towers. "
+                   "The most famous of them stood at Alexandria, where a tall stone tower carried a fire whose "
+                   "light, it was said, could be seen far out at sea. Later lighthouses used oil lamps, then "
+                   "mirrors and lenses that gathered the light into a beam, and keepers lived beside them to "
+                   "trim the wicks and wind the clockwork that turned the lens through the night.")
+
+
+# --- sizes, one preset per kind of device ---------------------------------------------------
+
+@dataclass(frozen=True)
+class PrecisionWorkload:
+    """How big each of notebook 03's measurements is (`explorers.precision.PrecisionLab`).
+
+    Introduced in notebook 03 (mixed precision). decode_tokens: new tokens generated at
+    batch 1 (memory-bound); prefill_tokens: prompt length of the prefill (compute-bound);
+    agreement_tokens: positions whose logits are compared with fp32; repeats: timed rounds
+    per side-by-side comparison.
+    """
+
+    decode_tokens: int
+    prefill_tokens: int
+    agreement_tokens: int
+    repeats: int
+
+    @classmethod
+    def for_device(cls, device) -> PrecisionWorkload:
+        """This device's preset (`PRESETS`): small on a CPU, larger on a GPU. Notebook 03."""
+        return preset(device).precision
+
+
+@dataclass(frozen=True)
+class StackWorkload:
+    """Notebook 07's sizes. Introduced in notebook 07 (putting it together).
+
+    requests: `stack_workload`'s default count, also the bench's ``stack_requests``;
+    notebook_requests, slots, repeats: the notebook's ladder (`stack.run_stack`);
+    explorer_requests: the requests each Run of its explorer serves.
+    """
+
+    requests: int
+    notebook_requests: int
+    slots: int
+    repeats: int
+    explorer_requests: int
+
+
+@dataclass(frozen=True)
+class DevicePreset:
+    """Every workload size that depends on the kind of device, for one kind (`PRESETS`).
+
+    Introduced in notebook 00 (where the time goes)."""
+
+    roofline_batches: tuple[int, ...]           # notebook 00, its explorer, the bench's roofline
+    batch_sizes: tuple[int, ...]                # the bench's batching sweep (notebook 02)
+    batching_explorer_max_batch: int | None     # notebook 02's explorer: largest batch offered
+    kv_explorer_max_length: int                 # notebook 01's explorer: longest sequence offered
+    precision: PrecisionWorkload                # notebook 03 and its explorer
+    serving_slots: int                          # notebook 06 and the bench's serving section
+    serving_requests: int                       # notebook 06 and the bench's serving section
+    stack: StackWorkload                        # notebook 07, its explorer, the bench's stack
+
+
+GPU_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)       # batching's sweep in the bench: up to 256
+
+PRESETS: dict[str, DevicePreset] = {
+    "cpu": DevicePreset(
+        roofline_batches=CPU_DECODE_BATCHES,    # 1..48: past a small CPU's ridge (a few dozen rows)
+        batch_sizes=CPU_BATCHES,                # 1..64: two cores turn compute-bound well before 64
+        batching_explorer_max_batch=32,         # each point is measured while the learner waits
+        kv_explorer_max_length=1024,            # the uncached loop grows quadratically: keep it to seconds
+        precision=PrecisionWorkload(
+            decode_tokens=16,                   # a few seconds per precision, emulated bf16 included
+            prefill_tokens=256,                 # long enough to be compute-bound on a CPU
+            agreement_tokens=64,                # 64 positions x the whole vocabulary: plenty of logits
+            repeats=3),                         # a median of three, timed side by side
+        serving_slots=8,                        # two cores saturate early (notebook 02)
+        serving_requests=24,                    # a long tail of answers: five servers in about two minutes
+        stack=StackWorkload(
+            requests=8,                         # every stage, the naive loop included, in minutes
+            notebook_requests=8,                # as the bench: the naive loop is the slow stage
+            slots=4,                            # the batched stages: two cores saturate early
+            repeats=1,                          # every stage once: the ladder already takes minutes
+            explorer_requests=4),               # each Run answers in seconds
+    ),
+    "gpu": DevicePreset(
+        roofline_batches=GPU_DECODE_BATCHES,    # 1..512: a GPU stays memory-bound to hundreds of rows
+        batch_sizes=GPU_BATCH_SIZES,            # 1..256: long enough to see the GPU's curve bend
+        batching_explorer_max_batch=None,       # every batch size of `batching.batch_sizes`: seconds each
+        kv_explorer_max_length=4096,            # long contexts are cheap enough to explore on a GPU
+        precision=PrecisionWorkload(
+            decode_tokens=64,                   # more steps: a short decode is launch overhead only
+            prefill_tokens=2048,                # a GPU needs long prompts to be compute-bound
+            agreement_tokens=256,               # cheap on a GPU: a steadier agreement figure
+            repeats=10),                        # short runs: more rounds for a stable median
+        serving_slots=64,                       # a GPU batches many rows at little cost per step
+        serving_requests=256,                   # enough requests to keep 64 slots busy
+        stack=StackWorkload(
+            requests=64,                        # enough requests to fill the batched stages' slots
+            notebook_requests=32 * 4,           # four batches of the notebook's 32 slots
+            slots=32,                           # a GPU batches many rows at little cost per step
+            repeats=2,                          # twice, interleaved: short runs are noisier
+            explorer_requests=16),              # each Run still answers in seconds
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ServingSizes:
+    """Notebook 06's sizes beyond the slots and the requests of `DevicePreset`, per kind of
+    device (`SERVING_PRESETS`). Introduced in notebook 06 (continuous batching).
+
+    token_budget: tokens per engine step of the chunked-prefill servers; curve_requests,
+    curve_slots: requests served at each rate of the load curve, and the servers' batch slots
+    there (fewer slots than requests, so that a queue can form); curve_median_new_tokens,
+    curve_max_new_tokens: its answer lengths; curve_loads: its rates, in percent of the
+    saturation rate measured in the run.
+    """
+
+    token_budget: int
+    curve_requests: int
+    curve_slots: int
+    curve_median_new_tokens: int
+    curve_max_new_tokens: int
+    curve_loads: tuple[int, ...]
+
+
+SERVING_PRESETS: dict[str, ServingSizes] = {
+    "cpu": ServingSizes(token_budget=32,           # a prompt chunk or two beside the decodes of a few slots
+                        curve_requests=12,         # four configurations x three rates in about a minute
+                        curve_slots=4,             # three requests per slot: a queue forms past capacity
+                        curve_median_new_tokens=8, curve_max_new_tokens=32,
+                        curve_loads=(50, 90, 200)),   # light, near saturation, overloaded
+    "gpu": ServingSizes(token_budget=512,          # chunked prefill's usual order of magnitude on a GPU
+                        curve_requests=256,        # four batches of 64 slots at each rate
+                        curve_slots=64,
+                        curve_median_new_tokens=16, curve_max_new_tokens=128,
+                        curve_loads=(25, 50, 75, 90, 110, 150, 200)),   # a curve with a visible knee
+}
+
+
+def device_class(device) -> str:
+    """ "gpu" for a CUDA device, "cpu" for any other: which of `PRESETS` a device gets.
+
+    Introduced in notebook 00 (where the time goes)."""
+    return "gpu" if torch.device(device).type == "cuda" else "cpu"
+
+
+def preset(device) -> DevicePreset:
+    """The workload sizes for `device` (`PRESETS`). Introduced in notebook 00 (where the time goes)."""
+    return PRESETS[device_class(device)]
+
+
+# --- notebook 08's sizes (long context) ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class LongContextWorkload:
+    """How big each of notebook 08's measurements is, per kind of device (`LONG_CONTEXT_PRESETS`).
+
+    Introduced in notebook 08 (long context). prefill_lengths: prompt lengths T of naive vs
+    fused prefill attention (one layer); naive_budget_bytes: the memory naive attention's
+    score matrices may take before it is no longer run; decode_contexts, decode_batches: the
+    decode-step sweep (attention's share); long_context: the context of the MHA/GQA/MQA and
+    int8-vs-float timings (at the largest decode batch); eval_tokens: tokens of the evaluation
+    text behind the perplexities; windows: sliding windows tried (None: full attention);
+    repeats: timed rounds, interleaved; explorer_max_context: the explorer's longest context.
+    """
+
+    prefill_lengths: tuple[int, ...]
+    naive_budget_bytes: int
+    decode_contexts: tuple[int, ...]
+    decode_batches: tuple[int, ...]
+    long_context: int
+    eval_tokens: int
+    windows: tuple[int | None, ...]
+    repeats: int
+    explorer_max_context: int
+
+
+LONG_CONTEXT_PRESETS: dict[str, LongContextWorkload] = {
+    "cpu": LongContextWorkload(
+        prefill_lengths=(256, 512, 1024, 2048, 4096),   # naive's scores: 18 MiB at 512 ... 1.1 GiB at 4096
+        naive_budget_bytes=512 * 2**20,                 # so naive stops after 2048 (288 MiB) on two cores
+        decode_contexts=(256, 1024, 2048),              # batch 16 x 2048 x 45 KiB = 1.4 GiB of fp32 cache
+        decode_batches=(1, 16),                         # the issue's two batch sizes
+        long_context=2048,                              # the longest context the CPU run times
+        eval_tokens=512,                                # one forward pass of 512 tokens per window: seconds
+        windows=(32, 64, 128, 256, None),
+        repeats=3,                                      # a median of three, interleaved
+        explorer_max_context=8191),                     # the explorer computes; it measures at most one step
+    "gpu": LongContextWorkload(
+        prefill_lengths=(1024, 2048, 4096, 8192, 16384, 32768),
+        naive_budget_bytes=16 * 2**30,                  # 16 GiB of scores: naive stops after 8192 (4.5 GiB)
+        decode_contexts=(512, 2048, 8000),              # up to the model's 8192 positions
+        decode_batches=(1, 16),
+        long_context=8000,
+        eval_tokens=1024,                               # the whole evaluation text
+        windows=(32, 64, 128, 256, 512, None),
+        repeats=10,                                     # short runs: more rounds for a stable median
+        explorer_max_context=8191),
+}
+
+
+def long_context_workload(device) -> LongContextWorkload:
+    """Notebook 08's sizes for `device` (`LONG_CONTEXT_PRESETS`). Introduced in notebook 08 (long context)."""
+    return LONG_CONTEXT_PRESETS[device_class(device)]
+
+
+# --- the request workloads of notebooks 06 and 07 --------------------------------------------
+
+def serving_workload(tokenizer, device, count: int | None = None, rate: float | None = None, seed: int = 0):
+    """The course's long-tailed workload: chat prompts, log-normal answer lengths (median 16,
+    sigma 1.0, at most 256 tokens); `count` requests, by default the device's preset
+    (``serving_requests``: 24 on a CPU, 256 on a GPU).
+
+    Introduced in notebook 06 (continuous batching)."""
+    if count is None:
+        count = preset(device).serving_requests
+    return make_workload(chat_prompts(tokenizer, count), rate=rate, median_new_tokens=16, sigma=1.0,
+                         max_new_tokens=256, seed=seed)
+
+
+def stack_workload(tokenizer, device, count: int | None = None, seed: int = 0):
+    """The workload of notebook 07: chat requests, answer lengths log-normal (median 16,
+    sigma 0.8, 4..64 tokens); `count` requests, by default the device's preset
+    (``stack.requests``: 8 on a CPU, 64 on a GPU).
+
+    Introduced in notebook 07 (putting it together)."""
+    if count is None:
+        count = preset(device).stack.requests
+    return make_workload(chat_prompts(tokenizer, count), median_new_tokens=16, sigma=0.8,
+                         min_new_tokens=4, max_new_tokens=64, seed=seed)
