@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: tour test bench install lab gpu-check
+.PHONY: tour test bench install lab gpu-check gpu-notebooks
 
 install: $(VENV)/.installed
 
@@ -19,8 +19,11 @@ test: install          ## unit tests + every notebook under nbval
 bench: install         ## every benchmark, as JSON
 	$(PY) -m labsupport bench --out reports/bench.json
 
-gpu-check: install     ## on a GPU: gpu tests, every notebook, a short tour (about 8 min); a dry run without one
+gpu-check: install     ## on a GPU: the fast paths gated, then measured (8 min, unattended); a CPU rehearsal without one
 	$(PY) scripts/gpu_check.py
+
+gpu-notebooks: install ## on a GPU (Colab's T4): gpu tests, every notebook under nbval, a short tour; a dry run without one
+	$(PY) scripts/gpu_notebooks.py
 
 lab: install           ## open the course in JupyterLab
 	$(VENV)/bin/jupyter lab notebooks/

@@ -35,6 +35,23 @@ GPUS = {
 }
 
 
+class HostClockEvent:
+    """A stand-in `torch.cuda.Event(enable_timing=True)`: records the host clock (no GPU here)."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.at = None
+
+    def record(self, stream=None):
+        import time
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end: "HostClockEvent") -> float:
+        return (end.at - self.at) * 1e3                # milliseconds, as torch answers
+
+
 @contextmanager
 def simulated(gpu: SimulatedGPU):
     """Within the block, torch.cuda answers as if `gpu` were the one visible GPU."""
@@ -47,5 +64,6 @@ def simulated(gpu: SimulatedGPU):
             mock.patch.object(torch.cuda, "get_device_properties", return_value=props), \
             mock.patch.object(torch.cuda, "mem_get_info", return_value=(gpu.total_memory, gpu.total_memory)), \
             mock.patch.object(torch.cuda, "is_bf16_supported", return_value=gpu.capability >= (8, 0)), \
-            mock.patch.object(torch.cuda, "synchronize", return_value=None):
+            mock.patch.object(torch.cuda, "synchronize", return_value=None), \
+            mock.patch.object(torch.cuda, "Event", HostClockEvent):
         yield gpu

@@ -157,3 +157,32 @@ def test_time_fn_on_cuda_waits_for_the_gpu():
     a = torch.randn(4096, 4096, device="cuda")
     timing = time_fn(lambda: a @ a, "cuda", warmup=1, repeats=3)
     assert timing.median > 1e-5  # without synchronization this would be launch time only
+
+
+def test_on_cuda_each_call_is_timed_by_cuda_events_not_the_host_clock(monkeypatch):
+    """The GPU's own clock (two CUDA events around the call), so a 0.5 ms copy is not mostly the
+    synchronize's latency: simulated here by events whose elapsed time is set."""
+    from labsupport.lab import measure
+
+    recorded = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self):
+            self.at = len(recorded)
+            recorded.append(self)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 2.5 * (end.at - self.at)            # ms
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(measure, "synchronize", lambda device: None)
+    calls = []
+    seconds = measure._time_once(lambda: calls.append(1), torch.device("cuda"))
+    assert calls == [1] and len(recorded) == 2 and seconds == pytest.approx(2.5e-3)

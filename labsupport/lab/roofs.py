@@ -31,12 +31,13 @@ from .measure import Timing, time_fn
 # Default copy size for `measure_bandwidth`: far larger than any CPU cache,
 # so the copy really goes to main memory.
 CPU_COPY_BYTES = 256 * 2**20
-CUDA_COPY_BYTES = 2**30
+CUDA_COPY_BYTES = 4 * 2**30       # an H200 copies it in about 2 ms: long against the events' resolution
 
 
 def default_copy_bytes(device) -> int:
-    """The bandwidth probe's buffer: 256 MiB on a CPU; on CUDA 1 GiB, or an eighth of the free
-    memory where less is free (a small GPU, a MIG slice), since the probe holds two buffers.
+    """The bandwidth probe's buffer: 256 MiB on a CPU; on CUDA 4 GiB, or an eighth of the free
+    memory where less is free (a T4, a MIG slice), since the probe holds two buffers and the
+    notebook's models stay loaded beside them.
 
     Introduced in notebook 00 (where the time goes)."""
     device = pick_device(device)
@@ -76,10 +77,10 @@ def measure_bandwidth(device, nbytes: int | None = None, repeats: int = BANDWIDT
 
     Introduced in notebook 00 (where the time goes). Each copy reads
     `nbytes` and writes `nbytes`, so it moves 2 x nbytes. The default size
-    (`default_copy_bytes`: 256 MiB on CPU, up to 1 GiB on CUDA) is far larger than
+    (`default_copy_bytes`: 256 MiB on CPU, up to 4 GiB on CUDA) is far larger than
     any cache (an H100's L2 is 50 MB), so this is the speed of main memory, which
     is what a model's weights stream from. On CUDA `copy_` is one device-to-device
-    kernel and `time_fn` synchronizes around it.
+    kernel, timed by CUDA events (`measure.time_fn`).
     Returns the median over `repeats` copies, after two warm-up copies (`copy_timing`).
     """
     nbytes, timing = copy_timing(device, nbytes, repeats)

@@ -126,6 +126,15 @@ PRESETS: dict[str, ModelConfig] = {
         num_kv_heads=4, intermediate_size=256, max_position=256, norm_eps=1e-5,
         tie_embeddings=True, bos_token_id=256, eos_token_ids=(257,), name="tiny-gpt2",
     ),
+    # SmolLM2-1.7B's shapes (HuggingFaceTB/SmolLM2-1.7B-Instruct's config.json), for random weights
+    # where the hub cannot be reached: large enough on a datacenter GPU to be memory-bound at
+    # batch 1 instead of launch-bound (the GPU check, the GPU presets).
+    "smollm2-1.7b-shape": ModelConfig(
+        family="llama", vocab_size=49152, hidden_size=2048, num_layers=24, num_heads=32,
+        num_kv_heads=32, intermediate_size=8192, max_position=8192, norm_eps=1e-5,
+        rope_theta=130000.0, tie_embeddings=True, bos_token_id=1, eos_token_ids=(2,),
+        name="smollm2-1.7b-shape",
+    ),
     # A 7B-class Llama config (Llama-2-7B's shapes), for memory arithmetic only.
     "llama-7b-shape": ModelConfig(
         family="llama", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
