@@ -79,3 +79,41 @@ def test_the_explorer_times_against_fp32_and_bf16_and_names_the_kernel(fresh_tin
     result = lab.measure(4, 32, "own")
     assert result["speedup"] > 0 and result["speedup_bf16"] > 0
     assert result["kernel"].startswith("fused int4 kernel") and result["resident"] > result["memory"]
+
+
+def _allocations(code: str) -> list[int]:
+    """Element counts of every buffer the generated code allocates (`empty_strided_*((a, b, ...), ...)`)."""
+    import math
+    import re
+    shapes = re.findall(r"empty_strided_\w+\(\(([\d, ]*)\)", code)
+    return [math.prod(int(d) for d in s.replace(" ", "").split(",") if d) for s in shapes]
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_int8_on_cuda_is_one_reduction_that_never_writes_a_float_weight(rows):
+    """The CUDA int8 path (`_int8_weight_only_mm`, compiled) is written so that the int8 -> float
+    conversion fuses into the reduction; inductor's scheduler does the same on a CPU, so its
+    generated code here shows it: the output is the only buffer, no (out, in) float weight."""
+    from torch._inductor.utils import run_and_get_code
+
+    from labsupport.engine.quant.formats import quantize_int8_absmax
+    from labsupport.engine.quant.kernels import _int8_weight_only_mm
+    torch.manual_seed(0)
+    w = torch.randn(96, 64)
+    q, scales = quantize_int8_absmax(w)
+    x = torch.randn(rows, 64)
+    torch._dynamo.reset()
+    y, codes = run_and_get_code(torch.compile(_int8_weight_only_mm, dynamic=False), x, q, scales)
+    torch.testing.assert_close(y, x @ (q.float() * scales[:, None]).T, rtol=1e-5, atol=1e-5)
+    sizes = [n for code in codes for n in _allocations(code)]
+    assert sizes and max(sizes) == rows * 96, f"buffers allocated: {sizes}"       # only the (rows, out) output
+
+
+def test_int8_for_a_batch_that_computes_is_the_matmul():
+    from labsupport.engine.quant.formats import quantize_int8_absmax
+    from labsupport.engine.quant.kernels import INT8_REDUCTION_ROWS, _int8_weight_only_mm
+    w = torch.randn(32, 16)
+    q, scales = quantize_int8_absmax(w)
+    x = torch.randn(INT8_REDUCTION_ROWS + 1, 16)
+    torch.testing.assert_close(_int8_weight_only_mm(x, q, scales), x @ (q.float() * scales[:, None]).T,
+                               rtol=1e-4, atol=1e-4)

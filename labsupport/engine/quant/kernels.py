@@ -10,8 +10,9 @@ The ``"fast"`` kernels dequantize inside the matmul, tile by tile:
 * CPU: ``torch.ops.aten._weight_int8pack_mm`` (int8 weights, bf16 activations)
   and ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (weights repacked by
   ``_convert_weight_to_int4pack_for_cpu``; group sizes 32, 64, 128, 256).
-* CUDA: int8 as dequantize-then-matmul under ``torch.compile`` (the compiler
-  fuses the conversion into the matmul, as gpt-fast does), and int4 through
+* CUDA: int8 under ``torch.compile``, written as a reduction for decode-sized batches so
+  that the conversion fuses into it (`_int8_weight_only_mm` says why a matmul would not),
+  and int4 through
   ``torch.ops.aten._weight_int4pack_mm`` (the "tinygemm" kernel).
 
 Both int4 kernels expect scales and zeros as one (in / group, out, 2) tensor
@@ -61,20 +62,38 @@ def _check_close(fast: torch.Tensor, reference: torch.Tensor, tolerance: float =
         raise RuntimeError(f"its output differs from the reference by {error:.3g} (scale {size:.3g})")
 
 
-def _int8_dequant_linear(x, q, scales):
-    """x (M, in) @ q.T (in, out), scaled per output channel; the compiler fuses the
-    int8 -> float conversion into the matmul, so the float weight is never written."""
+INT8_REDUCTION_ROWS = 8     # up to this many rows (decode batches), int8 on CUDA is one fused reduction
+
+
+def _int8_weight_only_mm(x, q, scales):
+    """x (M, in) @ q.T (in, out), scaled per output channel, for torch.compile on CUDA.
+
+    Few rows (a decode step): multiply and sum over `in` in float32, as a reduction. Inductor
+    always fuses a reduction's pointwise producers into it (here the int8 -> float conversion
+    and the multiply), so this is ONE kernel that reads the weight once, as int8, and never
+    writes a float copy: the point of int8 at batch 1. Written as a matmul instead, it is not:
+    inductor calls cuBLAS for the product and converts the weight in a kernel of its own
+    first (torch 2.13's `use_mixed_mm`, which gpt-fast set for a fused kernel, is "DEPRECATED.
+    This setting is ignored." in torch/_inductor/config.py), writing and re-reading a float
+    weight, about 2.25x fp32's bytes for int8's. Eagerly this form would build an (M, out, in)
+    tensor, so it only runs compiled (`_compiled_int8_linear`).
+    More rows (a batch that computes): the matmul, where the conversion's extra bytes cost
+    little against the arithmetic.
+    """
+    if x.shape[0] <= INT8_REDUCTION_ROWS:
+        products = x.float()[:, None, :] * q.float()[None, :, :]                   # (M, out, in), never stored
+        return (products.sum(dim=-1) * scales.float()).to(x.dtype)                 # (M, out)
     return F.linear(x, q.to(x.dtype)) * scales.to(x.dtype)
 
 
 @functools.cache
 def _compiled_int8_linear():
-    """`_int8_dequant_linear` through torch.compile, built once on first use (CUDA).
+    """`_int8_weight_only_mm` through torch.compile, built once on first use (CUDA).
 
-    inductor generates a Triton kernel for the fused conversion, and Triton needs compute
-    capability 7.0 or newer (a T4's 7.5 is fine, in fp16 activations); where compiling fails
-    (an older GPU, no compiler) `Int8Linear._fast` falls back with the error's first line."""
-    return torch.compile(_int8_dequant_linear, dynamic=True)
+    inductor generates Triton kernels, and Triton needs compute capability 7.0 or newer (a
+    T4's 7.5 is fine, in fp16 activations); where compiling fails (an older GPU, no compiler)
+    `Int8Linear._fast` falls back with the error's first line."""
+    return torch.compile(_int8_weight_only_mm, dynamic=True)
 
 
 def int4_kernel_unavailable(device, group_size: int, in_features: int) -> str | None:
@@ -297,7 +316,7 @@ def kernel_description(layer: nn.Module) -> str:
         on_cpu = next(layer.buffers()).device.type == "cpu"
         if bits == "int8":
             return ("fused int8 kernel (aten._weight_int8pack_mm, bf16 arithmetic)" if on_cpu else
-                    "int8 dequantize fused into the matmul by torch.compile")
+                    f"int8 fused into one reduction by torch.compile (up to {INT8_REDUCTION_ROWS} rows)")
         op = "aten._weight_int4pack_mm_for_cpu" if on_cpu else "tinygemm, aten._weight_int4pack_mm"
         return f"fused int4 kernel ({op}, bf16 arithmetic)"
     if type(layer).__module__.startswith("bitsandbytes"):
