@@ -14,7 +14,7 @@ from labsupport.engine.linear_swap import SwapHandle, swap_linears
 from labsupport.engine.models.layout import apply_layout, relayout
 from labsupport.engine.quant import (Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, pack_int4,
                                      quantize_int4_groupwise, quantize_int8_absmax, quantize_model,
-                                     quantized_replacement, unpack_int4, weight_error_stats)
+                                     quantized_replacement, unpack_int4, weight_error_stats, kernel_description)
 from labsupport.lab.quality import perplexity, quantized_bytes, top1_agreement
 
 
@@ -403,3 +403,22 @@ def test_embedded_blocks_are_already_on_a_4bit_grid(smollm):
     model, _ = smollm
     assert weight_error_stats(model.blocks[0].mlp.down.weight, "int4", 32)["relative_frobenius"] < 1e-5
     assert weight_error_stats(model.embed.weight, "int4", 32)["relative_frobenius"] > 0.01
+
+
+def test_bitsandbytes_layers_are_for_inference_and_quiet_per_call(caplog):
+    """bnb modules in eval mode with no gradients, and LLM.int8() given fp16 itself: no
+    "inputs will be cast" line per call (bitsandbytes logs one per layer per step otherwise)."""
+    pytest.importorskip("bitsandbytes")
+    import logging
+    model = random_model("tiny-llama")
+    try:
+        quantize_model(model, "bnb-int8")
+    except LabError as error:
+        pytest.skip(f"bitsandbytes cannot run here: {error}")
+    layers = [m for m in model.modules() if "bitsandbytes" in kernel_description(m)]
+    assert layers and all(not m.training for m in layers)
+    assert all(not p.requires_grad for m in layers for p in m.parameters())
+    assert kernel_description(layers[0]) == "bitsandbytes Linear8bitLt"
+    with caplog.at_level(logging.WARNING):
+        generate(model, _tokens()[0].tolist(), 4, eos_token_ids=())
+    assert not [r for r in caplog.records if "cast" in r.getMessage()], [r.getMessage() for r in caplog.records]

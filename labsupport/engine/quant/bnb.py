@@ -21,6 +21,7 @@ becomes a one-sentence `LabError`.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -69,8 +70,8 @@ def _build(bnb, linear: nn.Linear, kind: str) -> nn.Module:
     # guide: CUDA needs compute capability 6.0+ for NF4/FP4 and 7.5+ for LLM.int8() (a T4 runs both);
     # its PyPI wheels are built for sm60-sm90. What it cannot run raises here, and bnb_linear says why.
     if kind == "int8":
-        module = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=has_bias,
-                                     has_fp16_weights=False, threshold=6.0, device="meta")
+        module = _fp16_inputs(bnb)(linear.in_features, linear.out_features, bias=has_bias,
+                                   has_fp16_weights=False, threshold=6.0, device="meta")
         module.weight = bnb.nn.Int8Params(weight.clone(), requires_grad=False, has_fp16_weights=False)
     else:
         module = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=has_bias,
@@ -79,8 +80,28 @@ def _build(bnb, linear: nn.Linear, kind: str) -> nn.Module:
     if has_bias:
         module.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
     module = module.to(device)                    # quantization happens on this move
+    # inference only: Linear8bitLt reads `training` on every call (MatmulLtState.is_training
+    # re-quantizes the weight in training mode), Linear4bit repacks for the CPU only when not
+    # training; nn.Module's default is training mode
+    module.eval().requires_grad_(False)
     module(torch.zeros(1, linear.in_features, dtype=weight.dtype, device=device))   # does it run here?
     return module
+
+
+@functools.cache
+def _fp16_inputs(bnb):
+    """bitsandbytes' Linear8bitLt, casting its inputs to fp16 itself and the output back.
+
+    LLM.int8() quantizes fp16 activations whatever it is given: bitsandbytes 0.50's
+    `MatMul8bitLt.forward` casts anything else and logs "inputs will be cast from ... to
+    float16" on every call (every layer of every decode step). Casting first computes exactly
+    the same and logs nothing. Notebook 04 (quantization)."""
+
+    class Linear8bitLtFp16Inputs(bnb.nn.Linear8bitLt):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x.to(torch.float16)).to(x.dtype)
+
+    return Linear8bitLtFp16Inputs
 
 
 def bnb_side_bytes(module: nn.Module) -> int:

@@ -319,7 +319,8 @@ def kernel_description(layer: nn.Module) -> str:
                     f"int8 fused into one reduction by torch.compile (up to {INT8_REDUCTION_ROWS} rows)")
         op = "aten._weight_int4pack_mm_for_cpu" if on_cpu else "tinygemm, aten._weight_int4pack_mm"
         return f"fused int4 kernel ({op}, bf16 arithmetic)"
-    if type(layer).__module__.startswith("bitsandbytes"):
-        return f"bitsandbytes {type(layer).__name__}"
+    bnb_class = next((c for c in type(layer).__mro__ if c.__module__.startswith("bitsandbytes")), None)
+    if bnb_class is not None:
+        return f"bitsandbytes {bnb_class.__name__}"
     return "dense matmul"
 
