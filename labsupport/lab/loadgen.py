@@ -87,14 +87,15 @@ def as_engine_requests(tokenizer, requests: list[LoadRequest]) -> list[Request]:
 
 
 def run_load(url: str, requests: list[LoadRequest], model: str | None = None, endpoint: str = "chat",
-             timeout: float = 300.0, ignore_eos: bool = True) -> list[LoadResult]:
+             timeout: float = 300.0, ignore_eos: bool = True, extra: dict | None = None) -> list[LoadResult]:
     """Send every request at its arrival time to the server at `url` (e.g. http://127.0.0.1:8000),
     streaming, and return what the client saw of each. Notebook 09 (serving over HTTP).
 
     model: the name to ask for (default: the first of the server's /v1/models); endpoint:
     "chat" (/v1/chat/completions, the question as one user message) or "completions" (the
-    question as a raw prompt); timeout: seconds one request may take. It runs its own event
-    loop, in a helper thread when one is already running (a notebook's)."""
+    question as a raw prompt); timeout: seconds one request may take; extra: more fields for
+    every body (e.g. a logit_bias that forbids the end token, for a server without ignore_eos).
+    It runs its own event loop, in a helper thread when one is already running (a notebook's)."""
     if endpoint not in ("chat", "completions"):
         raise LabError(f"endpoint must be 'chat' or 'completions', got {endpoint!r}.")
     if not requests:
@@ -102,7 +103,7 @@ def run_load(url: str, requests: list[LoadRequest], model: str | None = None, en
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise LabError(f"url must start with http:// or https://, got {url!r}.")
     timeout = finite_number(timeout, "timeout (seconds per request)", minimum=0, above_minimum=True)
-    work = _load(url.rstrip("/"), requests, model, endpoint, timeout, ignore_eos)
+    work = _load(url.rstrip("/"), requests, model, endpoint, timeout, ignore_eos, dict(extra or {}))
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -111,7 +112,7 @@ def run_load(url: str, requests: list[LoadRequest], model: str | None = None, en
         return pool.submit(asyncio.run, work).result()
 
 
-async def _load(url, requests, model, endpoint, timeout, ignore_eos) -> list[LoadResult]:
+async def _load(url, requests, model, endpoint, timeout, ignore_eos, extra) -> list[LoadResult]:
     import httpx
 
     limits = httpx.Limits(max_connections=len(requests) + 1, max_keepalive_connections=len(requests) + 1)
@@ -119,7 +120,7 @@ async def _load(url, requests, model, endpoint, timeout, ignore_eos) -> list[Loa
         if model is None:
             model = await _first_model(client, url)
         start = time.perf_counter()
-        tasks = [_one(client, url, model, endpoint, r, start, timeout, ignore_eos) for r in requests]
+        tasks = [_one(client, url, model, endpoint, r, start, timeout, ignore_eos, extra) for r in requests]
         return list(await asyncio.gather(*tasks))
 
 
@@ -134,7 +135,7 @@ async def _first_model(client, url: str) -> str:
 
 
 async def _one(client, url, model, endpoint, request: LoadRequest, start: float, timeout: float,
-               ignore_eos: bool) -> LoadResult:
+               ignore_eos: bool, extra: dict) -> LoadResult:
     """One request at its arrival time; times are seconds from `start`."""
     import httpx
 
@@ -144,6 +145,7 @@ async def _one(client, url, model, endpoint, request: LoadRequest, start: float,
             "stream_options": {"include_usage": True}}
     if ignore_eos:
         body["ignore_eos"] = True
+    body.update(extra)
     if endpoint == "chat":
         body["messages"], path = [{"role": "user", "content": request.question}], "/v1/chat/completions"
     else:
@@ -221,8 +223,8 @@ def summarize_load(results: list[LoadResult]) -> dict:
 
 
 def load_test(url: str, requests: list[LoadRequest], model: str | None = None, endpoint: str = "chat",
-              timeout: float = 300.0, ignore_eos: bool = True) -> dict:
+              timeout: float = 300.0, ignore_eos: bool = True, extra: dict | None = None) -> dict:
     """`run_load`, then `summarize_load`: one flat dict of figures, plus every request's times
     under "results" (JSON-ready). Notebook 09 (serving over HTTP)."""
-    results = run_load(url, requests, model, endpoint, timeout, ignore_eos)
+    results = run_load(url, requests, model, endpoint, timeout, ignore_eos, extra)
     return {**summarize_load(results), "results": [vars(r) for r in results]}
