@@ -127,7 +127,8 @@ def llamacpp_server_command(ctx: BenchContext, port: int) -> tuple[list[str] | N
     threads = str(torch.get_num_threads())
     return [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port",
             str(port), "--n_ctx", "2048", "--n_threads", threads, "--n_threads_batch", threads,
-            "--model_alias", ctx.model_name], None
+            "--model_alias", ctx.model_name,
+            "--interrupt_requests", "false"], None      # its default drops a stream when the next request comes
 
 
 def vllm_server_command(ctx: BenchContext, port: int, slots: int) -> tuple[list[str] | None, str | None]:

@@ -16,6 +16,13 @@ from __future__ import annotations
 REPLACEMENT = "\ufffd"
 
 
+def held_back(text: str, stops: list[str]) -> int:
+    """How many characters at the end of `text` must wait: the length of its longest ending
+    that is the beginning (not the whole) of one of the `stops`; 0 if none.
+    Introduced in notebook 09 (serving over HTTP)."""
+    return max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
+
+
 class TextStream:
     """The text of one answer, token by token: `add(token)` returns the text that is safe to
     send now; `stopped` turns True when a stop string appears. Notebook 09 (serving over HTTP)."""
@@ -36,17 +43,13 @@ class TextStream:
             return self._send_up_to(text[: min(hits)])
         if text.endswith(REPLACEMENT):
             return ""
-        return self._send_up_to(text[: len(text) - self._held(text)])
+        return self._send_up_to(text[: len(text) - held_back(text, self.stop)])
 
     def finish(self) -> str:
         """The answer has ended: the rest of the text, held back or not (nothing after a stop string)."""
         if self.stopped:
             return ""
         return self._send_up_to(self.tokenizer.decode(self.ids, skip_special_tokens=True))
-
-    def _held(self, text: str) -> int:
-        """Length of the longest ending of `text` that begins a stop string."""
-        return max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
     def _send_up_to(self, text: str) -> str:
         if not text.startswith(self.sent):          # decoding changed text already sent: send nothing more
