@@ -210,7 +210,8 @@ def test_a_disconnect_storm_aborts_every_sequence_and_leaks_nothing(served, monk
         stream = api.completions.create(model=NAME, prompt=f"storm {i}", max_tokens=240, temperature=0,
                                         stream=True, extra_body={"ignore_eos": True})
         for k, chunk in enumerate(stream):
-            ids.append(chunk.id) if k == 0 else None
+            if k == 0:
+                ids.append(chunk.id)
             if k == i % 2:
                 break
         stream.close()
@@ -276,3 +277,36 @@ def test_the_server_listens_on_this_machine_unless_told(model):
     assert args.host == "127.0.0.1"
     with pytest.raises(LabError, match="max_waiting"):
         create_app(model, ByteTokenizer(), NAME, max_waiting=-1)
+
+
+@pytest.mark.slow
+def test_the_embedded_model_streams_its_chat_template_answers_as_generate_does(smollm):
+    """SmolLM2-135M (fp32) over HTTP with the openai SDK: a real chat template, a real BPE
+    tokenizer, streamed and whole, two at once: the tokens and the text of `generate` alone."""
+    model, tok = smollm
+    app = create_app(model, tok, "smollm2-135m", max_slots=2, max_waiting=2)
+    questions = ["Why is the sky blue?", "Name a fruit that is rich in vitamin C."]
+    with BackgroundServer(app) as server:
+        async def ask(api, question, stream):
+            kwargs = dict(model="smollm2-135m", messages=[{"role": "user", "content": question}], max_tokens=16,
+                          temperature=0, extra_body={"return_token_ids": True})
+            if not stream:
+                out = await api.chat.completions.create(**kwargs)
+                return out.choices[0].token_ids, out.choices[0].message.content
+            ids, text = [], ""
+            async for chunk in await api.chat.completions.create(stream=True, **kwargs):
+                ids += chunk.choices[0].token_ids or []
+                text += chunk.choices[0].delta.content or ""
+            return ids, text
+
+        async def both():
+            api = client(server, openai.AsyncOpenAI)
+            return await asyncio.gather(ask(api, questions[0], True), ask(api, questions[1], False))
+
+        answers = asyncio.run(asyncio.wait_for(both(), 300))
+        wait_idle(app, timeout=120)
+        app.state.engine.blocks.assert_no_leaks()
+    for question, (ids, text) in zip(questions, answers):
+        prompt = tok.encode(chat_prompt(tok, question), add_special_tokens=False)
+        expected = generate(model, prompt, 16, eos_token_ids=model.config.eos_token_ids).row(0)
+        assert ids == expected and text == tok.decode(expected, skip_special_tokens=True)

@@ -57,3 +57,11 @@ def test_a_peer_server_that_cannot_start_is_one_sentence():
     with pytest.raises(LabError, match="exited .*boom"):
         with peer_server([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], 1, timeout=30):
             pass
+
+
+def test_in_a_thread_returns_the_value_and_raises_the_error():
+    from labsupport.bench.http_serving import in_a_thread
+    import threading
+    assert in_a_thread(lambda a, b: (a + b, threading.current_thread().name), 2, 3) == (5, "labsupport-in-process")
+    with pytest.raises(LabError, match="boom"):
+        in_a_thread(lambda: (_ for _ in ()).throw(LabError("boom")))

@@ -22,6 +22,7 @@ import importlib.util
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -63,6 +64,29 @@ def _row(server: str, rate: float, figures: dict | None = None, skipped: str | N
     figures = figures or {}
     return {"server": server, "rate": rate, "skipped": skipped, "errors": figures.get("errors", 0),
             "tokens": figures.get("tokens", 0), **{k: figures.get(k, nan) for k in KEYS}}
+
+
+def in_a_thread(fn, *args):
+    """fn(*args) run in a new thread, its result returned (its exception raised here).
+
+    Introduced in notebook 09 (serving over HTTP). The server's engine steps in a thread of
+    its own, so the in-process engine it is compared with runs in one too: PyTorch's CPU
+    thread pools do not behave alike on the main thread and on others (on a busy 2-core
+    machine here the same engine run took several times longer on the main thread), and a
+    comparison must not measure that difference."""
+    out: dict = {}
+
+    def target():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as error:        # noqa: BLE001 - handed back to the caller
+            out["error"] = error
+    thread = threading.Thread(target=target, name="labsupport-in-process")
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def _free_port() -> int:
@@ -163,7 +187,7 @@ def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes
         for rate in rates:
             if progress is not None:
                 progress(f"[http_serving] {rate:.2f} requests/s")
-            result = Engine(model, **settings).run(as_engine_requests(tokenizer, workloads[rate]))
+            result = in_a_thread(Engine(model, **settings).run, as_engine_requests(tokenizer, workloads[rate]))
             rows.append(_row("in-process engine", rate, {**engine_row(result),
                                                          "tokens": sum(len(s.output) for s in result.sequences)}))
             rows.append(_row("our HTTP server", rate, load_test(ours.url, workloads[rate], model=model_name)))
@@ -192,7 +216,7 @@ def section_http_serving(ctx: BenchContext, options: BenchOptions) -> dict:
     sizes = HTTP_SERVING_PRESETS[device_class(ctx.device)]
     base = as_engine_requests(tok, chat_workload(sizes.requests, None, sizes.median_new_tokens,
                                                  max_new_tokens=sizes.max_new_tokens))
-    saturation = saturation_rate(model, base, sizes.slots)
+    saturation = in_a_thread(saturation_rate, model, base, sizes.slots)
     rates = [saturation * p / 100 for p in sizes.loads]
     commands = {"llama.cpp server": llamacpp_server_command(ctx, _free_port()),
                 "vLLM server": vllm_server_command(ctx, _free_port(), sizes.slots)}
