@@ -281,7 +281,7 @@ class _Answer:
         rid, name, chat, ids = self.request.request_id, self.server.model_name, self.chat, self.body.return_token_ids
         try:
             if chat:
-                yield _sse(protocol.chunk(rid, name, chat, "", role=True))
+                yield _sse(protocol.chunk(rid, name, chat, "", role=True, token_ids=[] if ids else None))
             while True:
                 text = self._take(item)
                 yield _sse(protocol.chunk(rid, name, chat, text, self.finish_reason,
