@@ -257,16 +257,22 @@ def test_a_slow_client_gets_every_token_and_leaks_nothing(served, model):
     served.app.state.engine.blocks.assert_no_leaks()
 
 
-def test_a_non_streaming_client_that_hangs_up_is_aborted(served, monkeypatch):
-    """A raw socket sends a whole-answer request and closes at once: the engine ends up idle,
-    its blocks free: the request was aborted, not served to the end."""
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_hangs_up_before_its_first_token_is_aborted(served, monkeypatch, stream):
+    """A raw socket sends a request and closes at once (a streamed one is then cancelled before
+    its first event): the engine ends up idle, its blocks free, nothing counted in flight, and
+    the request was aborted, not served to the end."""
     import json
     import socket
     aborted = _spy_on_aborts(served.app, monkeypatch)
-    body = json.dumps({"model": NAME, "prompt": "gone", "max_tokens": 250, "ignore_eos": True, "temperature": 0})
+    body = json.dumps({"model": NAME, "prompt": "gone", "max_tokens": 250, "ignore_eos": True, "temperature": 0,
+                       "stream": stream})
     with socket.create_connection((served.host, served.port), timeout=TIMEOUT) as raw:
         raw.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: {served.host}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    deadline = time.monotonic() + TIMEOUT
+    while not aborted and time.monotonic() < deadline:       # until the server has noticed
+        time.sleep(0.01)
     wait_idle(served.app)
     served.app.state.engine.blocks.assert_no_leaks()
     assert len(aborted) == 1                  # the server noticed the hang-up after a token or two

@@ -163,8 +163,7 @@ class _Server:
             answer.close()
             raise
         if body.stream:
-            return StreamingResponse(answer.events(first), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return _EventStream(answer, first)
         try:
             return await answer.whole(first, http)
         finally:
@@ -306,6 +305,21 @@ class _Answer:
         self.server.in_flight -= 1
         if not (engine_done or self.engine_finished):
             self.server.thread.abort(self.request.request_id)
+
+
+class _EventStream(StreamingResponse):
+    """The answer as server-sent events; however the response ends (even cancelled by a
+    disconnect before its first event), the request is closed: aborted unless finished."""
+
+    def __init__(self, answer: _Answer, first):
+        super().__init__(answer.events(first), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.answer = answer
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.answer.close()
 
 
 def _sse(payload: dict) -> str:
