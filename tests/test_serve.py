@@ -321,3 +321,20 @@ def test_the_embedded_model_streams_its_chat_template_answers_as_generate_does(s
         prompt = tok.encode(chat_prompt(tok, question), add_special_tokens=False)
         expected = generate(model, prompt, 16, eos_token_ids=model.config.eos_token_ids).row(0)
         assert ids == expected and text == tok.decode(expected, skip_special_tokens=True)
+
+
+def test_an_engine_that_fails_answers_every_client_and_says_so(model):
+    """A bug inside a step stops the engine thread: the waiting client gets a 500 in the API's
+    shape (not a hang), /health turns 503, and later requests are refused at once."""
+    app = create_app(model, ByteTokenizer(), NAME, max_slots=2)
+
+    def broken_step():
+        raise RuntimeError("a bug in a step")
+    app.state.engine.step = broken_step
+    with BackgroundServer(app) as server:
+        reply = httpx.post(server.url + "/v1/completions", json={"model": NAME, "prompt": "x", "max_tokens": 3},
+                           timeout=TIMEOUT)
+        assert reply.status_code == 500 and "a bug in a step" in reply.json()["error"]["message"]
+        assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 503
+        again = httpx.post(server.url + "/v1/completions", json={"model": NAME, "prompt": "x"}, timeout=TIMEOUT)
+        assert again.status_code == 503 and again.json()["error"]["type"] == "server_error"
