@@ -257,7 +257,10 @@ def section_http_serving(ctx: BenchContext, options: BenchOptions) -> dict:
         figures.append(reported(f"http serving: our HTTP server / {name} throughput at the highest rate",
                                 _ratio(rows, http, name, "throughput", high), "x",
                                 note=reason or f"same client, same requests; {name} errors: "
-                                               f"{sum(r['errors'] for r in rows if r['server'] == name)}"))
+                                               f"{sum(r['errors'] for r in rows if r['server'] == name)}"
+                                               + ("; llama-cpp-python's server runs one request at a time (no "
+                                                  "batching), so its queue grows with the load"
+                                                  if name.startswith("llama") else "")))
     return {"slots": sizes.slots, "requests": sizes.requests, "saturation_rate": saturation, "rates": rates,
             "loads": list(sizes.loads), "rows": rows,
             "peers": {name: (p if isinstance(p, str) else None) for name, p in peers.items()}, "figures": figures}
