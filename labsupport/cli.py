@@ -1,6 +1,8 @@
 """Command line: ``python -m labsupport tour`` (the main job), ``bench``, and the course's delivery.
 
     tour | bench                  measure the techniques on this machine (`bench`, `report`)
+    serve [--host --port ...]     an OpenAI-compatible server over the serving engine (`serve`)
+    loadgen --url URL --rate R    load-test any OpenAI-compatible server (`lab.loadgen`)
     student --out student/        student versions of every notebook (`delivery`)
     badges [--repo OWNER/NAME]    rewrite the Colab badges and setup cells (`delivery`)
     check                         exit 1 if a badge or setup cell is stale (`delivery`)
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from . import delivery
@@ -61,11 +64,75 @@ def _deliver(args) -> int:
     return delivery.command_student(args.root, args.out)
 
 
-def main(argv=None) -> int:
-    """``python -m labsupport ...``: parse the command line, run it, return the exit status.
+def _serving_commands(sub) -> None:
+    """serve and loadgen (notebook 09): the HTTP server and the load generator."""
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the serving engine")
+    serve.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded smollm2-135m)")
+    serve.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model)")
+    serve.add_argument("--device", default=None, help="cpu, cuda, ... (default: the best available)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 serves every "
+                            "network the machine is on, with no authentication)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--max-slots", type=int, default=8, help="sequences decoded together (default 8)")
+    serve.add_argument("--max-waiting", type=int, default=64,
+                       help="requests queued beyond the slots before new ones get a 429 (default 64)")
+    serve.add_argument("--policy", default="continuous", choices=["continuous", "static"])
+    serve.add_argument("--token-budget", type=int, default=None,
+                       help="tokens per engine step: chunked prefill (default: none, whole prompts)")
+    serve.add_argument("--prefix-caching", action="store_true", help="share cached blocks of common prompt prefixes")
+    serve.add_argument("--block-size", type=int, default=16, help="positions per cache block (default 16)")
+    serve.add_argument("--cache-tokens", type=int, default=None,
+                       help="positions the paged cache holds (default: max_slots x min(context, 1024))")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    load = sub.add_parser("loadgen", help="send a seeded workload to an OpenAI-compatible server, write JSON")
+    load.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    load.add_argument("--rate", type=float, default=None, help="requests per second (default: all at once)")
+    load.add_argument("--fixed-rate", action="store_true", help="evenly spaced arrivals (default: Poisson)")
+    load.add_argument("--requests", type=int, default=24, help="requests in the workload (default 24)")
+    load.add_argument("--model", default=None, help="model name to ask for (default: the server's first)")
+    load.add_argument("--endpoint", default="chat", choices=["chat", "completions"])
+    load.add_argument("--median-tokens", type=float, default=16, help="median answer length (default 16)")
+    load.add_argument("--max-tokens", type=int, default=256, help="longest answer (default 256)")
+    load.add_argument("--seed", type=int, default=0, help="seed of the lengths and arrivals (default 0)")
+    load.add_argument("--timeout", type=float, default=300, help="seconds one request may take (default 300)")
+    load.add_argument("--out", default="loadgen.json", help="JSON file to write (default loadgen.json)")
 
-    Covers notebooks 00-07: `tour` and `bench` measure their sections, `student`, `badges`
-    and `check` deliver them."""
+
+def _serve(args) -> int:
+    from .serve import create_app, run_server
+    from .weights.loading import load_model
+
+    require_supported_platform()
+    model, tokenizer = load_model(args.model, device=pick_device(args.device))
+    app = create_app(model, tokenizer, args.served_model_name or args.model, max_waiting=args.max_waiting,
+                     max_slots=args.max_slots, policy=args.policy, token_budget=args.token_budget,
+                     prefix_caching=args.prefix_caching, block_size=args.block_size, cache_tokens=args.cache_tokens)
+    run_server(app, args.host, args.port, args.log_level)
+    return 0
+
+
+def _loadgen(args) -> int:
+    import json
+
+    from .lab.loadgen import chat_workload, load_test
+
+    requests = chat_workload(args.requests, args.rate, median_new_tokens=args.median_tokens,
+                             max_new_tokens=args.max_tokens, seed=args.seed, fixed_rate=args.fixed_rate)
+    figures = load_test(args.url, requests, model=args.model, endpoint=args.endpoint, timeout=args.timeout)
+    report = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "url": args.url, "rate": args.rate,
+              "arrivals": "fixed" if args.fixed_rate else "poisson", "endpoint": args.endpoint, **figures}
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"{figures['served']}/{figures['requests']} served, {figures['errors']} errors {figures['error_kinds']}; "
+          f"{figures['throughput']:.1f} tokens/s; TTFT p50 {figures['ttft_p50'] * 1e3:.0f} ms, "
+          f"p99 {figures['ttft_p99'] * 1e3:.0f} ms; ITL p50 {figures['itl_p50'] * 1e3:.0f} ms, "
+          f"p99 {figures['itl_p99'] * 1e3:.0f} ms")
+    print(f"Saved {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser, every subcommand. Notebooks 00-09."""
     parser = argparse.ArgumentParser(prog="python -m labsupport", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     tour = sub.add_parser("tour", help="run the course's techniques on this machine and print a report")
@@ -75,11 +142,24 @@ def main(argv=None) -> int:
     _common(bench)
     bench.add_argument("--out", default="bench.json", help="JSON file to write (default bench.json)")
     _delivery_commands(sub)
-    args = parser.parse_args(argv)
+    _serving_commands(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    """``python -m labsupport ...``: parse the command line, run it, return the exit status.
+
+    Covers notebooks 00-09: `tour` and `bench` measure their sections, `student`, `badges`
+    and `check` deliver them, `serve` and `loadgen` serve over HTTP and measure it."""
+    args = build_parser().parse_args(argv)
 
     try:
         if args.command in ("badges", "check", "student"):
             return _deliver(args)
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "loadgen":
+            return _loadgen(args)
         require_supported_platform()
         device = pick_device(args.device)
         options = BenchOptions.from_cli(device, new_tokens=args.new_tokens, repeats=args.repeats,

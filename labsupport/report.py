@@ -283,11 +283,16 @@ def _long_context_plots(section: dict) -> list:
     return bench_section_figures(section)
 
 
+def _http_serving_plots(section: dict) -> list:
+    from .plots.http_serving import http_load_curve_figure
+    return [http_load_curve_figure(section["rows"])] if section.get("rows") else []
+
+
 SECTION_PLOTS = {"baseline": _baseline_plots, "engines": _engines_plots, "roofline": _roofline_plots,
                  "kv_cache": _kv_cache_plots, "batching": _batching_plots, "precision": _precision_plots,
                  "quantization": _quantization_plots, "speculative": _speculative_plots,
                  "serving": _serving_plots, "stack": _stack_plots, "compile": _compile_plots,
-                 "long_context": _long_context_plots}
+                 "long_context": _long_context_plots, "http_serving": _http_serving_plots}
 
 _UNIT_TITLES = {"x": "ratio [x]", "fraction": "fraction [%]"}
 

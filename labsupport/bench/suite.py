@@ -17,6 +17,7 @@ from ..engine.hardware import pick_device
 from . import (baseline, batching, compiled_decode, engines, kv_cache, precision, quantization, roofline,
                serving, speculative, stack)
 from . import long_context
+from . import http_serving
 from .core import BenchContext, machine_info
 from .options import BenchOptions
 
@@ -48,6 +49,7 @@ SECTIONS: dict[str, Section] = {
     "stack": Section("07 putting it together", stack.section_stack),
     "compile": Section("07 putting it together", compiled_decode.section_compile, in_default_run=False),
     "long_context": Section("08 long context", long_context.section_long_context),
+    "http_serving": Section("09 serving over HTTP", http_serving.section_http_serving, in_default_run=False),
 }
 
 

@@ -22,8 +22,14 @@ of its longest cached full-block prefix (those tokens are not computed), and eve
 full prompt block a step completes is named in the cache for later requests.
 
 `Engine.run(requests)` feeds requests in as they arrive and steps until all are
-done; its `ServingResult` holds every sequence and a log of every step, from
-which `lab/serving_metrics.py` computes throughput, latency percentiles and slot use.
+done; its `ServingResult` holds every sequence and a log of every step of that run
+alone (each run starts from an empty cache: a reused engine gives what a new one gives),
+from which `lab/serving_metrics.py` computes throughput, latency percentiles and slot use.
+
+A server (`labsupport.serve`, notebook 09) drives the same engine without `run`: it calls
+`add_request` as requests come in, `step` while there is work, and `abort` when a client
+goes away; made with `record=False`, the engine then keeps no log, so that its memory
+stays bounded however long it serves.
 """
 
 from __future__ import annotations
@@ -92,13 +98,15 @@ class Engine:
         batch) or the tokens one step computes: decodes first, then prompt chunks
         (chunked prefill); at least max_slots.
     prefix_caching: share the cache blocks of prompts' common full-block prefixes.
+    record: keep every sequence and step for `run`'s result (True); a long-lived server
+        passes False: finished sequences are then forgotten and no step is logged.
 
     Notebook 06 (continuous batching).
     """
 
     def __init__(self, model, max_slots: int = 8, policy: str = "continuous",
                  block_size: int = 16, cache_tokens: int | None = None,
-                 token_budget: int | None = None, prefix_caching: bool = False):
+                 token_budget: int | None = None, prefix_caching: bool = False, record: bool = True):
         max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
         block_size = whole_number(block_size, "block_size (positions per cache block)")
         if cache_tokens is None:
@@ -107,29 +115,46 @@ class Engine:
         if token_budget is not None:
             token_budget = whole_number(token_budget, f"token_budget (tokens per step; at least max_slots = "
                                         f"{max_slots}, so that every decode fits, or None)", minimum=max_slots)
-        if not isinstance(prefix_caching, bool):
-            raise LabError(f"prefix_caching must be True or False, got {prefix_caching!r}.")
-        num_blocks = blocks_needed(cache_tokens, block_size)
-        self.model = model
-        self.token_budget, self.prefix_caching = token_budget, prefix_caching
-        self.blocks = BlockManager(num_blocks, block_size, prefix_caching, model.device)
-        self.cache = PagedKVCache(model.config, num_blocks, block_size, model.device, model.dtype)
-        self.scheduler = Scheduler(policy, max_slots, self.blocks, token_budget)
-        self.runner = ModelRunner(model, self.cache, self.blocks)
-        self.sequences: list[ServedSequence] = []
-        self.steps: list[StepRecord] = []
-        self.clock = _RunClock("wall")
+        for flag, name in ((prefix_caching, "prefix_caching"), (record, "record")):
+            if not isinstance(flag, bool):
+                raise LabError(f"{name} must be True or False, got {flag!r}.")
+        self.model, self.policy, self.max_slots = model, policy, max_slots
+        self.token_budget, self.prefix_caching, self.record = token_budget, prefix_caching, record
+        self.num_blocks, self.block_size = blocks_needed(cache_tokens, block_size), block_size
+        self.cache = PagedKVCache(model.config, self.num_blocks, block_size, model.device, model.dtype)
+        self._start_afresh("wall")
+
+    def _start_afresh(self, clock: str) -> None:
+        """Empty bookkeeping over the same cache memory: a new block manager (no block held or
+        cached), scheduler and runner, no sequence, no step, the clock at 0."""
+        self.blocks = BlockManager(self.num_blocks, self.block_size, self.prefix_caching, self.model.device)
+        self.scheduler = Scheduler(self.policy, self.max_slots, self.blocks, self.token_budget)
+        self.runner = ModelRunner(self.model, self.cache, self.blocks)
+        self.sequences: list[ServedSequence] = []       # this run's, in order of arrival (record=True)
+        self.steps: list[StepRecord] = []               # this run's (record=True)
+        self.live: dict = {}                            # request id -> sequence, until it finishes
+        self.arrivals = 0                               # sequences added so far: the next one's index
+        self.clock = _RunClock(clock)
 
     @property
     def capacity(self) -> int:
         """Positions the whole cache holds: a request longer than this can never run."""
         return self.blocks.num_blocks * self.blocks.block_size
 
-    def add_request(self, request: Request, now: float = 0.0) -> ServedSequence:
-        """Queue a request; a request that can never fit is refused here, in one sentence,
-        and nothing else changes."""
+    @property
+    def has_work(self) -> bool:
+        """Whether a sequence is waiting or running: `step` has something to do."""
+        return self.scheduler.has_work
+
+    def require_servable(self, request: Request) -> None:
+        """One sentence (a LabError) if `request` can never run on this engine: longer than
+        the model's context or the whole cache, or token ids outside the vocabulary. It reads
+        only the engine's fixed sizes, so a server may ask from any thread."""
+        if not isinstance(request, Request):
+            raise LabError(f"The engine serves Request objects, got a {type(request).__name__}; "
+                           f"wrap each prompt as Request(prompt=ids, max_new_tokens=...).")
         context = self.model.config.max_position
-        name = request.request_id if request.request_id is not None else len(self.sequences)
+        name = request.request_id if request.request_id is not None else self.arrivals
         if request.max_length > context:
             raise LabError(
                 f"Request {name!r} needs {request.max_length} positions (prompt {len(request.prompt)} "
@@ -142,10 +167,33 @@ class Engine:
         vocab = self.model.config.vocab_size
         if max(request.prompt) >= vocab or min(request.prompt) < 0:
             raise LabError(f"Request {name!r} has token ids outside the vocabulary [0, {vocab}).")
-        seq = ServedSequence(request, len(self.sequences), self.model.device)
-        self.sequences.append(seq)
+
+    def add_request(self, request: Request, now: float = 0.0) -> ServedSequence:
+        """Queue a request; a request that can never fit (`require_servable`) or whose id is
+        already in use in this run (or, without a record, by a live request) is refused here,
+        in one sentence, and nothing else changes."""
+        self.require_servable(request)
+        seq = ServedSequence(request, self.arrivals, self.model.device)
+        taken = seq.id in self.live or (self.record and any(s.id == seq.id for s in self.sequences))
+        if taken:
+            raise LabError(f"Request id {seq.id!r} is already in use on this engine; give every request "
+                           "its own request_id (results are keyed by it).")
+        self.arrivals += 1
+        if self.record:
+            self.sequences.append(seq)
+        self.live[seq.id] = seq
         self.scheduler.add(seq)
         return seq
+
+    def abort(self, request_id) -> bool:
+        """Stop serving a request (its client went away, or a stop string matched): it leaves
+        the queue or the batch now and its blocks are free for the next step. Returns False
+        when no live request has this id (it had finished already)."""
+        seq = self.live.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.abort(seq, self.clock())
+        return True
 
     def step(self) -> list[tuple[ServedSequence, int]]:
         """Run one scheduled step; returns the (sequence, token) pairs it produced."""
@@ -171,11 +219,13 @@ class Engine:
         for seq, token in events:
             if seq.append(token, now):
                 self.scheduler.finish(seq, now)
-        self.steps.append(StepRecord(
-            start, now, prompts_done, len(plan.decode),
-            plan.padding_rows, len(plan.preempted), self.blocks.num_used,
-            prefill_tokens=sum(n for _, n in chunked), prefill_chunks=len(chunked),
-            cached_tokens=plan.cached_tokens))
+                self.live.pop(seq.id, None)
+        if self.record:
+            self.steps.append(StepRecord(
+                start, now, prompts_done, len(plan.decode),
+                plan.padding_rows, len(plan.preempted), self.blocks.num_used,
+                prefill_tokens=sum(n for _, n in chunked), prefill_chunks=len(chunked),
+                cached_tokens=plan.cached_tokens))
         return events
 
     def _sample(self, seqs: list[ServedSequence], logits) -> list[tuple[ServedSequence, int]]:
@@ -195,6 +245,7 @@ class Engine:
             run is reproducible exactly; handy for exercises and tests.
         Requests that can never fit are refused (see `add_request`) and listed in
         `ServingResult.rejected`; the others are served as if they were not there.
+        Each run starts afresh (an empty cache, the clock at 0): its result holds that run alone.
         """
         pending = list(requests)
         wrong = next((r for r in pending if not isinstance(r, Request)), None)
@@ -206,7 +257,18 @@ class Engine:
             raise LabError("The request list is empty; give the engine at least one Request.")
         if clock not in ("wall", "steps"):
             raise LabError(f"clock must be 'wall' or 'steps', got {clock!r}.")
-        self.clock = _RunClock(clock)
+        ids = [r.request_id for r in pending if r.request_id is not None]
+        twice = next((i for i in ids if ids.count(i) > 1), None)
+        if twice is not None:
+            raise LabError(f"Request id {twice!r} appears more than once in the request list; give every "
+                           "request its own request_id (results are keyed by it).")
+        if not self.record:
+            raise LabError("This engine was made with record=False (a server's) and keeps no log for "
+                           "run(); make one with record=True to run a workload.")
+        if self.has_work:
+            raise LabError(f"This engine is still serving {len(self.live)} request(s) added with "
+                           "add_request; step() until they finish, or abort() them, before run().")
+        self._start_afresh(clock)
         rejected, total, done = {}, len(pending), 0
         while pending or self.scheduler.has_work:
             now = self.clock()

@@ -230,6 +230,15 @@ class Scheduler:
         seq.status, seq.finished_at = Status.FINISHED, now
         self._leave(seq, now)
 
+    def abort(self, seq: ServedSequence, now: float) -> None:
+        """A sequence leaves before its end (its client went away): out of the queue, or out
+        of the batch with its blocks freed as if it had finished."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+            seq.status, seq.finished_at = Status.FINISHED, now
+        elif seq in self.running:
+            self.finish(seq, now)
+
     def _preempt(self, seq: ServedSequence, now: float) -> None:
         seq.status, seq.num_cached = Status.WAITING, 0
         seq.preemptions += 1

@@ -1,0 +1,230 @@
+"""A load generator for any OpenAI-compatible server: real clients, real sockets, streamed tokens.
+
+Introduced in notebook 09 (serving over HTTP); ``python -m labsupport loadgen --url ... --rate ...``.
+
+Each request of a seeded workload (`chat_workload`: the course's chat questions, long-tailed
+answer lengths, Poisson or fixed-rate arrivals, as `serving_workload` draws them) is sent
+at its arrival time by its own asyncio task over httpx, streaming (``stream: true``,
+``stream_options.include_usage``), and the client notes when each token's chunk arrives.
+From those times, as the in-process engine's metrics (`serving_metrics`) define them:
+
+* TTFT: request sent -> first token chunk; latency: sent -> last chunk;
+* ITL: the gaps between consecutive token chunks of one answer, pooled;
+* TPOT: per answer, (last - first chunk) / (tokens - 1);
+* throughput: generated tokens (the server's usage count) / (last chunk - first send);
+* errors: by kind (an HTTP status such as "429", or the exception's name).
+
+Each request asks for exactly its drawn length (``ignore_eos``, as vLLM's benchmark does), so
+that every server does the same work; a server that ignores the field and stops early shows
+it in its token count. `as_engine_requests` gives the same workload to the in-process
+engine, so that the two measure the same thing with and without HTTP in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import time
+from dataclasses import dataclass, field
+
+from ..engine.serving.request import Request
+from ..errors import LabError
+from ..inputs import finite_number, whole_number
+from .serving_metrics import percentile
+from .serving_workload import QUESTIONS, arrival_times, output_lengths
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """One request of a load test: a question, the answer length asked for, and when to send
+    it (seconds from the start). Notebook 09 (serving over HTTP)."""
+
+    question: str
+    max_tokens: int
+    arrival: float
+
+
+@dataclass
+class LoadResult:
+    """What the client saw of one request: when it was sent, when each token chunk came, the
+    tokens the server counted, and the error, if any. Notebook 09 (serving over HTTP)."""
+
+    arrival: float
+    sent: float = float("nan")
+    chunk_times: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str | None = None
+
+
+def chat_workload(count: int, rate: float | None, median_new_tokens: float = 16, sigma: float = 1.0,
+                  min_new_tokens: int = 2, max_new_tokens: int = 256, seed: int = 0,
+                  fixed_rate: bool = False) -> list[LoadRequest]:
+    """`count` chat questions (the course's, in turn) with log-normal answer lengths, arriving
+    as a seeded Poisson process at `rate` per second, or evenly spaced (`fixed_rate`), or all
+    at once (rate None): `serving_workload.make_workload`'s draws. Notebook 09 (serving over HTTP)."""
+    count = whole_number(count, "count (requests in the load test)")
+    min_new_tokens = whole_number(min_new_tokens, "min_new_tokens")
+    max_new_tokens = whole_number(max_new_tokens, "max_new_tokens", minimum=min_new_tokens)
+    finite_number(median_new_tokens, "median_new_tokens", minimum=0, above_minimum=True)
+    lengths = output_lengths(count, median_new_tokens, sigma, min_new_tokens, max_new_tokens, seed)
+    if fixed_rate and rate is not None:
+        rate = finite_number(rate, "The arrival rate (requests per second)", minimum=0, above_minimum=True)
+        arrivals = [i / rate for i in range(count)]
+    else:
+        arrivals = arrival_times(count, rate, seed)
+    return [LoadRequest(QUESTIONS[i % len(QUESTIONS)], lengths[i], arrivals[i]) for i in range(count)]
+
+
+def as_engine_requests(tokenizer, requests: list[LoadRequest]) -> list[Request]:
+    """The same workload for the in-process engine: each question in the tokenizer's chat
+    template (what a chat endpoint does with it), the same lengths and arrivals, end of
+    sequence ignored. Notebook 09 (serving over HTTP)."""
+    from ..engine.generation import chat_prompt
+    return [Request(tokenizer.encode(chat_prompt(tokenizer, r.question), add_special_tokens=False),
+                    max_new_tokens=r.max_tokens, eos_token_ids=(), arrival=r.arrival, request_id=i)
+            for i, r in enumerate(requests)]
+
+
+def run_load(url: str, requests: list[LoadRequest], model: str | None = None, endpoint: str = "chat",
+             timeout: float = 300.0, ignore_eos: bool = True, extra: dict | None = None) -> list[LoadResult]:
+    """Send every request at its arrival time to the server at `url` (e.g. http://127.0.0.1:8000),
+    streaming, and return what the client saw of each. Notebook 09 (serving over HTTP).
+
+    model: the name to ask for (default: the first of the server's /v1/models); endpoint:
+    "chat" (/v1/chat/completions, the question as one user message) or "completions" (the
+    question as a raw prompt); timeout: seconds one request may take; extra: more fields for
+    every body (e.g. a logit_bias that forbids the end token, for a server without ignore_eos).
+    It runs its own event loop, in a helper thread when one is already running (a notebook's)."""
+    if endpoint not in ("chat", "completions"):
+        raise LabError(f"endpoint must be 'chat' or 'completions', got {endpoint!r}.")
+    if not requests:
+        raise LabError("The load test has no requests; give it at least one LoadRequest.")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise LabError(f"url must start with http:// or https://, got {url!r}.")
+    timeout = finite_number(timeout, "timeout (seconds per request)", minimum=0, above_minimum=True)
+    work = _load(url.rstrip("/"), requests, model, endpoint, timeout, ignore_eos, dict(extra or {}))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:          # a notebook's loop is running
+        return pool.submit(asyncio.run, work).result()
+
+
+async def _load(url, requests, model, endpoint, timeout, ignore_eos, extra) -> list[LoadResult]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(requests) + 1, max_keepalive_connections=len(requests) + 1)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        if model is None:
+            model = await _first_model(client, url)
+        start = time.perf_counter()
+        tasks = [_one(client, url, model, endpoint, r, start, timeout, ignore_eos, extra) for r in requests]
+        return list(await asyncio.gather(*tasks))
+
+
+async def _first_model(client, url: str) -> str:
+    import httpx
+    try:
+        reply = await client.get(f"{url}/v1/models")
+        return reply.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as error:
+        raise LabError(f"Could not read the model's name from {url}/v1/models ({type(error).__name__}); "
+                       "is an OpenAI-compatible server running there? Or pass model=...") from None
+
+
+async def _one(client, url, model, endpoint, request: LoadRequest, start: float, timeout: float,
+               ignore_eos: bool, extra: dict) -> LoadResult:
+    """One request at its arrival time; times are seconds from `start`."""
+    import httpx
+
+    result = LoadResult(arrival=request.arrival)
+    await asyncio.sleep(max(0.0, start + request.arrival - time.perf_counter()))
+    body = {"model": model, "max_tokens": request.max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    body.update(extra)
+    if endpoint == "chat":
+        body["messages"], path = [{"role": "user", "content": request.question}], "/v1/chat/completions"
+    else:
+        body["prompt"], path = request.question, "/v1/completions"
+    result.sent = time.perf_counter() - start
+    try:
+        async with asyncio.timeout(timeout) if hasattr(asyncio, "timeout") else _no_timeout():
+            async with client.stream("POST", url + path, json=body) as reply:
+                if reply.status_code != 200:
+                    await reply.aread()
+                    result.error = str(reply.status_code)
+                    return result
+                async for line in reply.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    _read_chunk(json.loads(line[6:]), result, time.perf_counter() - start)
+    except (httpx.HTTPError, asyncio.TimeoutError, ValueError) as error:
+        result.error = type(error).__name__
+    return result
+
+
+class _no_timeout:
+    """Python 3.10 has no asyncio.timeout; httpx's own timeout still bounds every read."""
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+
+def _read_chunk(chunk: dict, result: LoadResult, now: float) -> None:
+    """Note a token chunk's time (not the chat reply's opening role-only chunk), and the usage."""
+    if chunk.get("error"):
+        result.error = "stream error"
+        return
+    if chunk.get("usage"):
+        result.tokens = chunk["usage"].get("completion_tokens", result.tokens)
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta")
+        text = choice.get("text") if delta is None else delta.get("content")
+        if delta is not None and "role" in delta and not text:
+            continue                                   # the reply's opening: no token yet
+        if choice.get("finish_reason") is not None and not text:
+            continue                                   # a closing chunk without text
+        result.chunk_times.append(now)
+
+
+def summarize_load(results: list[LoadResult]) -> dict:
+    """The load test's figures (the keys of `load_curve.engine_row`, plus latency and errors).
+    Notebook 09 (serving over HTTP)."""
+    done = [r for r in results if r.error is None and r.chunk_times]
+    errors: dict[str, int] = {}
+    for r in results:
+        if r.error is not None or not r.chunk_times:
+            errors[r.error or "no tokens"] = errors.get(r.error or "no tokens", 0) + 1
+    nan = float("nan")
+    if not done:
+        return {"requests": len(results), "served": 0, "errors": sum(errors.values()), "error_kinds": errors,
+                "tokens": 0, **dict.fromkeys(("throughput", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99",
+                                              "tpot_p50", "tpot_p99", "latency_p50", "latency_p99"), nan)}
+    tokens = [r.tokens or len(r.chunk_times) for r in done]
+    begin, end = min(r.sent for r in done), max(r.chunk_times[-1] for r in done)
+    ttft = [r.chunk_times[0] - r.sent for r in done]
+    gaps = [b - a for r in done for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    tpot = [(r.chunk_times[-1] - r.chunk_times[0]) / (n - 1) for r, n in zip(done, tokens) if n >= 2]
+    latency = [r.chunk_times[-1] - r.sent for r in done]
+    return {"requests": len(results), "served": len(done), "errors": sum(errors.values()), "error_kinds": errors,
+            "tokens": sum(tokens), "duration": end - begin,
+            "throughput": sum(tokens) / (end - begin) if end > begin else nan,
+            "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+            "itl_p50": percentile(gaps, 50), "itl_p99": percentile(gaps, 99),
+            "tpot_p50": percentile(tpot, 50), "tpot_p99": percentile(tpot, 99),
+            "latency_p50": percentile(latency, 50), "latency_p99": percentile(latency, 99)}
+
+
+def load_test(url: str, requests: list[LoadRequest], model: str | None = None, endpoint: str = "chat",
+              timeout: float = 300.0, ignore_eos: bool = True, extra: dict | None = None) -> dict:
+    """`run_load`, then `summarize_load`: one flat dict of figures, plus every request's times
+    under "results" (JSON-ready). Notebook 09 (serving over HTTP)."""
+    results = run_load(url, requests, model, endpoint, timeout, ignore_eos, extra)
+    return {**summarize_load(results), "results": [vars(r) for r in results]}

@@ -1,0 +1,326 @@
+"""The HTTP routes: OpenAI-compatible completions and chat, streaming or not.
+
+Introduced in notebook 09 (serving over HTTP). `create_app` builds a FastAPI app around
+one model and one serving engine (stepped by `EngineThread`):
+
+    GET  /health                 200 while the engine thread runs, 503 once it has stopped
+    GET  /v1/models              the one model this server serves
+    POST /v1/completions         prompt (text or token ids) -> text
+    POST /v1/chat/completions    messages, in the tokenizer's chat template -> a reply
+
+One request's life: the body is validated (`protocol`; a bad one is a 400 in one sentence
+and never reaches the engine), the prompt tokenized, the request checked against the
+engine's sizes (`Engine.require_servable`), counted against the overload limit (a 429
+past ``max_slots + max_waiting`` requests in flight), and handed to the engine thread.
+Its tokens come back on its own queue; `TextStream` turns them into text, and they go out
+as one JSON body or as server-sent events, ``data: {chunk}\\n\\n`` ... ``data: [DONE]\\n\\n``.
+Whatever ends a request early (a stop string, a client that disconnects, a timeout) aborts
+it in the engine, so that its cache blocks are free at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..engine.generation import chat_prompt
+from ..engine.sampling import SamplingConfig
+from ..engine.serving.engine import Engine
+from ..engine.serving.request import Request
+from ..errors import LabError
+from ..inputs import finite_number, whole_number
+from . import protocol
+from .engine_loop import EngineThread, Failure, TokenQueue
+from .protocol import ApiError, ChatRequest, CompletionRequest
+from .text import TextStream
+
+
+def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_timeout: float = 600.0,
+               **engine_options) -> FastAPI:
+    """The server's FastAPI app; its engine thread starts and stops with the app (lifespan).
+
+    Introduced in notebook 09 (serving over HTTP). model, tokenizer: what `load_model` gives;
+    model_name: the name clients put in "model"; max_waiting: requests accepted beyond the
+    engine's batch slots before new ones get a 429; token_timeout: seconds a request waits
+    for its next token before it is aborted (a 503); engine_options: `Engine` keyword
+    arguments (max_slots, policy, token_budget, prefix_caching, block_size, cache_tokens).
+    The app's state holds `engine` and `engine_thread` (tests check the blocks after a run).
+    """
+    max_waiting = whole_number(max_waiting, "max_waiting (requests queued beyond the batch slots)", minimum=0)
+    token_timeout = finite_number(token_timeout, "token_timeout (seconds)", minimum=0, above_minimum=True)
+    engine = Engine(model, record=False, **engine_options)
+    server = _Server(engine, tokenizer, model_name, engine.max_slots + max_waiting, token_timeout)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        server.thread.start()
+        yield
+        server.thread.stop()
+
+    app = FastAPI(title="labsupport", lifespan=lifespan)
+    app.state.engine, app.state.engine_thread, app.state.server = engine, server.thread, server
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, error: ApiError):
+        headers = {"Retry-After": "1"} if error.status == 429 else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request, error: RequestValidationError):
+        return JSONResponse(_validation_error(error.errors()).body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, error: HTTPException):
+        return JSONResponse(protocol.error_body(f"{error.detail}: {request.method} {request.url.path}."),
+                            status_code=error.status_code)
+
+    @app.get("/health")
+    async def health():
+        if not server.thread.alive:
+            raise ApiError(503, "The engine has stopped; restart the server.", kind="server_error")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": server.created,
+                                            "owned_by": "labsupport", "max_model_len": model.config.max_position}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: HttpRequest):
+        return await server.answer(body, http, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, http: HttpRequest):
+        return await server.answer(body, http, chat=True)
+
+    return app
+
+
+def _validation_error(errors: list[dict]) -> ApiError:
+    """FastAPI's validation errors as the API's one sentence: malformed JSON, an unknown field,
+    a missing one, or the first field with a wrong value."""
+    first = errors[0] if errors else {"type": "", "loc": (), "msg": "invalid request"}
+    path = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first["type"] == "json_invalid":
+        return ApiError(400, "The request body is not valid JSON; send a JSON object.", code="invalid_json")
+    if not path:
+        return ApiError(400, "The request body must be a JSON object with the API's fields (model, prompt or "
+                             "messages, ...).")
+    param = path[0]
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"Unrecognized request argument supplied: {path[-1]}.", param=path[-1])
+    if first["type"] == "missing":
+        return ApiError(400, f"The field '{'.'.join(path)}' is required.", param=param)
+    msg = first["msg"][0].lower() + first["msg"][1:]
+    return ApiError(400, f"Invalid value for '{param}': {msg}.", param=param)
+
+
+class _Server:
+    """What the routes share: the engine thread, the tokenizer, the overload count."""
+
+    def __init__(self, engine: Engine, tokenizer, model_name: str, limit: int, token_timeout: float):
+        self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        self.thread = EngineThread(engine)
+        self.limit, self.token_timeout = limit, token_timeout
+        self.in_flight = 0
+        self.created = int(time.time())
+        eos = set(engine.model.config.eos_token_ids)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos = tuple(sorted(eos))
+
+    async def answer(self, body, http: HttpRequest, chat: bool):
+        """Validate, queue, and answer one request (a JSON body, or a stream of events)."""
+        if body.model != self.model_name:
+            raise ApiError(404, f"The model '{body.model}' does not exist here; this server serves "
+                                f"'{self.model_name}' (GET /v1/models).", param="model", code="model_not_found")
+        refused = protocol.unsupported(body)
+        if refused is not None:
+            raise refused
+        if not self.thread.alive:
+            raise ApiError(503, "The engine has stopped; restart the server.", kind="server_error")
+        prompt = self._prompt_ids(body, chat)
+        request = self._engine_request(body, prompt, chat)
+        if self.in_flight >= self.limit:
+            raise ApiError(429, f"The server is busy: {self.in_flight} requests are in flight, its limit; "
+                                "retry in a moment.", kind="rate_limit_error", code="rate_limit_exceeded")
+        self.in_flight += 1
+        tokens = TokenQueue()
+        self.thread.submit(request, tokens)
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        answer = _Answer(self, request, tokens, TextStream(self.tokenizer, stops), chat, body)
+        try:
+            first = await answer.first()          # a refusal by the engine is still a 4xx here
+        except BaseException:
+            answer.close()
+            raise
+        if body.stream:
+            return _EventStream(answer, first)
+        try:
+            return await answer.whole(first, http)
+        finally:
+            answer.close()
+
+    def _prompt_ids(self, body, chat: bool) -> list[int]:
+        if not chat:
+            prompt = body.prompt
+            if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+                if len(prompt) != 1:
+                    raise ApiError(400, f"This server takes one prompt per request, got {len(prompt)}; send "
+                                        "each prompt as its own request.", param="prompt")
+                prompt = prompt[0]
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
+        else:
+            ids = self.tokenizer.encode(self._chat_text(body.messages), add_special_tokens=False)
+        if not ids:
+            raise ApiError(400, "The prompt is empty; send at least one token.", param="prompt")
+        return ids
+
+    def _chat_text(self, messages) -> str:
+        """The conversation in the tokenizer's chat template (`generation.chat_prompt` for a
+        user message after at most one system message)."""
+        turns = [{"role": "system" if m.role == "developer" else m.role, "content": _content(m)} for m in messages]
+        if turns[-1]["role"] != "user":
+            raise ApiError(400, "The last message must come from the user.", param="messages")
+        if len(turns) == 1 or (len(turns) == 2 and turns[0]["role"] == "system"):
+            system = turns[0]["content"] if len(turns) == 2 else None
+            return chat_prompt(self.tokenizer, turns[-1]["content"], system)
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise ApiError(400, "This model has no chat template, so its chat endpoint takes one user message "
+                                "(after at most one system message).", param="messages")
+        return self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+    def _engine_request(self, body, prompt: list[int], chat: bool) -> Request:
+        """The engine's Request; a prompt or a max_tokens that can never fit is a 400 here."""
+        room = min(self.engine.model.config.max_position, self.engine.capacity) - len(prompt)
+        max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+        if max_tokens is None:
+            max_tokens = max(room, 1) if chat else 16            # the API's defaults
+        try:
+            sampling = SamplingConfig(temperature=body.temperature, top_k=body.top_k,
+                                      top_p=body.top_p if body.top_p < 1 else None, seed=body.seed)
+            request = Request(prompt, max_new_tokens=max_tokens, sampling=sampling,
+                              eos_token_ids=() if body.ignore_eos else self.eos,
+                              request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
+            self.engine.require_servable(request)
+        except LabError as error:
+            raise ApiError(400, str(error), param="messages" if chat else "prompt",
+                           code="context_length_exceeded") from None
+        return request
+
+
+def _content(message) -> str:
+    if isinstance(message.content, str) or message.content is None:
+        return message.content or ""
+    parts = [p.get("text", "") for p in message.content if p.get("type") == "text"]
+    if len(parts) != len(message.content):
+        raise ApiError(400, "This server reads text content parts only.", param="messages")
+    return "".join(parts)
+
+
+class _Answer:
+    """One request's way back: tokens from its queue -> text -> a body or a stream."""
+
+    def __init__(self, server: _Server, request: Request, tokens: TokenQueue, text: TextStream, chat: bool, body):
+        self.server, self.request, self.tokens, self.text, self.chat, self.body = server, request, tokens, text, chat, body
+        self.ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.engine_finished = False          # the engine ended it (its last token came)
+        self.open = True
+
+    async def first(self):
+        return await self._next()
+
+    async def _next(self):
+        """The next token from the engine; a failure or a timeout ends the request."""
+        try:
+            item = await self.tokens.get(self.server.token_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(503, f"No token came within {self.server.token_timeout:.0f} s; the server is "
+                                "overloaded, retry later.", kind="server_error") from None
+        if isinstance(item, Failure):
+            self.close(engine_done=True)
+            raise ApiError(400 if self.server.thread.alive else 500, item.message, kind="invalid_request_error"
+                           if self.server.thread.alive else "server_error")
+        return item
+
+    def _take(self, item) -> str:
+        """Record a token; the text it adds (empty while held back)."""
+        self.ids.append(item.token)
+        self.engine_finished = item.finished
+        new = self.text.add(item.token)
+        if self.text.stopped:
+            self.finish_reason = "stop"
+        elif item.finished:
+            new += self.text.finish()
+            self.finish_reason = "stop" if item.token in self.request.eos_token_ids else "length"
+        return new
+
+    async def whole(self, item, http: HttpRequest) -> dict:
+        text = self._take(item)
+        while self.finish_reason is None:
+            item = await self._next()
+            text += self._take(item)
+            if await http.is_disconnected():
+                return {}                     # no one to answer; `close` aborts it
+        return protocol.completion(self.request.request_id, self.server.model_name, self.chat, text,
+                                   self.finish_reason, len(self.request.prompt), len(self.ids),
+                                   self.ids if self.body.return_token_ids else None)
+
+    async def events(self, item):
+        """Server-sent events: a chunk per token, the finish reason, usage if asked, [DONE]."""
+        rid, name, chat, ids = self.request.request_id, self.server.model_name, self.chat, self.body.return_token_ids
+        try:
+            if chat:
+                yield _sse(protocol.chunk(rid, name, chat, "", role=True, token_ids=[] if ids else None))
+            while True:
+                text = self._take(item)
+                yield _sse(protocol.chunk(rid, name, chat, text, self.finish_reason,
+                                          [item.token] if ids else None))
+                if self.finish_reason is not None:
+                    break
+                item = await self._next()
+            if self.body.stream_options is not None and self.body.stream_options.include_usage:
+                yield _sse(protocol.usage_chunk(rid, name, chat, len(self.request.prompt), len(self.ids)))
+            yield "data: [DONE]\n\n"
+        except ApiError as error:             # after the headers: the error goes out as an event
+            yield _sse(error.body())
+            yield "data: [DONE]\n\n"
+        finally:
+            self.close()
+
+    def close(self, engine_done: bool = False) -> None:
+        """The request is over for its client: abort it in the engine unless it has ended there."""
+        if not self.open:
+            return
+        self.open = False
+        self.server.in_flight -= 1
+        if not (engine_done or self.engine_finished):
+            self.server.thread.abort(self.request.request_id)
+
+
+class _EventStream(StreamingResponse):
+    """The answer as server-sent events; however the response ends (even cancelled by a
+    disconnect before its first event), the request is closed: aborted unless finished."""
+
+    def __init__(self, answer: _Answer, first):
+        super().__init__(answer.events(first), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.answer = answer
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.answer.close()
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"

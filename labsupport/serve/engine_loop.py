@@ -1,0 +1,150 @@
+"""One thread owns the engine; the web server's event loop only talks to it.
+
+Introduced in notebook 09 (serving over HTTP).
+
+The serving engine (`engine.serving.Engine`) is stepped in ONE dedicated thread, and no
+other thread ever touches it. Requests cross over through two one-way channels:
+
+    event loop --inbox (queue.SimpleQueue: add / abort)--> engine thread
+    engine thread --loop.call_soon_threadsafe(token)-----> each request's asyncio.Queue
+
+Between two steps the engine thread takes every waiting command (a new request joins the
+running batch at the next step: continuous batching), then runs one step and hands each
+new token to its request's queue on the event loop, thread-safely. When there is no work
+it sleeps on the inbox. A step is mostly PyTorch kernels, which release the GIL, so the
+event loop keeps accepting connections and writing tokens while the model computes.
+
+Why a thread and not `run_in_executor(engine.step)`: with an executor the engine would move
+between threads from step to step, and every add and abort would need a lock against a step
+in progress. With one owner thread the engine needs no lock at all: the only shared objects
+are the two queues, which are made for it. (vLLM goes one further and runs its engine core
+in another process, to take the scheduler's Python off the web server's GIL.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass
+
+from ..engine.serving.engine import Engine
+from ..engine.serving.request import Request
+from ..errors import LabError
+
+
+@dataclass
+class Token:
+    """One new token of a request, and whether it was the last. Notebook 09 (serving over HTTP)."""
+
+    token: int
+    finished: bool
+
+
+@dataclass
+class Failure:
+    """The engine could not serve a request; `message` is one sentence. Notebook 09 (serving over HTTP)."""
+
+    message: str
+
+
+class TokenQueue:
+    """Where the engine thread puts a request's tokens: an asyncio.Queue on the event loop,
+    filled thread-safely. Made on the event loop. Notebook 09 (serving over HTTP)."""
+
+    def __init__(self):
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item) -> None:
+        """From the engine thread: hand `item` to the event loop."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:                   # the event loop has closed: no one is listening
+            pass
+
+    async def get(self, timeout: float):
+        """On the event loop: the next item, or asyncio.TimeoutError after `timeout` seconds."""
+        return await asyncio.wait_for(self.queue.get(), timeout)
+
+
+class EngineThread:
+    """The thread that owns `engine`: `submit` and `abort` from any thread, `start`/`stop`.
+    `error` holds what stopped it, if anything did. Notebook 09 (serving over HTTP)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.queues: dict = {}                  # request id -> TokenQueue (engine thread only)
+        self.error: BaseException | None = None
+        self.steps = 0
+        self._thread = threading.Thread(target=self._run, name="labsupport-engine", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def start(self) -> "EngineThread":
+        self._thread.start()
+        return self
+
+    def submit(self, request: Request, tokens: TokenQueue) -> None:
+        """Queue a request; it joins the batch at the engine's next step."""
+        self.inbox.put(("add", request, tokens))
+
+    def abort(self, request_id) -> None:
+        """Drop a request (its client went away); its blocks are free before the next step."""
+        self.inbox.put(("abort", request_id, None))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish the step in progress, drop every request, and end the thread."""
+        self.inbox.put(("stop", None, None))
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise LabError(f"The engine thread did not stop within {timeout:.0f} s.")
+
+    # --- the engine thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._take_commands(wait=not self.engine.has_work):
+                if self.engine.has_work:
+                    self._step()
+        except BaseException as error:          # noqa: BLE001 - every waiting client is told, then it stops
+            self.error = error
+            for tokens in self.queues.values():
+                tokens.put(Failure(f"The engine stopped: {type(error).__name__}: {error}"))
+        for request_id in list(self.queues):     # stopping: nothing is left holding blocks
+            self.engine.abort(request_id)
+        self.queues.clear()
+
+    def _take_commands(self, wait: bool) -> bool:
+        """Apply every command in the inbox (waiting for one when idle); False on stop."""
+        while True:
+            try:
+                command, payload, tokens = self.inbox.get(block=wait)
+            except queue.Empty:
+                return True
+            wait = False
+            if command == "stop":
+                return False
+            if command == "abort":
+                self.engine.abort(payload)
+                self.queues.pop(payload, None)
+                continue
+            try:
+                self.engine.add_request(payload, self.engine.clock())
+            except LabError as error:
+                tokens.put(Failure(str(error)))
+                continue
+            self.queues[payload.request_id] = tokens
+
+    def _step(self) -> None:
+        for seq, token in self.engine.step():
+            tokens = self.queues.get(seq.id)
+            if tokens is None:
+                continue
+            tokens.put(Token(token, seq.is_finished))
+            if seq.is_finished:
+                del self.queues[seq.id]
+        self.steps += 1

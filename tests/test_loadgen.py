@@ -1,0 +1,138 @@
+"""The load generator (notebook 09) against our server on 127.0.0.1, and the CLI's serve and loadgen.
+
+Every load here is bounded (a handful of requests, a timeout on each) and ends by itself.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+
+from labsupport.engine.serving import Engine
+from labsupport.errors import LabError
+from labsupport.lab.loadgen import (LoadRequest, LoadResult, as_engine_requests, chat_workload, load_test,
+                                    run_load, summarize_load)
+from labsupport.lab.serving_workload import QUESTIONS, make_workload
+from labsupport.lab.workloads import chat_prompts
+from labsupport.serve import BackgroundServer, create_app
+from labsupport.weights.fixtures import ByteTokenizer, random_model
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = random_model("tiny-llama", dtype=torch.float64)
+    app = create_app(model, ByteTokenizer(), "tiny", max_slots=2, max_waiting=2)
+    with BackgroundServer(app) as running:
+        running.app, running.model = app, model
+        yield running
+
+
+def test_the_workload_is_the_in_process_engines_workload():
+    requests = chat_workload(10, rate=2.0, median_new_tokens=6, max_new_tokens=20, seed=4)
+    assert [r.question for r in requests] == [QUESTIONS[i % len(QUESTIONS)] for i in range(10)]
+    tok = ByteTokenizer()
+    engine_side = make_workload(chat_prompts(tok, 10), rate=2.0, median_new_tokens=6, max_new_tokens=20, seed=4)
+    ours = as_engine_requests(tok, requests)
+    assert [(r.prompt, r.max_new_tokens, r.arrival) for r in ours] == [
+        (r.prompt, r.max_new_tokens, r.arrival) for r in engine_side]
+    fixed = chat_workload(4, rate=2.0, fixed_rate=True)
+    assert [r.arrival for r in fixed] == [0.0, 0.5, 1.0, 1.5]
+    assert {r.arrival for r in chat_workload(3, rate=None)} == {0.0}
+
+
+def test_a_load_test_measures_every_request_and_the_server_agrees(server):
+    requests = chat_workload(6, rate=20.0, median_new_tokens=5, max_new_tokens=12, seed=1)
+    figures = load_test(server.url, requests, timeout=30)
+    assert figures["served"] == 6 and figures["errors"] == 0
+    assert figures["tokens"] == sum(r.max_tokens for r in requests)             # ignore_eos honoured
+    for row in figures["results"]:
+        assert row["sent"] >= row["arrival"] - 1e-6 and row["chunk_times"] == sorted(row["chunk_times"])
+        assert row["chunk_times"][0] > row["sent"]
+    assert len(figures["results"][0]["chunk_times"]) == requests[0].max_tokens        # a chunk per token
+    assert 0 < figures["ttft_p50"] <= figures["ttft_p99"] and figures["itl_p50"] > 0 and figures["throughput"] > 0
+    json.dumps(figures)                                                          # JSON-ready
+    completions = load_test(server.url, requests[:2], endpoint="completions", timeout=30)
+    assert completions["served"] == 2
+    server.app.state.engine.blocks.assert_no_leaks()
+    # the in-process engine serves the same workload to the same tokens' count
+    result = Engine(server.model, max_slots=2).run(as_engine_requests(ByteTokenizer(), requests))
+    assert sum(len(t) for t in result.tokens().values()) == figures["tokens"]
+
+
+def test_errors_are_counted_by_kind_not_raised(server):
+    burst = [LoadRequest("Why?", 200, 0.0) for _ in range(8)]                   # 2 slots + 2 waiting
+    figures = load_test(server.url, burst, timeout=30)
+    assert figures["error_kinds"].get("429", 0) >= 4 and figures["served"] + figures["errors"] == 8
+    wrong_model = summarize_load(run_load(server.url, burst[:1], model="nope", timeout=30))
+    assert wrong_model["error_kinds"] == {"404": 1} and wrong_model["served"] == 0
+    with socket.socket() as s:                                                   # a port with no server
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nobody = summarize_load(run_load(f"http://127.0.0.1:{port}", burst[:1], model="x", timeout=5))
+    assert nobody["error_kinds"] == {"ConnectError": 1}
+
+
+def test_summaries_of_hand_made_results():
+    results = [LoadResult(arrival=0, sent=0.0, chunk_times=[0.5, 0.6, 0.8], tokens=3),
+               LoadResult(arrival=0, sent=0.1, chunk_times=[0.3, 0.4], tokens=2),
+               LoadResult(arrival=0, sent=0.2, error="429")]
+    s = summarize_load(results)
+    assert s["served"] == 2 and s["error_kinds"] == {"429": 1} and s["tokens"] == 5
+    assert s["throughput"] == pytest.approx(5 / 0.8) and s["ttft_p50"] == pytest.approx(0.35)
+    assert s["tpot_p50"] == pytest.approx((0.15 + 0.1) / 2)
+    assert summarize_load([LoadResult(arrival=0, error="429")])["served"] == 0
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: run_load("127.0.0.1:8000", [LoadRequest("x", 2, 0)]), "http://"),
+    (lambda: run_load("http://127.0.0.1:1", []), "no requests"),
+    (lambda: run_load("http://127.0.0.1:1", [LoadRequest("x", 2, 0)], endpoint="embeddings"), "endpoint"),
+    (lambda: chat_workload(0, 1.0), "count"),
+    (lambda: chat_workload(3, -1.0), "arrival rate"),
+    (lambda: chat_workload(3, 0.0, fixed_rate=True), "arrival rate"),
+])
+def test_bad_arguments_are_one_sentence(call, message):
+    with pytest.raises(LabError, match=message):
+        call()
+
+
+def test_the_cli_serves_and_the_cli_load_tests_it(tmp_path):
+    """`python -m labsupport serve` in a subprocess (a tiny model, a free port), then `loadgen`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    server = subprocess.Popen([sys.executable, "-m", "labsupport", "serve", "--model", "tiny-llama", "--device", "cpu",
+                               "--port", str(port), "--max-slots", "2", "--log-level", "warning"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stdout.read().decode()
+            assert time.monotonic() < deadline, "the server did not start in 120 s"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        out = tmp_path / "load.json"
+        done = subprocess.run([sys.executable, "-m", "labsupport", "loadgen", "--url", url, "--rate", "20",
+                               "--requests", "3", "--max-tokens", "8", "--out", str(out)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(out.read_text())
+        assert report["served"] == 3 and report["url"] == url and report["arrivals"] == "poisson"
+        assert "3/3 served" in done.stdout
+        bad = subprocess.run([sys.executable, "-m", "labsupport", "loadgen", "--url", url, "--requests", "0"],
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
