@@ -218,3 +218,19 @@ def test_int8_cache_takes_numpy_and_torch_sizes_and_device_names():
     cache = Int8KVCache(config, np.int64(2), torch.tensor(16), device=torch.device("cpu"), dtype="bf16")
     assert cache.batch_size == 2 and type(cache.max_len) is int and cache.keys.shape[3] == 16
     assert cache.dtype == torch.bfloat16 and cache.device.type == "cpu"
+
+
+def test_the_block_manager_compares_tokens_behind_a_colliding_name(monkeypatch):
+    from labsupport.engine.serving import BlockManager
+    monkeypatch.setattr(prefix_cache, "block_hash", every_block_collides)
+    blocks = BlockManager(num_blocks=12, block_size=2, prefix_caching=True)
+    a, b = [1, 2, 3, 4, 5], [1, 2, 7, 8, 5]                  # block 0 equal, block 1 differs (same name)
+    blocks.admit(0, a, 6)
+    blocks.cache_full_blocks(0, a, 5)
+    assert blocks.cached_prefix(b) == blocks.table(0)[:1]
+    assert blocks.admit(1, b, 6) == 2                         # only block 0's positions come from the cache
+    blocks.cache_full_blocks(1, b, 5)
+    assert blocks.table(1)[1] != blocks.table(0)[1] and blocks.table(1)[1] not in blocks.prefix_cache
+    assert blocks.cached_prefix(a + [6]) == blocks.table(0)[:2]   # a's own blocks are still found
+    blocks.release(0), blocks.release(1)
+    blocks.assert_no_leaks()

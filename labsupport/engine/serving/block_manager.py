@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import LabError
-from .prefix_cache import PrefixCache, prefix_block_hashes
+from .prefix_cache import PrefixCache
 
 
 def blocks_needed(num_positions: int, block_size: int) -> int:
@@ -51,7 +51,7 @@ class BlockManager:
         self.block_size = block_size
         self.free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives 0 first
         self.tables: dict[int, list[int]] = {}                              # sequence index -> blocks
-        self.prefix_cache = PrefixCache() if prefix_caching else None
+        self.prefix_cache = PrefixCache(block_size) if prefix_caching else None
         self.peak_used = 0
         # row 0 is all scratch (padding rows); a sequence holding blocks gets its own row
         self.table_tensor = torch.full((9, num_blocks), num_blocks, dtype=torch.long, device=device)
@@ -132,7 +132,7 @@ class BlockManager:
         the last token to compute (its logits give the next token)."""
         if self.prefix_cache is None:
             return []
-        return self.prefix_cache.lookup(prefix_block_hashes(tokens[:-1], self.block_size))
+        return self.prefix_cache.lookup(tokens[:-1])
 
     def admit_cost(self, tokens: list[int], num_positions: int) -> int:
         """Blocks a new sequence takes from `num_free` to hold `num_positions`, reusing its cached prefix."""
@@ -154,10 +154,7 @@ class BlockManager:
         """Name the sequence's full prompt blocks computed so far, so that others can share them."""
         if self.prefix_cache is None:
             return
-        table = self.table(seq_index)
-        for i, h in enumerate(prefix_block_hashes(prompt[: num_cached], self.block_size)):
-            if table[i] not in self.prefix_cache:
-                self.prefix_cache.insert(h, table[i])
+        self.prefix_cache.insert(prompt[: num_cached], self.table(seq_index))
 
     def read_only_blocks(self) -> set[int]:
         """Blocks whose positions are final (cached): no forward pass may write them."""
