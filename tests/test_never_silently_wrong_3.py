@@ -15,6 +15,7 @@ from labsupport.engine.models.config import PRESETS
 from labsupport.engine.serving import Engine, Request, prefix_cache
 from labsupport.engine.serving.model_runner import ModelRunner
 from labsupport.lab.long_context import window_cache_bytes
+from test_serving_prefix import guard_writes  # noqa: F401  (a fixture)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 BF16_SMALLEST = 2.0 ** -133                      # the smallest positive bfloat16 (a subnormal)
@@ -171,22 +172,28 @@ def test_static_batching_under_a_budget_of_5_computes_at_most_5_tokens(tiny_llam
 def random_setting(rng: random.Random, policies):
     slots = rng.randint(1, 4)
     block_size = rng.choice([2, 4])
-    prompts = [[rng.randrange(256) for _ in range(rng.randint(1, 20))] for _ in range(rng.randint(1, 7))]
+    head = [rng.randrange(256) for _ in range(rng.choice([0, 0, 5, 9]))]     # a shared system prompt, or none
+    prompts = [head + [rng.randrange(256) for _ in range(rng.randint(1, 16))] for _ in range(rng.randint(1, 7))]
     requests = [Request(p, max_new_tokens=rng.randint(1, 8), arrival=rng.choice([0, 0, 1, 3, 6]), request_id=i)
                 for i, p in enumerate(prompts)]
     longest = max(r.max_length for r in requests)
     return requests, dict(max_slots=slots, policy=rng.choice(policies), block_size=block_size,
                           token_budget=rng.randint(slots, slots + 10),
-                          cache_tokens=rng.choice([None, longest + block_size * rng.randint(0, 3)]),
+                          cache_tokens=rng.choice([None, longest, longest, longest + block_size]),
                           prefix_caching=rng.choice([False, True]))
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(20))
 def test_no_step_computes_more_than_its_budget_and_every_request_gets_its_tokens_alone(
-        tiny_model_f64, monkeypatch, seed):
-    requests, setting = random_setting(random.Random(seed), ["static", "continuous"])
+        tiny_model_f64, monkeypatch, guard_writes, seed):
+    """Random policies (the two named ones and two custom ones), slots, budgets, block sizes,
+    prompt lengths, arrivals, cache sizes (tight ones preempt) and prefix caching."""
+    from test_serving_policies import DrainThenRefill, ShortestPromptFirst
+    requests, setting = random_setting(random.Random(seed), ["static", "continuous", "static", DrainThenRefill(),
+                                                             ShortestPromptFirst()])
     computed = counting_forward(monkeypatch)
     engine = Engine(tiny_model_f64, **setting)
+    guard_writes.append(engine)                                        # shared blocks are never written
     result = engine.run(requests, clock="steps")
     assert computed == [step_tokens(s) for s in result.steps], setting
     assert max(computed) <= setting["token_budget"], setting
@@ -205,7 +212,7 @@ def test_no_step_computes_more_than_its_budget_and_every_request_gets_its_tokens
     ((1, 10 ** 6), {}, "longer than the model's context"),
     ((1, 16), {"device": "tpu"}, "Unknown device 'tpu'"),
     ((1, 16), {"device": 3.5}, "Unknown device"),
-    ((1, 16), {"dtype": torch.int8}, "cannot be a model dtype"),
+    ((1, 16), {"dtype": torch.int8}, "dtype is the float dtype update returns .* got torch.int8"),
     ((1, 16), {"dtype": "fp17"}, "Unknown precision"),
 ])
 def test_int8_cache_refuses_bad_sizes_devices_and_dtypes_in_one_sentence(args, kwargs, message):

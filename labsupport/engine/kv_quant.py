@@ -40,7 +40,7 @@ import torch
 
 from ..errors import LabError
 from ..inputs import whole_number
-from .hardware import as_dtype, pick_device, require_usable_dtype
+from .hardware import as_dtype, pick_device
 from .kv_cache import FilledLength
 from .models.config import ModelConfig
 
@@ -60,6 +60,9 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise LabError(f"quantize_per_token takes float keys or values of shape (batch, kv_heads, T, head_dim), "
                        f"got {x.dtype} of shape {tuple(x.shape)}.")
     absmax = x.float().abs().amax(dim=-1, keepdim=True)                 # (B, H, T, 1)
+    if x.dtype == torch.float64 and bool((absmax > torch.finfo(SCALE_DTYPE).max).any()):
+        raise LabError("float64 keys or values beyond 3.4e38 do not fit bfloat16 scales; the int8 cache stores "
+                       "model activations (float32, float16, bfloat16).")
     scales = (absmax / INT8_MAX).to(SCALE_DTYPE)                        # the nearest bfloat16 ...
     below = scales.float() * INT8_MAX < absmax                          # (exact: 8 bits x 7 bits)
     scales = torch.where(below, torch.nextafter(scales, torch.full_like(scales, float("inf"))), scales)
@@ -72,8 +75,9 @@ def dequantize_per_token(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dty
     """q * scales in `dtype`: the inverse of `quantize_per_token` up to rounding (at most
     half a scale per number, plus the rounding to `dtype`), finite for every finite input.
     Introduced in notebook 08 (long context)."""
+    wide = torch.float64 if dtype == torch.float64 else torch.float32  # where q * scale is exact
     largest = torch.finfo(dtype).max                                   # 127 x a rounded-up scale may pass it
-    return q.float().mul_(scales.float()).clamp_(-largest, largest).to(dtype)   # exact in float32, rounded once
+    return q.to(wide).mul_(scales.to(wide)).clamp_(-largest, largest).to(dtype)   # rounded once
 
 
 def int8_kv_cache_bytes(config: ModelConfig, length: int, batch_size: int = 1) -> int:
@@ -103,8 +107,9 @@ class Int8KVCache(FilledLength):
         batch_size = whole_number(batch_size, "batch_size (rows of the int8 cache)")
         max_len = whole_number(max_len, "max_len (positions the int8 cache holds)")
         device = pick_device(device)                                    # a typo or a missing GPU: one sentence
-        dtype = as_dtype(dtype)
-        require_usable_dtype(device, dtype)                             # the dtype update returns: a model dtype
+        dtype = as_dtype(dtype)                                         # the dtype update returns: the model's
+        if not dtype.is_floating_point:
+            raise LabError(f"dtype is the float dtype update returns (the model's), got {dtype}.")
         if max_len > config.max_position:
             raise LabError(f"A cache of {max_len} positions is longer than the model's context of "
                            f"{config.max_position} tokens; shorten the prompt or max_new_tokens.")

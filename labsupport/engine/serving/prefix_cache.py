@@ -101,6 +101,9 @@ class PrefixCache:
         by the one sequence that wrote it, unless already named; returns how many got a name.
         A block whose name another block has keeps no name (its sequence keeps its own copy)."""
         tokens, named = tuple(tokens), 0
+        if len(table) < len(tokens) // self.block_size:
+            raise LabError(f"{len(tokens)} tokens fill {len(tokens) // self.block_size} blocks but the table holds "
+                           f"only {len(table)}; name only positions the sequence's blocks hold.")
         for i, h in enumerate(prefix_block_hashes(tokens, self.block_size)):
             block = table[i]
             if block in self.hash_of or h in self.block_of:
@@ -112,11 +115,13 @@ class PrefixCache:
 
     def ref(self, block: int) -> None:
         """One more sequence holds `block`."""
+        self._require_cached(block)
         self.refs[block] += 1
         self.unused.pop(block, None)
 
     def unref(self, block: int) -> None:
         """A sequence let go of `block`; at zero it stays cached, most recently used."""
+        self._require_cached(block)
         if self.refs[block] <= 0:
             raise LabError(f"Block {block} is released more often than it was taken; the block manager is broken.")
         self.refs[block] -= 1
@@ -131,3 +136,7 @@ class PrefixCache:
         self.evictions += 1
         del self.block_of[self.hash_of.pop(block)], self.refs[block], self.source_of[block]
         return block
+
+    def _require_cached(self, block) -> None:
+        if block not in self.refs:
+            raise LabError(f"Block {block!r} is not in the prefix cache; only cached blocks are shared.")

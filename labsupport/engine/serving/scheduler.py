@@ -239,7 +239,7 @@ class Scheduler:
         try:
             decision = replace(decision, admit=tuple(decision.admit), vacate=tuple(decision.vacate))
         except TypeError:
-            raise LabError(f"{name}'s decision must list sequences in admit and vacate (tuples or lists).") from None
+            raise LabError(f"The decision of {name} must list sequences in admit and vacate (tuples or lists).") from None
         for what, chosen, among in (("admit", decision.admit, view.waiting), ("vacate", decision.vacate,
                                                                               view.finished)):
             if any(seq not in among for seq in chosen) or len(set(map(id, chosen))) != len(chosen):
@@ -247,7 +247,7 @@ class Scheduler:
                 raise LabError(f"{name} decided to {what} a sequence that is not {kind} (or one twice); "
                                f"choose them from view.{'waiting' if what == 'admit' else 'finished'}.")
         room = self.max_slots - len(view.decoding)
-        whole_number(decision.padding_rows, f"padding_rows of {name}'s decision (at most the {room} slots "
+        whole_number(decision.padding_rows, f"padding_rows in the decision of {name} (at most the {room} slots "
                      f"the decodes leave)", minimum=0, maximum=room)
         return decision
 
