@@ -26,8 +26,9 @@ released and it goes back to the front of the queue, keeping its tokens (see req
 With a token budget (`token_budget`, the Sarathi / vLLM chunked-prefill policy) a
 step is planned in tokens: every decoding sequence costs one, and what is left goes
 to prompt chunks, first to sequences still part-way through their prompt, then to
-newcomers, in arrival order (`budget_prefill_chunks`); a long prompt is split over
-steps. Padding rows cost a token each too, so no step computes more than its budget.
+newcomers in the policy's order (arrival order for both policies here; see
+`budget_prefill_chunks`); a long prompt is split over steps. Padding rows cost a token
+each too, so no step computes more than its budget.
 Without one, each newcomer's whole prompt runs in the step it is admitted.
 """
 
@@ -168,8 +169,9 @@ class ScheduledStep:
 
 
 class Scheduler:
-    """FCFS admission under slot and block limits, with one policy (`Policy`, or its name),
-    and optionally a token budget per step (None: whole prompts). Notebook 06 (continuous batching)."""
+    """Admission in the policy's order under slot and block limits, with one policy (`Policy`,
+    or its name), and optionally a token budget per step (None: whole prompts).
+    Notebook 06 (continuous batching)."""
 
     def __init__(self, policy, max_slots: int, blocks: BlockManager, token_budget: int | None = None):
         self.rules = as_policy(policy)
