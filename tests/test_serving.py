@@ -143,17 +143,15 @@ def test_every_request_gets_its_tokens_alone(tiny_model_f64, policy, cache_token
 def test_policies_are_objects_and_a_new_one_is_a_small_subclass(tiny_model_f64):
     """The names still work; a Policy object gives the same schedule; a custom policy
     (admit only into an empty server: batches of whatever is waiting, no padding rows)
-    plugs into the same engine and still gives every request its tokens alone."""
-    from labsupport.engine.serving import ContinuousBatching, Policy
+    plugs into the same engine and still gives every request its tokens alone. A policy
+    sees a read-only view and returns its decision; the scheduler applies it."""
+    from labsupport.engine.serving import ContinuousBatching, Decision, Policy
 
     class DrainThenRefill(Policy):
         name = "drain-then-refill"
 
-        def may_admit(self, scheduler):
-            return not scheduler.running
-
-        def left(self, scheduler, seq):
-            scheduler.free_slots.append(seq.slot)
+        def decide(self, view):
+            return Decision(vacate=view.finished, admit=() if view.running else view.waiting)
 
     requests = make_workload(prompts(), count=8, median_new_tokens=6, max_new_tokens=12, seed=1)
     by_name = Engine(tiny_model_f64, max_slots=3, policy="continuous", block_size=4).run(requests, clock="steps")

@@ -48,16 +48,18 @@ def test_block_hash_names_the_tokens_and_the_prefix_before_them():
 
 
 def test_the_cache_counts_references_and_evicts_the_least_recently_used():
-    cache = PrefixCache()
-    assert cache.insert(101, block=0) and cache.insert(102, block=1) and cache.insert(103, block=2)
-    assert not cache.insert(101, block=5)                      # the name is taken: 5 stays uncached
-    assert cache.lookup([101, 102, 999, 103]) == [0, 1]        # the longest cached prefix
+    cache = PrefixCache(block_size=2)
+    prompt = [1, 2, 3, 4, 5, 6]                                # 3 full blocks
+    assert cache.insert(prompt, table=[0, 1, 2]) == 3
+    assert cache.insert(prompt, table=[5, 6, 7]) == 0          # the names are taken: 5-7 stay uncached
+    assert cache.lookup([1, 2, 3, 4, 9, 9, 5, 6]) == [0, 1]    # the longest cached prefix
+    assert cache.lookup([1, 2, 3]) == [0]                      # full blocks only
     cache.ref(1)                                               # a second sequence holds block 1
     for block in (2, 0, 1):
         cache.unref(block)
     assert cache.num_evictable == 2 and cache.refs[1] == 1     # block 1 is still held
     assert cache.evict() == 2 and cache.evict() == 0           # least recently released first
-    assert cache.lookup([101]) == [] and 2 not in cache
+    assert cache.lookup([1, 2]) == [] and 2 not in cache
     with pytest.raises(LabError, match="No cached block is free to evict"):
         cache.evict()
     cache.unref(1)

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import LabError
+from ..inputs import whole_number
+from ..engine.hardware import as_dtype
 from ..engine.generation import decode_step, generate
 from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
 from ..engine.kv_quant import Int8KVCache
@@ -231,9 +233,16 @@ def generation_agreement(model, prompt_ids: Sequence[int], new_tokens: int = 32)
 def window_cache_bytes(config: ModelConfig, context: int, window: int | None, batch: int = 1,
                        dtype: torch.dtype = torch.float32) -> int:
     """Bytes a cache needs at `context` when it keeps only the last `window` positions (a
-    ring buffer): computed, not allocated. Introduced in notebook 08 (long context)."""
+    ring buffer; None: every position): computed, not allocated. Whole numbers (NumPy and
+    torch integers too) of at least 1. Introduced in notebook 08 (long context)."""
+    if not isinstance(config, ModelConfig):
+        raise LabError(f"config must be a ModelConfig (model.config), got {type(config).__name__}.")
+    context = whole_number(context, "context (positions so far)")
+    if window is not None:
+        window = whole_number(window, "window (positions the sliding window keeps, or None for all)")
+    batch = whole_number(batch, "batch (rows of the cache)")
     kept = context if window is None else min(context, window)
-    return kv_cache_bytes(config, kept, batch, dtype)
+    return kv_cache_bytes(config, kept, batch, as_dtype(dtype))
 
 
 def window_perplexity(model, tokens: Sequence[int], windows: Sequence[int | None]) -> list[dict]:

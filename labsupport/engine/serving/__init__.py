@@ -13,9 +13,9 @@ from .engine import Engine, ServingResult, StepRecord
 from .paged_cache import PagedKVCache
 from .prefix_cache import PrefixCache, block_hash
 from .request import Request, ServedSequence, Status
-from .scheduler import (POLICIES, ContinuousBatching, Policy, ScheduledStep, Scheduler, StaticBatching,
-                        budget_prefill_chunks)
+from .scheduler import (POLICIES, ContinuousBatching, Decision, Policy, ScheduledStep, Scheduler, SchedulerView,
+                        StaticBatching, budget_prefill_chunks)
 
 __all__ = ["BlockManager", "blocks_needed", "Engine", "ServingResult", "StepRecord", "PagedKVCache", "Request",
            "ServedSequence", "Status", "PrefixCache", "block_hash", "budget_prefill_chunks", "POLICIES", "Policy",
-           "StaticBatching", "ContinuousBatching", "ScheduledStep", "Scheduler"]
+           "StaticBatching", "ContinuousBatching", "ScheduledStep", "Scheduler", "SchedulerView", "Decision"]

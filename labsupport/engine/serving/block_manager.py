@@ -27,7 +27,9 @@ from __future__ import annotations
 import torch
 
 from ...errors import LabError
-from .prefix_cache import PrefixCache, prefix_block_hashes
+from ...inputs import whole_number
+from ..hardware import pick_device
+from .prefix_cache import PrefixCache
 
 
 def blocks_needed(num_positions: int, block_size: int) -> int:
@@ -43,15 +45,16 @@ class BlockManager:
     Notebook 06 (continuous batching)."""
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False, device="cpu"):
-        if num_blocks < 1:
-            raise LabError(f"The cache needs at least one block, got num_blocks={num_blocks}.")
-        if block_size < 1:
-            raise LabError(f"block_size must be at least 1, got {block_size}.")
+        num_blocks = whole_number(num_blocks, "num_blocks (blocks in the paged cache)")
+        block_size = whole_number(block_size, "block_size (positions per cache block)")
+        if not isinstance(prefix_caching, bool):
+            raise LabError(f"prefix_caching must be True or False, got {prefix_caching!r}.")
+        device = pick_device(device)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives 0 first
         self.tables: dict[int, list[int]] = {}                              # sequence index -> blocks
-        self.prefix_cache = PrefixCache() if prefix_caching else None
+        self.prefix_cache = PrefixCache(block_size) if prefix_caching else None
         self.peak_used = 0
         # row 0 is all scratch (padding rows); a sequence holding blocks gets its own row
         self.table_tensor = torch.full((9, num_blocks), num_blocks, dtype=torch.long, device=device)
@@ -81,6 +84,8 @@ class BlockManager:
 
     def grow(self, seq_index: int, num_positions: int) -> None:
         """Give a sequence enough blocks for `num_positions` positions (call `can_grow` first)."""
+        seq_index = whole_number(seq_index, "seq_index (the sequence's number)", minimum=0)
+        num_positions = whole_number(num_positions, "num_positions (positions the sequence holds)", minimum=0)
         extra = self.extra_blocks(seq_index, num_positions)
         if extra > self.num_free:
             raise LabError(f"Sequence {seq_index} needs {extra} more cache blocks and only "
@@ -132,7 +137,7 @@ class BlockManager:
         the last token to compute (its logits give the next token)."""
         if self.prefix_cache is None:
             return []
-        return self.prefix_cache.lookup(prefix_block_hashes(tokens[:-1], self.block_size))
+        return self.prefix_cache.lookup(tokens[:-1])
 
     def admit_cost(self, tokens: list[int], num_positions: int) -> int:
         """Blocks a new sequence takes from `num_free` to hold `num_positions`, reusing its cached prefix."""
@@ -143,6 +148,8 @@ class BlockManager:
     def admit(self, seq_index: int, tokens: list[int], num_positions: int) -> int:
         """Give a new sequence its cached prefix blocks and new blocks up to `num_positions`
         (check `admit_cost` against `num_free` first); returns the positions already cached."""
+        if seq_index in self.tables:
+            raise LabError(f"Sequence {seq_index} already holds blocks; release it before admitting it again.")
         hits = self.cached_prefix(tokens)
         for block in hits:
             self.prefix_cache.ref(block)
@@ -154,10 +161,10 @@ class BlockManager:
         """Name the sequence's full prompt blocks computed so far, so that others can share them."""
         if self.prefix_cache is None:
             return
-        table = self.table(seq_index)
-        for i, h in enumerate(prefix_block_hashes(prompt[: num_cached], self.block_size)):
-            if table[i] not in self.prefix_cache:
-                self.prefix_cache.insert(h, table[i])
+        held = len(self.table(seq_index)) * self.block_size
+        num_cached = whole_number(num_cached, f"num_cached (computed positions: at most the {held} the sequence's "
+                                  f"blocks hold)", minimum=0, maximum=held)
+        self.prefix_cache.insert(prompt[: num_cached], self.table(seq_index))
 
     def read_only_blocks(self) -> set[int]:
         """Blocks whose positions are final (cached): no forward pass may write them."""

@@ -79,8 +79,11 @@ class ServedSequence:
     Notebook 06 (continuous batching)."""
 
     def __init__(self, request: Request, index: int, device):
+        if not isinstance(request, Request):
+            raise LabError(f"A ServedSequence serves a Request, got a {type(request).__name__}; "
+                           f"wrap the prompt as Request(prompt=ids, max_new_tokens=...).")
         self.request = request
-        self.index = index                  # order of arrival at the engine
+        self.index = whole_number(index, "index (the sequence's order of arrival)", minimum=0)
         self.id = request.request_id if request.request_id is not None else index
         self.status = Status.WAITING
         self.output: list[int] = []         # generated tokens so far

@@ -2,10 +2,15 @@
 
 Introduced in notebook 06 (continuous batching).
 
-Both policies (objects: `StaticBatching`, `ContinuousBatching`, or their names)
-share one interface (`schedule`, `finish`) and two limits: at most
-`max_slots` sequences in a batch, and no more cache blocks than the block manager
-has. They differ only in when a waiting sequence may join:
+The `Scheduler` keeps the state: who waits, who runs, which slots and blocks are free.
+A policy (objects: `StaticBatching`, `ContinuousBatching`, or their names) keeps none:
+before each step it is shown a read-only `SchedulerView` (the waiting and running
+sequences, the finished ones still holding a slot, free slots and blocks, the budget)
+and returns a `Decision` (whom to admit, which finished sequences give their slot back,
+how many padding rows to compute), which the scheduler applies within its limits: at
+most `max_slots` sequences in a batch, no more cache blocks than the block manager has,
+and no more tokens in a step than the budget. The two policies differ only in when a
+waiting sequence may join:
 
 * static: a batch is admitted together, when the previous batch has ended, and
   runs until its longest member ends. Members that finish early keep their slot
@@ -14,24 +19,26 @@ has. They differ only in when a waiting sequence may join:
 * continuous: between any two steps, finished sequences leave and waiting ones
   take their slots (Yu et al., Orca, 2022): tables are re-seated as soon as they clear.
 
-When a running sequence needs a new block and none is free, the most recently
-admitted sequence is preempted: its blocks are released and it goes back to the
-front of the queue, keeping its tokens (see request.py).
+When a running sequence needs a new block and none is free, the policy's victim (by
+default the most recently admitted sequence) is preempted: its blocks and its slot are
+released and it goes back to the front of the queue, keeping its tokens (see request.py).
 
 With a token budget (`token_budget`, the Sarathi / vLLM chunked-prefill policy) a
 step is planned in tokens: every decoding sequence costs one, and what is left goes
 to prompt chunks, first to sequences still part-way through their prompt, then to
-newcomers, in arrival order (`budget_prefill_chunks`); a long prompt is split over
-steps. Without one, each newcomer's whole prompt runs in the step it is admitted.
+newcomers in the policy's order (arrival order for both policies here; see
+`budget_prefill_chunks`); a long prompt is split over steps. Padding rows cost a token
+each too, so no step computes more than its budget.
+Without one, each newcomer's whole prompt runs in the step it is admitted.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...errors import LabError
-from ...inputs import whole_number
+from ...inputs import finite_number, whole_number
 from .block_manager import BlockManager
 from .request import ServedSequence, Status
 
@@ -53,31 +60,60 @@ def budget_prefill_chunks(token_budget: int, num_decodes: int, remaining: list[i
     return chunks
 
 
+@dataclass(frozen=True)
+class SchedulerView:
+    """What a policy decides on, read-only (tuples; read the sequences, never change them).
+    Notebook 06 (continuous batching)."""
+
+    waiting: tuple[ServedSequence, ...]     # in queue order (a preempted sequence at the front)
+    running: tuple[ServedSequence, ...]     # in order of admission
+    decoding: tuple[ServedSequence, ...]    # the running ones that compute one token each this step
+    finished: tuple[ServedSequence, ...]    # finished, still holding their slot (until a Decision vacates it)
+    free_slots: int
+    free_blocks: int
+    token_budget: int | None                # tokens per step, or None (whole prompts)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer for one step, which the scheduler applies. Notebook 06 (continuous batching).
+
+    vacate: sequences of `view.finished` whose slots come free now.
+    admit: sequences of `view.waiting`, in the order to try; each is admitted while a slot,
+        its cache blocks and (under a token budget) a token of this step are free; the first
+        that does not fit stops the admissions (so no one overtakes it).
+    padding_rows: rows computed beside the decodes as padding, one token each (at most the
+        slots the decodes leave).
+    admit_beyond_budget: admit whoever fits in slots and blocks even when this step's tokens
+        are spent (their prompts then run in the next steps).
+    """
+
+    vacate: tuple[ServedSequence, ...] = ()
+    admit: tuple[ServedSequence, ...] = ()
+    padding_rows: int = 0
+    admit_beyond_budget: bool = False
+
+
 class Policy:
     """A scheduling policy: the rules by which waiting sequences join the running batch.
 
-    Introduced in notebook 06 (continuous batching). A policy is an object with four
-    small decisions, so a new one (say, shortest-prompt-first) is one subclass; the
-    `Scheduler` around it keeps the slot and block limits, admission order and
-    preemption the same for every policy.
+    Introduced in notebook 06 (continuous batching). A policy holds no state: `decide`
+    is shown a `SchedulerView` before every step and returns a `Decision`; `victim` names
+    the sequence to preempt when the cache is full. A new policy (say, shortest prompt
+    first) is one small subclass; the `Scheduler` keeps the slot, block and token limits
+    and applies every policy's decisions the same way.
     """
 
     name = "policy"
-    admits_whole_batch = False      # admit every sequence that fits, even beyond this step's token budget
 
-    def may_admit(self, scheduler: "Scheduler") -> bool:
-        """May waiting sequences be admitted in this step?"""
+    def decide(self, view: SchedulerView) -> Decision:
+        """Whom to admit in this step, whose slots to vacate, how many padding rows."""
         raise NotImplementedError
 
-    def admitted(self, scheduler: "Scheduler", seq: ServedSequence) -> None:
-        """`seq` has just been admitted."""
-
-    def padding_rows(self, scheduler: "Scheduler", decoding: list[ServedSequence]) -> int:
-        """Rows computed as padding beside the decoding sequences."""
-        return 0
-
-    def left(self, scheduler: "Scheduler", seq: ServedSequence) -> None:
-        """`seq` finished or was preempted; give back what the policy lets it give back."""
+    def victim(self, view: SchedulerView) -> ServedSequence:
+        """The running sequence to preempt when one needs a cache block and none is free:
+        the most recently admitted (it has done the least work)."""
+        return view.running[-1]
 
     def __str__(self) -> str:
         return self.name
@@ -89,21 +125,11 @@ class StaticBatching(Policy):
     Notebook 06 (continuous batching)."""
 
     name = "static"
-    admits_whole_batch = True
 
-    def may_admit(self, scheduler):
-        return not scheduler.batch
-
-    def admitted(self, scheduler, seq):
-        scheduler.batch.append(seq)
-
-    def padding_rows(self, scheduler, decoding):
-        return len(scheduler.batch) - len(decoding) if decoding else 0
-
-    def left(self, scheduler, seq):
-        if not scheduler.running:                               # the whole batch has ended
-            scheduler.batch = []
-            scheduler.free_slots = list(range(scheduler.max_slots - 1, -1, -1))
+    def decide(self, view):
+        if view.running:                                    # the batch runs on, finished members as padding
+            return Decision(padding_rows=len(view.finished) if view.decoding else 0)
+        return Decision(vacate=view.finished, admit=view.waiting, admit_beyond_budget=True)
 
 
 class ContinuousBatching(Policy):
@@ -112,11 +138,8 @@ class ContinuousBatching(Policy):
 
     name = "continuous"
 
-    def may_admit(self, scheduler):
-        return True
-
-    def left(self, scheduler, seq):
-        scheduler.free_slots.append(seq.slot)
+    def decide(self, view):
+        return Decision(vacate=view.finished, admit=view.waiting)
 
 
 POLICIES = {"static": StaticBatching, "continuous": ContinuousBatching}
@@ -146,46 +169,89 @@ class ScheduledStep:
 
 
 class Scheduler:
-    """FCFS admission under slot and block limits, with one policy (`Policy`, or its name),
-    and optionally a token budget per step (None: whole prompts). Notebook 06 (continuous batching)."""
+    """Admission in the policy's order under slot and block limits, with one policy (`Policy`,
+    or its name), and optionally a token budget per step (None: whole prompts).
+    Notebook 06 (continuous batching)."""
 
     def __init__(self, policy, max_slots: int, blocks: BlockManager, token_budget: int | None = None):
         self.rules = as_policy(policy)
         self.policy = self.rules.name               # the name, as results and plots show it
         self.max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
+        if token_budget is not None:
+            token_budget = whole_number(token_budget, f"token_budget (tokens per step; at least max_slots = "
+                                        f"{self.max_slots}, so that every decode fits, or None)",
+                                        minimum=self.max_slots)
+        if not isinstance(blocks, BlockManager):
+            raise LabError(f"blocks must be a BlockManager, got {type(blocks).__name__}.")
         self.token_budget = token_budget
         self.blocks = blocks
         self.waiting: deque[ServedSequence] = deque()
         self.running: list[ServedSequence] = []          # in order of admission
-        self.free_slots = list(range(self.max_slots - 1, -1, -1))
-        self.batch: list[ServedSequence] = []            # static: every member of the current batch
+        self.finished: list[ServedSequence] = []         # finished, still holding a slot
+        self.free_slots = list(range(self.max_slots))    # the lowest free slot is taken first
 
     def add(self, seq: ServedSequence) -> None:
+        """Queue a sequence (at the back)."""
+        if not isinstance(seq, ServedSequence):
+            raise LabError(f"The scheduler queues ServedSequence objects, got a {type(seq).__name__}.")
+        if seq.status is not Status.WAITING or seq in self.waiting:
+            raise LabError(f"Sequence {seq.id!r} is {seq.status.value} or already queued; queue each sequence once.")
         self.waiting.append(seq)
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def view(self) -> SchedulerView:
+        """The state a policy decides on, as it is now."""
+        decoding = self.running if self.token_budget is None else [s for s in self.running if _is_decoding(s)]
+        return SchedulerView(tuple(self.waiting), tuple(self.running), tuple(decoding), tuple(self.finished),
+                             len(self.free_slots), self.blocks.num_free, self.token_budget)
+
     # --- one step's plan -----------------------------------------------------------
 
     def schedule(self, now: float) -> ScheduledStep:
+        """Plan the next step at time `now`: preempt if the cache is full, then apply the policy's decision."""
+        now = finite_number(now, "now (the run's clock)", minimum=0)
         step = ScheduledStep()
         self._make_room_for_decode(step, now)
+        view = self.view()
+        decision = self._checked(self.rules.decide(view), view)
+        for seq in decision.vacate:
+            self.finished.remove(seq)
+            self._free_slot(seq.slot)
+        step.padding_rows = decision.padding_rows
+        step.decode = list(view.decoding)
         if self.token_budget is None:                    # decode everyone; newcomers prefill whole
-            step.decode = list(self.running)
-            if self.rules.may_admit(self):
-                self._admit(step, now, budget_left=None)
+            self._admit(step, now, decision.admit, tokens_left=None)
             step.chunks = [len(seq.tokens) - seq.num_cached for seq in step.prefill]
-        else:                                            # decodes first, then prompt chunks, in tokens
-            step.decode = [seq for seq in self.running if _is_decoding(seq)]
+        else:                                            # decodes and padding first, then prompt chunks
             step.prefill = [seq for seq in self.running if not _is_decoding(seq)]
-            if self.rules.may_admit(self):
-                self._admit(step, now, budget_left=self.token_budget - len(step.decode))
+            tokens_left = self.token_budget - len(step.decode) - step.padding_rows
+            self._admit(step, now, decision.admit, None if decision.admit_beyond_budget else tokens_left)
             remaining = [len(seq.tokens) - seq.num_cached for seq in step.prefill]
-            step.chunks = budget_prefill_chunks(self.token_budget, len(step.decode), remaining)
-        step.padding_rows = self.rules.padding_rows(self, step.decode)
+            step.chunks = budget_prefill_chunks(self.token_budget - step.padding_rows, len(step.decode), remaining)
         return step
+
+    def _checked(self, decision, view: SchedulerView) -> Decision:
+        """The policy's decision, if it is one the scheduler can apply; else one sentence."""
+        name = f"Policy {self.rules.name!r}"
+        if not isinstance(decision, Decision):
+            raise LabError(f"{name}.decide must return a Decision, got {type(decision).__name__}.")
+        try:
+            decision = replace(decision, admit=tuple(decision.admit), vacate=tuple(decision.vacate))
+        except TypeError:
+            raise LabError(f"The decision of {name} must list sequences in admit and vacate (tuples or lists).") from None
+        for what, chosen, among in (("admit", decision.admit, view.waiting), ("vacate", decision.vacate,
+                                                                              view.finished)):
+            if any(seq not in among for seq in chosen) or len(set(map(id, chosen))) != len(chosen):
+                kind = "waiting" if what == "admit" else "finished and holding a slot"
+                raise LabError(f"{name} decided to {what} a sequence that is not {kind} (or one twice); "
+                               f"choose them from view.{'waiting' if what == 'admit' else 'finished'}.")
+        room = self.max_slots - len(view.decoding)
+        whole_number(decision.padding_rows, f"padding_rows in the decision of {name} (at most the {room} slots "
+                     f"the decodes leave)", minimum=0, maximum=room)
+        return decision
 
     def _make_room_for_decode(self, step: ScheduledStep, now: float) -> None:
         """Each running sequence writes one more position; find blocks for it, preempting if needed."""
@@ -193,7 +259,10 @@ class Scheduler:
             if seq.status is not Status.RUNNING:
                 continue                                       # preempted a moment ago
             while not self.blocks.can_grow(seq.index, seq.num_cached + 1):
-                victim = self.running[-1]
+                victim = self.rules.victim(self.view())
+                if victim not in self.running:
+                    raise LabError(f"Policy {self.rules.name!r} chose a victim that is not running; "
+                                   "choose it from view.running.")
                 self._preempt(victim, now)
                 step.preempted.append(victim)
                 if victim is seq:
@@ -201,34 +270,37 @@ class Scheduler:
             if seq.status is Status.RUNNING:
                 self.blocks.grow(seq.index, seq.num_cached + 1)
 
-    def _admit(self, step: ScheduledStep, now: float, budget_left: int | None) -> None:
-        """Admit waiting sequences (first come, first served) while a slot and their blocks are
-        free, and, under a token budget, while the budget has a token left for them."""
-        while self.waiting and self.free_slots:
-            if budget_left is not None and not self.rules.admits_whole_batch and \
-                    sum(len(s.tokens) - s.num_cached for s in step.prefill) >= budget_left:
+    def _admit(self, step: ScheduledStep, now: float, candidates, tokens_left: int | None) -> None:
+        """Admit the candidates in order while a slot and their blocks are free, and, with
+        `tokens_left`, while this step's budget has a token left for them."""
+        for seq in candidates:
+            if not self.free_slots:
                 break
-            seq = self.waiting[0]
+            if tokens_left is not None and sum(len(s.tokens) - s.num_cached for s in step.prefill) >= tokens_left:
+                break
             # prefill writes every token so far; the first decode then needs one more position
             if self.blocks.admit_cost(seq.tokens, len(seq.tokens) + 1) > self.blocks.num_free:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.num_cached = self.blocks.admit(seq.index, seq.tokens, len(seq.tokens) + 1)
             step.cached_tokens += seq.num_cached
-            seq.status, seq.slot = Status.RUNNING, self.free_slots.pop()
+            seq.status, seq.slot = Status.RUNNING, self.free_slots.pop(0)
             seq.slot_spans.append((seq.slot, now, None))
             if seq.admitted_at is None:
                 seq.admitted_at = now
             self.running.append(seq)
-            self.rules.admitted(self, seq)
             step.prefill.append(seq)
 
     # --- leaving ----------------------------------------------------------------------
 
     def finish(self, seq: ServedSequence, now: float) -> None:
-        """A sequence produced its last token: free its blocks (and, unless static, its slot)."""
+        """A sequence produced its last token: free its blocks; its slot stays held until the
+        policy vacates it (at once, unless static)."""
+        if seq not in self.running:
+            raise LabError(f"Sequence {getattr(seq, 'id', seq)!r} is not running, so it cannot finish.")
         seq.status, seq.finished_at = Status.FINISHED, now
         self._leave(seq, now)
+        self.finished.append(seq)
 
     def abort(self, seq: ServedSequence, now: float) -> None:
         """A sequence leaves before its end (its client went away): out of the queue, or out
@@ -243,6 +315,7 @@ class Scheduler:
         seq.status, seq.num_cached = Status.WAITING, 0
         seq.preemptions += 1
         self._leave(seq, now)
+        self._free_slot(seq.slot)
         self.waiting.appendleft(seq)
 
     def _leave(self, seq: ServedSequence, now: float) -> None:
@@ -250,7 +323,10 @@ class Scheduler:
         self.blocks.release(seq.index)
         slot, start, _ = seq.slot_spans[-1]
         seq.slot_spans[-1] = (slot, start, now)
-        self.rules.left(self, seq)
+
+    def _free_slot(self, slot: int) -> None:
+        self.free_slots.append(slot)
+        self.free_slots.sort()
 
 
 def _is_decoding(seq: ServedSequence) -> bool:
