@@ -210,6 +210,11 @@ class Engine:
             chunks = [1] * len(plan.decode) + [n for _, n in chunked]
         if rows:
             events += self._sample(rows, self.runner.forward(rows, chunks, plan.padding_rows))
+        elif not chunked and not self.scheduler.running:
+            # nothing computed and nothing in flight: the next step would be the same, forever
+            raise LabError(f"The scheduling policy {self.scheduler.policy!r} admitted none of the "
+                           f"{len(self.scheduler.waiting)} waiting request(s) into an idle server; a policy "
+                           "must admit a request when nothing runs (see Policy.decide).")
         synchronize(self.model.device)
         prompts_done = sum(seq.num_cached == len(seq.tokens) for seq, _ in chunked)
         self.clock.tick()
