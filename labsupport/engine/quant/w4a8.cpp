@@ -47,6 +47,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define W4A8_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define W4A8_X86 0
@@ -198,7 +199,8 @@ TARGET_AVX2 inline void store_sums(__m256 (&v)[W][R], const WeightRow* w, const 
 //   then the pairs left (fewer than 8 blocks), their factors from 2-scale loads;
 //   then a last odd block, in scalar code (`store_sums`).
 // The nibbles of a weight row are unpacked once for the R activation rows; the activations are
-// loaded once for the W weight rows; W * R accumulators make independent chains of FMAs.
+// loaded once for the W weight rows; W * R accumulators (the min term goes into the same one)
+// make independent chains of FMAs.
 #define W4A8_TILE_256(NAME, TARGET, PAIR_SUMS)                                                     \
   template <int W, int R>                                                                          \
   TARGET inline void NAME##_pair(const WeightRow* w, const ActRow* a, int64_t b, const __m256 (&s)[W][R], \
@@ -217,16 +219,16 @@ TARGET_AVX2 inline void store_sums(__m256 (&v)[W][R], const WeightRow* w, const 
   }                                                                                                \
   template <int W, int R>                                                                          \
   TARGET void NAME(const WeightRow* w, const ActRow* a, int64_t nb, float* out, int64_t n) {       \
-    __m256 acc[W][R], acc_min[W][R], s8[W][R], s[W][R];                                            \
+    __m256 acc[W][R], s8[W][R], s[W][R];                                                           \
     for (int i = 0; i < W; ++i)                                                                    \
-      for (int r = 0; r < R; ++r) acc[i][r] = acc_min[i][r] = _mm256_setzero_ps();                 \
+      for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();                                 \
     int64_t b = 0;                                                                                 \
     for (; b + 8 <= nb; b += 8) {                                                                  \
       for (int i = 0; i < W; ++i) {                                                                \
         const __m256 d8 = load8_half(w[i].d + b), m8 = load8_half(w[i].m + b);                     \
         for (int r = 0; r < R; ++r) {                                                              \
           s8[i][r] = _mm256_mul_ps(d8, _mm256_loadu_ps(a[r].dx + b));                              \
-          acc_min[i][r] = _mm256_fmadd_ps(m8, _mm256_loadu_ps(a[r].sx + b), acc_min[i][r]);        \
+          acc[i][r] = _mm256_fmadd_ps(m8, _mm256_loadu_ps(a[r].sx + b), acc[i][r]);                \
         }                                                                                          \
       }                                                                                            \
       for (int p = 0; p < 4; ++p) {                                                                \
@@ -239,12 +241,10 @@ TARGET_AVX2 inline void store_sums(__m256 (&v)[W][R], const WeightRow* w, const 
       for (int i = 0; i < W; ++i)                                                                  \
         for (int r = 0; r < R; ++r) {                                                              \
           s[i][r] = pair_scale(load2_half(w[i].d + b, a[r].dx + b), 0);                            \
-          acc_min[i][r] = _mm256_add_ps(acc_min[i][r], load2_half(w[i].m + b, a[r].sx + b));       \
+          acc[i][r] = _mm256_add_ps(acc[i][r], load2_half(w[i].m + b, a[r].sx + b));               \
         }                                                                                          \
       NAME##_pair<W, R>(w, a, b, s, acc);                                                          \
     }                                                                                              \
-    for (int i = 0; i < W; ++i)                                                                    \
-      for (int r = 0; r < R; ++r) acc[i][r] = _mm256_add_ps(acc[i][r], acc_min[i][r]);             \
     store_sums<W, R>(acc, w, a, nb, out, n);                                                       \
   }
 
@@ -279,7 +279,7 @@ TARGET_AVX512 inline __m512 quad_scale(__m512 s16, int c) {
 // `quads` quads from block b: the 16 factors and the min term come with one (masked) load each
 template <int W, int R>
 TARGET_AVX512 inline void quad_steps(const WeightRow* w, const ActRow* a, int64_t b, int quads,
-                                     __m512 (&acc)[W][R], __m512 (&acc_min)[W][R]) {
+                                     __m512 (&acc)[W][R]) {
   const __mmask16 mask = static_cast<__mmask16>((1u << (4 * quads)) - 1);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 s16[W][R];
@@ -287,7 +287,7 @@ TARGET_AVX512 inline void quad_steps(const WeightRow* w, const ActRow* a, int64_
     const __m512 d16 = load16_half(w[i].d + b, mask), m16 = load16_half(w[i].m + b, mask);
     for (int r = 0; r < R; ++r) {
       s16[i][r] = _mm512_mul_ps(d16, _mm512_maskz_loadu_ps(mask, a[r].dx + b));
-      acc_min[i][r] = _mm512_fmadd_ps(m16, _mm512_maskz_loadu_ps(mask, a[r].sx + b), acc_min[i][r]);
+      acc[i][r] = _mm512_fmadd_ps(m16, _mm512_maskz_loadu_ps(mask, a[r].sx + b), acc[i][r]);
     }
   }
   for (int c = 0; c < quads; ++c) {
@@ -306,19 +306,19 @@ TARGET_AVX512 inline void quad_steps(const WeightRow* w, const ActRow* a, int64_
 
 template <int W, int R>
 TARGET_AVX512 void tile_avx512vnni(const WeightRow* w, const ActRow* a, int64_t nb, float* out, int64_t n) {
-  __m512 acc[W][R], acc_min[W][R];
+  __m512 acc[W][R];
   for (int i = 0; i < W; ++i)
-    for (int r = 0; r < R; ++r) acc[i][r] = acc_min[i][r] = _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
   int64_t b = 0;
-  for (; b + 16 <= nb; b += 16) quad_steps<W, R>(w, a, b, 4, acc, acc_min);
+  for (; b + 16 <= nb; b += 16) quad_steps<W, R>(w, a, b, 4, acc);
   if (b + 4 <= nb) {
-    quad_steps<W, R>(w, a, b, static_cast<int>((nb - b) / 4), acc, acc_min);
+    quad_steps<W, R>(w, a, b, static_cast<int>((nb - b) / 4), acc);
     b += 4 * ((nb - b) / 4);
   }
   __m256 sum[W][R];                                            // 512 -> 256 bits, then a pair
   for (int i = 0; i < W; ++i)
     for (int r = 0; r < R; ++r) {
-      const __m512 v = _mm512_add_ps(acc[i][r], acc_min[i][r]);
+      const __m512 v = acc[i][r];
       sum[i][r] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
     }
   if (b + 2 <= nb) {                                           // a pair (group width 2)
@@ -340,15 +340,22 @@ TARGET_AVX512 void tile_avx512vnni(const WeightRow* w, const ActRow* a, int64_t 
 #endif  // W4A8_X86
 
 // ---- which paths this CPU runs, and the table of row kernels -----------------------------------
+#if W4A8_X86
+// One CPUID feature bit (for the features older compilers' __builtin_cpu_supports does not know)
+bool cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
+  unsigned r[4] = {};
+  return __get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3]) && ((r[reg] >> bit) & 1);
+}
+#endif
+
 bool cpu_runs(Path p) {
   if (p == PORTABLE) return true;
 #if W4A8_X86
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  __builtin_cpu_init();   // __builtin_cpu_supports also checks that the OS saves the wide registers
+  const bool f16c = cpuid_bit(1, 0, 2, 29), avx_vnni = cpuid_bit(7, 1, 0, 4);   // ECX bit 29; EAX bit 4
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   if (p == AVX2) return avx2;
-#if W4A8_AVXVNNI
-  if (p == AVXVNNI) return avx2 && __builtin_cpu_supports("avxvnni");
-#endif
+  if (p == AVXVNNI) return W4A8_AVXVNNI && avx2 && avx_vnni;
   if (p == AVX512VNNI)
     return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -411,9 +418,10 @@ Path choose_path(c10::string_view name) {
   return PORTABLE;                                   // not reached: TORCH_CHECK(false) throws
 }
 
-// Work per parallel task, in (weight block x activation row) units: below it, a thread's start
-// and join (a few microseconds) cost more than it saves. Measured on SmolLM2-135M's layers.
-constexpr int64_t MIN_TASK_WORK = 16384;
+// Work per parallel task, in (weight block x activation row) units (4096 blocks = 80 KB of
+// weights): below it, waking and joining a thread (about a microsecond) costs more than it saves.
+// Measured on an EPYC at batch 1: 2 threads win from about 8000 blocks (576 x 576: 6.1 -> 4.9 us).
+constexpr int64_t MIN_TASK_WORK = 4096;
 
 // y (..., n) = x (..., k) @ W.T, W the packed Q4_1 weight (n, k)
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,

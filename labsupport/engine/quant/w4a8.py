@@ -73,6 +73,25 @@ def _first_error(message: str) -> str:
     return (found or (lines[0] if lines else "no output"))[:200]
 
 
+def _openmp_flags(compiler: str, version: str) -> list[str]:
+    """["-fopenmp"] when the kernel can share torch's OpenMP threads, else [] (one thread).
+
+    at::parallel_for's threads are OpenMP pragmas in torch's headers, compiled into the kernel:
+    without -fopenmp it runs on one thread. With GCC the extension links libgomp, the runtime
+    torch's Linux wheels bring (same soname, loaded first: one thread pool). clang's OpenMP is a
+    different runtime (libomp), and Apple's clang has none: there the kernel is single-threaded.
+    """
+    if not torch.backends.openmp.is_available() or "clang" in version.lower():
+        return []
+    probe = "#include <omp.h>\nint threads() { return omp_get_max_threads(); }\n"
+    try:
+        done = subprocess.run([*shlex.split(compiler), "-fopenmp", "-x", "c++", "-c", "-", "-o", os.devnull],
+                              input=probe, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return ["-fopenmp"] if done.returncode == 0 else []
+
+
 def _try_build(source: Path, kernels_dir: Path) -> str | None:
     """Build `source` into `kernels_dir`/w4a8-<hash> and load it; None when loaded, else the
     reason in one sentence. The hash covers the source, torch, Python and the compiler, so a
@@ -88,10 +107,7 @@ def _try_build(source: Path, kernels_dir: Path) -> str | None:
         return f"torch.utils.cpp_extension cannot be imported ({error}), so the W4A8 kernel cannot be built"
     if not cpp_extension.is_ninja_available():
         return "the ninja build tool is not installed (pip install ninja), so the W4A8 kernel cannot be built"
-    # at::parallel_for's threads are OpenMP pragmas in torch's headers: without -fopenmp the kernel
-    # runs on one thread. The extension then shares torch's own libgomp (same soname, loaded first).
-    # Apple's clang has no -fopenmp: on macOS the kernel is single-threaded.
-    openmp = ["-fopenmp"] if torch.backends.openmp.is_available() and sys.platform != "darwin" else []
+    openmp = _openmp_flags(compiler, version)
     text = source.read_bytes()
     key = hashlib.sha256(b"\0".join([text, torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
                                      version.encode(), " ".join(openmp).encode()])).hexdigest()[:16]
@@ -110,7 +126,8 @@ def _try_build(source: Path, kernels_dir: Path) -> str | None:
     except Exception as error:                       # noqa: BLE001 - a compile or link error
         return f"the W4A8 kernel did not build ({_first_error(str(error))}; build folder {build_dir})"
     if not built_before:
-        print(f"Built the W4A8 int4 kernel in {time.perf_counter() - start:.1f} s (cached in {build_dir}).")
+        threads = "" if openmp else ", single-threaded: this compiler cannot use torch's OpenMP"
+        print(f"Built the W4A8 int4 kernel in {time.perf_counter() - start:.1f} s (cached in {build_dir}{threads}).")
     return None
 
 
