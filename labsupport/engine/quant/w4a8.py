@@ -11,7 +11,7 @@ to int8 in blocks of 32 (symmetric: dx = max|x| / 127), so that one block's cont
 The first sum is all integers, which the CPU computes 32 or 64 byte products at a time
 (AVX2, AVX-VNNI, AVX512-VNNI; a portable loop elsewhere): w4a8.cpp, beside this file, says how.
 
-This module builds that C++ kernel on first use (torch.utils.cpp_extension, about a minute,
+This module builds that C++ kernel on first use (torch.utils.cpp_extension, 10 to 60 s,
 cached under the course's cache directory), packs weights for it, calls it, and gives the same
 computation in plain torch (`w4a8_reference`) to check it against. Without a C++ compiler or
 ninja, or if the build fails, `w4a8_unavailable()` says why in one sentence, and the caller keeps
@@ -101,33 +101,38 @@ def _try_build(source: Path, kernels_dir: Path) -> str | None:
     if version is None:
         return (f"no C++ compiler was found ({compiler!r}; set CXX or install g++ or clang), "
                 f"so the W4A8 kernel cannot be built")
-    try:
-        from torch.utils import cpp_extension
-    except Exception as error:                       # noqa: BLE001 - e.g. setuptools missing
-        return f"torch.utils.cpp_extension cannot be imported ({error}), so the W4A8 kernel cannot be built"
-    if not cpp_extension.is_ninja_available():
-        return "the ninja build tool is not installed (pip install ninja), so the W4A8 kernel cannot be built"
     openmp = _openmp_flags(compiler, version)
     text = source.read_bytes()
     key = hashlib.sha256(b"\0".join([text, torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
                                      version.encode(), " ".join(openmp).encode()])).hexdigest()[:16]
     build_dir = kernels_dir / f"w4a8-{key}"
     name = f"labsupport_w4a8_{key}"
+    library = build_dir / f"{name}.so"
+    if library.is_file():                            # built before: load it (a read-only cache is fine)
+        try:
+            torch.ops.load_library(str(library))
+            return None
+        except OSError:                              # damaged (a build cut short): build it again
+            pass
+    try:
+        from torch.utils import cpp_extension
+    except Exception as error:                       # noqa: BLE001 - e.g. setuptools missing
+        return f"torch.utils.cpp_extension cannot be imported ({error}), so the W4A8 kernel cannot be built"
+    if not cpp_extension.is_ninja_available():
+        return "the ninja build tool is not installed (pip install ninja), so the W4A8 kernel cannot be built"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         return (f"the kernel cache {build_dir} cannot be written ({error.strerror}); "
                 f"set LABSUPPORT_CACHE to a writable folder")
-    built_before = any(build_dir.glob(f"{name}*.so"))
     start = time.perf_counter()
     try:
         cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O3", *openmp], extra_ldflags=openmp,
                            build_directory=str(build_dir), is_python_module=False, verbose=False)
     except Exception as error:                       # noqa: BLE001 - a compile or link error
         return f"the W4A8 kernel did not build ({_first_error(str(error))}; build folder {build_dir})"
-    if not built_before:
-        threads = "" if openmp else ", single-threaded: this compiler cannot use torch's OpenMP"
-        print(f"Built the W4A8 int4 kernel in {time.perf_counter() - start:.1f} s (cached in {build_dir}{threads}).")
+    threads = "" if openmp else ", single-threaded: this compiler cannot use torch's OpenMP"
+    print(f"Built the W4A8 int4 kernel in {time.perf_counter() - start:.1f} s (cached in {build_dir}{threads}).")
     return None
 
 
