@@ -104,9 +104,10 @@ void quantize_row(const float* x, int64_t nb, int width, QuantizeBlock quantize,
 // ---- portable: one block at a time ---------------------------------------------------------------
 // x_lo / x_hi: the block's first and second 16 activations (where they lie depends on the layout)
 inline int32_t block_dot(const uint8_t* q, const int8_t* x_lo, const int8_t* x_hi) {
-  int32_t sum = 0;
-  for (int j = 0; j < 16; ++j) sum += (q[j] & 0x0F) * x_lo[j] + (q[j] >> 4) * x_hi[j];
-  return sum;
+  int32_t lo = 0, hi = 0;   // two plain loops of 16-bit products: compilers vectorize these well
+  for (int j = 0; j < 16; ++j) lo += static_cast<int16_t>(q[j] & 0x0F) * static_cast<int16_t>(x_lo[j]);
+  for (int j = 0; j < 16; ++j) hi += static_cast<int16_t>(q[j] >> 4) * static_cast<int16_t>(x_hi[j]);
+  return lo + hi;
 }
 
 // Block b's float contribution when it is alone in its group (the last of an odd count, or width 1).
@@ -119,12 +120,17 @@ inline float single_block(const WeightRow& w, const ActRow& a, int64_t b) {
 // A tile kernel: W weight rows times R activation rows over nb blocks; out[r * n + i] = row i . x r
 template <int W, int R>
 void tile_portable(const WeightRow* w, const ActRow* a, int64_t nb, float* out, int64_t n) {
-  for (int i = 0; i < W; ++i)
-    for (int r = 0; r < R; ++r) {
-      float acc = 0.0f;
-      for (int64_t b = 0; b < nb; ++b) acc += single_block(w[i], a[r], b);
-      out[r * n + i] = acc;
+  for (int i = 0; i < W; ++i) {
+    float acc[R] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+      const float d = static_cast<float>(w[i].d[b]), m = static_cast<float>(w[i].m[b]);   // once per block
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = a[r].q + BLOCK * b;                // width 1: natural order
+        acc[r] += d * a[r].dx[b] * static_cast<float>(block_dot(w[i].q + BYTES * b, x, x + 16)) + m * a[r].sx[b];
+      }
     }
+    for (int r = 0; r < R; ++r) out[r * n + i] = acc[r];
+  }
 }
 
 #if W4A8_X86
@@ -423,6 +429,20 @@ Path choose_path(c10::string_view name) {
 // Measured on an EPYC at batch 1: 2 threads win from about 8000 blocks (576 x 576: 6.1 -> 4.9 us).
 constexpr int64_t MIN_TASK_WORK = 4096;
 
+// Software prefetch of the rows `PREFETCH_BYTES` of nibbles ahead of those being computed: the
+// hardware prefetchers alone left a decode step's weights streaming at about half the speed.
+// SmolLM2-135M's 121 layers (84 MB) one after the other, one thread on an EPYC (CPU time, a busy
+// machine): no prefetch 5.7 ms; 4 / 8 / 12 / 16 KB ahead: 3.3-3.9 / 3.0-3.3 / 3.8 / 3.7 ms.
+constexpr int64_t PREFETCH_BYTES = 8192;
+
+inline void prefetch_rows(const uint8_t* q, const at::Half* d, const at::Half* m, int64_t nb, int64_t row, int64_t rows) {
+  const char* nibbles = reinterpret_cast<const char*>(q + row * nb * BYTES);
+  for (int64_t offset = 0; offset < rows * nb * BYTES; offset += 64) __builtin_prefetch(nibbles + offset);
+  const char* d_bytes = reinterpret_cast<const char*>(d + row * nb);
+  const char* m_bytes = reinterpret_cast<const char*>(m + row * nb);
+  for (int64_t offset = 0; offset < rows * nb * 2; offset += 64) __builtin_prefetch(d_bytes + offset), __builtin_prefetch(m_bytes + offset);
+}
+
 // y (..., n) = x (..., k) @ W.T, W the packed Q4_1 weight (n, k)
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                        const at::Tensor& mins, c10::string_view path) {
@@ -480,6 +500,7 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   // the same way whatever the thread count: the results are bitwise identical.
   const int64_t tiles = (n + WEIGHT_TILE - 1) / WEIGHT_TILE;
   const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / (nb * M * WEIGHT_TILE));
+  const int64_t ahead = (std::max<int64_t>(1, PREFETCH_BYTES / (nb * BYTES)) + WEIGHT_TILE - 1) / WEIGHT_TILE * WEIGHT_TILE;
   at::parallel_for(0, tiles, grain, [&](int64_t tile_begin, int64_t tile_end) {
     WeightRow w[WEIGHT_TILE];
     ActRow acts[MAX_ROWS];
@@ -487,6 +508,7 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
     for (int64_t row = tile_begin * WEIGHT_TILE; row < end;) {
       const int rows_w = M == 1 && end - row >= WEIGHT_TILE ? WEIGHT_TILE : 1;
       for (int i = 0; i < rows_w; ++i) w[i] = WeightRow{q + (row + i) * nb * BYTES, d + (row + i) * nb, m + (row + i) * nb};
+      if (row + ahead + rows_w <= end) prefetch_rows(q, d, m, nb, row + ahead, rows_w);
       for (int64_t i0 = 0; i0 < M; i0 += MAX_ROWS) {
         const int rows_x = static_cast<int>(std::min<int64_t>(MAX_ROWS, M - i0));
         for (int r = 0; r < rows_x; ++r)
