@@ -64,7 +64,7 @@ namespace {
 constexpr int64_t BLOCK = 32;           // input features per block (Q4_1 weights, int8 activations)
 constexpr int64_t BYTES = BLOCK / 2;    // packed weight bytes per block
 constexpr int MAX_ROWS = 4;             // activation rows computed together (the batch tile)
-constexpr int WEIGHT_TILE = 4;          // weight rows computed together at batch 1
+constexpr int WEIGHT_TILE = 4;          // weight rows computed together
 
 enum Path { PORTABLE, AVX2, AVXVNNI, AVX512VNNI, NUM_PATHS };
 const char* const PATH_NAMES[NUM_PATHS] = {"portable", "avx2", "avxvnni", "avx512vnni"};
@@ -369,10 +369,11 @@ bool cpu_runs(Path p) {
   return false;
 }
 
-// The tiles: (1 weight row x 1, 2, 3 or 4 activation rows), and (4 weight rows x 1) at batch 1.
+// The tiles: 1 or 4 weight rows x 1, 2, 3 or 4 activation rows.
 using TileFn = void (*)(const WeightRow*, const ActRow*, int64_t, float*, int64_t);
-#define W4A8_TILES(NAME) {NAME<1, 1>, NAME<1, 2>, NAME<1, 3>, NAME<1, 4>, NAME<WEIGHT_TILE, 1>}
-const TileFn KERNELS[NUM_PATHS][MAX_ROWS + 1] = {
+#define W4A8_TILES(NAME) {{NAME<1, 1>, NAME<1, 2>, NAME<1, 3>, NAME<1, 4>}, \
+                          {NAME<WEIGHT_TILE, 1>, NAME<WEIGHT_TILE, 2>, NAME<WEIGHT_TILE, 3>, NAME<WEIGHT_TILE, 4>}}
+const TileFn KERNELS[NUM_PATHS][2][MAX_ROWS] = {
     W4A8_TILES(tile_portable),
 #if W4A8_X86
     W4A8_TILES(tile_avx2),
@@ -394,7 +395,7 @@ const TileFn KERNELS[NUM_PATHS][MAX_ROWS + 1] = {
 const std::vector<bool>& runnable() {               // computed once: the CPU does not change
   static const std::vector<bool> ok = [] {
     std::vector<bool> v(NUM_PATHS);
-    for (int p = 0; p < NUM_PATHS; ++p) v[p] = KERNELS[p][0] != nullptr && cpu_runs(Path(p));
+    for (int p = 0; p < NUM_PATHS; ++p) v[p] = KERNELS[p][0][0] != nullptr && cpu_runs(Path(p));
     return v;
   }();
   return ok;
@@ -488,10 +489,11 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
     quantize_row(x2.data_ptr<float>() + i * k, nb, GROUP_WIDTH[p], quantize, xq.data() + i * k, dx.data() + i * nb,
                  sx.data() + i * nb);
 
-  // 2. output rows in parallel (torch's intra-op threads), in tiles. At batch 1, 4 weight rows
-  // at a time. With more activation rows, one weight row meets them MAX_ROWS at a time: it is
-  // read from memory once, then again from L1 (k/2 bytes) for each further tile of activation
-  // rows, and its nibbles are unpacked again each time (the cost of this simple loop).
+  // 2. output rows in parallel (torch's intra-op threads), in tiles of 4 weight rows (1 for the
+  // last n % 4) x up to MAX_ROWS activation rows. With more activation rows than that, a tile's
+  // weights are read from memory once, then again from L1 (4 x k/2 bytes) for each further
+  // group of activation rows, and their nibbles unpacked again each time: the cost of this
+  // simple loop, which makes large batches (a long prompt's prefill) compute-bound.
   const uint8_t* q = packed.data_ptr<uint8_t>();
   const at::Half* d = scales.data_ptr<at::Half>();
   const at::Half* m = mins.data_ptr<at::Half>();
@@ -506,14 +508,14 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
     ActRow acts[MAX_ROWS];
     const int64_t end = std::min(n, tile_end * WEIGHT_TILE);
     for (int64_t row = tile_begin * WEIGHT_TILE; row < end;) {
-      const int rows_w = M == 1 && end - row >= WEIGHT_TILE ? WEIGHT_TILE : 1;
+      const int rows_w = end - row >= WEIGHT_TILE ? WEIGHT_TILE : 1;
       for (int i = 0; i < rows_w; ++i) w[i] = WeightRow{q + (row + i) * nb * BYTES, d + (row + i) * nb, m + (row + i) * nb};
       if (row + ahead + rows_w <= end) prefetch_rows(q, d, m, nb, row + ahead, rows_w);
       for (int64_t i0 = 0; i0 < M; i0 += MAX_ROWS) {
         const int rows_x = static_cast<int>(std::min<int64_t>(MAX_ROWS, M - i0));
         for (int r = 0; r < rows_x; ++r)
           acts[r] = ActRow{xq.data() + (i0 + r) * k, dx.data() + (i0 + r) * nb, sx.data() + (i0 + r) * nb};
-        KERNELS[p][rows_w == WEIGHT_TILE ? MAX_ROWS : rows_x - 1](w, acts, nb, out + i0 * n + row, n);
+        KERNELS[p][rows_w == WEIGHT_TILE][rows_x - 1](w, acts, nb, out + i0 * n + row, n);
       }
       row += rows_w;
     }
