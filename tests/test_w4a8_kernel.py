@@ -234,3 +234,12 @@ def test_a_failing_build_is_one_sentence(tmp_path):
     broken.write_text('#include "no_such_header_w4a8.h"\n' + w4a8.SOURCE.read_text())
     reason = w4a8._try_build(broken, tmp_path / "kernels")
     assert_reason(reason, "did not build", "no_such_header_w4a8.h")
+
+
+def test_a_nan_or_infinity_in_x_gives_nan_not_garbage(path):
+    _, packed = packed_weight(9, 96)
+    x = activations(3, 96)
+    x[0, 40], x[1, 5] = float("nan"), float("inf")             # rows 0 and 1 poisoned, row 2 clean
+    y = w4a8.w4a8_linear(x, *packed, path=path)
+    assert y[:2].isnan().all()
+    assert_matches_reference(y[2:], x[2:], packed)

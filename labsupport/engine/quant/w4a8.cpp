@@ -74,17 +74,19 @@ struct WeightRow { const uint8_t* q; const at::Half* d; const at::Half* m; };   
 struct ActRow { const int8_t* q; const float* dx; const float* sx; };          // one quantized x row
 
 // ---- activations: float row -> int8 blocks in the path's group layout, dx and sx per block ------
-// One block: its first 16 values go to `lo`, its second 16 to `hi`.
+// One block: its first 16 values go to `lo`, its second 16 to `hi`. A NaN or an infinity in the
+// block makes its dx or sx non-finite (and its qx 0), so every output is NaN, as in a float matmul.
 void quantize_block(const float* x, int8_t* lo, int8_t* hi, float* dx, float* sx) {
   float amax = 0.0f;
-  for (int i = 0; i < BLOCK; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+  bool nan = false;
+  for (int i = 0; i < BLOCK; ++i) amax = std::max(amax, std::fabs(x[i])), nan |= std::isnan(x[i]);
+  const float d = nan ? NAN : amax / 127.0f, inv = d > 0.0f && d < INFINITY ? 1.0f / d : 0.0f;
   int32_t sum = 0;
   for (int i = 0; i < BLOCK; ++i) {
     // round half to even, as torch.round does: adding and removing 1.5 * 2^23 leaves no fraction
     // bits (exact for |v| < 2^22; -O3 keeps it, only -ffast-math would not). |x * inv| <= 127.
-    const int8_t q = static_cast<int8_t>((x[i] * inv + 12582912.0f) - 12582912.0f);
-    (i < 16 ? lo : hi - 16)[i] = q;
+    const int8_t q = inv > 0.0f ? static_cast<int8_t>((x[i] * inv + 12582912.0f) - 12582912.0f) : 0;
+    if (i < 16) lo[i] = q; else hi[i - 16] = q;
     sum += q;
   }
   *dx = d;
@@ -104,7 +106,7 @@ void quantize_row(const float* x, int64_t nb, int width, QuantizeBlock quantize,
 // ---- portable: one block at a time ---------------------------------------------------------------
 // x_lo / x_hi: the block's first and second 16 activations (where they lie depends on the layout)
 inline int32_t block_dot(const uint8_t* q, const int8_t* x_lo, const int8_t* x_hi) {
-  int32_t lo = 0, hi = 0;   // two plain loops of 16-bit products: compilers vectorize these well
+  int32_t lo = 0, hi = 0;
   for (int j = 0; j < 16; ++j) lo += static_cast<int16_t>(q[j] & 0x0F) * static_cast<int16_t>(x_lo[j]);
   for (int j = 0; j < 16; ++j) hi += static_cast<int16_t>(q[j] >> 4) * static_cast<int16_t>(x_hi[j]);
   return lo + hi;
@@ -142,14 +144,19 @@ void tile_portable(const WeightRow* w, const ActRow* a, int64_t nb, float* out, 
 // the same float operations, and _mm256_cvtps_epi32 rounds half to even by default).
 TARGET_AVX2 void quantize_block_avx2(const float* x, int8_t* lo, int8_t* hi, float* dx, float* sx) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 v[4], amax8 = _mm256_setzero_ps();
-  for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(x + 8 * j), amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, v[j]));
+  __m256 v[4], amax8 = _mm256_setzero_ps(), nan8 = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_loadu_ps(x + 8 * j);
+    amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, v[j]));
+    nan8 = _mm256_or_ps(nan8, _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
+  }
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-  const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+  const float d = _mm256_movemask_ps(nan8) ? NAN : amax / 127.0f, inv = d > 0.0f && d < INFINITY ? 1.0f / d : 0.0f;
   __m256i q[4];
-  for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(inv)));
+  for (int j = 0; j < 4; ++j)
+    q[j] = inv > 0.0f ? _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(inv))) : _mm256_setzero_si256();
   // 32 int32 -> 32 int8: the packs interleave 128-bit lanes; the permute puts them back in order
   __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
   bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
