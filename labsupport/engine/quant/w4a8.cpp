@@ -174,11 +174,11 @@ TARGET_AVX2 void quantize_block_avx2(const float* x, int8_t* lo, int8_t* hi, flo
 TARGET_AVX2 inline __m256 load8_half(const at::Half* p) {          // 8 fp16 scales -> 8 floats
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-TARGET_AVX2 inline __m256 load2_half(const at::Half* p, const float* dx) {   // [p0*dx0, p1*dx1, 0, ...]
+TARGET_AVX2 inline __m256 pair_products(const at::Half* p, const float* f) {   // [p0*f0, p1*f1, 0, ...]
   int32_t two;
   std::memcpy(&two, p, sizeof two);
-  const __m128 dx2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(dx)));
-  return _mm256_zextps128_ps256(_mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(two)), dx2));
+  const __m128 f2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f)));
+  return _mm256_zextps128_ps256(_mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(two)), f2));
 }
 // lanes 0-3 get s8[2p], lanes 4-7 get s8[2p+1]: the factors of pair p, laid over its int32 sums
 TARGET_AVX2 inline __m256 pair_scale(__m256 s8, int p) {
@@ -209,7 +209,7 @@ TARGET_AVX2 inline void store_sums(__m256 (&v)[W][R], const WeightRow* w, const 
 //   8 blocks at a time: 8 scales d (one load) times the 8 dx give the 8 factors d*dx, and the
 //     min term of the 8 blocks is one FMA (m * sx); then 4 pairs of blocks: each pair's int32 sums
 //     (4 lanes per block) are converted to float and FMA'd with their factors (`pair_scale`);
-//   then the pairs left (fewer than 8 blocks), their factors from 2-scale loads;
+//   then the pairs left (fewer than 8 blocks), their factors from 2-scale loads (`pair_products`);
 //   then a last odd block, in scalar code (`store_sums`).
 // The nibbles of a weight row are unpacked once for the R activation rows; the activations are
 // loaded once for the W weight rows; W * R accumulators (the min term goes into the same one)
@@ -253,8 +253,8 @@ TARGET_AVX2 inline void store_sums(__m256 (&v)[W][R], const WeightRow* w, const 
     for (; b + 2 <= nb; b += 2) {                                                                  \
       for (int i = 0; i < W; ++i)                                                                  \
         for (int r = 0; r < R; ++r) {                                                              \
-          s[i][r] = pair_scale(load2_half(w[i].d + b, a[r].dx + b), 0);                            \
-          acc[i][r] = _mm256_add_ps(acc[i][r], load2_half(w[i].m + b, a[r].sx + b));               \
+          s[i][r] = pair_scale(pair_products(w[i].d + b, a[r].dx + b), 0);                         \
+          acc[i][r] = _mm256_add_ps(acc[i][r], pair_products(w[i].m + b, a[r].sx + b));            \
         }                                                                                          \
       NAME##_pair<W, R>(w, a, b, s, acc);                                                          \
     }                                                                                              \
@@ -343,8 +343,8 @@ TARGET_AVX512 void tile_avx512vnni(const WeightRow* w, const ActRow* a, int64_t 
         const __m256i* x = reinterpret_cast<const __m256i*>(a[r].q + BLOCK * b);
         const __m256i sums = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, _mm256_loadu_si256(x)),
                                                  hi, _mm256_loadu_si256(x + 1));
-        sum[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), pair_scale(load2_half(w[i].d + b, a[r].dx + b), 0),
-                                    _mm256_add_ps(sum[i][r], load2_half(w[i].m + b, a[r].sx + b)));
+        sum[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), pair_scale(pair_products(w[i].d + b, a[r].dx + b), 0),
+                                    _mm256_add_ps(sum[i][r], pair_products(w[i].m + b, a[r].sx + b)));
       }
     }
   }
