@@ -243,3 +243,8 @@ def test_a_nan_or_infinity_in_x_gives_nan_not_garbage(path):
     y = w4a8.w4a8_linear(x, *packed, path=path)
     assert y[:2].isnan().all()
     assert_matches_reference(y[2:], x[2:], packed)
+
+
+def test_openmp_only_with_a_compiler_that_shares_torchs_runtime():
+    # clang's OpenMP runtime is not the libgomp torch's Linux wheels bring: one thread, not two pools
+    assert w4a8._openmp_flags("clang++", "Debian clang version 14.0.6") == []
