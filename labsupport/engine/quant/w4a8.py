@@ -1,0 +1,285 @@
+"""W4A8 on the CPU: int4 weights times int8 activations, with integer dot products.
+
+Introduced in notebook 04 (quantization).
+
+The weights are our int4 groupwise format with groups of 32 (quantize_formats.py: q in 0..15,
+w ~ q * scale + zero), which is GGUF's Q4_1 block. Each activation row is quantized per call
+to int8 in blocks of 32 (symmetric: dx = max|x| / 127), so that one block's contribution is
+
+    sum_i w_i x_i ~ scale * dx * sum_i q_i * qx_i  +  zero * dx * sum_i qx_i
+
+The first sum is all integers, which the CPU computes 32 or 64 byte products at a time
+(AVX2, AVX-VNNI, AVX512-VNNI; a portable loop elsewhere): w4a8.cpp, beside this file, says how.
+
+This module builds that C++ kernel on first use (torch.utils.cpp_extension, 10 to 60 s,
+cached under the course's cache directory), packs weights for it, calls it, and gives the same
+computation in plain torch (`w4a8_reference`) to check it against. Without a C++ compiler or
+ninja, or if the build fails, `w4a8_unavailable()` says why in one sentence, and the caller keeps
+the older kernel.
+
+Environment variable:
+  LABSUPPORT_W4A8_PATH  forces a path for `w4a8_linear(path=None)`: portable, avx2, avxvnni, avx512vnni
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ...errors import LabError
+from ...models.model_cache import cache_root  # the lead moves cache_root to labsupport/engine/cache_dir.py
+
+SOURCE = Path(__file__).with_name("w4a8.cpp")
+BLOCK = 32                                   # input features per block, weights and activations
+PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
+FP16_MAX = 65504.0
+
+
+# --- building the extension -------------------------------------------------------------------
+
+def _compiler() -> str:
+    """The C++ compiler cpp_extension will call: $CXX, else c++ (as torch does on Linux and macOS)."""
+    return os.environ.get("CXX", "").strip() or "c++"
+
+
+def _compiler_version(compiler: str) -> str | None:
+    """The compiler's first --version line, or None when it cannot be run."""
+    words = shlex.split(compiler)
+    if not words or shutil.which(words[0]) is None:
+        return None
+    try:
+        done = subprocess.run([*words, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.strip().splitlines() or [""])[0] if done.returncode == 0 else None
+
+
+def _first_error(message: str) -> str:
+    """The first compiler 'error' line of a failed build's output (or its first line)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    found = next((line for line in lines if re.search(r"\berror\b", line, re.IGNORECASE)
+                  and not line.startswith("Error building extension")), None)
+    return (found or (lines[0] if lines else "no output"))[:200]
+
+
+def _openmp_flags(compiler: str, version: str) -> list[str]:
+    """["-fopenmp"] when the kernel can share torch's OpenMP threads, else [] (one thread).
+
+    at::parallel_for's threads are OpenMP pragmas in torch's headers, compiled into the kernel:
+    without -fopenmp it runs on one thread. With GCC the extension links libgomp, the runtime
+    torch's Linux wheels bring (same soname, loaded first: one thread pool). clang's OpenMP is a
+    different runtime (libomp), and Apple's clang has none: there the kernel is single-threaded.
+    """
+    if not torch.backends.openmp.is_available() or "clang" in version.lower():
+        return []
+    probe = "#include <omp.h>\nint threads() { return omp_get_max_threads(); }\n"
+    try:
+        done = subprocess.run([*shlex.split(compiler), "-fopenmp", "-x", "c++", "-c", "-", "-o", os.devnull],
+                              input=probe, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return ["-fopenmp"] if done.returncode == 0 else []
+
+
+def _try_build(source: Path, kernels_dir: Path) -> str | None:
+    """Build `source` into `kernels_dir`/w4a8-<hash> and load it; None when loaded, else the
+    reason in one sentence. The hash covers the source, torch, Python and the compiler, so a
+    change of any of them builds afresh beside the old build."""
+    compiler = _compiler()
+    version = _compiler_version(compiler)
+    if version is None:
+        return (f"no C++ compiler was found ({compiler!r}; set CXX or install g++ or clang), "
+                f"so the W4A8 kernel cannot be built")
+    openmp = _openmp_flags(compiler, version)
+    text = source.read_bytes()
+    key = hashlib.sha256(b"\0".join([text, torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
+                                     version.encode(), " ".join(openmp).encode()])).hexdigest()[:16]
+    build_dir = kernels_dir / f"w4a8-{key}"
+    name = f"labsupport_w4a8_{key}"
+    library = build_dir / f"{name}.so"
+    if library.is_file():                            # built before: load it (a read-only cache is fine)
+        try:
+            torch.ops.load_library(str(library))
+            return None
+        except OSError:                              # damaged (a build cut short): build it again
+            pass
+    try:
+        from torch.utils import cpp_extension
+    except Exception as error:                       # noqa: BLE001 - e.g. setuptools missing
+        return f"torch.utils.cpp_extension cannot be imported ({error}), so the W4A8 kernel cannot be built"
+    if not cpp_extension.is_ninja_available():
+        return "the ninja build tool is not installed (pip install ninja), so the W4A8 kernel cannot be built"
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return (f"the kernel cache {build_dir} cannot be written ({error.strerror}); "
+                f"set LABSUPPORT_CACHE to a writable folder")
+    start = time.perf_counter()
+    try:
+        cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O3", *openmp], extra_ldflags=openmp,
+                           build_directory=str(build_dir), is_python_module=False, verbose=False)
+    except Exception as error:                       # noqa: BLE001 - a compile or link error
+        return f"the W4A8 kernel did not build ({_first_error(str(error))}; build folder {build_dir})"
+    threads = "" if openmp else ", single-threaded: this compiler cannot use torch's OpenMP"
+    print(f"Built the W4A8 int4 kernel in {time.perf_counter() - start:.1f} s (cached in {build_dir}{threads}).")
+    return None
+
+
+def _fake_w4a8_linear(x, packed, scales, mins, path="auto"):
+    """The op's output without computing it (shape and dtype), for torch.compile's tracing."""
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))             # (..., n)
+
+
+@functools.cache
+def _load() -> str | None:
+    """Build (first time) and load the kernel once per process; the reason it failed, or None."""
+    reason = _try_build(SOURCE, cache_root() / "kernels")
+    if reason is None:
+        torch.library.register_fake("labsupport::w4a8_linear")(_fake_w4a8_linear)
+    return reason
+
+
+def w4a8_unavailable() -> str | None:
+    """Why the W4A8 kernel cannot run here (one sentence, no final period), or None when it can.
+
+    Introduced in notebook 04 (quantization). The first call builds the C++ kernel (or loads
+    the build cached under LABSUPPORT_CACHE/kernels) and prints the build time when it builds.
+    """
+    return _load()
+
+
+def _require_kernel() -> None:
+    reason = _load()
+    if reason is not None:
+        raise LabError(f"The W4A8 kernel is not available: {reason}.")
+
+
+def supported_paths() -> tuple[str, ...]:
+    """The W4A8 paths this CPU runs, slowest first: ("portable", "avx2", ...). Notebook 04
+    (quantization). Asked of the kernel itself (__builtin_cpu_supports), so it builds it first."""
+    _require_kernel()
+    return tuple(torch.ops.labsupport.w4a8_paths())
+
+
+# --- weights: pack our int4 groups (g = 32) into the kernel's layout ---------------------------
+
+def pack_q4_1(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor):
+    """Our int4 groups of 32 -> the kernel's layout. Notebook 04 (quantization).
+
+    q: (n, k) values 0..15, scales and mins: (n, k / 32), as `quantize_int4_groupwise(w, 32)`
+    returns them (w ~ q * scale + min); k must be a multiple of 32 (pad the weight's columns with
+    zeros first, as Int4Linear does). Returns (packed, scales, mins): packed uint8 (n, k / 2),
+    per block of 32 sixteen bytes, byte j = q[j] | q[j + 16] << 4; scales and mins float16 (n, k / 32).
+    """
+    if not isinstance(q, torch.Tensor) or q.dim() != 2 or q.is_floating_point() or q.is_complex():
+        raise LabError("pack_q4_1 takes q as a 2-D integer tensor (out_features, in_features) of values 0..15.")
+    n, k = q.shape
+    if k == 0 or k % BLOCK:
+        raise LabError(f"pack_q4_1 needs in_features to be a multiple of {BLOCK}, got {k}; "
+                       f"pad the weight with zero columns to {-(-max(k, 1) // BLOCK) * BLOCK} first.")
+    for name, t in (("scales", scales), ("mins", mins)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or tuple(t.shape) != (n, k // BLOCK):
+            raise LabError(f"pack_q4_1 needs {name} as a float tensor of shape ({n}, {k // BLOCK}) "
+                           f"(one per group of {BLOCK}), got {getattr(t, 'shape', type(t).__name__)}.")
+        if t.numel() and not bool(t.float().abs().max() <= FP16_MAX):
+            raise LabError(f"pack_q4_1 stores {name} in float16, and some are not finite or beyond {FP16_MAX:g}.")
+    if q.numel() and (int(q.min()) < 0 or int(q.max()) > 15):
+        raise LabError("pack_q4_1 takes q values 0..15 (4 bits); quantize with quantize_int4_groupwise(w, 32).")
+    halves = q.to(torch.uint8).reshape(n, k // BLOCK, 2, BLOCK // 2)            # (n, blocks, half, 16)
+    packed = halves[:, :, 0, :] | (halves[:, :, 1, :] << 4)                     # (n, blocks, 16)
+    packed = packed.reshape(n, k // 2).contiguous()                             # (n, k/2)
+    return packed, scales.to(torch.float16).contiguous(), mins.to(torch.float16).contiguous()
+
+
+def unpack_q4_1(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of `pack_q4_1`'s nibbles: uint8 (n, k / 2) -> q uint8 (n, k) values 0..15.
+    Notebook 04 (quantization)."""
+    n = packed.shape[0]
+    blocks = packed.reshape(n, -1, BLOCK // 2)                                  # (n, blocks, 16)
+    halves = torch.stack([blocks & 0x0F, blocks >> 4], dim=2)                   # (n, blocks, 2, 16)
+    return halves.reshape(n, -1)                                                # (n, k)
+
+
+# --- calling the kernel -------------------------------------------------------------------------
+
+def default_path() -> str:
+    """The path `w4a8_linear(path=None)` takes: $LABSUPPORT_W4A8_PATH, else "auto" (the fastest
+    this CPU runs). Notebook 04 (quantization)."""
+    return os.environ.get("LABSUPPORT_W4A8_PATH", "").strip() or "auto"
+
+
+def w4a8_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                path: str | None = "auto") -> torch.Tensor:
+    """y = x @ W.T with W the packed int4 weight, x quantized to int8 per block of 32 on the way.
+    Notebook 04 (quantization).
+
+    x: (..., k) floating point (computed in float32, returned in x's dtype); packed, scales, mins
+    from `pack_q4_1`; path: "auto", "portable", "avx2", "avxvnni" or "avx512vnni" (None: `default_path()`).
+    Returns (..., n). Threads: torch's (torch.set_num_threads), over output rows. A mistake in the
+    arguments raises one LabError sentence. A model's layers may call
+    torch.ops.labsupport.w4a8_linear directly (same arguments, path a string), skipping this wrapper.
+    """
+    _require_kernel()
+    try:
+        return torch.ops.labsupport.w4a8_linear(x, packed, scales, mins, default_path() if path is None else path)
+    except (RuntimeError, TypeError) as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise LabError(message if message.endswith(".") else message + ".") from None
+
+
+# --- the same computation in plain torch --------------------------------------------------------
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of x to int8 per block of 32, exactly as the kernel does. Notebook 04 (quantization).
+
+    x: (M, k), k a multiple of 32. Returns qx int8 (M, k) in -127..127 and dx float32 (M, k / 32),
+    x ~ qx * dx: dx = max|x| / 127 per block, qx = round(x * (1 / dx)) (half to even), 0 where dx = 0.
+    """
+    M, k = x.shape
+    blocks = x.float().reshape(M, k // BLOCK, BLOCK)                            # (M, blocks, 32)
+    dx = blocks.abs().amax(dim=-1) / 127                                        # (M, blocks)
+    inverse = torch.where(dx > 0, 1 / dx, torch.zeros_like(dx))
+    qx = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8)  # (M, blocks, 32)
+    return qx.reshape(M, k), dx
+
+
+def w4a8_reference(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """What `w4a8_linear` computes, in plain torch: the matmul of the dequantized int8
+    activations and the dequantized int4 weights, in float64. Notebook 04 (quantization).
+
+    Same arguments as `w4a8_linear` (x: (..., k)); returns (..., n) float32. The kernel's integer
+    sums are exact, so it differs from this only by float32 rounding of the scale terms.
+    """
+    k = packed.shape[1] * 2
+    x2 = x.reshape(-1, k)                                                       # (M, k)
+    qx, dx = quantize_activations(x2)
+    x_hat = qx.double().reshape(x2.shape[0], -1, BLOCK) * dx.double()[..., None]   # (M, blocks, 32)
+    q = unpack_q4_1(packed).double().reshape(packed.shape[0], -1, BLOCK)        # (n, blocks, 32)
+    w_hat = q * scales.double()[..., None] + mins.double()[..., None]           # (n, blocks, 32)
+    y = x_hat.reshape(x2.shape[0], k) @ w_hat.reshape(packed.shape[0], k).T     # (M, n)
+    return y.float().reshape(*x.shape[:-1], packed.shape[0])                    # (..., n)
+
+
+def w4a8_error_bound(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """The size the kernel's float rounding is relative to: per output, the sum over blocks of
+    |d * dx * sum(q * qx)| + |m * dx * sum(qx)| (bounded above by a matmul of absolute values).
+    Notebook 04 (quantization): the kernel and `w4a8_reference` agree to ~1e-6 of this; (..., n) float32."""
+    k = packed.shape[1] * 2
+    x2 = x.reshape(-1, k)                                                       # (M, k)
+    qx, dx = quantize_activations(x2)
+    x_abs = qx.double().abs().reshape(x2.shape[0], -1, BLOCK) * dx.double()[..., None]  # (M, blocks, 32)
+    q = unpack_q4_1(packed).double().reshape(packed.shape[0], -1, BLOCK)        # (n, blocks, 32)
+    w_abs = q * scales.double().abs()[..., None] + mins.double().abs()[..., None]    # (n, blocks, 32)
+    y = x_abs.reshape(x2.shape[0], k) @ w_abs.reshape(packed.shape[0], k).T     # (M, n)
+    return y.float().reshape(*x.shape[:-1], packed.shape[0])                    # (..., n)
