@@ -256,3 +256,11 @@ def test_every_public_definition_names_its_notebook():
                      and not NOTEBOOK.search(ast.get_docstring(node) or ""))
     assert not missing, (f"{len(missing)} public definition(s) whose docstring names no notebook "
                          f"(add e.g. 'Notebook 04 (quantization).'): " + ", ".join(missing))
+
+
+def test_every_folder_of_modules_is_a_package():
+    """A folder of modules without __init__.py imports from a checkout (a namespace package), but
+    setuptools' find_packages leaves it out of a wheel: `pip install git+...` (Colab) would lack it."""
+    folders = {p.parent for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(str(f.relative_to(PACKAGE.parent)) for f in folders if not (f / "__init__.py").exists())
+    assert not missing, f"folders without __init__.py: {missing}"

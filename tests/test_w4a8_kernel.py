@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from labsupport.engine.quant import w4a8
 from labsupport.errors import LabError
-from labsupport.quantize_formats import dequantize_int4, quantize_int4_groupwise
+from labsupport.engine.quant.formats import dequantize_int4, quantize_int4_groupwise
 
 TOLERANCE = 1e-5
 

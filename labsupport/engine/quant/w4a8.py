@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from ...errors import LabError
-from ...models.model_cache import cache_root  # the lead moves cache_root to labsupport/engine/cache_dir.py
+from ..cache_dir import cache_root
 
 SOURCE = Path(__file__).with_name("w4a8.cpp")
 BLOCK = 32                                   # input features per block, weights and activations
