@@ -63,7 +63,7 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -132,6 +132,21 @@ def _counts() -> tuple[int, int, int]:
     from torch._dynamo.utils import counters
     return (counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"],
             counters["inductor"]["cudagraph_recorded_non_static_inputs"])
+
+
+def graphs_compiled() -> int:
+    """Graphs torch.compile has compiled in this process so far (dynamo's own count).
+    Notebook 07 (putting it together): `generate` compares it before and after decoding."""
+    return _counts()[0]
+
+
+def recompiled(path: DecodePath, graphs: int) -> DecodePath:
+    """`path` after `graphs` compiles that happened while decoding, past the warm-up: counted,
+    and said in a warning and the note (their seconds are in the decode time). Notebook 07."""
+    note = (f"The compiled decode step was compiled {graphs} more time(s) while decoding, after its warm-up "
+            f"(TORCH_LOGS=recompiles says why), and that time counts as decode time.")
+    warnings.warn(note, stacklevel=3)
+    return replace(path, compiles=path.compiles + graphs, note=" ".join(filter(None, (path.note, note))))
 
 
 def _first_line(error: Exception) -> str:
@@ -206,10 +221,10 @@ class CompiledDecoder:
         if known is not None:
             return DecodePath(known.path, note=known.note)
         mark_static(cache)
-        rows, filled = cache.batch_size, cache.length
-        tokens = torch.zeros(rows, dtype=torch.long, device=cache.device)                  # (rows,)
-        positions = torch.zeros(rows, 1, dtype=torch.long, device=cache.device)           # (rows, 1)
-        key_mask = torch.ones(rows, cache.max_len, dtype=torch.bool, device=cache.device)  # (rows, max_len)
+        rows, filled, device = cache.batch_size, cache.length, cache.keys.device
+        tokens = torch.zeros(rows, dtype=torch.long, device=device)                        # (rows,)
+        positions = torch.zeros(rows, 1, dtype=torch.long, device=device)                 # (rows, 1)
+        key_mask = torch.ones(rows, cache.max_len, dtype=torch.bool, device=device)        # (rows, max_len)
         graphs, skips, recorded = _counts()
         start = time.perf_counter()
         try:
@@ -219,7 +234,11 @@ class CompiledDecoder:
             synchronize(cache.device)
         except Exception as error:                        # noqa: BLE001 - any failure: eager, and said so
             cache.truncate(filled)
-            note = (f"Compiled decoding is not available here ({_first_line(error)}); decoding without it.")
+            reason = _first_line(error)
+            if isinstance(error, torch._dynamo.exc.FailOnRecompileLimitHit):
+                reason = (f"torch.compile holds {RECOMPILE_LIMIT} decode-step graphs already, its recompile limit "
+                          f"(compiled.RECOMPILE_LIMIT; torch._dynamo.reset() forgets them all)")
+            note = f"Compiled decoding is not available here ({reason}); decoding without it."
             warnings.warn(note, stacklevel=3)
             paths[cache] = DecodePath(EAGER, note=note)
             return DecodePath(EAGER, compiles=_counts()[0] - graphs, note=note)

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .compiled import SHARED, CompiledDecoder, DecodePath
+from .compiled import SHARED, CompiledDecoder, DecodePath, graphs_compiled, recompiled
 from .padding import PaddedBatch, left_pad
 from ..errors import LabError
 from .hardware import synchronize
@@ -235,7 +235,9 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     key_mask = padded_key_mask(padded.attention_mask, cache.max_len) if padding else None   # (rows, max_len)
     positions = padded.positions[:, -1:]                                                  # (rows, 1)
     if path.compiled:                 # the compiled step always takes a mask and positions
-        step_mask = key_mask if padding else torch.ones_like(padded.attention_mask[:, :1]).expand(-1, cache.max_len)
+        # contiguous, as in the warm-up: a tensor of other strides is another graph (a recompile)
+        step_mask = key_mask if padding else torch.ones(cache.batch_size, cache.max_len, dtype=torch.bool,
+                                                        device=device)
 
         def step(tokens, positions):
             return decoder.step(model, cache, tokens, positions, step_mask)
@@ -244,6 +246,7 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
             return decode_step(model, cache, tokens, positions=positions if padding else None,
                                key_mask=key_mask[:, : cache.length + 1] if padding else None)
 
+    graphs_before = graphs_compiled()
     synchronize(device)
     t0 = time.perf_counter()
     logits = prefill(model, padded.tokens, cache, positions=padded.positions if padding else None,
@@ -269,6 +272,8 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
         logits = step(torch.cat([next_tokens, fill]), positions)[:batch]
     synchronize(device)
     t2 = time.perf_counter()
+    if path.compiled and graphs_compiled() > graphs_before:     # never silent: said, and counted
+        path = recompiled(path, graphs_compiled() - graphs_before)
     counts = counts.tolist()
     tokens = torch.stack(new_tokens, dim=1)[:, :max(counts)]         # steps after the last row ended
     return GenerationResult(tokens=tokens, prompt_length=prompt_length,
