@@ -8,7 +8,10 @@ replays every kernel of the step in one launch. Both need a step whose shapes an
 addresses never change, so the step here (`fixed_shape_step`) writes the cache at a
 position *tensor* (`StaticKVCache.reserve(1, fixed_shape=True)`), attends over the whole
 preallocated cache and hides the slots not written yet with a mask
-(`masks.fixed_decode_mask`, with the model's sliding window).
+(`masks.fixed_decode_mask`, with the model's sliding window). Each write is one `index_put_`
+on the whole cache buffer: with a write into a per-layer view instead, inductor's generated
+code (TORCH_LOGS=output_code, on this CPU) copied every layer's buffer and wrote the whole
+cache back at every step; with `index_put_` it writes the one new slot in place.
 
 `CompiledDecoder` owns all compile state; nothing is set on the model:
 

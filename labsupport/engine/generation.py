@@ -246,15 +246,16 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
             return decode_step(model, cache, tokens, positions=positions if padding else None,
                                key_mask=key_mask[:, : cache.length + 1] if padding else None)
 
-    graphs_before = graphs_compiled()
     synchronize(device)
     t0 = time.perf_counter()
     logits = prefill(model, padded.tokens, cache, positions=padded.positions if padding else None,
                      key_mask=key_mask[:, :prompt_length] if padding else None)[:batch]
+    graphs_before = graphs_compiled()
     new_tokens, all_logits = [], []
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     counts = torch.zeros(batch, dtype=torch.long, device=device)
     fill = torch.full((cache.batch_size - batch,), pad_id, dtype=torch.long, device=device)   # padding rows' input
+    feed = (lambda tokens: torch.cat([tokens, fill])) if len(fill) else (lambda tokens: tokens)
     t1 = None
     check_every = EOS_CHECK_EVERY.get(device.type, 1) if stream is None else 1     # streaming shows each step
     for index in range(max_new_tokens):
@@ -269,7 +270,7 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
         if index == max_new_tokens - 1 or ((index + 1) % check_every == 0 and bool(finished.all())):
             break
         positions = positions + 1
-        logits = step(torch.cat([next_tokens, fill]), positions)[:batch]
+        logits = step(feed(next_tokens), positions)[:batch]
     synchronize(device)
     t2 = time.perf_counter()
     if path.compiled and graphs_compiled() > graphs_before:     # never silent: said, and counted

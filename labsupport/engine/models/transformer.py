@@ -247,8 +247,8 @@ class Transformer(nn.Module):
         and the 49 152-word projection is the model's biggest matmul. Notebook 00."""
         if at is None:
             return self.lm_head(hidden)
-        if isinstance(at, int):
-            return self.lm_head(hidden[:, at])                                  # (batch, vocab)
+        if isinstance(at, int):                 # one position per row, copied out of the strided rows
+            return self.lm_head(hidden[:, at].contiguous())                     # (batch, vocab)
         return self.lm_head(hidden.index_select(1, at))                         # (batch, N, vocab)
 
     def with_attention_window(self, window) -> "Transformer":
