@@ -5,8 +5,10 @@ subject of notebook 01 (KV cache).
 
 Read it top to bottom: embeddings, then `num_layers` pre-norm blocks
 (attention, then MLP, each added back to the residual stream), then a final
-norm and the output projection to vocabulary logits. The two families differ
-only in a few places, each marked with ``if self.family == ...``:
+norm; that is `Transformer.forward`, the one entrance, which returns hidden
+states. `Transformer.logits` is the output projection to vocabulary logits, for
+the positions asked for only. The two families differ only in a few places,
+each marked with ``if self.family == ...``:
 
 =============  ==========================  ==========================
                llama (SmolLM2)             gpt2 (gpt2, distilgpt2)
