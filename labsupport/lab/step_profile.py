@@ -79,7 +79,7 @@ def compiled_greedy_step(model, cache, next_tokens):
     count as "norms and elementwise"; its matmuls still appear as matmul operators."""
     path = SHARED.warm_up(model, cache)
     if not path.compiled:
-        raise LabError(f"The compiled step cannot be profiled here: {path.note}")
+        raise LabError(path.note.replace("decoding without it", "so its step cannot be profiled"))
     rows = cache.batch_size
     positions = torch.full((rows, 1), cache.length, dtype=torch.long, device=cache.device)    # (rows, 1)
     key_mask = torch.ones(rows, cache.max_len, dtype=torch.bool, device=cache.device)        # every slot real
