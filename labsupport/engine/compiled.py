@@ -46,9 +46,10 @@ The torch source this relies on (torch 2.11 and 2.13, the same in both; file: fu
 * torch/_inductor/cudagraph_trees.py: ``CUDAGraphTreeManager._run``: the first call of a
   graph runs eagerly (warm-up), the second records it (``CUDAGraphNode.__init__`` bumps
   ``counters["inductor"]["cudagraph_recorded_non_static_inputs"]``), later calls replay;
-  each call of a compiled function starts a new generation (eval_frame's
-  ``install_generation_tagging_init`` bumps ``GenerationTracker.generation``), so a replay
-  overwrites the previous outputs: the step clones its logits.
+  each call of a compiled function starts a new generation (torch/_dynamo/mutation_guard.py:
+  ``install_generation_tagging_init``, which torch/_dynamo/eval_frame.py runs on entering every
+  compiled call, bumps ``GenerationTracker.generation``), so a replay overwrites the previous
+  outputs: the step clones its logits.
 * torch/_dynamo/config.py: ``recompile_limit`` (8; ``cache_size_limit`` is its alias) counts
   the graphs on one code object; torch/_dynamo/convert_frame.py: past it dynamo falls back
   to running the frame eagerly with only a log line, except with ``fullgraph=True``, where it
