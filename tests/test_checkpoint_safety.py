@@ -75,7 +75,7 @@ def assert_matches_hf(path):
     ours, _ = load_model(str(path), device="cpu", dtype=torch.float32)
     theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
-        torch.testing.assert_close(ours(TOKENS), theirs(TOKENS).logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.logits(ours(TOKENS)), theirs(TOKENS).logits, atol=1e-5, rtol=1e-5)
     return ours
 
 
@@ -113,7 +113,7 @@ def test_biases_and_head_dim_also_come_through_from_hf(tmp_path):
     ours = from_hf(hf)
     assert ours.config.explicit_head_dim == 24 and ours.config.attention_bias and ours.config.mlp_bias
     with torch.no_grad():
-        torch.testing.assert_close(ours(TOKENS), hf(TOKENS).logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.logits(ours(TOKENS)), hf(TOKENS).logits, atol=1e-5, rtol=1e-5)
 
 
 def test_the_kv_cache_path_works_with_biases_and_a_wide_head():
@@ -122,9 +122,9 @@ def test_the_kv_cache_path_works_with_biases_and_a_wide_head():
     ours = from_hf(hf_llama(attention_bias=True, mlp_bias=True, head_dim=32))
     cache = StaticKVCache(ours.config, batch_size=2, max_len=32)
     with torch.no_grad():
-        full = ours(TOKENS)
-        prefix = ours(TOKENS[:, :-1], cache=cache)
-        last = ours(TOKENS[:, -1:], cache=cache)
+        full = ours.logits(ours(TOKENS))
+        prefix = ours.logits(ours(TOKENS[:, :-1], cache=cache))
+        last = ours.logits(ours(TOKENS[:, -1:], cache=cache))
     torch.testing.assert_close(torch.cat([prefix, last], dim=1), full, atol=1e-5, rtol=1e-5)
 
 

@@ -157,4 +157,4 @@ def test_first_use_from_an_empty_cache(tmp_path, smollm):
     reference, _ = smollm
     tokens = torch.tensor([tokenizer.encode("The lighthouse keeper climbed the stairs")])
     with torch.inference_mode():
-        assert torch.equal(model(tokens), reference(tokens))
+        assert torch.equal(model.logits(model(tokens)), reference.logits(reference(tokens)))

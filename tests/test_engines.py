@@ -117,17 +117,19 @@ def test_compare_compiled_on_a_tiny_model(fresh_tiny_llama):
         assert record["payback_steps"] == float("inf")
 
 
-def test_inductor_options_are_switched_for_a_while_and_recompile(fresh_tiny_llama):
+def test_inductor_options_belong_to_their_decoder_and_compile_apart(fresh_tiny_llama):
+    """Each CompiledDecoder keeps its own inductor options (no module dict switched for a while):
+    a decoder with freezing compiles and warms up on its own, and gives the eager tokens."""
+    from labsupport.bench.compiled_decode import compare_compiled
     from labsupport.engine import generation
-    from labsupport.engine.generation import compiled_decode, inductor_options
-    before = dict(generation.INDUCTOR_OPTIONS)
-    plain = compiled_decode(fresh_tiny_llama)
-    with inductor_options({"freezing": True}):
-        assert generation.INDUCTOR_OPTIONS["cpu"] == {"freezing": True}
-        frozen = compiled_decode(fresh_tiny_llama)
-        assert frozen is not plain and fresh_tiny_llama._compiled_shapes == set()
-        out = generation.generate(fresh_tiny_llama, [1, 2, 3], 6, eos_token_ids=(), compile=True)
-        assert out.warmup_seconds > 0
-        eager = generation.generate(fresh_tiny_llama, [1, 2, 3], 6, eos_token_ids=(), compile=False)
-        assert out.row(0) == eager.row(0)
-    assert generation.INDUCTOR_OPTIONS == before
+    from labsupport.engine.compiled import SHARED, CompiledDecoder
+    plain = generation.generate(fresh_tiny_llama, [1, 2, 3], 6, eos_token_ids=(), compile=True)
+    frozen = CompiledDecoder(inductor_options={"freezing": True})
+    out = generation.generate(fresh_tiny_llama, [1, 2, 3], 6, eos_token_ids=(), compile=frozen)
+    assert out.warmup_seconds > 0 and out.compiles == 1 and out.decode_path == "compiled"
+    eager = generation.generate(fresh_tiny_llama, [1, 2, 3], 6, eos_token_ids=(), compile=False)
+    assert out.row(0) == eager.row(0) == plain.row(0)
+    assert frozen.options_for("cpu") == {"freezing": True} and SHARED.options_for("cpu") is None
+    assert not hasattr(generation, "INDUCTOR_OPTIONS") and not hasattr(generation, "inductor_options")
+    record = compare_compiled(fresh_tiny_llama, [[1, 2, 3]], 6, torch.device("cpu"), repeats=1, decoder=frozen)
+    assert record["same_tokens"] and record["warmup_s"] == 0.0 and record["decode_path"] == "compiled"

@@ -27,7 +27,7 @@ def test_prefill_then_decode_equals_one_full_forward(tiny_model):
     prefill(tiny_model, tokens[:, :4], cache)
     steps = [decode_step(tiny_model, cache, tokens[:, i]) for i in range(4, len(PROMPT))]
     with torch.no_grad():
-        full = tiny_model(tokens)[0, 4:]
+        full = tiny_model.logits(tiny_model(tokens))[0, 4:]
     torch.testing.assert_close(torch.cat(steps), full, atol=1e-5, rtol=1e-5)
     assert cache.length == len(PROMPT)
 
@@ -39,9 +39,10 @@ def test_cache_memory_formula_equals_allocation(tiny_model):
 
 def test_the_static_cache_implements_the_protocol(tiny_model):
     cache = StaticKVCache(tiny_model.config, 1, 8)
-    assert isinstance(cache, KVCache) and isinstance(cache, KVWriter)
-    writer = cache.writer_at(torch.zeros(1, dtype=torch.long))      # one fixed-shape pass: update only
-    assert isinstance(writer, KVWriter) and not isinstance(writer, KVCache)
+    assert isinstance(cache, KVCache) and cache.fixed_shape_writes
+    writer = cache.reserve(1, fixed_shape=True)                     # one fixed-shape pass: update only
+    assert isinstance(writer, KVWriter) and not isinstance(writer, KVCache) and cache.length == 1
+    assert isinstance(cache.reserve(2), KVWriter) and cache.length == 3
     assert not isinstance(object(), KVWriter)
 
 
@@ -61,12 +62,14 @@ def test_generate_uses_a_cache_passed_in(tiny_model):
 def test_a_cache_that_does_not_fit_is_refused_in_one_sentence(tiny_model):
     needed = len(PROMPT) + 8
     used = StaticKVCache(tiny_model.config, 1, needed)
-    used.advance(2)
+    used.reserve(2)
     refused = {"2 rows": StaticKVCache(tiny_model.config, 2, needed),
                "needs 15": StaticKVCache(tiny_model.config, 1, needed - 1),
                "already holds 2": used,
                "must be a KV cache": object(),
-               "float64": StaticKVCache(tiny_model.config, 1, needed, dtype=torch.float64)}
+               "float64": StaticKVCache(tiny_model.config, 1, needed, dtype=torch.float64),
+               "3 layers of 4 key/value heads": StaticKVCache(tiny_model.config.with_(
+                   num_layers=3, num_kv_heads=tiny_model.config.num_heads), 1, needed)}
     for words, cache in refused.items():
         with pytest.raises(LabError, match=words) as error:
             generate(tiny_model, PROMPT, 8, cache=cache)
@@ -159,34 +162,20 @@ def test_chat_reply_streams_text(smollm, capsys):
 
 
 def test_fixed_shape_decode_step_equals_the_plain_one(tiny_model):
-    """decode_static (what torch.compile and CUDA graphs run) gives the same tokens."""
+    """The fixed-shape step (what torch.compile and CUDA graphs run), eagerly: the same tokens."""
+    from labsupport.engine.compiled import fixed_shape_step
     plain = generate(tiny_model, PROMPT, 16, eos_token_ids=())
     cache = StaticKVCache(tiny_model.config, 1, len(PROMPT) + 16)
     logits = prefill(tiny_model, torch.tensor([PROMPT]), cache)
-    tokens = []
+    tokens, key_mask = [], torch.ones(1, cache.max_len, dtype=torch.bool)
     with torch.inference_mode():
         for _ in range(16):
             next_token = logits.argmax(-1)
             tokens.append(next_token.item())
-            slot = torch.full((1,), cache.length)
-            logits = tiny_model.decode_static(next_token[:, None], slot[None], cache, slot)
-            cache.advance(1)
-    assert tokens == plain.row(0)
-
-
-@pytest.mark.slow
-def test_compiled_decoding_gives_the_same_tokens():
-    model = random_model("tiny-llama", seed=3)
-    plain = generate(model, PROMPT, 12, eos_token_ids=())
-    compiled = generate(model, PROMPT, 12, eos_token_ids=(), compile=True)
-    assert compiled.row(0) == plain.row(0)
-    assert compiled.warmup_seconds > 0                       # the first call of this shape compiles
-    again = generate(model, PROMPT, 12, eos_token_ids=(), compile=True)
-    assert again.row(0) == plain.row(0) and again.warmup_seconds == 0.0
-    prompts = [PROMPT, [9, 8, 7]]
-    padded_plain = generate(model, prompts, 12, eos_token_ids=())
-    padded_compiled = generate(model, prompts, 12, eos_token_ids=(), compile=True)
-    assert padded_compiled.tokens.tolist() == padded_plain.tokens.tolist()
+            position = torch.full((1, 1), cache.length)
+            logits = fixed_shape_step(tiny_model, next_token[:, None], position, cache.reserve(1, fixed_shape=True),
+                                      key_mask)
+    assert tokens == plain.row(0) and cache.length == len(PROMPT) + 16
 
 
 def test_every_row_of_a_padded_batch_equals_the_prompt_alone(tiny_model):
@@ -226,21 +215,6 @@ def test_decode_is_compiled_by_default_on_a_gpu_only():
     with simulated(GPUS["T4"]):
         assert compile_by_default("cuda", AUTO_COMPILE_MIN_TOKENS)
         assert not compile_by_default("cuda", AUTO_COMPILE_MIN_TOKENS - 1)     # too short to pay back
-
-
-def test_a_failing_compile_falls_back_to_eager_decoding_in_one_warning(monkeypatch):
-    from labsupport.engine import generation
-    model = random_model("tiny-llama", seed=3)
-    plain = generate(model, PROMPT, 12, eos_token_ids=())
-    assert plain.warmup_seconds == 0.0
-
-    def no_compiler(model):
-        raise RuntimeError("Cannot find a working triton installation.\nmore details")
-    monkeypatch.setattr(generation, "compiled_decode", no_compiler)
-    with pytest.warns(UserWarning, match=r"^Compiled decoding is not available here \(Cannot find a working triton"):
-        fallback = generate(model, PROMPT, 12, eos_token_ids=(), compile=True)
-    assert fallback.row(0) == plain.row(0) and fallback.warmup_seconds == 0.0
-    assert model._compile_failed.startswith("Cannot find a working triton")
 
 
 def test_checking_for_the_end_every_few_steps_gives_the_same_result(monkeypatch):

@@ -30,12 +30,31 @@ def test_cuda_graph_decoding_gives_the_same_tokens():
     assert generate(model, PROMPT, 24, eos_token_ids=(), compile=True).row(0) == plain.row(0)
 
 
+def test_cuda_graphs_are_recorded_replayed_and_reported():
+    """The compiled step is captured (the cache is a static input: no "mutated inputs" skip), one
+    graph per bucket, the warm-up apart from the decode time, and compile=None picks it on CUDA."""
+    from labsupport.engine.compiled import CompiledDecoder
+    from labsupport.weights.fixtures import lively_model
+    model = lively_model("tiny-llama", seed=3).to("cuda")
+    decoder = CompiledDecoder()
+    for prompts in (PROMPT, [PROMPT, [9, 8, 7]], [PROMPT, [9, 8, 7], [4, 4]]):     # rows buckets 1, 2, 4
+        plain = generate(model, prompts, 40, eos_token_ids=(), compile=False)
+        first = generate(model, prompts, 40, eos_token_ids=(), compile=decoder)
+        assert first.tokens.tolist() == plain.tokens.tolist()
+        assert first.decode_path == "compiled + CUDA graphs", first.decode_note
+        assert first.cudagraph_skips == 0 and first.compiles == 1 and first.warmup_seconds > 0
+        again = generate(model, prompts, 40, eos_token_ids=(), compile=decoder)
+        assert again.tokens.tolist() == plain.tokens.tolist() and again.compiles == 0
+        assert again.warmup_seconds == 0.0 and again.decode_path == "compiled + CUDA graphs"
+    assert generate(model, PROMPT, 40, eos_token_ids=()).decode_path == "compiled + CUDA graphs"   # the default
+
+
 def test_embedded_model_matches_hugging_face_on_cuda(smollm_hf):
     model, tok = load_model("smollm2-135m", device="cuda", dtype=torch.float32)
     hf = smollm_hf.to("cuda")
     tokens = torch.tensor([tok.encode("The capital of France is")], device="cuda")
     with torch.no_grad():
-        torch.testing.assert_close(model(tokens), hf(tokens).logits, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(model.logits(model(tokens)), hf(tokens).logits, atol=1e-3, rtol=1e-3)
     smollm_hf.to("cpu")
 
 

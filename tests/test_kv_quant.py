@@ -42,14 +42,17 @@ def test_int8_cache_bytes_are_computed_exactly_and_halve_a_16_bit_cache():
 def test_int8_cache_is_a_kv_cache_and_keeps_the_protocol(tiny_llama):
     cache = Int8KVCache.for_model(tiny_llama, 1, 10)
     assert isinstance(cache, KVCache) and cache.dtype == tiny_llama.dtype
+    assert not cache.fixed_shape_writes
     k = torch.randn(1, 2, 4, 16)
-    keys, values = cache.update(0, k, k)
-    assert keys.shape == (1, 2, 4, 16) and keys.dtype == torch.float32
-    cache.advance(4)
-    keys, _ = cache.update(0, k[:, :, :1], k[:, :, :1])
+    keys, values = cache.reserve(4).update(0, k, k)
+    assert keys.shape == (1, 2, 4, 16) and keys.dtype == torch.float32 and cache.length == 4
+    keys, _ = cache.reserve(1).update(0, k[:, :, :1], k[:, :, :1])
     assert keys.shape == (1, 2, 5, 16)
     with pytest.raises(LabError, match="max_len"):
-        cache.update(0, torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16))
+        cache.reserve(8)
+    assert cache.length == 5                                     # a refused reservation moves nothing
+    with pytest.raises(LabError, match="fixed-shape"):
+        cache.reserve(1, fixed_shape=True)
     cache.truncate(0)
     assert cache.length == 0
 

@@ -264,3 +264,93 @@ def test_every_folder_of_modules_is_a_package():
     folders = {p.parent for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
     missing = sorted(str(f.relative_to(PACKAGE.parent)) for f in folders if not (f / "__init__.py").exists())
     assert not missing, f"folders without __init__.py: {missing}"
+
+
+# --- one entrance to the model (COURSE.md: "nothing outside sets attributes on a model, calls
+# its layer loop, or flips a class attribute"; issue 27) ---------------------------------------
+
+MODEL_FOLDER = "labsupport.engine.models"
+PRIVATE_LOOPS = ("_layers", "run_layers", "decode_static")          # the layer loop, old names too
+MODEL_NAMES = ("model", "target")                                    # how the code names a Transformer
+# Assignments the rule would catch that are not on labsupport's model, each with its reason.
+NOT_OUR_MODEL = {"labsupport.bench.peers": "a Hugging Face model's layer list (the early-layers draft)"}
+
+
+def entrance_breaks(source: str, module: str) -> list[str]:
+    """Every place in `source` that goes around the model's one entrance (`forward`, `logits`,
+    `with_attention_window`): a call of its layer loop, a hook on its output layer, an attribute
+    set on a model object or on the Transformer class."""
+    if module.startswith(MODEL_FOLDER):
+        return []
+    found = []
+
+    def is_model(node) -> bool:
+        return ((isinstance(node, ast.Name) and node.id in MODEL_NAMES)
+                or (isinstance(node, ast.Attribute) and node.attr in MODEL_NAMES)
+                or (isinstance(node, ast.Name) and node.id == "Transformer"))
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_LOOPS:
+            found.append(f"{module}:{node.lineno} calls the layer loop ({node.attr})")
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("register_")
+                and isinstance(node.value, ast.Attribute) and node.value.attr == "lm_head"):
+            found.append(f"{module}:{node.lineno} hooks lm_head")
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            for item in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                if isinstance(item, ast.Attribute) and is_model(item.value) and module not in NOT_OUR_MODEL:
+                    found.append(f"{module}:{node.lineno} sets {ast.unparse(item)}")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+                and node.args and is_model(node.args[0])):
+            found.append(f"{module}:{node.lineno} calls setattr on {ast.unparse(node.args[0])}")
+    return sorted(found, key=lambda line: int(line.split(":")[1].split(" ")[0]))
+
+
+def test_the_entrance_rule_is_what_the_test_checks():
+    source = """
+model.run_layers(ids, positions, view, mask)
+self.model._layers(ids, positions, view, mask)
+hook = self.model.lm_head.register_forward_pre_hook(lambda *a: None)
+model._compiled_decode = torch.compile(step)
+Transformer.attention_window = 8
+target.config, other = config, 1
+setattr(model, "_compile_failed", "no triton")
+cache.length = 3
+logits = model.logits(model(tokens, positions, cache, mask), at=-1)
+model.register_forward_hook(count)
+"""
+    assert [line.split(" ", 1)[1] for line in entrance_breaks(source, "labsupport.lab.x")] == [
+        "calls the layer loop (run_layers)", "calls the layer loop (_layers)", "hooks lm_head",
+        "sets model._compiled_decode", "sets Transformer.attention_window", "sets target.config",
+        "calls setattr on model"]
+    assert entrance_breaks(source, "labsupport.engine.models.transformer") == []
+
+
+def test_everything_goes_through_the_models_one_entrance():
+    tests = Path(__file__).resolve().parent
+    sources = {module: path for module, path in MODULES.items()}
+    sources.update({f"tests.{p.stem}": p for p in sorted(tests.rglob("*.py")) if p.name != Path(__file__).name})
+    found = [line for module, path in sources.items()
+             for line in entrance_breaks(path.read_text(encoding="utf-8"), module)]
+    assert not found, "; ".join(found)
+
+
+def test_only_the_cache_moves_its_length():
+    """`KVCache.reserve` (and `truncate`, the rollback) in kv_cache.py move a cache's length;
+    elsewhere a cache only sets it to 0 when it is made, and nobody calls an `advance`."""
+    found = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for function in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            for node in ast.walk(function):
+                targets = (node.targets if isinstance(node, ast.Assign) else
+                           [node.target] if isinstance(node, ast.AugAssign) else [])
+                for target in targets:
+                    for item in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                        sets_length = isinstance(item, ast.Attribute) and item.attr == "length"
+                        if sets_length and module != "labsupport.engine.kv_cache" and function.name != "__init__":
+                            found.append(f"{module}:{node.lineno} in {function.name}")
+                if isinstance(node, ast.Attribute) and node.attr == "advance":
+                    found.append(f"{module}:{node.lineno} calls advance")
+    assert not found, "a cache's length moved outside kv_cache.py: " + "; ".join(found)

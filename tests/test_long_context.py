@@ -9,12 +9,11 @@ from labsupport.lab.decode_bytes import (cache_bytes_per_token, crossover_contex
                                          step_bytes)
 from labsupport.errors import LabError
 from labsupport.engine.kv_cache import StaticKVCache, kv_cache_bytes
-from labsupport.engine.window import attention_window
 from labsupport.lab.long_context import (decode_attention_share, filled_cache, generation_agreement,
                                          kv_precision_quality, random_weights_model, time_cache_kinds,
                                          time_kv_variants, window_perplexity)
 from labsupport.engine.models.config import PRESETS
-from labsupport.engine.models.masks import causal_mask, sliding_window
+from labsupport.engine.models.masks import causal_mask, fixed_decode_mask
 from labsupport.lab.prefill_attention import (fused_attention, naive_attention, naive_attention_bytes,
                                               prefill_attention_sweep)
 
@@ -22,15 +21,15 @@ SMOLLM = PRESETS["smollm2-135m"]
 TOKENS = [(7 * i + 3) % 250 for i in range(60)]
 
 
-# --- the sliding window ---------------------------------------------------------------------
+# --- the sliding window (every path that attends: tests/test_window.py) -----------------------
 
 def test_window_mask_sees_the_last_w_keys_only():
-    mask = sliding_window("causal", torch.arange(0, 5), 5, window=2)[0, 0]          # (T, S)
+    mask = causal_mask(5, 0, None, "cpu", window=2)[0, 0]                              # (T, S)
     expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]])
     assert torch.equal(mask, expected.bool())
-    padded = causal_mask(2, 3, torch.tensor([[False, True, True, True, True]]), "cpu")
-    narrowed = sliding_window(padded, torch.arange(3, 5), 5, window=3)                 # (1, 1, 2, 5)
-    assert narrowed[0, 0].tolist() == [[False, True, True, True, False], [False, False, True, True, True]]
+    padded = causal_mask(2, 3, torch.tensor([[False, True, True, True, True]]), "cpu", window=3)   # (1, 1, 2, 5)
+    assert padded[0, 0].tolist() == [[False, True, True, True, False], [False, False, True, True, True]]
+    assert causal_mask(5, 0, None, "cpu", window=5) == "causal"                    # a window hiding nothing
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
@@ -38,40 +37,50 @@ def test_a_window_at_least_the_context_is_the_plain_path(name):
     from labsupport.weights.fixtures import random_model
     model = random_model(name)
     tokens = torch.tensor([TOKENS])
-    plain = model(tokens)
-    with attention_window(model, len(TOKENS)):
-        windowed = model(tokens)
-    torch.testing.assert_close(windowed, plain, atol=1e-6, rtol=1e-5)
-    assert model.attention_window is None                                          # restored
+    plain = model.logits(model(tokens))
+    windowed = model.with_attention_window(len(TOKENS))
+    torch.testing.assert_close(windowed.logits(windowed(tokens)), plain, atol=1e-6, rtol=1e-5)
+    assert model.config.attention_window is None                                   # the model itself unchanged
 
 
 def test_a_window_changes_the_logits_after_w_positions_only(tiny_llama):
     tokens = torch.tensor([TOKENS])
-    plain = tiny_llama(tokens)
-    with attention_window(tiny_llama, 8):
-        windowed = tiny_llama(tokens)
+    plain = tiny_llama.logits(tiny_llama(tokens))
+    windowed_model = tiny_llama.with_attention_window(8)
+    windowed = windowed_model.logits(windowed_model(tokens))
     torch.testing.assert_close(windowed[:, :8], plain[:, :8], atol=1e-6, rtol=1e-5)
     assert (windowed[:, 8:] - plain[:, 8:]).abs().max() > 1e-4
 
 
 def test_cached_decode_with_a_window_equals_the_windowed_full_pass(tiny_llama):
     tokens = torch.tensor([TOKENS[:20]])
-    with attention_window(tiny_llama, 6), torch.inference_mode():
-        full = tiny_llama(tokens)[:, -1]
-        cache = StaticKVCache.for_model(tiny_llama, 1, 20)
-        tiny_llama(tokens[:, :19], cache=cache)
-        step = tiny_llama(tokens[:, 19:], cache=cache)[:, -1]
-        slot = torch.tensor([19])
+    model = tiny_llama.with_attention_window(6)
+    with torch.inference_mode():
+        full = model.logits(model(tokens), at=-1)
+        cache = StaticKVCache.for_model(model, 1, 20)
+        model(tokens[:, :19], cache=cache)
+        step = model.logits(model(tokens[:, 19:], cache=cache), at=-1)
         cache.truncate(19)
-        static = tiny_llama.decode_static(tokens[:, 19:], slot[None], cache, slot)
+        writer = cache.reserve(1, fixed_shape=True)                                 # the compiled step's writes
+        mask = fixed_decode_mask(20, writer.positions, None, window=6)
+        static = model.logits(model(tokens[:, 19:], torch.tensor([[19]]), writer, mask), at=-1)
     torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(static, full, atol=1e-5, rtol=1e-5)
 
 
-def test_attention_window_refuses_nonsense(tiny_llama):
-    with pytest.raises(LabError, match="window"):
-        with attention_window(tiny_llama, 0):
-            pass
+@pytest.mark.parametrize("window", [0, -3, 2.5, "8", True])
+def test_attention_window_refuses_nonsense(tiny_llama, window):
+    with pytest.raises(LabError, match="attention_window") as error:
+        tiny_llama.with_attention_window(window)
+    assert "\n" not in str(error.value)
+
+
+def test_attention_window_takes_numpy_and_torch_integers(tiny_llama):
+    import numpy as np
+    for window in (np.int64(8), np.int32(8), torch.tensor(8)):
+        windowed = tiny_llama.with_attention_window(window)
+        assert windowed.config.attention_window == 8 and type(windowed.config.attention_window) is int
+    assert tiny_llama.with_attention_window(None).config.attention_window is None
 
 
 # --- decode bytes ------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_int8_cache_returns_finite_keys_at_the_dtypes_largest_number(tiny_llama,
     cache = Int8KVCache(config, 1, 32, dtype=dtype)
     rows = extreme_rows(dtype)[0, 0]                                          # (rows, 8)
     k = rows.repeat(1, config.head_dim // 8)[None, None].expand(1, config.num_kv_heads, -1, -1).contiguous()
-    keys, values = cache.update(0, k, -k)                                     # (1, kv_heads, rows, head_dim)
+    keys, values = cache.write(0, k, -k, start=0)                             # (1, kv_heads, rows, head_dim)
     assert torch.isfinite(keys).all() and torch.isfinite(values).all()
     largest = torch.finfo(dtype).max
     assert keys[0, 0, 0, 0].item() >= 0.99 * largest and values[0, 0, 0, 0].item() <= -0.99 * largest

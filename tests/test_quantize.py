@@ -141,7 +141,7 @@ def test_quantize_and_restore(family, method):
     model = random_model(family)
     tokens = _tokens()
     with torch.inference_mode():
-        before = model(tokens)
+        before = model.logits(model(tokens))
     fp32_bytes = model.weight_bytes()
     handle = quantize_model(model, method, group_size=32)
     assert not any(type(m) is nn.Linear for m in model.modules())
@@ -150,11 +150,11 @@ def test_quantize_and_restore(family, method):
     result = generate(model, tokens[0].tolist(), 12, eos_token_ids=())
     assert result.tokens.shape == (1, 12)
     with torch.inference_mode():
-        quantized = model(tokens)
+        quantized = model.logits(model(tokens))
     assert torch.isfinite(quantized).all() and not torch.equal(quantized, before)
     handle.restore()
     with torch.inference_mode():
-        assert torch.equal(model(tokens), before)
+        assert torch.equal(model.logits(model(tokens)), before)
     assert model.weight_bytes() == fp32_bytes
     with handle:                                                       # apply again, undo on exit
         assert model.weight_bytes() < fp32_bytes
@@ -184,20 +184,20 @@ def test_bitsandbytes_layers_on_the_tiny_model(method):
     model = random_model("tiny-llama")
     tokens = _tokens()
     with torch.inference_mode():
-        before = model(tokens)
+        before = model.logits(model(tokens))
     try:
         handle = quantize_model(model, method)
     except LabError as error:
         pytest.skip(f"bitsandbytes cannot run here: {error}")
     with torch.inference_mode():
-        after = model(tokens)
+        after = model.logits(model(tokens))
     assert torch.isfinite(after).all()
     assert (after - before).abs().max() < 0.5 * before.abs().max()
     assert quantized_bytes(model) < random_model("tiny-llama").weight_bytes() / 2.5
     assert generate(model, tokens[0].tolist(), 8, eos_token_ids=()).tokens.shape == (1, 8)
     handle.restore()
     with torch.inference_mode():
-        assert torch.equal(model(tokens), before)
+        assert torch.equal(model.logits(model(tokens)), before)
 
 
 # --- the linear swap: every format through one function, undone exactly --------------------------
@@ -235,16 +235,16 @@ def test_each_format_goes_through_the_swap_and_back(method):
     model, tokens = random_model("tiny-llama"), _tokens()
     snapshot = _snapshot(model)
     with torch.inference_mode():
-        before = model(tokens)
+        before = model.logits(model(tokens))
     handle = _swapped(method, model)
     assert isinstance(handle, SwapHandle) and len(handle.names) == 9
     assert not any(type(m) is nn.Linear for m in model.modules())
     with torch.inference_mode():
-        assert not torch.equal(model(tokens), before)
+        assert not torch.equal(model.logits(model(tokens)), before)
     handle.restore()
     _assert_same(model, snapshot)
     with torch.inference_mode():
-        assert torch.equal(model(tokens), before)
+        assert torch.equal(model.logits(model(tokens)), before)
     with handle:                                            # the same replacements, applied again
         assert all(model.get_submodule(swap.name) is swap.replacement for swap in handle.swaps)
     _assert_same(model, snapshot)
@@ -255,7 +255,7 @@ def test_a_with_block_restores_even_when_the_forward_pass_raises(method):
     model, tokens = random_model("tiny-llama"), _tokens()
     snapshot = _snapshot(model)
     with torch.inference_mode():
-        before = model(tokens)
+        before = model.logits(model(tokens))
 
     def fail(*_):
         raise RuntimeError("a failure in the middle of the forward pass")
@@ -264,11 +264,11 @@ def test_a_with_block_restores_even_when_the_forward_pass_raises(method):
     with pytest.raises(RuntimeError, match="middle of the forward pass"):
         with swap_linears(model, quantized_replacement(method)):
             with torch.inference_mode():
-                model(tokens)
+                model.logits(model(tokens))
     hook.remove()
     _assert_same(model, snapshot)
     with torch.inference_mode():
-        assert torch.equal(model(tokens), before)
+        assert torch.equal(model.logits(model(tokens)), before)
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2"])
@@ -279,10 +279,10 @@ def test_quantize_model_is_the_swap_with_the_quantized_replacement(family, metho
         warnings.simplefilter("ignore")                    # g16: the reference kernel, with a warning
         with quantize_model(model, method, group_size=group_size) as handle:
             with torch.inference_mode():
-                via_quantize_model = model(tokens)
+                via_quantize_model = model.logits(model(tokens))
         with swap_linears(model, quantized_replacement(method, group_size=group_size)) as swap:
             with torch.inference_mode():
-                via_swap = model(tokens)
+                via_swap = model.logits(model(tokens))
     assert torch.equal(via_quantize_model, via_swap) and handle.names == swap.names
 
 
@@ -329,14 +329,14 @@ def test_the_layout_is_an_argument_of_the_swap_done_in_place_and_undone():
     model, tokens = random_model("tiny-llama"), _tokens()
     snapshot = _snapshot(model)
     with torch.inference_mode():
-        before = model(tokens)
+        before = model.logits(model(tokens))
     with swap_linears(model, layout=lambda w: relayout(w, "column")) as handle:
         assert handle.swaps == [] and len(handle.restored) == 9
         assert model.lm_head.weight is model.embed.weight                     # still tied
         assert model.lm_head.weight.t().is_contiguous() and not model.lm_head.weight.is_contiguous()
         assert all(m is snapshot[0][n] for n, m in model.named_modules())     # no module replaced
         with torch.inference_mode():
-            torch.testing.assert_close(model(tokens), before)
+            torch.testing.assert_close(model.logits(model(tokens)), before)
     _assert_same(model, snapshot)                                              # row-major again
 
 
@@ -381,11 +381,11 @@ def test_embedded_model_survives_quantization(smollm, method, group_size):
     reference_ppl = perplexity(model, tokenizer)
     tokens = tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 6)
     with torch.inference_mode():
-        reference_top1 = model(torch.tensor([tokens])).argmax(-1)
+        reference_top1 = model.logits(model(torch.tensor([tokens]))).argmax(-1)
     with quantize_model(model, method, group_size=group_size or 32) as handle:
         assert handle.kernels == {"fast": len(handle.names)}
         with torch.inference_mode():
-            top1 = model(torch.tensor([tokens])).argmax(-1)
+            top1 = model.logits(model(torch.tensor([tokens]))).argmax(-1)
         assert (top1 == reference_top1).float().mean() > 0.85
         assert perplexity(model, tokenizer) < reference_ppl * 1.15
         # greedy answers can flip on a near-tie (int4 g32 answers the first question with
@@ -393,7 +393,7 @@ def test_embedded_model_survives_quantization(smollm, method, group_size):
         answers = [generate_text(model, tokenizer, question, max_new_tokens=16) for question in QUESTIONS]
         assert sum("Paris" in answer for answer in answers) >= 3, answers
     with torch.inference_mode():
-        assert torch.equal(model(torch.tensor([tokens])).argmax(-1), reference_top1)
+        assert torch.equal(model.logits(model(torch.tensor([tokens]))).argmax(-1), reference_top1)
 
 
 @pytest.mark.slow

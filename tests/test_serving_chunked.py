@@ -40,13 +40,14 @@ def test_budget_prefill_chunks_fills_the_budget_in_order():
 
 def test_chunk_mask_is_causal_after_each_rows_own_context():
     positions = torch.tensor([[2, 2, 3], [5, 6, 7]])          # row 0: one padding query, then 2, 3
-    mask = chunk_mask(positions)
+    mask = chunk_mask(positions, window=None)
     assert mask.shape == (2, 1, 3, 8)
     assert mask[0, 0, 1].tolist() == [True] * 3 + [False] * 5
     assert mask[0, 0, 2].tolist() == [True] * 4 + [False] * 4
     assert mask[1, 0, 0].tolist() == [True] * 6 + [False] * 2
     decode = torch.tensor([[4], [1]])                          # one query each: the decode mask
-    assert torch.equal(chunk_mask(decode), context_mask(decode[:, 0] + 1))
+    assert torch.equal(chunk_mask(decode, window=None), context_mask(decode[:, 0] + 1, window=None))
+    assert torch.equal(chunk_mask(decode, window=2), context_mask(decode[:, 0] + 1, window=2))
 
 
 # --- one ragged forward pass equals the model without a cache ---------------------------
@@ -65,7 +66,7 @@ def test_a_ragged_pass_of_chunks_and_decodes_gives_the_full_models_logits(tiny_m
     runner.forward([seqs[1]], [4])                            # seq 1: a first chunk of its prompt
     logits = runner.forward(seqs, [1, 3, 2])                  # a decode, a middle chunk, a first chunk
     for row, (seq, upto) in enumerate(zip(seqs, (6, 7, 2))):
-        full = model(torch.tensor([seq.tokens[:upto]]))[0, -1]             # no cache at all
+        full = model.logits(model(torch.tensor([seq.tokens[:upto]])), at=-1)[0]             # no cache at all
         torch.testing.assert_close(logits[row], full, rtol=0, atol=1e-10)
     assert [s.num_cached for s in seqs] == [6, 7, 2]
 

@@ -238,13 +238,13 @@ def test_a_block_manager_refuses_a_second_admission_and_names_only_blocks_it_hol
     (0, (1, 2, 3, 16), "int", "v must be float keys or values .* got torch.int64"),
     (0, (1, 2, 3, 16), None, "v must be .* got NoneType"),
 ])
-def test_int8_cache_update_refuses_bad_layers_and_shapes(tiny_llama, layer, k, v, message):
+def test_int8_cache_write_refuses_bad_layers_and_shapes(tiny_llama, layer, k, v, message):
     cache = Int8KVCache.for_model(tiny_llama, 1, 16)
     as_tensor = {None: None, "int": torch.ones(1, 2, 3, 16, dtype=torch.long)}
     k = torch.randn(k)
     v = as_tensor[v] if v in as_tensor else torch.randn(v)
     with pytest.raises(LabError, match=message):
-        cache.update(layer, k, v)
+        cache.write(layer, k, v, start=0)
     assert cache.length == 0 and not cache.keys.any()                    # nothing was written
 
 

@@ -104,11 +104,11 @@ def chi2_statistic(counts: torch.Tensor, probs: torch.Tensor, min_expected: floa
 @torch.inference_mode()
 def exact_first_two(model, prompt, sampling):
     """The exact marginal distributions of the first and the second generated token."""
-    p1 = probabilities(model(torch.tensor([prompt]))[0, -1], sampling)                 # (vocab,)
+    p1 = probabilities(model.logits(model(torch.tensor([prompt])), at=-1)[0], sampling)                 # (vocab,)
     vocab = p1.shape[0]
     both = torch.cat([torch.tensor([prompt]).expand(vocab, -1),
                       torch.arange(vocab).unsqueeze(1)], dim=1)                         # (vocab, T + 1)
-    p2_given_1 = probabilities(model(both)[:, -1], sampling)                            # (vocab, vocab)
+    p2_given_1 = probabilities(model.logits(model(both), at=-1), sampling)              # (vocab, vocab)
     return p1, p1 @ p2_given_1
 
 

@@ -5,7 +5,7 @@ Not in the default run (each compile takes a minute or two on a 2-core CPU): nam
 
 A small model's decode step is partly overhead: Python, the framework's dispatch, one
 kernel launch per operation (notebook 00's profile). `generate(compile=True)` runs the
-step through torch.compile (`generation.compiled_decode`): inductor fuses the elementwise
+step through torch.compile (`engine.compiled.CompiledDecoder`): inductor fuses the elementwise
 work and, on a GPU, replays the whole step as one CUDA graph. For each precision of
 `options.compile_rows` and each batch of `options.compile_batches` this section times
 eager and compiled `generate()` side by side, and reports the warm-up (compile) seconds
@@ -21,7 +21,8 @@ import copy
 import torch
 
 from ..lab.busy import busy_reason
-from ..engine.generation import chat_prompt, generate, inductor_options
+from ..engine.compiled import SHARED, CompiledDecoder
+from ..engine.generation import chat_prompt, generate
 from ..engine.hardware import bf16_supported
 from ..lab.measure import time_side_by_side
 from ..engine.quant import quantize_model
@@ -40,21 +41,23 @@ def _model_for(ctx: BenchContext, row: str):
     return model
 
 
-def compare_compiled(model, prompts: list[list[int]], new_tokens: int, device, repeats: int) -> dict | str:
+def compare_compiled(model, prompts: list[list[int]], new_tokens: int, device, repeats: int,
+                     decoder: CompiledDecoder = SHARED) -> dict | str:
     """Eager and compiled `generate()` of `prompts` timed side by side: decode tokens/s of
     each (all rows), the warm-up seconds, the decode steps that pay the warm-up back, same
-    tokens, the timings and the busy reason. A string (one sentence) where compiling fails.
+    tokens, what the compiled runs ran on (`decode_path`), the timings and the busy reason.
+    A string (one sentence) where compiling fails. decoder: the `CompiledDecoder` to use.
 
     Introduced in notebook 07 (putting it together)."""
     batch = len(prompts)
-    warm = generate(model, prompts, new_tokens, eos_token_ids=(), compile=True)
-    if getattr(model, "_compile_failed", None) is not None:
-        return f"compiling failed here ({model._compile_failed})"
+    warm = generate(model, prompts, new_tokens, eos_token_ids=(), compile=decoder)
+    if warm.decode_path == "eager":
+        return warm.decode_note or "the decode steps were not compiled here."
     out = {}
 
     def run(compiled: bool, key: str):
         def call():
-            out[key] = generate(model, prompts, new_tokens, eos_token_ids=(), compile=compiled)
+            out[key] = generate(model, prompts, new_tokens, eos_token_ids=(), compile=decoder if compiled else False)
         return call
 
     timings = time_side_by_side({"eager": run(False, "eager"), "compiled": run(True, "compiled")},
@@ -62,7 +65,7 @@ def compare_compiled(model, prompts: list[list[int]], new_tokens: int, device, r
     eager_tps, compiled_tps = (out[k].decode_tokens_per_s for k in ("eager", "compiled"))   # all rows
     saved_per_step = batch / eager_tps - batch / compiled_tps          # seconds per decode step
     return {"batch": batch, "eager_decode_tokens_per_s": eager_tps, "compiled_decode_tokens_per_s": compiled_tps,
-            "warmup_s": warm.warmup_seconds,
+            "warmup_s": warm.warmup_seconds, "decode_path": out["compiled"].decode_path,
             "payback_steps": warm.warmup_seconds / saved_per_step if saved_per_step > 0 else float("inf"),
             "same_tokens": torch.equal(out["eager"].tokens, out["compiled"].tokens),
             "timings_s": {k: v.to_dict() for k, v in timings.items()}, "busy": busy_reason(timings)}
@@ -116,8 +119,8 @@ def _inductor_variants(ctx: BenchContext, options: BenchOptions, prompts, figure
     out = []
     for name, inductor in CPU_VARIANTS.items():
         model = _model_for(ctx, "fp32")
-        with inductor_options(inductor):
-            record = compare_compiled(model, prompts, options.compile_new_tokens, ctx.device, options.repeats)
+        record = compare_compiled(model, prompts, options.compile_new_tokens, ctx.device, options.repeats,
+                                  CompiledDecoder(inductor_options=inductor))
         if isinstance(record, str):
             out.append({"variant": name, "skipped": record})
             continue

@@ -66,11 +66,11 @@ def _engines(ctx: BenchContext, options: BenchOptions, ids: list[int]) -> tuple[
     engines[OURS] = (ours(model), model.weight_bytes())
     if options.engines_compile:
         warm = generate(model, ids, new_tokens, eos_token_ids=(), compile=True)
-        if getattr(model, "_compile_failed", None) is None:
+        if warm.decode_path != "eager":
             compile_s[OURS_COMPILED] = warm.warmup_seconds
             engines[OURS_COMPILED] = (ours(model, compiled=True), model.weight_bytes())
         else:
-            absent[OURS_COMPILED] = f"compiling failed here ({model._compile_failed})"
+            absent[OURS_COMPILED] = warm.decode_note
     else:
         absent[OURS_COMPILED] = "switched off (engines_compile=False)"
     int4 = copy.deepcopy(model)

@@ -8,7 +8,7 @@ Introduced in notebook 01 (KV cache).
   once, then one token per step) and must get the uncached loop's tokens and logits;
 * `check_cache_size`: the learner computes the bytes a KV cache needs.
 
-Each compares with the package's reference (`StaticKVCache.update`, `generate_naive`,
+Each compares with the package's reference (`StaticKVCache.write`, `generate_naive`,
 `kv_cache_bytes`) on inputs chosen so that each typical mistake gives a different
 answer, and raises `CheckFailed` with a hint that names the mistake.
 """
@@ -80,14 +80,14 @@ def _shape_hint(got: torch.Tensor, length: int, T: int, max_len: int) -> str:
 
 def _check_one_update(fn, batch, kv_heads, max_len, head_dim, length, T, generator) -> None:
     reference = _one_layer_cache(batch, kv_heads, max_len, head_dim)
-    # earlier tokens are already in the buffers; the rest holds zeros
-    reference.keys[0, :, :, :length] = torch.randn(batch, kv_heads, length, head_dim, generator=generator)
-    reference.values[0, :, :, :length] = torch.randn(batch, kv_heads, length, head_dim, generator=generator)
-    reference.length = length
+    # earlier tokens are already in the buffers (written as one pass of `length`); the rest holds zeros
+    earlier = [torch.randn(batch, kv_heads, length, head_dim, generator=generator) for _ in range(2)]
+    if length:
+        reference.reserve(length).update(0, *earlier)
     key_buffer, value_buffer = reference.keys[0].clone(), reference.values[0].clone()
     new_k = torch.randn(batch, kv_heads, T, head_dim, generator=generator)   # (batch, kv_heads, T, head_dim)
     new_v = torch.randn(batch, kv_heads, T, head_dim, generator=generator)
-    want_k, want_v = reference.update(0, new_k, new_v)                       # (batch, kv_heads, length+T, head_dim)
+    want_k, want_v = reference.reserve(T).update(0, new_k, new_v)            # (batch, kv_heads, length+T, head_dim)
     case = f"(length={length}, T={T}, buffers {tuple(key_buffer.shape)})"
 
     out = call_learner(UPDATE, f"a result {case}",
@@ -139,7 +139,7 @@ def check_cache_update(fn) -> None:
     generator = torch.Generator().manual_seed(1)
     for case in UPDATE_CASES:
         _check_one_update(fn, *case, generator)
-    passed(UPDATE, f"{len(UPDATE_CASES)} cases agree with StaticKVCache.update.")
+    passed(UPDATE, f"{len(UPDATE_CASES)} cases agree with StaticKVCache.write.")
 
 
 # --- exercise 2: the cached greedy loop ---------------------------------------------------------
@@ -173,7 +173,7 @@ def _generation_hint(calls: list[dict], got_ids: list[int], want_ids: list[int])
     step = next((i for i, want in enumerate(want_ids) if i >= len(got_ids) or got_ids[i] != want), 0)
     if step == 0:
         return ("the first new token comes from the prefill's logits at the prompt's last position: "
-                "logits[:, -1] of model(prompt, cache=cache, last_only=True).")
+                "model.logits(model(prompt, cache=cache), at=-1).")
     if any(c["positions"] is not None for c in calls[1:]):
         return ("positions continue from the cache: leave `positions` out (the model counts on from "
                 "cache.length) instead of starting again at 0.")
@@ -192,8 +192,8 @@ def _failure_hint(error: Exception, calls: list[dict]) -> str:
     if "dtype" in str(error) or "device" in str(error):
         return ("create the cache with the model's config, device and dtype: StaticKVCache(model.config, 1, "
                 "max_len, device=model.device, dtype=model.dtype).")
-    return ("prefill: logits = model(prompt (1, T), cache=cache, last_only=True)[:, -1]; each step: "
-            "model(next token (1, 1), cache=cache, last_only=True)[:, -1].")
+    return ("prefill: logits = model.logits(model(prompt (1, T), cache=cache), at=-1); each step: "
+            "model.logits(model(next token (1, 1), cache=cache), at=-1).")
 
 
 def _check_one_generation(fn, model, prompt: list[int], new_tokens: int, name: str) -> None:

@@ -211,7 +211,7 @@ def reference_speculative_step(target, cache, pending: int, drafted: list[int]) 
     Notebook 05 (speculative decoding)."""
     start = cache.length
     fed = torch.tensor([[pending, *drafted]], device=target.device)             # (1, k + 1)
-    choice = target(fed, cache=cache)[0].argmax(dim=-1).tolist()                # k + 1 next-token choices
+    choice = target.logits(target(fed, cache=cache))[0].argmax(dim=-1).tolist()  # k + 1 next-token choices
     n = 0
     while n < len(drafted) and drafted[n] == choice[n]:
         n += 1
@@ -223,7 +223,7 @@ def _run_step(fn, target, prompt, drafted):
     """The learner's step from a cache holding prompt[:-1]: (new tokens, cache length it left - start)."""
     cache = StaticKVCache.for_model(target, 1, len(prompt) + len(drafted) + 2)
     with torch.inference_mode():
-        target(torch.tensor([prompt[:-1]], device=target.device), cache=cache, last_only=True)
+        target(torch.tensor([prompt[:-1]], device=target.device), cache=cache)     # fills the cache
         start = cache.length
         tokens = fn(target, cache, prompt[-1], list(drafted))
     try:
@@ -238,7 +238,7 @@ def _generate(step, target, prompt, new_tokens, propose):
     cache = StaticKVCache.for_model(target, 1, len(prompt) + new_tokens + 16)
     context = list(prompt)
     with torch.inference_mode():
-        target(torch.tensor([prompt[:-1]], device=target.device), cache=cache, last_only=True)
+        target(torch.tensor([prompt[:-1]], device=target.device), cache=cache)     # fills the cache
         while len(context) < len(prompt) + new_tokens:
             context += [int(t) for t in step(target, cache, context[-1], list(propose(context)))]
     return context[len(prompt): len(prompt) + new_tokens]
@@ -249,7 +249,8 @@ def _step_scenarios(target, prompt, greedy):
     g, k = greedy, 4
     wrong = (g[0] + 1) % target.config.vocab_size
     with torch.inference_mode():                     # the target's choice after [pending, wrong]
-        after_wrong = int(target(torch.tensor([prompt + [wrong]], device=target.device))[0, -1].argmax())
+        after_wrong = int(target.logits(target(torch.tensor([prompt + [wrong]], device=target.device)), at=-1)[0]
+                          .argmax())
     return [("all k drafts right", g[:k], g[:k + 1], k + 1),
             ("the first draft wrong", [wrong] + g[1:k], g[:1], 1),
             ("the third draft wrong", g[:2] + [(g[2] + 1) % target.config.vocab_size, g[3]], g[:3], 3),

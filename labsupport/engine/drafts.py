@@ -85,7 +85,7 @@ class ModelDraft(Draft):
         # read the prompt now (like the target's prefill), so that each step's drafting
         # time is the drafting alone: the first proposal then feeds one token, as all others
         if len(prompt) > 1:
-            self.model(torch.tensor([list(prompt[:-1])], device=self.model.device), cache=cache, last_only=True)
+            self.model(torch.tensor([list(prompt[:-1])], device=self.model.device), cache=cache)   # no logits
 
     def _next(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """One token from the last logits (vocab,), and its distribution (None if greedy)."""
@@ -103,7 +103,7 @@ class ModelDraft(Draft):
         # the cache holds context[:length]; feed what it has not seen yet in one pass
         new = torch.tensor([list(context[self.cache.length:])], device=self.model.device)  # (1, T)
         for _ in range(k):
-            logits = self.model(new, cache=self.cache, last_only=True)[0, -1]            # (vocab,)
+            logits = self.model.logits(self.model(new, cache=self.cache), at=-1)[0]      # (vocab,)
             token, p = self._next(logits)
             tokens.append(token)
             probs.append(p)

@@ -17,19 +17,18 @@ that grows quadratically with the length (notebook 01 measures it).
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
-from .padding import left_pad
+from .compiled import SHARED, CompiledDecoder, DecodePath, graphs_compiled, recompiled
+from .padding import PaddedBatch, left_pad
 from ..errors import LabError
 from .hardware import synchronize
 from ..inputs import token_id_set, token_rows, whole_number
 from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
-from .models.masks import padded_key_mask
+from .models.masks import causal_mask, padded_key_mask
 from .sampling import GREEDY, SamplingConfig, sample
 
 StreamCallback = Callable[[torch.Tensor], None]
@@ -46,7 +45,15 @@ class GenerationResult:
     prefill_seconds: float
     decode_seconds: float
     logits: list[torch.Tensor] = field(default_factory=list, repr=False)
-    warmup_seconds: float = 0.0       # compiling and recording the decode step (first use of a shape)
+    # what the decode steps ran on (compiled.DecodePath): "eager", "compiled" or "compiled + CUDA
+    # graphs"; the warm-up (compiling and recording a new shape, before anything is timed, so never
+    # in decode_seconds); the graphs compiled and the CUDA graphs torch skipped in this call; and
+    # why a fast path asked for was not taken (None when it was, or none was asked for)
+    decode_path: str = "eager"
+    warmup_seconds: float = 0.0
+    compiles: int = 0
+    cudagraph_skips: int = 0
+    decode_note: str | None = None
 
     @property
     def total_new_tokens(self) -> int:
@@ -83,18 +90,29 @@ def _check_sampling(sampling) -> SamplingConfig:
     return sampling
 
 
+def _mask(model, T: int, start: int, key_mask):
+    """The mask of T queries after `start` cached keys, hiding `key_mask`'s padding; None (the
+    model's own default: causal, windowed) when there is no padding."""
+    if key_mask is None:
+        return None
+    return causal_mask(T, start, key_mask, key_mask.device, window=model.config.attention_window)
+
+
 @torch.inference_mode()
 def prefill(model, tokens: torch.Tensor, cache, positions=None, key_mask=None) -> torch.Tensor:
     """Run the prompt (batch, T) through the model, filling `cache`; returns the
-    logits of the last position, (batch, vocab). Notebook 01 (KV cache)."""
-    return model(tokens, cache=cache, positions=positions, key_mask=key_mask, last_only=True)[:, -1]
+    logits of the last position, (batch, vocab). key_mask: (batch, T), False on padding.
+    Notebook 01 (KV cache)."""
+    mask = _mask(model, tokens.shape[1], cache.length, key_mask)
+    return model.logits(model(tokens, positions, cache, mask), at=-1)
 
 
 @torch.inference_mode()
 def decode_step(model, cache, next_tokens: torch.Tensor, positions=None, key_mask=None) -> torch.Tensor:
-    """Feed one token per row (batch,) and return the next logits (batch, vocab). Notebook 01 (KV cache)."""
-    return model(next_tokens.unsqueeze(1), cache=cache, positions=positions,
-                 key_mask=key_mask)[:, -1]
+    """Feed one token per row (batch,) and return the next logits (batch, vocab).
+    key_mask: (batch, cache.length + 1), False on padding. Notebook 01 (KV cache)."""
+    mask = _mask(model, 1, cache.length, key_mask)
+    return model.logits(model(next_tokens.unsqueeze(1), positions, cache, mask), at=-1)
 
 
 def _eos_ids(model, eos_token_ids) -> list[int]:
@@ -138,15 +156,45 @@ def compile_by_default(device, max_new_tokens: int) -> bool:
 
     On a GPU a small model's decode step is bound by launching its few hundred kernels, and a
     CUDA graph replays them all in one launch; the warm-up (compile, then record the graph,
-    seconds per batch shape) is reported as `GenerationResult.warmup_seconds`. On a CPU
+    seconds per shape bucket) is reported as `GenerationResult.warmup_seconds`. On a CPU
     compiling pays only for long generations, so it stays off unless asked (notebook 07).
     """
     return torch.device(device).type == "cuda" and max_new_tokens >= AUTO_COMPILE_MIN_TOKENS
 
 
+def _decoder(compile, device, max_new_tokens: int, cache) -> CompiledDecoder | None:
+    """The compiled decoder `generate` uses (None: eager steps), chosen once, before its loop."""
+    if isinstance(compile, CompiledDecoder):
+        decoder = compile
+    elif compile is None:
+        wanted = compile_by_default(device, max_new_tokens) and (cache is None or cache.fixed_shape_writes)
+        decoder = SHARED if wanted else None
+    elif isinstance(compile, bool):
+        decoder = SHARED if compile else None
+    else:
+        raise LabError(f"compile must be True, False, None (compile on a GPU) or a CompiledDecoder, "
+                       f"got {compile!r}.")
+    if decoder is not None and cache is not None and not cache.fixed_shape_writes:
+        raise LabError(f"compile needs a cache with fixed-shape writes (a StaticKVCache), got a "
+                       f"{type(cache).__name__}; pass compile=False or no cache.")
+    return decoder
+
+
+def _with_padding_rows(padded: PaddedBatch, rows: int, pad_id: int) -> PaddedBatch:
+    """`padded` with rows of nothing but padding added up to `rows` (a compiled step's bucket):
+    masked out everywhere, they only keep the shapes fixed."""
+    extra = rows - padded.tokens.shape[0]
+    if extra == 0:
+        return padded
+    tokens = torch.cat([padded.tokens, torch.full_like(padded.tokens[:1], pad_id).expand(extra, -1)])
+    mask = torch.cat([padded.attention_mask, torch.zeros_like(padded.attention_mask[:1]).expand(extra, -1)])
+    positions = torch.cat([padded.positions, torch.zeros_like(padded.positions[:1]).expand(extra, -1)])
+    return PaddedBatch(tokens, mask, positions, padded.lengths + [0] * extra)      # each (rows, T)
+
+
 def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig = GREEDY,
              eos_token_ids: Sequence[int] | None = None, stream: StreamCallback | None = None,
-             return_logits: bool = False, compile: bool | None = None,
+             return_logits: bool = False, compile: bool | CompiledDecoder | None = None,
              cache: KVCache | None = None) -> GenerationResult:
     """Generate with a KV cache: one prefill, then one decode step per token.
 
@@ -154,48 +202,63 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
         lengths (left-padded into one batch; see batching.py, notebook 02).
     eos_token_ids: ids that end a row (default: the model's); pass () to never stop early.
     stream: called with each step's new tokens, (batch,), as soon as they exist.
-    compile: run decode steps through `compiled_decode` (fixed shapes, torch.compile;
-        on CUDA also captured as CUDA graphs). None (default): `compile_by_default`, on a
-        GPU only. Where compiling fails (no compiler, an unsupported GPU), the steps run
-        eagerly after one warning sentence, and that model is not compiled again.
+    compile: run decode steps through a `CompiledDecoder` (compiled.py: fixed shapes rounded
+        up to buckets, torch.compile, on CUDA also CUDA graphs): True uses `compiled.SHARED`,
+        or pass your own decoder. None (default): `compile_by_default`, on a GPU only. The
+        result says what ran (`decode_path`, `warmup_seconds`, `compiles`, `cudagraph_skips`);
+        where compiling fails, the steps run eagerly and `decode_note` (and a warning) says why.
     cache: an empty `KVCache` with one row per prompt and room for the longest prompt plus
-        max_new_tokens (checked); default a new `StaticKVCache` of exactly that size.
+        max_new_tokens (checked); default a new `StaticKVCache` of exactly that size, or the
+        compiled decoder's cache for the shape's bucket.
     """
     device = model.device
     rows = token_rows(prompt, model.config.vocab_size)
     eos_ids = _eos_ids(model, eos_token_ids)
-    padded = left_pad(rows, pad_id=_pad_id(model, eos_ids), device=device)
+    pad_id = _pad_id(model, eos_ids)
+    padded = left_pad(rows, pad_id=pad_id, device=device)
     batch, prompt_length = padded.tokens.shape
     max_new_tokens = require_fits_context(model, prompt_length, max_new_tokens)
     eos = _eos_tensor(eos_ids, device)
     generator = _check_sampling(sampling).generator(device)
+    needed = prompt_length + max_new_tokens
+    if cache is not None:
+        require_fitting_cache(cache, batch, needed, model)
+    decoder = _decoder(compile, device, max_new_tokens, cache)
     if cache is None:
-        cache = StaticKVCache.for_model(model, batch, prompt_length + max_new_tokens)
-    else:
-        require_fitting_cache(cache, batch, prompt_length + max_new_tokens, model)
-    if compile is None:
-        compile = (compile_by_default(device, max_new_tokens) and hasattr(cache, "writer_at")
-                   and getattr(model, "_compile_failed", None) is None)
-    if compile and not hasattr(cache, "writer_at"):
-        raise LabError(f"compile=True needs a cache with fixed-shape writes (a StaticKVCache), "
-                       f"got a {type(cache).__name__}; pass compile=False or no cache.")
-    # Without padding the model's defaults (positions from the cache, no mask) are exact
+        cache = (decoder.cache_for(model, batch, needed) if decoder is not None
+                 else StaticKVCache.for_model(model, batch, needed))
+    path = decoder.warm_up(model, cache) if decoder is not None else DecodePath()     # before any timing
+    padding = padded.is_padded or cache.batch_size > batch
+    padded = _with_padding_rows(padded, cache.batch_size, pad_id)                      # (cache rows, T)
+    # Without padding the model's defaults (positions from the cache, causal mask) are exact
     # and fastest. With padding: a mask over every cache slot, and per-row positions.
-    key_mask = positions = None
-    if padded.is_padded:
-        key_mask = padded_key_mask(padded.attention_mask, cache.max_len)  # (batch, max_len)
-        positions = padded.positions[:, -1:]                              # (batch, 1)
+    key_mask = padded_key_mask(padded.attention_mask, cache.max_len) if padding else None   # (rows, max_len)
+    positions = padded.positions[:, -1:]                                                  # (rows, 1)
+    if path.compiled:                 # the compiled step always takes a mask and positions
+        # contiguous, as in the warm-up: a tensor of other strides is another graph (a recompile)
+        step_mask = key_mask if padding else torch.ones(cache.batch_size, cache.max_len, dtype=torch.bool,
+                                                        device=device)
+
+        def step(tokens, positions):
+            return decoder.step(model, cache, tokens, positions, step_mask)
+    else:
+        def step(tokens, positions):
+            return decode_step(model, cache, tokens, positions=positions if padding else None,
+                               key_mask=key_mask[:, : cache.length + 1] if padding else None)
 
     synchronize(device)
     t0 = time.perf_counter()
-    logits = prefill(model, padded.tokens, cache, positions=padded.positions if padded.is_padded else None,
-                     key_mask=key_mask[:, :prompt_length] if padded.is_padded else None)
+    logits = prefill(model, padded.tokens, cache, positions=padded.positions if padding else None,
+                     key_mask=key_mask[:, :prompt_length] if padding else None)[:batch]
+    graphs_before = graphs_compiled()
     new_tokens, all_logits = [], []
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     counts = torch.zeros(batch, dtype=torch.long, device=device)
-    t1, warmup = None, 0.0
+    fill = torch.full((cache.batch_size - batch,), pad_id, dtype=torch.long, device=device)   # padding rows' input
+    feed = (lambda tokens: torch.cat([tokens, fill])) if len(fill) else (lambda tokens: tokens)
+    t1 = None
     check_every = EOS_CHECK_EVERY.get(device.type, 1) if stream is None else 1     # streaming shows each step
-    for step in range(max_new_tokens):
+    for index in range(max_new_tokens):
         if return_logits:
             all_logits.append(logits.float().cpu())
         next_tokens = _next_tokens(logits, sampling, generator, new_tokens, finished, counts, eos)
@@ -204,107 +267,21 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
         if t1 is None:
             synchronize(device)
             t1 = time.perf_counter()
-        if step == max_new_tokens - 1 or ((step + 1) % check_every == 0 and bool(finished.all())):
+        if index == max_new_tokens - 1 or ((index + 1) % check_every == 0 and bool(finished.all())):
             break
-        if positions is not None:
-            positions = positions + 1
-        step_mask = key_mask[:, : cache.length + 1] if key_mask is not None else None
-        if compile:
-            logits, seconds = _compiled_step_or_none(model, cache, next_tokens, positions, key_mask)
-            warmup += seconds
-            compile = logits is not None
-        if not compile:
-            logits = decode_step(model, cache, next_tokens, positions=positions, key_mask=step_mask)
+        positions = positions + 1
+        logits = step(feed(next_tokens), positions)[:batch]
     synchronize(device)
     t2 = time.perf_counter()
+    if path.compiled and graphs_compiled() > graphs_before:     # never silent: said, and counted
+        path = recompiled(path, graphs_compiled() - graphs_before)
     counts = counts.tolist()
     tokens = torch.stack(new_tokens, dim=1)[:, :max(counts)]         # steps after the last row ended
     return GenerationResult(tokens=tokens, prompt_length=prompt_length,
                             new_token_counts=counts, prefill_seconds=t1 - t0,
-                            decode_seconds=t2 - t1, logits=all_logits[:max(counts)], warmup_seconds=warmup)
-
-
-def _compiled_step_or_none(model, cache, next_tokens, positions, key_mask) -> tuple[torch.Tensor | None, float]:
-    """One compiled decode step and the seconds it spent warming up (0 once this shape is warm);
-    (None, 0) after a warning when compiling fails here, so that `generate` goes on eagerly."""
-    shape = (next_tokens.shape[0], cache.max_len, key_mask is not None)
-    start = time.perf_counter()
-    try:
-        compiled_decode(model)                  # (re)built first: new options warm up again
-        warm = shape in getattr(model, "_compiled_shapes", set())
-        logits = compiled_step(model, cache, next_tokens, positions, key_mask)
-    except Exception as error:                   # noqa: BLE001 - any failure: decode eagerly instead
-        reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
-        model._compile_failed = reason
-        warnings.warn(f"Compiled decoding is not available here ({reason}); decoding without it.", stacklevel=3)
-        return None, 0.0
-    if warm:
-        return logits, 0.0
-    synchronize(logits.device)
-    model._compiled_shapes = getattr(model, "_compiled_shapes", set()) | {shape}
-    return logits, time.perf_counter() - start
-
-
-# Inductor's options for the compiled decode step, per device type (torch._inductor.config names):
-# "freezing" folds the weights into the graph as constants (on a CPU, linear layers then use
-# prepacked oneDNN weights), "cpp_wrapper" calls the step's kernels from generated C++ instead of
-# Python. Empty: inductor's defaults. The compile bench section measures the variants
-# (`inductor_options` switches them for a while).
-INDUCTOR_OPTIONS: dict[str, dict] = {"cpu": {}, "cuda": {}}
-
-
-@contextmanager
-def inductor_options(options: dict):
-    """Compile decode steps made inside the with-block with these inductor `options`.
-    Introduced in notebook 07 (putting it together), for the compile bench section."""
-    device_types = list(INDUCTOR_OPTIONS)
-    saved = {k: INDUCTOR_OPTIONS[k] for k in device_types}
-    INDUCTOR_OPTIONS.update(dict.fromkeys(device_types, dict(options)))
-    try:
-        yield
-    finally:
-        INDUCTOR_OPTIONS.update(saved)
-
-
-def compiled_decode(model):
-    """`model.decode_static` through torch.compile, built once per model (and per set of
-    `INDUCTOR_OPTIONS` for its device).
-
-    On CUDA the mode is "reduce-overhead", which also captures the step as a CUDA
-    graph: one launch replays every kernel of the step, removing the per-kernel
-    launch cost that dominates a small model's decode step on a fast GPU.
-
-    Notebooks 03 and 07 point to it (`generate(..., compile=True)`) for a fast GPU.
-    """
-    options = INDUCTOR_OPTIONS.get(model.device.type, {})
-    key = tuple(sorted(options.items()))
-    if getattr(model, "_compiled_decode", None) is None or getattr(model, "_compiled_key", None) != key:
-        # torch.compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None, ...):
-        # "reduce-overhead" records the step as a CUDA graph (torch 2.13's docs), which replays fixed
-        # device addresses: so the step must see the same tensors every call. decode_static takes the
-        # StaticKVCache's preallocated buffers, a fixed-shape mask (masks.fixed_decode_mask) and the
-        # write slot as a tensor, so nothing changes shape or address between steps; dynamic=False
-        # compiles one graph per batch size. The first calls compile and record (the warm-up); the
-        # logits are cloned out of the graph's output buffer (`compiled_step`) before the next replay.
-        # torch.compile takes mode or options, not both.
-        mode = "reduce-overhead" if model.device.type == "cuda" and not options else None
-        model._compiled_decode = torch.compile(model.decode_static, mode=mode, dynamic=False,
-                                               options=dict(options) or None)
-        model._compiled_key = key
-        model._compiled_shapes = set()                  # a new compile warms up again
-    return model._compiled_decode
-
-
-@torch.inference_mode()
-def compiled_step(model, cache, next_tokens: torch.Tensor, positions=None, key_mask=None) -> torch.Tensor:
-    """One decode step through `compiled_decode`, writing at `cache.length`; returns logits
-    (batch, vocab), copied out of the compiled step's buffers. Introduced in notebook 07."""
-    slot = torch.full((1,), cache.length, dtype=torch.long, device=next_tokens.device)
-    if positions is None:
-        positions = slot.expand(next_tokens.shape[0], 1)                 # (batch, 1)
-    logits = compiled_decode(model)(next_tokens.unsqueeze(1), positions, cache, slot, key_mask)
-    cache.advance(1)
-    return logits.clone()
+                            decode_seconds=t2 - t1, logits=all_logits[:max(counts)],
+                            decode_path=path.path, warmup_seconds=path.warmup_seconds, compiles=path.compiles,
+                            cudagraph_skips=path.cudagraph_skips, decode_note=path.note)
 
 
 @torch.inference_mode()
@@ -334,7 +311,7 @@ def generate_naive(model, prompt, max_new_tokens: int = 32, sampling: SamplingCo
     synchronize(device)
     t0 = time.perf_counter()
     for step in range(max_new_tokens):
-        logits = model(sequence, last_only=True)[:, -1]                 # (batch, vocab)
+        logits = model.logits(model(sequence), at=-1)                   # (batch, vocab)
         if return_logits:
             all_logits.append(logits.float().cpu())
         next_tokens = _next_tokens(logits, sampling, generator, new_tokens, finished, counts, eos)

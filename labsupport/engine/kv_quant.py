@@ -26,8 +26,9 @@ stays finite and within half a scale (plus the rounding to its dtype):
 
 A token whose numbers are all zero gets scale 0 and q = 0.
 
-`Int8KVCache` implements the `kv_cache.KVCache` protocol, so `generate` takes it
-(``cache=Int8KVCache.for_model(...)``). `update` quantizes the new keys and values,
+`Int8KVCache` implements the `kv_cache.KVCache` protocol (without fixed-shape writes: no
+compiled decode), so `generate` takes it (``cache=Int8KVCache.for_model(...)``). A pass's
+writer (`reserve`) quantizes the new keys and values,
 stores them, and returns every position so far dequantized to the model's dtype:
 attention itself still computes in float. That read is an extra pass over the cache,
 so without a kernel that reads int8 inside attention (as serving engines have) the
@@ -128,15 +129,12 @@ class Int8KVCache(FilledLength):
         Notebook 08 (long context)."""
         return cls(model.config, batch_size, max_len, device=model.device, dtype=model.dtype)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Quantize and store one layer's new keys/values at [length, length + T); return
-        every position so far dequantized, each (batch, kv_heads, length + T, head_dim).
-        Notebook 08 (long context)."""
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
+        """Quantize and store one layer's new keys/values at [start, start + T) (reserved by
+        `reserve`, kv_cache.py); return every position so far dequantized, each
+        (batch, kv_heads, start + T, head_dim). Notebook 08 (long context)."""
         self._check_update(layer, k, v)
-        start, end = self.length, self.length + k.shape[2]
-        if end > self.max_len:
-            raise LabError(f"The KV cache holds {self.max_len} positions and this step needs {end}; "
-                           "make the cache longer (max_len) or generate fewer tokens.")
+        end = start + k.shape[2]
         for store, scales, new in ((self.keys, self.key_scales, k), (self.values, self.value_scales, v)):
             q, s = quantize_per_token(new)                              # (B, H, T, D) int8, (B, H, T, 1)
             store[layer, :, :, start:end] = q
@@ -165,6 +163,18 @@ class Int8KVCache(FilledLength):
     def nbytes(self) -> int:
         """Bytes allocated: the int8 keys and values plus their scales."""
         return sum(t.nbytes for t in (self.keys, self.values, self.key_scales, self.value_scales))
+
+    @property
+    def num_layers(self) -> int:
+        return self.keys.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.keys.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.keys.shape[4]
 
     @property
     def dtype(self) -> torch.dtype:

@@ -227,7 +227,7 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
     t_start = time.perf_counter()
     draft.start(prompt, max_len, generator)                     # a model draft reads the prompt here
     if len(prompt) > 1:
-        target(torch.tensor([prompt[:-1]], device=device), cache=cache, last_only=True)
+        target(torch.tensor([prompt[:-1]], device=device), cache=cache)         # fill the cache: no logits
     synchronize(device)
     stats.prefill_seconds = time.perf_counter() - t_start
 
@@ -244,7 +244,7 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
         # 2. one target pass over [pending, d_1..d_k]: k + 1 next-token distributions
         start = cache.length
         fed = torch.tensor([[context[-1], *drafted]], device=device)                 # (1, k + 1)
-        logits = target(fed, cache=cache)[0].float()                                  # (k + 1, vocab)
+        logits = target.logits(target(fed, cache=cache))[0].float()                   # (k + 1, vocab)
         target_probs = None if sampling.greedy else probabilities(logits, sampling)
         target_argmax = logits.argmax(dim=-1)                                         # (k + 1,)
         n, extra, kind = verify(target_probs, target_argmax, drafted,

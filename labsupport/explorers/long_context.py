@@ -7,7 +7,7 @@ weights and cache (`decode_bytes.step_bytes`), and the time that takes at the ba
 this machine's decode steps reached (`predicted_step_seconds`). Where the setting is one
 the embedded model can run (its own kv-heads, a float or an int8 cache) and the cache fits
 the memory offered, it also times one decode step on a cache of random values
-(`long_context.filled_cache`); every measured point is kept and drawn beside the curve.
+(`step_timing.filled_cache`); every measured point is kept and drawn beside the curve.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..lab.decode_bytes import KV_PRECISIONS, decode_weight_bytes, predicted_step_seconds, step_bytes
 from ..engine.hardware import dtype_name
-from ..lab.long_context import decode_step_runner, filled_cache
+from ..lab.step_timing import filled_cache, step_runner
 from ..lab.measure import time_fn
 from ..plots.long_context import step_split_figure, time_per_token_curve_figure
 from ..lab.workloads import long_context_workload
@@ -39,7 +39,7 @@ class MeasuredSteps:
         key = (context, batch, kind)
         if key not in self.seconds:
             cache = filled_cache(self.model, batch, context, kind)
-            step = decode_step_runner(self.model, cache)
+            step = step_runner(self.model, cache)
             self.seconds[key] = time_fn(step, self.model.device, warmup=1, repeats=self.repeats).median
         return self.seconds[key]
 

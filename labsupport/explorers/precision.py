@@ -117,7 +117,7 @@ class PrecisionLab:
             tokens = torch.tensor([self.long_prompt[: self.workload.agreement_tokens]], device=self.device)
             if self._reference_logits is None:
                 with torch.inference_mode():
-                    self._reference_logits = self.reference(tokens).float()
+                    self._reference_logits = self.reference.logits(self.reference(tokens)).float()
             self.agreements[name] = logit_differences(self._reference_logits, self.model(name), tokens)
         return self.agreements[name]
 

@@ -8,7 +8,8 @@ it quickly takes minutes. To see the whole curve anyway, we time single steps:
 * without a cache, the step that produces token p + 1 re-runs the model over
   the whole sequence so far (prompt + p tokens);
 * with a cache, the same step is one `decode_step` on one token, attending to a
-  cache that already holds the prompt and the p - 1 tokens before it.
+  cache that already holds as many positions as the prompt and the p - 1 tokens before
+  it (`step_timing.filled_cache`, rolled back after each timed call).
 
 Summing the per-step times over positions 0 .. n - 1 (`estimated_total_seconds`)
 estimates the total time of an n-token run without running it. The notebook and
@@ -24,9 +25,9 @@ import torch
 
 from ..errors import LabError
 
-from ..engine.generation import decode_step
-from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
+from ..engine.kv_cache import kv_cache_bytes
 from .measure import time_side_by_side
+from .step_timing import filled_cache, step_runner
 from ..engine.models.config import ModelConfig
 
 MODES = {True: "cached_s", False: "naive_s"}      # use_cache -> column name of its time
@@ -41,26 +42,17 @@ def _dummy_tokens(model, length: int, seed: int = 0) -> torch.Tensor:
 
 
 def _naive_step(model, sequence: torch.Tensor):
-    """One step of the uncached loop: the whole sequence through the model."""
+    """One step of the uncached loop: the whole sequence through the model, the last logits."""
     def run():
         with torch.inference_mode():
-            return model(sequence, last_only=True)
+            return model.logits(model(sequence), at=-1)
     return run
 
 
 def _cached_step(model, sequence: torch.Tensor):
-    """One decode step with a cache that already holds all but the last token of `sequence`."""
-    length = sequence.shape[1]
-    cache = StaticKVCache(model.config, 1, length, device=model.device, dtype=model.dtype)
-    with torch.inference_mode():
-        if length > 1:
-            model(sequence[:, :-1], cache=cache, last_only=True)    # fill the cache once, untimed
-    filled = cache.length
-
-    def run():
-        cache.truncate(filled)                                      # forget the token fed last time
-        return decode_step(model, cache, sequence[:, -1])           # (1,) -> logits (1, vocab)
-    return run
+    """One decode step with a cache that already holds as many positions as all but the last
+    token of `sequence` (`step_timing`: what they hold does not change the time)."""
+    return step_runner(model, filled_cache(model, 1, sequence.shape[1] - 1))
 
 
 def time_per_token_by_position(model, positions: Iterable[int], prompt_len: int = 16,

@@ -4,12 +4,14 @@ and the sliding window's effect on quality.
 Introduced in notebook 08 (long context).
 
 The decode measurements never run a long prompt through the model: a cache is filled with
-random keys and values (`filled_cache`) and one decode step is timed on top of it. What the
+random keys and values (`step_timing.filled_cache`) and one decode step is timed on top of it
+and rolled back (`step_timing.step_runner`). What the
 numbers are does not change the time a step takes, and filling 16 rows x 2048 positions
 by a real prefill would take minutes on a CPU. The quality measurements use the real model
 and the evaluation text (`quality.eval_tokens`), in one forward pass each.
 
-Sliding-window attention (`attention_window`) is a mask, not a smaller cache: the cache keeps
+Sliding-window attention (`Transformer.with_attention_window`: the model's
+`config.attention_window`) is a mask, not a smaller cache: the cache keeps
 every position and each query sees only the last W of them. That keeps the `KVCache`
 protocol, the positions (RoPE) and every other notebook's code unchanged, and with W at least
 the context it is exactly the plain path. A serving engine would also free what the window
@@ -28,16 +30,14 @@ import torch.nn.functional as F
 from ..errors import LabError
 from ..inputs import whole_number
 from ..engine.hardware import as_dtype
-from ..engine.generation import decode_step, generate
+from ..engine.generation import generate
 from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
 from ..engine.kv_quant import Int8KVCache
 from .measure import time_side_by_side
 from ..engine.models.config import ModelConfig
 from ..weights.fixtures import random_model
 from ..engine.models.transformer import Transformer
-from ..engine.window import attention_window
-
-CACHE_KINDS = ("float", "int8")       # a StaticKVCache in the model's dtype, or an Int8KVCache
+from .step_timing import CACHE_KINDS, filled_cache, step_runner
 
 
 # --- building blocks ------------------------------------------------------------------------
@@ -47,43 +47,6 @@ def random_weights_model(config: ModelConfig, device="cpu", dtype: torch.dtype =
     """A `Transformer` of any config with seeded random weights (std 0.02, norms at 1): for
     timing and bytes only, never for text. Introduced in notebook 08 (long context)."""
     return random_model(config, seed=seed, device=device, dtype=dtype, layout=False)
-
-
-def filled_cache(model, batch: int, context: int, kind: str = "float", seed: int = 0):
-    """A cache of `model` holding `context` positions of random keys and values per row, with
-    room for one more (the decode step to time). kind: "float" (a `StaticKVCache` in the
-    model's dtype) or "int8" (an `Int8KVCache`). Introduced in notebook 08 (long context)."""
-    if kind not in CACHE_KINDS:
-        raise LabError(f"Unknown cache kind {kind!r}; choose one of {CACHE_KINDS}.")
-    if context < 1 or context + 1 > model.config.max_position:
-        raise LabError(f"A context of {context} does not fit the model's {model.config.max_position} positions.")
-    cache_class = StaticKVCache if kind == "float" else Int8KVCache
-    cache = cache_class.for_model(model, batch, context + 1)
-    generator = torch.Generator(device=cache.device).manual_seed(seed)
-    if kind == "float":
-        cache.keys.normal_(generator=generator)
-        cache.values.normal_(generator=generator)
-    else:
-        for store in (cache.keys, cache.values):
-            store.random_(-127, 128, generator=generator)
-        cache.key_scales.fill_(0.01)
-        cache.value_scales.fill_(0.01)
-    cache.length = context
-    return cache
-
-
-def decode_step_runner(model, cache):
-    """A function that runs one decode step of random tokens (one per row) on `cache` and
-    rolls the cache back, so that it can be timed again and again. Notebook 08 (long context)."""
-    tokens = torch.randint(0, model.config.vocab_size, (cache.batch_size,), device=model.device)  # (batch,)
-
-    def run():
-        filled = cache.length
-        with torch.inference_mode():
-            logits = decode_step(model, cache, tokens)                  # (batch,) -> (batch, vocab)
-        cache.truncate(filled)
-        return logits
-    return run
 
 
 def _attention_only(model, cache, batch: int):
@@ -117,7 +80,7 @@ def decode_attention_share(model, contexts: Sequence[int], batches: Sequence[int
     for batch in sorted(set(batches)):
         for context in sorted(set(contexts)):
             cache = filled_cache(model, batch, context)
-            steps = {"step_s": decode_step_runner(model, cache),
+            steps = {"step_s": step_runner(model, cache),
                      "attention_s": _attention_only(model, cache, batch)}
             timings = time_side_by_side(steps, model.device, warmup=1, repeats=repeats)
             rows.append({"batch": batch, "context": context, "step_s": timings["step_s"].median,
@@ -144,7 +107,7 @@ def time_kv_variants(variants: dict[str, ModelConfig], context: int, batch: int 
     caches = {name: filled_cache(model, batch, context) for name, model in models.items()}
     steps = {}
     for name, model in models.items():
-        steps[f"{name} step"] = decode_step_runner(model, caches[name])
+        steps[f"{name} step"] = step_runner(model, caches[name])
         steps[f"{name} attention"] = _attention_only(model, caches[name], batch)
     timings = time_side_by_side(steps, device, warmup=1, repeats=repeats)
     return [{"variant": name, "kv_heads": config.num_kv_heads,
@@ -161,7 +124,7 @@ def time_cache_kinds(model, context: int, batch: int = 1, repeats: int = 3) -> d
     Introduced in notebook 08 (long context). Returns {"context", "batch", "float_s",
     "int8_s", "float_bytes", "int8_bytes" (allocated), "timings"}."""
     caches = {kind: filled_cache(model, batch, context, kind) for kind in CACHE_KINDS}
-    steps = {f"{kind}_s": decode_step_runner(model, cache) for kind, cache in caches.items()}
+    steps = {f"{kind}_s": step_runner(model, cache) for kind, cache in caches.items()}
     timings = time_side_by_side(steps, model.device, warmup=1, repeats=repeats)
     return {"context": context, "batch": batch, **{name: t.median for name, t in timings.items()},
             "float_bytes": caches["float"].nbytes, "int8_bytes": caches["int8"].nbytes,
@@ -180,7 +143,7 @@ def _logits(model, tokens: Sequence[int], cache_kind: str | None = None) -> torc
     if cache_kind is not None:
         cache_class = StaticKVCache if cache_kind == "float" else Int8KVCache
         cache = cache_class.for_model(model, 1, ids.shape[1])
-    return model(ids, cache=cache)[0].float()                                   # (T, vocab)
+    return model.logits(model(ids, cache=cache))[0].float()                     # (T, vocab)
 
 
 def _perplexity(logits: torch.Tensor, tokens: Sequence[int]) -> float:
@@ -253,8 +216,7 @@ def window_perplexity(model, tokens: Sequence[int], windows: Sequence[int | None
     computed) and full_cache_bytes."""
     rows = []
     for window in windows:
-        with attention_window(model, window):
-            perplexity = _perplexity(_logits(model, tokens), tokens)
+        perplexity = _perplexity(_logits(model.with_attention_window(window), tokens), tokens)
         rows.append({"window": window, "perplexity": perplexity,
                      "cache_bytes": window_cache_bytes(model.config, len(tokens), window, dtype=model.dtype),
                      "full_cache_bytes": kv_cache_bytes(model.config, len(tokens), 1, model.dtype)})

@@ -74,8 +74,9 @@ def _agreement(ref: torch.Tensor, out: torch.Tensor) -> dict:
 def logit_agreement(reference, other, tokens: torch.Tensor) -> dict:
     """How far `other`'s logits are from `reference`'s on the same tokens (batch, T):
     max and mean absolute difference, and how often the top-1 token agrees. Notebook 03 (mixed precision)."""
-    ref = reference(tokens).float()
-    out = other(tokens.to(other.device)).float().to(ref.device)
+    ref = reference.logits(reference(tokens)).float()
+    other_tokens = tokens.to(other.device)
+    out = other.logits(other(other_tokens)).float().to(ref.device)
     return _agreement(ref, out)
 
 
@@ -84,7 +85,8 @@ def logit_differences(reference_logits: torch.Tensor, other, tokens: torch.Tenso
     """`logit_agreement` against logits already computed (batch, T, vocab), plus every
     |difference| as a NumPy array (for a histogram). Introduced in notebook 03 (mixed precision)."""
     ref = reference_logits.float()
-    out = other(tokens.to(other.device)).float().to(ref.device)
+    other_tokens = tokens.to(other.device)
+    out = other.logits(other(other_tokens)).float().to(ref.device)
     return {**_agreement(ref, out), "abs_diff": (ref - out).abs().flatten().cpu().numpy()}
 
 
@@ -95,7 +97,7 @@ def autocast_logits(model, tokens: torch.Tensor, dtype) -> torch.Tensor:
     which stores the weights themselves in `dtype` (half the memory, and the only one
     of the two that halves the bytes a decode step reads). Notebook 03 (mixed precision)."""
     with torch.autocast(device_type=model.device.type, dtype=as_dtype(dtype)):
-        return model(tokens).float()
+        return model.logits(model(tokens)).float()
 
 
 def overflow_demo(values=(100.0, 255.0, 256.0, 300.0)) -> list[dict]:

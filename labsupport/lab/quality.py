@@ -67,7 +67,7 @@ def eval_tokens(tokenizer, text: str | None = None, max_tokens: int = 512) -> li
 def _score(model, ids) -> tuple[float, torch.Tensor]:
     """Mean next-token negative log-likelihood over `ids`, and the argmax predictions (T,)."""
     tokens = torch.as_tensor(ids, dtype=torch.long, device=model.device).reshape(1, -1)   # (1, T)
-    logits = model(tokens)[0].float()                                                    # (T, vocab)
+    logits = model.logits(model(tokens))[0].float()                                      # (T, vocab)
     nll = F.cross_entropy(logits[:-1], tokens[0, 1:])
     return nll.item(), logits.argmax(-1)
 

@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import LabError
-from ..engine.generation import decode_step, prefill
 from ..engine.hardware import as_dtype, bf16_supported, dtype_name, pick_device
-from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
+from ..engine.kv_cache import kv_cache_bytes
 from .measure import Timing, time_fn
 from .roofs import HardwareProfile
+from .step_timing import filled_cache, step_runner
 from ..engine.models.config import ModelConfig
 from .tables import records_table
 
@@ -207,40 +207,16 @@ def ridge_context(profile: HardwareProfile, config: ModelConfig, dtype=torch.flo
 # --------------------------------------------------------------------------
 
 
-def filled_cache(model, batch: int, context: int) -> StaticKVCache:
-    """A KV cache with `context` positions filled for `batch` rows (room for one more).
-
-    Introduced in notebook 00 (where the time goes). Prefill runs once, on one
-    row, and its keys and values are copied to every row: the timing of a decode
-    step does not depend on what the cache holds, and prefilling 48 rows would
-    cost more than all the decode steps we time.
-    """
-    cache = StaticKVCache(model.config, batch, context + 1, device=model.device, dtype=model.dtype)
-    if context > 0:
-        one_row = StaticKVCache(model.config, 1, context + 1, device=model.device, dtype=model.dtype)
-        prompt = torch.zeros(1, context, dtype=torch.long, device=model.device)   # (1, context)
-        prefill(model, prompt, one_row)
-        cache.keys[:, :, :, :context] = one_row.keys[:, :, :, :context]       # broadcast over batch
-        cache.values[:, :, :, :context] = one_row.values[:, :, :, :context]
-        cache.advance(context)
-    return cache
-
-
 def time_decode_step(model, batch: int, context: int = 64, repeats: int = 3, warmup: int = 1) -> Timing:
     """The `measure.Timing` of one decode step at `batch` rows after `context` cached tokens
     (its `.median` in seconds, its `.spread` for `busy.busy_reason`).
 
-    Introduced in notebook 00 (where the time goes). Every timed call decodes
-    one token and then rolls the cache back (`truncate`), so all calls do the same work.
+    Introduced in notebook 00 (where the time goes). The cache holds random keys and values
+    (`step_timing.filled_cache`: what they are does not change the time), and every timed call
+    decodes one token and then rolls the cache back, so all calls do the same work.
     """
-    cache = filled_cache(model, batch, context)
-    next_tokens = torch.zeros(batch, dtype=torch.long, device=model.device)    # (batch,)
-
-    def one_step():
-        decode_step(model, cache, next_tokens)
-        cache.truncate(context)
-
-    return time_fn(one_step, model.device, warmup=warmup, repeats=repeats)
+    run = step_runner(model, filled_cache(model, batch, context))
+    return time_fn(run, model.device, warmup=warmup, repeats=repeats)
 
 
 def time_linear(out_features: int, in_features: int, batch: int, dtype=torch.float32,

@@ -171,7 +171,7 @@ def build_stages(model, requests, slots: int = 8, draft_k: int = 4,
 
 def _count_weight_passes(stages, variants: ModelVariants):
     """Count, per stage, the forward passes of its model (each reads every weight once): a
-    hook on each served model's output layer, which every pass ends with. Returns
+    forward hook on each served model, the one entrance of every pass. Returns
     (passes: {stage: count}, set_current(stage name), remove())."""
     passes, current, handles = {}, [None], []
     served = {id(m): m for m in (variants.get(*s.variant) for s in stages if s.variant is not None)}
@@ -179,7 +179,7 @@ def _count_weight_passes(stages, variants: ModelVariants):
     def count(*_):
         passes[current[0]] = passes.get(current[0], 0) + 1
     for m in served.values():
-        handles.append(m.lm_head.register_forward_hook(count))
+        handles.append(m.register_forward_hook(count))
     return passes, lambda name: current.__setitem__(0, name), lambda: [h.remove() for h in handles]
 
 

@@ -32,10 +32,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..errors import LabError
-from ..engine.generation import compiled_step, decode_step
+from ..engine.compiled import SHARED
 from ..engine.hardware import synchronize
 from .measure import time_fn
-from .roofline import filled_cache
+from .step_timing import filled_cache, greedy_step, step_runner
 
 KINDS = ("matmuls", "attention", "norms and elementwise", "sampling", "framework and Python")
 
@@ -70,20 +70,20 @@ def kind_of(op_name: str) -> str:
     return "norms and elementwise"
 
 
-def _greedy_step(model, cache, next_tokens):
-    """One decode step and the greedy pick of the next token: what a generation loop does per token."""
-    logits = decode_step(model, cache, next_tokens)                      # (batch, vocab)
-    return logits.argmax(dim=-1)                                         # (batch,)
-
-
 def compiled_greedy_step(model, cache, next_tokens):
-    """The same step through torch.compile (`generation.compiled_decode`, what
+    """The same step through torch.compile (`compiled.SHARED`, the decoder
     `generate(compile=True)` runs), and the greedy pick. Introduced in notebook 00 (where
-    the time goes). Inductor fuses the norms and elementwise operators into a few
-    generated kernels, which the profiler records inside the compiled region, not as
-    separate operators: they count as "norms and elementwise"; its matmuls still appear
-    as matmul operators."""
-    return compiled_step(model, cache, next_tokens).argmax(dim=-1)      # (batch,)
+    the time goes). The first call compiles (and on a GPU records the CUDA graph): the warm-up,
+    untimed. Inductor fuses the norms and elementwise operators into a few generated kernels,
+    which the profiler records inside the compiled region, not as separate operators: they
+    count as "norms and elementwise"; its matmuls still appear as matmul operators."""
+    path = SHARED.warm_up(model, cache)
+    if not path.compiled:
+        raise LabError(path.note.replace("decoding without it", "so its step cannot be profiled"))
+    rows = cache.batch_size
+    positions = torch.full((rows, 1), cache.length, dtype=torch.long, device=cache.device)    # (rows, 1)
+    key_mask = torch.ones(rows, cache.max_len, dtype=torch.bool, device=cache.device)        # every slot real
+    return SHARED.step(model, cache, next_tokens, positions, key_mask).argmax(dim=-1)        # (rows,)
 
 
 @contextmanager
@@ -117,14 +117,7 @@ def profile_decode_step(model, batch: int = 1, context: int = 64, steps: int = 5
     """
     if not isinstance(batch, int) or batch < 1 or not isinstance(steps, int) or steps < 1:
         raise LabError(f"profile_decode_step takes whole numbers batch >= 1 and steps >= 1, got {batch} and {steps}.")
-    step_fn = step_fn or _greedy_step
-    cache = filled_cache(model, batch, context)
-    next_tokens = torch.zeros(batch, dtype=torch.long, device=model.device)      # (batch,)
-
-    def one_step():
-        step_fn(model, cache, next_tokens)
-        cache.truncate(context)
-
+    one_step = step_runner(model, filled_cache(model, batch, context), step_fn or greedy_step)
     step_seconds = time_fn(one_step, model.device, warmup=2, repeats=max(steps, 3)).median
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if model.device.type == "cuda" else [])
     with _native_stderr_silenced(), profile(activities=activities) as prof:

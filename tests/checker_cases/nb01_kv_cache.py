@@ -69,7 +69,7 @@ def cached_loop(model, prompt_ids, new_tokens, max_len=None, dtype=None, first=-
     cache = ls.StaticKVCache(model.config, 1, max_len or len(prompt_ids) + new_tokens, device=model.device,
                              dtype=dtype or model.dtype)
     sequence = torch.tensor([prompt_ids], device=model.device)                  # (1, T)
-    logits = model(sequence, cache=cache)[:, first]                            # (1, vocab)
+    logits = model.logits(model(sequence, cache=cache), at=first)              # (1, vocab)
     new_ids, step_logits = [], []
     for step in range(new_tokens):
         next_token = logits.argmax(dim=-1, keepdim=True)                        # (1, 1)
@@ -79,7 +79,7 @@ def cached_loop(model, prompt_ids, new_tokens, max_len=None, dtype=None, first=-
         if step < new_tokens - 1:
             fed = sequence if feed_all else next_token
             kwargs = {} if positions is None else {"positions": positions(cache, fed)}
-            logits = model(fed, cache=cache, last_only=True, **kwargs)[:, -1]
+            logits = model.logits(model(fed, cache=cache, **kwargs), at=-1)
     return new_ids, torch.cat(step_logits)
 
 
@@ -87,7 +87,7 @@ def without_cache(model, prompt_ids, new_tokens):
     sequence = torch.tensor([prompt_ids], device=model.device)
     new_ids, step_logits = [], []
     for _ in range(new_tokens):
-        logits = model(sequence, last_only=True)[:, -1]
+        logits = model.logits(model(sequence), at=-1)
         next_token = logits.argmax(dim=-1, keepdim=True)
         sequence = torch.cat([sequence, next_token], dim=1)
         new_ids.append(int(next_token))
@@ -98,14 +98,14 @@ def without_cache(model, prompt_ids, new_tokens):
 def prompt_one_token_at_a_time(model, prompt_ids, new_tokens):
     cache = ls.StaticKVCache.for_model(model, 1, len(prompt_ids) + new_tokens)
     for token in prompt_ids:
-        logits = model(torch.tensor([[token]], device=model.device), cache=cache)[:, -1]
+        logits = model.logits(model(torch.tensor([[token]], device=model.device), cache=cache), at=-1)
     new_ids, step_logits = [], []
     for step in range(new_tokens):
         next_token = logits.argmax(dim=-1, keepdim=True)
         new_ids.append(int(next_token))
         step_logits.append(logits)
         if step < new_tokens - 1:
-            logits = model(next_token, cache=cache)[:, -1]
+            logits = model.logits(model(next_token, cache=cache), at=-1)
     return new_ids, torch.cat(step_logits)
 
 

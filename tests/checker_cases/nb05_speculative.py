@@ -54,7 +54,7 @@ def unlimited(a, k):                   # forgets that only k tokens are drafted
 
 def _choices(target, cache, pending, drafted):
     fed = torch.tensor([[pending, *drafted]])                         # (1, k + 1)
-    return target(fed, cache=cache)[0].argmax(-1).tolist()
+    return target.logits(target(fed, cache=cache))[0].argmax(-1).tolist()
 
 
 def _prefix(drafted, choice):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from ...errors import LabError, ModelUnavailable
+from ...inputs import whole_number
 
 FAMILIES = ("llama", "gpt2")
 
@@ -45,6 +46,9 @@ class ModelConfig:
     attention_bias: bool = False             # biases on the q, k, v and output projections
     mlp_bias: bool = False                   # biases on the gate, up and down projections
     explicit_head_dim: int | None = None     # a head size other than hidden_size / num_heads
+    # Sliding-window attention (notebook 08, long context): None = every earlier key; W = each
+    # query sees at most the last W keys, on every path that attends (`masks.py` applies it).
+    attention_window: int | None = None
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -66,6 +70,9 @@ class ModelConfig:
             raise LabError("attention_bias, mlp_bias and explicit_head_dim are Llama-family options (GPT-2 always "
                            "has biases and hidden_size / num_heads per head): leave them at their defaults.")
         object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        if self.attention_window is not None:           # NumPy and torch integers too, as an int
+            object.__setattr__(self, "attention_window", whole_number(
+                self.attention_window, "attention_window (the keys each query sees, or None for all)"))
 
     @property
     def head_dim(self) -> int:

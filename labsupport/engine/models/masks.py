@@ -1,13 +1,14 @@
 """Attention masks: which keys each query may attend to, built in one place.
 
 Introduced in notebook 01 (KV cache); padding joins in notebook 02 (batching), the
-paged decode in notebook 06 (continuous batching).
+paged decode in notebook 06 (continuous batching), the sliding window in notebook 08
+(long context).
 
 A mask is True where a query may see a key. `scaled_dot_product_attention` takes
 it as a boolean tensor broadcast to (batch, heads, queries, keys), or no tensor at
-all when plain causal attention (or none) is exact, which is faster. Four shapes
-of the same rule, "a query sees the keys at or before its own position, and never
-a padding key":
+all when plain causal attention (or none) is exact, which is faster. One rule in
+several layouts, "a query sees the keys at or before its own position, never a
+padding key, and (with a window W) none more than W - 1 positions back":
 
 * `causal_mask`: T new queries after `start` cached keys, with optional left padding;
 * `padded_key_mask`: which slots of a preallocated cache hold real tokens;
@@ -19,7 +20,10 @@ a padding key":
   and `packed_mask`: chunks of different lengths packed into one row (chunked prefill
   and decodes in one pass, notebook 06).
 
-`sliding_window` narrows any of them to the last W keys (notebook 08, long context).
+Every builder that says which keys a query sees takes `window` (keyword, no default:
+`model.config.attention_window`, None for every earlier key), so that no path can forget
+the sliding window. The window is a mask over the full cache, which still holds every
+position (lab/long_context.py measures what it saves and costs).
 """
 
 from __future__ import annotations
@@ -27,21 +31,33 @@ from __future__ import annotations
 import torch
 
 
-def causal_mask(T: int, start: int, key_mask: torch.Tensor | None, device) -> torch.Tensor | str | None:
-    """Which keys each of T queries at positions [start, start + T) may see: a boolean
+def _in_window(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int | None) -> torch.Tensor:
+    """key position <= query position, and (with a window) > query position - window.
+    Both broadcast against each other; returns their broadcast boolean shape."""
+    seen = key_positions <= query_positions
+    if window is not None:
+        seen = seen & (key_positions > query_positions - window)
+    return seen
+
+
+def causal_mask(T: int, start: int, key_mask: torch.Tensor | None, device, *,
+                window: int | None) -> torch.Tensor | str | None:
+    """Which keys each of T queries at slots [start, start + T) may see: a boolean
     (B or 1, 1, T, start + T) tensor, or "causal" / None when scaled_dot_product_attention
     can do without one. key_mask: (batch, start + T), False on padding keys, or None.
+    window: each query sees at most the last `window` keys (None: all earlier keys).
 
-    Notebook 01 (KV cache); the key mask is notebook 02's (batching).
+    Notebook 01 (KV cache); the key mask is notebook 02's (batching), the window notebook 08's.
     """
-    if key_mask is None:
+    windowed = window is not None and window < start + T       # else the window hides nothing
+    if key_mask is None and not windowed:
         if T == 1:
             return None                      # one new token sees every cached key
         if start == 0:
             return "causal"                  # a fresh prompt: plain causal attention
     query_pos = torch.arange(start, start + T, device=device)
     key_pos = torch.arange(start + T, device=device)
-    mask = (key_pos[None, :] <= query_pos[:, None])[None, None]   # (1, 1, T, S)
+    mask = _in_window(query_pos[:, None], key_pos[None, :], window if windowed else None)[None, None]  # (1, 1, T, S)
     if key_mask is not None:
         # padding keys are hidden; every query still sees itself, so that a padding
         # query has one key to attend to (else its softmax is 0/0 = NaN, and NaN
@@ -64,72 +80,61 @@ def padded_key_mask(prompt_mask: torch.Tensor, max_len: int) -> torch.Tensor:
     return key_mask
 
 
-def fixed_decode_mask(max_len: int, slot: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+def fixed_decode_mask(max_len: int, slot: torch.Tensor, key_mask: torch.Tensor | None, *,
+                      window: int | None) -> torch.Tensor:
     """One decode step over a whole preallocated buffer of `max_len` slots: the query
-    written at `slot` (1,) sees every slot up to its own; slots not written yet are hidden.
-    Returns (1, 1, 1, max_len), or (B, 1, 1, max_len) with key_mask (B, max_len).
+    written at `slot` (1,) sees every slot up to its own (the last `window` of them, with a
+    window); slots not written yet are hidden. Returns (1, 1, 1, max_len), or
+    (B, 1, 1, max_len) with key_mask (B, max_len).
 
     Notebook 01 (KV cache): the fixed shapes let torch.compile and CUDA graphs replay the step.
+    A left-padded row's slots and positions differ by its padding, so distances (the window)
+    are the same in both.
     """
     key_slots = torch.arange(max_len, device=slot.device)
-    mask = (key_slots <= slot)[None, None, None, :]                    # (1, 1, 1, max_len)
+    mask = _in_window(slot, key_slots, window)[None, None, None, :]     # (1, 1, 1, max_len)
     if key_mask is not None:
         mask = mask & key_mask[:, None, None, :]                       # (B, 1, 1, max_len)
     return mask
 
 
-def context_mask(context_lengths: torch.Tensor) -> torch.Tensor:
+def context_mask(context_lengths: torch.Tensor, *, window: int | None) -> torch.Tensor:
     """One decode step over rows whose contexts differ in length: row b sees its first
-    context_lengths[b] keys; the rest pads it to the longest row. context_lengths: (B,).
-    Returns (B, 1, 1, S), S = the longest context.
+    context_lengths[b] keys (the last `window` of them, with a window); the rest pads it
+    to the longest row. context_lengths: (B,). Returns (B, 1, 1, S), S = the longest context.
 
     Notebook 06 (continuous batching).
     """
     key_positions = torch.arange(int(context_lengths.max()), device=context_lengths.device)   # (S,)
-    return (key_positions[None, :] < context_lengths[:, None])[:, None, None, :]             # (B, 1, 1, S)
+    query_positions = context_lengths[:, None] - 1                                           # (B, 1)
+    return _in_window(query_positions, key_positions[None, :], window)[:, None, None, :]     # (B, 1, 1, S)
 
 
-def sliding_window(mask: torch.Tensor | str | None, query_slots: torch.Tensor, num_keys: int,
-                   window: int) -> torch.Tensor:
-    """Narrow `mask` so that each query sees at most the last `window` keys up to its own slot.
-
-    Notebook 08 (long context): sliding-window attention. mask: `causal_mask`'s or
-    `fixed_decode_mask`'s answer (a boolean tensor, "causal" or None); query_slots: (T,) the
-    cache slot of each query; num_keys: S, the keys attended over. Returns a boolean
-    (B or 1, 1, T, S) tensor: key slot s is seen by the query at slot q when
-    q - window < s <= q (and the mask allows it). A query always sees itself.
-    """
-    key_slots = torch.arange(num_keys, device=query_slots.device)                   # (S,)
-    in_window = ((key_slots[None, :] <= query_slots[:, None])
-                 & (key_slots[None, :] > query_slots[:, None] - window))[None, None]   # (1, 1, T, S)
-    return in_window & mask if isinstance(mask, torch.Tensor) else in_window
-
-
-def chunk_mask(query_positions: torch.Tensor) -> torch.Tensor:
+def chunk_mask(query_positions: torch.Tensor, *, window: int | None) -> torch.Tensor:
     """Rows that each bring T new queries after their own cached context, in one pass:
     query t of row b sits at position query_positions[b, t] and sees every key at or
-    before it (its row's cached context, then causally within its chunk). Keys past a row's
-    newest query pad it to the longest row and stay hidden. query_positions: (B, T).
-    Returns (B, 1, T, S), S = the largest position + 1.
+    before it (the last `window` of them, with a window): its row's cached context, then
+    causally within its chunk. Keys past a row's newest query pad it to the longest row and
+    stay hidden. query_positions: (B, T). Returns (B, 1, T, S), S = the largest position + 1.
 
     Notebook 06 (continuous batching): chunked prefill.
     """
     num_keys = int(query_positions.max()) + 1
     key_positions = torch.arange(num_keys, device=query_positions.device)                    # (S,)
-    return (key_positions[None, None, :] <= query_positions[:, :, None])[:, None]           # (B, 1, T, S)
+    return _in_window(query_positions[:, :, None], key_positions[None, None, :], window)[:, None]  # (B, 1, T, S)
 
 
 def packed_mask(query_rows: torch.Tensor, query_positions: torch.Tensor, num_rows: int,
-                keys_per_row: int) -> torch.Tensor:
+                keys_per_row: int, *, window: int | None) -> torch.Tensor:
     """Chunks of different lengths packed into one row of N queries, their keys laid side by
     side (row r's positions 0 .. keys_per_row - 1 at keys r * keys_per_row + ...): a query of
     row query_rows[i] at position query_positions[i] sees the keys of its own row at or before
-    its position, and no other row's. query_rows, query_positions: (N,).
-    Returns (1, 1, N, num_rows * keys_per_row).
+    its position (the last `window` of them, with a window), and no other row's.
+    query_rows, query_positions: (N,). Returns (1, 1, N, num_rows * keys_per_row).
 
     Notebook 06 (continuous batching): chunked prefill without padding.
     """
     keys = torch.arange(num_rows * keys_per_row, device=query_rows.device)                   # (K,)
     same_row = (keys // keys_per_row)[None, :] == query_rows[:, None]                        # (N, K)
-    not_later = (keys % keys_per_row)[None, :] <= query_positions[:, None]                   # (N, K)
-    return (same_row & not_later)[None, None]                                                # (1, 1, N, K)
+    seen = _in_window(query_positions[:, None], (keys % keys_per_row)[None, :], window)     # (N, K)
+    return (same_row & seen)[None, None]                                                     # (1, 1, N, K)

@@ -5,8 +5,10 @@ subject of notebook 01 (KV cache).
 
 Read it top to bottom: embeddings, then `num_layers` pre-norm blocks
 (attention, then MLP, each added back to the residual stream), then a final
-norm and the output projection to vocabulary logits. The two families differ
-only in a few places, each marked with ``if self.family == ...``:
+norm; that is `Transformer.forward`, the one entrance, which returns hidden
+states. `Transformer.logits` is the output projection to vocabulary logits, for
+the positions asked for only. The two families differ only in a few places,
+each marked with ``if self.family == ...``:
 
 =============  ==========================  ==========================
                llama (SmolLM2)             gpt2 (gpt2, distilgpt2)
@@ -30,12 +32,15 @@ two small ones saves per-call overhead in the memory-bound decode step.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..kv_cache import KVCache
 from .config import ModelConfig
-from .masks import causal_mask, fixed_decode_mask, sliding_window
+from .masks import causal_mask
 
 
 class RMSNorm(nn.Module):
@@ -105,13 +110,22 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v)                         # (B, kv_heads, S, D)
         # F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-        # is_causal=False, scale=None, enable_gqa=False), torch 2.13's docs: a boolean attn_mask is
-        # True where a query may attend, broadcast to (B, heads, T, S); is_causal aligns the triangle
-        # to the upper left, so it is passed only for a fresh prompt (S == T, masks.causal_mask);
-        # attn_mask and is_causal together are an error. On CUDA, GQA (enable_gqa) runs only in the
-        # flash and math backends, and flash takes no attn_mask and no fp32: so fp16/bf16 prompts
-        # without padding get flash, and a padded batch or a fixed-shape decode mask the math
-        # backend (exact, slower). On a CPU every case runs (the fused CPU kernel, or math).
+        # is_causal=False, scale=None, enable_gqa=False): a boolean attn_mask is True where a query
+        # may attend, broadcast to (B, heads, T, S); is_causal aligns the triangle to the upper left,
+        # so it is passed only for a fresh prompt (S == T, masks.causal_mask); both together are an
+        # error. enable_gqa lets kv_heads < heads share keys without copying them. Which kernel
+        # runs (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, the can_use_* filters, as of
+        # torch 2.11-2.13): flash takes GQA but no attn_mask (check_for_attn_mask) and only fp16/bf16
+        # on compute capability 8.0+; memory-efficient takes masks and fp32 but no GQA (its
+        # check_batch_size_and_num_heads_dense is instantiated without GQA support; torch's main
+        # branch adds it); cuDNN takes GQA and masks (check_attn_mask_shape) but only fp16/bf16 on
+        # 8.0+, and runs only where torch's priority order (priority_order) tries it before math;
+        # math takes everything, exact but materialising the (T, S) scores. So on a GPU an fp32 GQA
+        # model always runs math; fp16/bf16 prompts without padding get flash (or cuDNN); a padded
+        # batch, a window or a fixed-shape decode mask gets cuDNN where it is tried, else math. On a CPU (sdp_utils_cpp.cpp) the fused kernel takes GQA,
+        # masks, fp32 and bf16 (torch._fused_sdp_choice answers FLASH_ATTENTION for all four on
+        # 2.13). No path repeats the key/value heads by hand: pyproject asks for torch >= 2.5, which
+        # has enable_gqa.
         y = F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=mask if isinstance(mask, torch.Tensor) else None,
@@ -171,13 +185,9 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The course's decoder: tokens (batch, T) -> logits (batch, T, vocab).
-    Notebook 00 (where the time goes)."""
-
-    # Sliding-window attention (notebook 08, long context): None = every earlier key; W = each
-    # query sees at most the last W keys (`window.attention_window` sets it for a block).
-    # The window is a mask over the full cache, which still holds every position: see there why.
-    attention_window: int | None = None
+    """The course's decoder. One entrance: `forward` runs tokens (batch, T) through every
+    layer and returns hidden states (batch, T, hidden); `logits` projects the positions asked
+    for onto the vocabulary. Notebook 00 (where the time goes)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -207,32 +217,53 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
-    def forward(self, tokens: torch.Tensor, cache=None, positions: torch.Tensor | None = None,
-                key_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
-        """Run the model on `tokens` (batch, T), continuing after what `cache` holds.
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache=None,
+                mask: torch.Tensor | str | None = None) -> torch.Tensor:
+        """Run `tokens` (batch, T) through every layer; returns the final-normed hidden states
+        (batch, T, hidden): `logits` turns the positions you need into logits.
 
-        positions: (batch, T) position of each token; by default they continue
-            from the cache (start, start + 1, ...). Left-padded batches pass their own.
-        key_mask: (batch, start + T) booleans, False for padding positions that no
-            query may attend to; None when there is no padding.
-        last_only: compute logits for the last position only (all that sampling needs).
-        Returns logits (batch, T or 1, vocab); the cache, if any, has advanced by T.
+        cache: a `KVCache` (kv_cache.py): the pass reserves the T positions after what it holds
+            (`cache.reserve(T)`, which moves its length on: the only place a length moves), and
+            attends to everything cached; or a `KVWriter` a caller has placed itself (the serving
+            engine's paged view, a fixed-shape writer), with `positions` and `mask` given; or None.
+        positions: (batch, T) each token's position; default start, start + 1, ..., where start
+            is what the cache held. Left-padded rows pass their own.
+        mask: which keys each query sees (build it with masks.py, with the model's
+            `config.attention_window`); default: causal after what the cache holds, windowed.
         """
         batch, T = tokens.shape
-        start = cache.length if cache is not None else 0
+        start, writer = 0, cache
+        if isinstance(cache, KVCache):
+            start = cache.length
+            writer = cache.reserve(T)                       # positions [start, start + T) are this pass's
         if positions is None:
             positions = torch.arange(start, start + T, device=tokens.device).expand(batch, T)
-        mask = causal_mask(T, start, key_mask, tokens.device)
-        if self.attention_window is not None:
-            mask = sliding_window(mask, torch.arange(start, start + T, device=tokens.device), start + T,
-                                  self.attention_window)                        # (B or 1, 1, T, start + T)
-        logits = self.run_layers(tokens, positions, cache, mask, last_only)
-        if cache is not None:
-            cache.advance(T)
-        return logits
+        if mask is None:
+            mask = causal_mask(T, start, None, tokens.device, window=self.config.attention_window)
+        return self._layers(tokens, positions, writer, mask)
 
-    def run_layers(self, tokens, positions, cache, mask, last_only: bool = False) -> torch.Tensor:
-        """Embeddings, every block, final norm and output projection (see `forward`)."""
+    def logits(self, hidden: torch.Tensor, at: int | torch.Tensor | None = None) -> torch.Tensor:
+        """Project hidden states (batch, T, hidden) onto the vocabulary, only where asked:
+        at=None: every position, (batch, T, vocab); an int (-1: the last): (batch, vocab);
+        a 1-D tensor of positions (N,): (batch, N, vocab). Sampling needs one position per row,
+        and the 49 152-word projection is the model's biggest matmul. Notebook 00."""
+        if at is None:
+            return self.lm_head(hidden)
+        if isinstance(at, int):                 # one position per row, copied out of the strided rows
+            return self.lm_head(hidden[:, at].contiguous())                     # (batch, vocab)
+        return self.lm_head(hidden.index_select(1, at))                         # (batch, N, vocab)
+
+    def with_attention_window(self, window) -> "Transformer":
+        """The same model (the same weights and modules, not a copy) with sliding-window
+        attention: each query sees at most the last `window` keys (None: all of them), on every
+        path that attends (generate, compiled or not, speculative decoding, the serving engine).
+        Introduced in notebook 08 (long context)."""
+        windowed = copy.copy(self)                          # shares every parameter, buffer and module
+        windowed.config = self.config.with_(attention_window=window)      # validated there
+        return windowed
+
+    def _layers(self, tokens, positions, writer, mask) -> torch.Tensor:
+        """Embeddings, every block and the final norm: (batch, T, hidden). See `forward`."""
         x = self.embed(tokens)                                          # (B, T, hidden)
         rope = None
         if self.family == "gpt2":
@@ -241,26 +272,8 @@ class Transformer(nn.Module):
             rope = (self.rope_cos[positions].unsqueeze(1),             # (B, 1, T, head_dim)
                     self.rope_sin[positions].unsqueeze(1))
         for block in self.blocks:
-            x = block(x, rope, cache, mask)
-        if last_only:
-            x = x[:, -1:]                                               # (B, 1, hidden)
-        return self.lm_head(self.final_norm(x))
-
-    def decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache,
-                      slot: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """One decode step whose tensor shapes never change, for torch.compile and CUDA graphs.
-
-        tokens, positions: (batch, 1); slot: (1,) the cache index to write (the same for
-        every row; a left-padded row's position is smaller than the slot);
-        key_mask: (batch, max_len) False for padding slots, or None.
-        Attention covers the whole preallocated cache with the slots not written yet
-        masked out, so step 10 and step 500 run the same kernels on the same shapes.
-        The caller moves `cache.length` on. Returns logits (batch, vocab).
-        """
-        mask = fixed_decode_mask(cache.max_len, slot, key_mask)           # (B or 1, 1, 1, max_len)
-        if self.attention_window is not None:
-            mask = sliding_window(mask, slot, cache.max_len, self.attention_window)
-        return self.run_layers(tokens, positions, cache.writer_at(slot), mask)[:, -1]
+            x = block(x, rope, writer, mask)
+        return self.final_norm(x)
 
     def weight_bytes(self) -> int:
         """Bytes of weights read by one decode step: every parameter and buffer

@@ -16,6 +16,8 @@ context, then its chunk up to itself):
   all their tokens, no padding, each chunk kept to its own keys by `masks.packed_mask`;
   only each chunk's last token goes through the output layer.
 
+Every mask comes from masks.py with the model's `config.attention_window`, so a model with a
+sliding window (`Transformer.with_attention_window`, notebook 08) is served windowed.
 `prefill(seq)` and `decode(seqs)` are the two everyday cases. Block tables come from
 the block manager's tensor (`BlockManager.table_rows`): one index per step. A plain
 function `seq index -> list of blocks` works too; the tables are then rebuilt from
@@ -49,6 +51,7 @@ class ModelRunner:
         self.blocks = blocks
         self.attention = attention
         self.device = model.device
+        self.window = model.config.attention_window        # sliding-window attention (notebook 08), or None
 
     def tables(self, seqs: list[ServedSequence], padding_rows: int = 0, width: int = 1) -> torch.Tensor:
         """Block tables as one (B, >= width) tensor, short rows (and padding rows) filled with
@@ -83,8 +86,8 @@ class ModelRunner:
         positions = torch.arange(T, device=self.device)[None]                          # (1, T)
         view = self.cache.view(self.tables([seq], width=blocks_needed(T, self.cache.block_size)),
                                positions, context_lengths=None)
-        mask = causal_mask(T, 0, None, self.device)                                    # "causal"
-        return self.model.run_layers(ids, positions, view, mask, last_only=True)[:, -1]
+        mask = causal_mask(T, 0, None, self.device, window=self.window)               # "causal", or windowed
+        return self.model.logits(self.model(ids, positions, view, mask), at=-1)         # (1, vocab)
 
     def _batched(self, seqs, starts, rows, padding_rows) -> torch.Tensor:
         """Rows of T new tokens each, every row after its own context: a (B, T) batch."""
@@ -95,10 +98,10 @@ class ModelRunner:
         width = blocks_needed(int(context.max()), self.cache.block_size)
         view = self.cache.view(self.tables(seqs, padding_rows, width), positions, context,
                                over_pool=self.attention == "pool")
-        mask = chunk_mask(positions)                                                    # (B, 1, T, S)
+        mask = chunk_mask(positions, window=self.window)                                # (B, 1, T, S)
         if self.attention == "pool":
             mask = view.pool_mask(mask)                                                 # (B, 1, T, span)
-        return self.model.run_layers(ids, positions, view, mask, last_only=True)[:, -1]
+        return self.model.logits(self.model(ids, positions, view, mask), at=-1)         # (B, vocab)
 
     def _packed(self, seqs, starts, rows, padding_rows) -> torch.Tensor:
         """Chunks of different lengths packed into one row of N tokens, no padding: the
@@ -114,18 +117,12 @@ class ModelRunner:
         width = blocks_needed(int(context.max()), self.cache.block_size)
         view = self.cache.packed_view(self.tables(seqs, padding_rows, width), token_rows, positions, context,
                                       over_pool=self.attention == "pool")
-        mask = packed_mask(token_rows, positions, len(rows), width * self.cache.block_size)   # (1, 1, N, K)
+        mask = packed_mask(token_rows, positions, len(rows), width * self.cache.block_size,
+                           window=self.window)                                          # (1, 1, N, K)
         if self.attention == "pool":
             mask = view.pool_mask(mask)                                                 # (1, 1, N, span)
-        # the output layer needs each chunk's last token only (as last_only does for one row)
-        last_tokens = ends - 1                                                          # (B,)
-        hook = self.model.lm_head.register_forward_pre_hook(
-            lambda layer, args: (args[0].index_select(1, last_tokens),))
-        try:
-            logits = self.model.run_layers(ids, positions[None], view, mask)            # (1, B, vocab)
-        finally:
-            hook.remove()
-        return logits[0]                                                                # (B, vocab)
+        hidden = self.model(ids, positions[None], view, mask)                           # (1, N, hidden)
+        return self.model.logits(hidden, at=ends - 1)[0]       # each chunk's last token only: (B, vocab)
 
     def prefill(self, seq: ServedSequence) -> torch.Tensor:
         """Run every token of `seq` not in the cache yet; returns the last logits (vocab,)."""

@@ -28,9 +28,9 @@ What of the `KVCache` protocol the paged side implements, and why:
 * `PagedView` (one forward pass of the serving engine) is a `KVWriter` only: its
   rows are at different lengths, so `length`, `advance` and `truncate` have no
   single meaning; the model runner keeps each sequence's `num_cached` instead.
-* `PagedRows` (`PagedKVCache.rows`) is a full `KVCache` over pages: rows that share
-  one length (as `generate`'s left-padded batches do), so `generate` and
-  `speculative_generate` can run on the paged cache. Its block tables are fixed
+* `PagedRows` (`PagedKVCache.rows`) is a full `KVCache` over pages (without fixed-shape
+  writes): rows that share one length (as `generate`'s left-padded batches do), so
+  `generate` and `speculative_generate` can run on the paged cache. Its block tables are fixed
   when it is made (no growing on demand: that is the block manager's job in the
   engine), and `truncate` forgets positions without freeing blocks.
 """
@@ -221,16 +221,24 @@ class PagedRows(FilledLength):
     def dtype(self) -> torch.dtype:
         return self.pool.dtype
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v (B, kv_heads, T, D) at positions [length, length + T) of every row;
-        return positions [0, length + T), each (B, kv_heads, length + T, D)."""
-        start, end = self.length, self.length + k.shape[2]
-        if end > self.max_len:
-            raise LabError(f"These block tables hold {self.max_len} positions and this step needs {end}; "
-                           "give each row more blocks or generate fewer tokens.")
+    @property
+    def num_layers(self) -> int:
+        return self.pool.keys.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.pool.keys.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.pool.keys.shape[3]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
+        """Store k, v (B, kv_heads, T, D) at positions [start, start + T) of every row (reserved
+        by `reserve`, kv_cache.py); return positions [0, start + T), each (B, kv_heads, start + T, D)."""
+        end = start + k.shape[2]
         if self._view_span != (start, end):               # one view per forward pass, for every layer
             positions = torch.arange(start, end, device=self.device).expand(self.batch_size, end - start)
             context = None if start == 0 else torch.full((self.batch_size,), end, device=self.device)
             self._view, self._view_span = self.pool.view(self.tables, positions, context), (start, end)
         return self._view.update(layer, k, v)
-

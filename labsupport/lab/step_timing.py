@@ -1,0 +1,76 @@
+"""One decode step, timed on top of a filled cache and rolled back: the one home of that recipe.
+
+Introduced in notebook 00 (where the time goes); notebooks 01 (KV cache) and 08 (long
+context) time their decode steps the same way.
+
+A decode step's time depends on how many positions the cache holds, not on what they
+hold. So instead of running a long prompt through the model (a real prefill of 16 rows x
+2048 positions takes minutes on a CPU), `filled_cache` writes seeded random keys and values
+through the cache's own protocol (`reserve`, then every layer's `update`), leaving room
+for one more position; `step_runner` returns a function that runs one decode step there
+and rolls the cache back (`truncate`), so that every timed call does the same work.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..engine.generation import decode_step
+from ..engine.kv_cache import StaticKVCache
+from ..engine.kv_quant import Int8KVCache
+from ..errors import LabError
+from ..inputs import whole_number
+
+CACHE_KINDS = ("float", "int8")       # a StaticKVCache in the model's dtype, or an Int8KVCache
+
+
+def filled_cache(model, batch: int, context: int, kind: str = "float", seed: int = 0):
+    """A cache of `model` holding `context` positions of seeded random keys and values per row,
+    with room for one more (the decode step to time). kind: "float" (a `StaticKVCache` in the
+    model's dtype) or "int8" (an `Int8KVCache`). Introduced in notebook 00 (where the time goes)."""
+    if kind not in CACHE_KINDS:
+        raise LabError(f"Unknown cache kind {kind!r}; choose one of {CACHE_KINDS}.")
+    batch = whole_number(batch, "batch")
+    context = whole_number(context, "context (the positions to fill)", minimum=0,
+                           maximum=model.config.max_position - 1)
+    cache_class = StaticKVCache if kind == "float" else Int8KVCache
+    cache = cache_class.for_model(model, batch, context + 1)
+    if context == 0:
+        return cache
+    config = model.config
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    shape = (batch, config.num_kv_heads, context, config.head_dim)                   # one layer's keys
+    writer = cache.reserve(context)                                                  # positions [0, context)
+    with torch.inference_mode():
+        for layer in range(config.num_layers):
+            keys, values = (torch.randn(shape, generator=generator, device=model.device, dtype=model.dtype)
+                            for _ in range(2))
+            writer.update(layer, keys, values)
+    return cache
+
+
+def greedy_step(model, cache, next_tokens: torch.Tensor) -> torch.Tensor:
+    """One eager decode step and the greedy pick of each row's next token (batch,): what a
+    generation loop does per token. Notebook 00 (where the time goes)."""
+    return decode_step(model, cache, next_tokens).argmax(dim=-1)
+
+
+def step_runner(model, cache, step: Callable | None = None, seed: int = 0) -> Callable[[], torch.Tensor]:
+    """A function that runs one decode step of seeded random tokens (one per row) on `cache`
+    and rolls the cache back to what it held, so that it can be timed again and again.
+    step(model, cache, next_tokens) is the work of one step (default: `decode_step`, returning
+    its logits). Notebook 00 (where the time goes)."""
+    step = step or decode_step
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, model.config.vocab_size, (cache.batch_size,), generator=generator)
+    tokens = tokens.to(model.device)                                                  # (batch,)
+
+    def run():
+        filled = cache.length
+        with torch.inference_mode():
+            out = step(model, cache, tokens)
+        cache.truncate(filled)
+        return out
+    return run
