@@ -104,3 +104,17 @@ def test_bench_sections_write_json(tmp_path, smollm, smollm_hf):
     path = write_json(report, tmp_path / "bench.json")
     names = [f["name"] for f in all_figures(json.loads(path.read_text()))]
     assert any("HF generate" in n for n in names) and any("KV cache speedup" in n for n in names)
+
+
+def test_first_line_gives_an_errors_gist_for_the_middle_of_a_sentence():
+    from labsupport.errors import first_line
+    assert first_line(RuntimeError("  no kernel image.\nTraceback (most recent call last): ...")) == "no kernel image"
+    assert first_line(ValueError("")) == "ValueError"                       # an empty message: the type
+    assert first_line(OSError("x" * 300), limit=20) == "x" * 17 + "..."
+    assert first_line(KeyError("shape"), with_type=True) == "KeyError: 'shape'"
+    assert first_line(ValueError("\n\n"), with_type=True) == "ValueError"
+    # the one home: no module of the package cuts an error's first line by hand any more
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parent.parent / "labsupport"
+    copies = [p.name for p in root.rglob("*.py") if "splitlines()[0]" in p.read_text() and p.name != "cli.py"]
+    assert copies == []

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from .padding import left_pad
-from ..errors import LabError
+from ..errors import LabError, first_line
 from .hardware import synchronize
 from ..inputs import token_id_set, token_rows, whole_number
 from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
@@ -234,7 +234,7 @@ def _compiled_step_or_none(model, cache, next_tokens, positions, key_mask) -> tu
         warm = shape in getattr(model, "_compiled_shapes", set())
         logits = compiled_step(model, cache, next_tokens, positions, key_mask)
     except Exception as error:                   # noqa: BLE001 - any failure: decode eagerly instead
-        reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        reason = first_line(error)
         model._compile_failed = reason
         warnings.warn(f"Compiled decoding is not available here ({reason}); decoding without it.", stacklevel=3)
         return None, 0.0
