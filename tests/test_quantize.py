@@ -429,3 +429,17 @@ def test_embedded_blocks_are_already_on_a_4bit_grid(smollm):
     model, _ = smollm
     assert weight_error_stats(model.blocks[0].mlp.down.weight, "int4", 32)["relative_frobenius"] < 1e-5
     assert weight_error_stats(model.embed.weight, "int4", 32)["relative_frobenius"] > 0.01
+
+
+def test_the_layout_module_keeps_no_module_state():
+    """The measured layouts are a pure function of (device type, dtype, shape), remembered by
+    functools.cache; the module assigns nothing after import."""
+    import types
+    from labsupport.engine.models import layout
+    state = [name for name, value in vars(layout).items() if not name.startswith("__")
+             and isinstance(value, (dict, list, set)) and not isinstance(value, types.ModuleType)]
+    assert state == []
+    first = layout.preferred_layout("cpu", torch.float32, (1536, 576))
+    assert first in layout.LAYOUTS and layout.measured_layout.cache_info().currsize >= 1
+    assert layout.preferred_layout("cpu", torch.float32, (1536, 576)) == first      # measured once, the same
+    assert layout.preferred_layout("cpu", torch.float32, (8, 8)) == "row"            # cache-sized: never timed
