@@ -122,7 +122,6 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
         grounded = task == "grounded"
         figures.append(reported(f"prompt lookup speedup over plain generate ({task} task)",
                                 speed["lookup"] / speed["plain"], "x", target=1.5 if grounded else None, busy=busy,
-                                claim=None if grounded else "speculation pays only when drafts are accepted",
                                 note=note("lookup") + ("" if grounded else
                                                        "; free text has little to copy from the prompt")))
         if self_draft is not None:

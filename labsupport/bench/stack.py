@@ -74,7 +74,6 @@ def section_stack(ctx: BenchContext, options: StackOptions) -> dict:
                                 busy=busy(result["best"], "naive loop")))
     if "stack_vs_hf" in result:
         figures.append(reported("stack: best stage / Hugging Face generate()", result["stack_vs_hf"], "x",
-                                claim="production serving systems combine all of them",
                                 note="HF: fp32, one request at a time", busy=busy(result["best"], HF_PEER)))
     result["model_bytes"] = model_bytes(model)
     result["figures"] = figures
