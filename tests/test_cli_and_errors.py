@@ -169,3 +169,14 @@ def test_first_line_gives_an_errors_gist_for_the_middle_of_a_sentence():
     root = pathlib.Path(__file__).resolve().parent.parent / "labsupport"
     copies = [p.name for p in root.rglob("*.py") if "splitlines()[0]" in p.read_text() and p.name != "cli.py"]
     assert copies == []
+
+
+def test_bench_options_copy_and_read_like_the_sections():
+    import copy
+    import pickle
+    options = BenchOptions.gpu(stack={"repeats": 3})
+    assert copy.deepcopy(options) == options == pickle.loads(pickle.dumps(options))
+    assert options.stack.repeats == 3 and options["stack"] is options.stack
+    assert getattr(options, "warp", None) is None and not hasattr(options, "warp")
+    with pytest.raises(AttributeError, match="no section 'warp'"):
+        options.warp

@@ -106,15 +106,19 @@ class BenchOptions:
                            "BenchOptions.cpu(), .gpu() or .for_device(device).")
         object.__setattr__(self, "sections", MappingProxyType({n: self.sections[n] for n in SECTIONS}))
 
+    def __reduce__(self):                         # copy and pickle through a plain dict of the sections
+        return type(self), (dict(self.sections),)
+
     def __getitem__(self, name: str) -> SectionOptions:
         if name not in self.sections:
             raise LabError(f"No section named {name!r}; choose from {sorted(SECTIONS)}.")
         return self.sections[name]
 
     def __getattr__(self, name: str) -> SectionOptions:
-        if name.startswith("_") or name == "sections":
-            raise AttributeError(name)
-        return self[name]
+        sections = self.__dict__.get("sections", {})
+        if name not in sections:                  # an AttributeError, so that getattr(..., default) works
+            raise AttributeError(f"BenchOptions has no section {name!r}; choose from {sorted(SECTIONS)}.")
+        return sections[name]
 
     def changed(self, **changes) -> BenchOptions:
         """These options with `changes`: section name -> its new options, or a dict of the fields
