@@ -20,9 +20,10 @@ from pathlib import Path
 
 from . import delivery
 from .bench import BenchOptions, run, write_json
+from .bench.core import require_writable
 from .errors import LabError
 from .engine.hardware import require_supported_platform, pick_device
-from .report import text_table, write_report
+from .report import require_writable_report, text_table, write_report
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -31,8 +32,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sections", nargs="*", default=None, help="which sections to run (default: all but compile, which runs only when named)")
     parser.add_argument("--new-tokens", type=int, default=None,
                         help="new tokens per generate() call, in every section that has such a count "
-                             "(default: 128 for baseline and speculative, 32 for batching, precision and "
-                             "quantization)")
+                             "(default: 128 for baseline, engines and speculative, 32 for batching, precision and "
+                             "quantization, 64 for compile)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed repeats per candidate, in every section (default: 5 for baseline, "
                              "batching, precision and speculative; 1 to 3 for the others)")
@@ -161,6 +162,10 @@ def main(argv=None) -> int:
         if args.command == "loadgen":
             return _loadgen(args)
         require_supported_platform()
+        if args.command == "bench":               # before measuring anything: a wrong --out costs no run
+            require_writable(args.out)
+        else:
+            require_writable_report(args.out)
         device = pick_device(args.device)
         options = BenchOptions.from_cli(device, new_tokens=args.new_tokens, repeats=args.repeats,
                                         kv_lengths=args.kv_lengths)

@@ -44,3 +44,20 @@ def require_package(module: str, pip_name: str | None = None, feature: str = "th
             f"{feature} needs the optional package '{pip_name or module}'; "
             f"install it with: pip install {pip_name or module}"
         ) from None
+
+
+def first_line(error: BaseException, limit: int = 160, with_type: bool = False) -> str:
+    """An exception's gist for the middle of a sentence: its first line, stripped of a final
+    period and cut to `limit` characters (with "..."); the exception's type name when its
+    message is empty. with_type: "TypeName: first line" (for errors from other libraries,
+    whose type tells as much as their message).
+
+    Used wherever notebooks 00-08 put another library's error into one sentence (a fast
+    kernel that fell back, a compile that failed, a checkpoint that cannot be read)."""
+    lines = str(error).strip().splitlines()
+    text = lines[0].strip().rstrip(".") if lines else ""
+    if len(text) > limit:
+        text = text[: max(limit - 3, 1)] + "..."
+    if not text:
+        return type(error).__name__
+    return f"{type(error).__name__}: {text}" if with_type else text

@@ -116,3 +116,21 @@ def test_a_larger_batch_far_faster_than_a_smaller_one_is_a_busy_machine():
 def test_the_bench_sweep_rows_are_read_too():
     rows = [{"batch": b, "ms_per_step": ms} for b, ms in ((1, 50.0), (2, 20.0))]
     assert "batch 2" in batch_sweep_busy_reason(rows)
+
+
+def test_the_bench_sections_claims_come_from_its_dict():
+    """`batching_section_claims` takes what the bench's batching section returns: the two rows
+    the bench does not time say so, the headline and the regime are judged as the notebook's."""
+    from labsupport.claims import batching_section_claims
+    section = {"sweep": [dict(r, ms_per_step=r.pop("ms_per_token")) for r in sweep(FLAT_THEN_LINEAR)],
+               "batch16_over_batch1": 11.0, "timings_s": {k: t.to_dict() for k, t in QUIET["headline"].items()},
+               "padding": {"lengths": [3, 9], "waste": 0.5, "sorted_waste": 0.1}, "ridge_batch": 20.0,
+               "device_type": "cpu", "load_per_core": 0.5}
+    rows = dict(zip(("loop", "headline", "regime", "padding"), batching_section_claims(section)))
+    assert rows["loop"]["verdict"] == "not measured here" and "notebook 02" in rows["loop"]["measured"]
+    assert rows["padding"]["verdict"] == "not measured here" and "50% of prompt slots" in rows["padding"]["measured"]
+    expected = claims(ratio_16=11.0, load=0.5)
+    assert rows["headline"]["verdict"] == expected["headline"]["verdict"] == headline_verdict(11.0)
+    assert rows["regime"] == expected["regime"]
+    busy = batching_section_claims({**section, "load_per_core": 9.0})
+    assert busy[1]["verdict"].startswith(BUSY_VERDICT)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from labsupport.bench import BenchContext, BenchOptions
+from labsupport.bench.compile_options import CompileOptions
 from labsupport.bench import llamacpp
 from labsupport.bench.engines import HF, HF_ASSISTED, HF_LOOKUP, HF_STATIC, LLAMACPP, OURS, OURS_COMPILED, \
-    OURS_INT4, _figures, section_engines
+    OURS_INT4, EnginesOptions, _figures, section_engines
 from labsupport.bench.llamacpp import LlamaCppGreedy, llamacpp_unavailable
 from labsupport.bench.peers import hf_early_layers_draft
 from labsupport.errors import LabError
@@ -33,11 +34,11 @@ def test_llamacpp_missing_gguf_is_refused(monkeypatch, tmp_path):
 
 
 def test_engine_options_are_validated():
-    with pytest.raises(LabError, match="engines_compile must be True or False"):
-        BenchOptions(engines_compile="yes")
-    assert BenchOptions(engines_draft_layers=0).engines_draft_layers == 0
-    with pytest.raises(LabError):
-        BenchOptions(engines_lookup=0)
+    with pytest.raises(LabError, match="engines.compile must be True or False"):
+        EnginesOptions(compile="yes")
+    assert EnginesOptions(draft_layers=0).draft_layers == 0
+    with pytest.raises(LabError, match="engines.lookup must be at least 1"):
+        EnginesOptions(lookup=0)
 
 
 def _row(tps, decode, agree=8):
@@ -75,25 +76,26 @@ def test_engines_section_small_run(smollm, smollm_hf):
     ctx = BenchContext(device=torch.device("cpu"))
     ctx._cache[("ours", torch.float32)] = smollm
     ctx._cache[("hf", torch.float32)] = smollm_hf
-    options = BenchOptions(new_tokens=6, repeats=1, engines_compile=False, engines_draft_layers=4,
-                           engines_llamacpp=HAS_LLAMACPP)
+    options = EnginesOptions(new_tokens=6, repeats=1, compile=False, draft_layers=4, llamacpp=HAS_LLAMACPP)
     section = section_engines(ctx, options)
     rows = section["rows"]
     for name in (HF, HF_LOOKUP, HF_ASSISTED):
         assert rows[name]["same_tokens_as_labsupport_fp32"], name
-    assert "engines_compile=False" in section["absent"][OURS_COMPILED]
-    assert "engines_compile=False" in section["absent"][HF_STATIC]
+    assert "engines.compile=False" in section["absent"][OURS_COMPILED]
+    assert "engines.compile=False" in section["absent"][HF_STATIC]
     assert (LLAMACPP in rows) == HAS_LLAMACPP
     for row in rows.values():
         assert row["prefill_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["bandwidth_fraction"] > 0
     assert rows[OURS_INT4]["weight_bytes_per_step"] < rows[OURS]["weight_bytes_per_step"] / 4
+    assert ctx.variants.get("float32", "int4") is ctx.variants.get("fp32", "int4", group_size=32)   # one, shared
     assert section["copy_bandwidth_bytes_per_s"] > 0
 
 
 def test_compile_rows_are_validated():
-    with pytest.raises(LabError, match="compile_rows must be"):
-        BenchOptions(compile_rows=("fp32", "fp8"))
-    assert BenchOptions.gpu().compile_rows == ("fp32", "bf16", "int8", "int4")
+    with pytest.raises(LabError, match=r"compile.rows takes names from .*got \['fp8'\]"):
+        CompileOptions(rows=("fp32", "fp8"))
+    assert BenchOptions.gpu().compile.rows == ("fp32", "bf16", "int8", "int4")
+    assert BenchOptions.cpu().compile.rows == ("fp32", "int4")
 
 
 def test_compile_and_http_serving_sections_are_only_run_when_named():

@@ -55,8 +55,8 @@ def test_describe_runtime_names_the_gpu_and_its_bf16(gpu):
 
 
 def test_the_sweeps_take_the_gpu_sizes(gpu):
-    assert roofline.decode_batches(CUDA) == list(roofline.GPU_DECODE_BATCHES)
-    assert batching.batch_sizes(CUDA) == list(batching.GPU_BATCHES)
+    assert roofline.decode_batches(CUDA) == list(PRESETS["gpu"].roofline_batches)
+    assert batching.batch_sizes(CUDA) == list(PRESETS["gpu"].batch_sizes)
     assert max(batching.batch_sizes(CUDA)) > max(batching.batch_sizes("cpu"))
     assert preset(CUDA).kv_explorer_max_length > preset("cpu").kv_explorer_max_length
 
@@ -78,7 +78,7 @@ def test_every_gpu_workload_fits_a_t4():
     gpu = PRESETS["gpu"]
     runs = {
         "roofline sweep (notebook 00)": (max(gpu.roofline_batches), 64 + 1),
-        "batching sweep (notebook 02)": (max(batching.GPU_BATCHES), 64 + 32),
+        "batching sweep (notebook 02)": (max(gpu.batch_sizes), 64 + 32),
         "KV-cache explorer (notebook 01)": (1, gpu.kv_explorer_max_length),
         "precision prefill (notebook 03)": (1, gpu.precision.prefill_tokens),
         "serving (notebook 06)": (gpu.serving_slots, 64 + 256),

@@ -165,12 +165,12 @@ def test_bench_section_labels_the_7b_figure_computed_and_reports_busy(tiny_llama
 
     from labsupport.bench.core import BenchContext
     from labsupport.bench.kv_cache import section_kv_cache
-    from labsupport.bench.options import BenchOptions
+    from labsupport.bench.kv_cache import KVCacheOptions
     from labsupport.weights.fixtures import ByteTokenizer
 
     ctx = BenchContext(device=torch.device("cpu"))
     ctx._cache[("ours", torch.float32)] = (tiny_llama, ByteTokenizer())
-    options = BenchOptions(kv_lengths=(4, 40), kv_repeats=1, kv_step_repeats=1, kv_naive_budget_s=0.0)
+    options = KVCacheOptions(lengths=(4, 40), repeats=1, step_repeats=1, naive_budget_s=0.0)
     section = section_kv_cache(ctx, options)
     names = {f["name"]: f for f in section["figures"]}
     seven_b = next(f for name, f in names.items() if "7B" in name)

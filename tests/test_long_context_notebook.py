@@ -109,15 +109,14 @@ def test_explorer_computes_everywhere_and_measures_its_own_shape_once(tiny_llama
 def test_bench_section_reports_bytes_speed_memory_and_crossovers(tiny_llama):
     from labsupport.bench.core import BenchContext
     from labsupport.bench.long_context import section_long_context
-    from labsupport.bench.options import BenchOptions
+    from labsupport.bench.long_context import LongContextOptions
     from labsupport.bench.suite import SECTIONS
     from labsupport.weights.fixtures import ByteTokenizer
 
     assert SECTIONS["long_context"].notebook.startswith("08")
     ctx = BenchContext(device=torch.device("cpu"))
     ctx._cache[("ours", torch.float32)] = (tiny_llama, ByteTokenizer())
-    options = BenchOptions(long_context=64, long_batch=2, long_prefill_lengths=(16, 32), long_naive_budget_mib=1,
-                           long_repeats=1)
+    options = LongContextOptions(context=64, batch=2, prefill_lengths=(16, 32), naive_budget_mib=1, repeats=1)
     section = section_long_context(ctx, options)
     figures = {f["name"]: f for f in section["figures"]}
     sixteen = next(f for name, f in figures.items() if "16-bit" in name)
@@ -130,4 +129,4 @@ def test_bench_section_reports_bytes_speed_memory_and_crossovers(tiny_llama):
     from labsupport.plots.long_context import bench_section_figures
     assert len(bench_section_figures(section)) == 2
     with pytest.raises(LabError):
-        BenchOptions(long_context=0)
+        LongContextOptions(context=0)

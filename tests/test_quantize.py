@@ -80,6 +80,32 @@ def test_bad_arguments_are_one_sentence():
         assert _one_sentence(info.value), str(info.value)
 
 
+def test_the_methods_are_a_registry_and_a_new_kernel_is_one_entry(monkeypatch):
+    from labsupport.engine import quant as Q
+    assert set(Q.METHODS) == {"int8", "int4", "bnb-int8", "bnb-nf4", "bnb-fp4"}
+    assert all(list(m.kernels)[0] == "auto" for m in Q.METHODS.values())       # "auto" is every default
+    assert [n for n, m in Q.METHODS.items() if m.group_size] == ["int4"]
+    for case, words in [(lambda: quantize_model(random_model("tiny-llama"), "bnb-nf4", kernel="fast"),
+                         "no kernel 'fast'; use one of auto"),
+                        (lambda: quantized_replacement("int4", kernel="turbo"), "use one of auto, fast, reference"),
+                        (lambda: Q.find_method("int3"), "Unknown quantization method 'int3'")]:
+        with pytest.raises(LabError, match=words) as info:
+            case()
+        assert _one_sentence(info.value), str(info.value)
+    # another kernel of a method: one more entry in its `kernels`, and every entry point takes it
+    built = []
+
+    def traced(linear, group_size, warn):
+        built.append(group_size)
+        return Int4Linear.from_linear(linear, group_size=group_size, kernel="reference", warn=warn)
+    int4 = Q.METHODS["int4"]
+    monkeypatch.setitem(Q.METHODS, "int4", Q.Method(kernels={**int4.kernels, "traced": traced}, group_size=True))
+    model = random_model("tiny-llama")
+    handle = quantize_model(model, "int4", group_size=16, kernel="traced")
+    assert len(built) == len(handle.swaps) > 0 and set(built) == {16} and handle.group_size == 16
+    assert quantize_model(random_model("tiny-llama"), "int8", group_size=16).group_size is None   # not its option
+
+
 # --- kernels ---------------------------------------------------------------------------------
 
 def _linear(out_features=96, in_features=128, bias=True):
@@ -422,3 +448,15 @@ def test_bitsandbytes_layers_are_for_inference_and_quiet_per_call(caplog):
     with caplog.at_level(logging.WARNING):
         generate(model, _tokens()[0].tolist(), 4, eos_token_ids=())
     assert not [r for r in caplog.records if "cast" in r.getMessage()], [r.getMessage() for r in caplog.records]
+def test_the_layout_module_keeps_no_module_state():
+    """The measured layouts are a pure function of (device type, dtype, shape), remembered by
+    functools.cache; the module assigns nothing after import."""
+    import types
+    from labsupport.engine.models import layout
+    state = [name for name, value in vars(layout).items() if not name.startswith("__")
+             and isinstance(value, (dict, list, set)) and not isinstance(value, types.ModuleType)]
+    assert state == []
+    first = layout.preferred_layout("cpu", torch.float32, (1536, 576))
+    assert first in layout.LAYOUTS and layout.measured_layout.cache_info().currsize >= 1
+    assert layout.preferred_layout("cpu", torch.float32, (1536, 576)) == first      # measured once, the same
+    assert layout.preferred_layout("cpu", torch.float32, (8, 8)) == "row"            # cache-sized: never timed

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from labsupport import report as report_module
 from labsupport.bench import SECTIONS, all_figures, reported
-from labsupport.report import SECTION_PLOTS, html_report, markdown_report_table, section_figures, write_report
+from labsupport.plots import sections as section_plots
+from labsupport.report import (html_report, markdown_claims_tables, markdown_report_table, section_figures,
+                               text_table, write_report)
 from labsupport.lab.tables import markdown_table, records_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,8 +30,10 @@ def synthetic_report() -> dict:
                                                "flops": {"float32": 2e11}}},
         "sections": {
             "kv_cache": {"seconds": 3.0, "figures": [
-                reported("KV cache speedup, 64 new tokens", 3.5, "x", target=2, claim="quadratic -> linear"),
-                reported("GQA saving", 3.0, "x")]},
+                reported("KV cache speedup, 64 new tokens", 3.5, "x", target=2),
+                reported("GQA saving", 3.0, "x")],
+                "claims": [{"claim": "quadratic -> linear", "measured": "3.5x at 64 | tokens", "verdict": "holds"},
+                           {"claim": "GQA shrinks the cache", "measured": "3.00x", "verdict": "holds"}]},
             # A section the report has no builder for, with a value that needs escaping: the fallback plot.
             "serving": {"seconds": 1.0, "figures": [
                 reported("throughput, continuous / static batching", 1.7, "x", target=2, note="a <b> & c"),
@@ -45,11 +50,14 @@ class _Checker(HTMLParser):
     def __init__(self):
         super().__init__()
         self.stack, self.errors, self.rows, self.plots, self.scripts = [], [], 0, 0, 0  # scripts: fetched ones
+        self.claims = 0
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         if tag == "tr" and "figure" in (attrs.get("class") or "").split():
             self.rows += 1
+        if tag == "tr" and "claim" in (attrs.get("class") or "").split():
+            self.claims += 1
         if tag == "div" and "plotly-graph-div" in (attrs.get("class") or ""):
             self.plots += 1
         if tag == "script" and attrs.get("src"):
@@ -74,6 +82,7 @@ def check_html(page: str, report: dict) -> _Checker:
     assert not checker.errors, checker.errors[:5]
     assert checker.stack == [], f"unclosed tags: {checker.stack}"
     assert checker.rows == len(all_figures(report)), "one table row per figure"
+    assert checker.claims == sum(len(s.get("claims", [])) for s in report["sections"].values()), "one per claim"
     # Offline: plotly.js inlined exactly once, no script fetched from anywhere.
     assert len(PLOTLY_HEADER.findall(page)) == 1
     assert checker.scripts == 0
@@ -92,6 +101,7 @@ def test_html_from_a_synthetic_report(tmp_path):
     assert "a &lt;b&gt; &amp; c" in page and "Test CPU &lt;2 threads&gt;" in page
     assert "MISSES target 2x" in page and "meets target 50%" in page
     assert f"notebook {SECTIONS['serving'].notebook}" in page
+    assert "<h3>The handbook chapter's claims</h3>" in page and "quadratic -&gt; linear" in page
     assert json.loads((tmp_path / "report.json").read_text())["sections"].keys() == report["sections"].keys()
 
 
@@ -112,25 +122,37 @@ def test_one_markdown_table_for_notebooks_claims_and_the_report():
     assert records_table(records) == markdown_table(["claim", "measured"], [[r["claim"], r["measured"]] for r in records])
 
 
-def test_the_reports_markdown_table_is_as_before(tmp_path):
+def test_the_reports_markdown_tables_figures_then_claims(tmp_path):
     report = synthetic_report()
     report["sections"]["serving"]["figures"][0]["note"] = "a | b"                  # a "|" in a cell becomes "/"
     expected = "\n".join([
-        "| measurement | measured | course target | handbook chapter's claim | detail |",
-        "|---|---|---|---|---|",
-        "| KV cache speedup, 64 new tokens | 3.50x | meets target 2x | quadratic -> linear |  |",
-        "| GQA saving | 3.00x |  |  |  |",
-        "| throughput, continuous / static batching | 1.70x | MISSES target 2x |  | a / b |",
-        "| KV pages used | 40% | meets target 50% |  |  |",
-        "| scheduler is exact | True |  |  |  |"])
+        "| measurement | measured | course target | detail |",
+        "|---|---|---|---|",
+        "| KV cache speedup, 64 new tokens | 3.50x | meets target 2x |  |",
+        "| GQA saving | 3.00x |  |  |",
+        "| throughput, continuous / static batching | 1.70x | MISSES target 2x | a / b |",
+        "| KV pages used | 40% | meets target 50% |  |",
+        "| scheduler is exact | True |  |  |"])
     assert markdown_report_table(report) == expected
+    claims = "\n".join([f"### kv_cache (notebook {SECTIONS['kv_cache'].notebook})", "",
+                        "| claim | measured | verdict |", "|---|---|---|",
+                        "| quadratic -> linear | 3.5x at 64 / tokens | holds |",
+                        "| GQA shrinks the cache | 3.00x | holds |", ""])
+    assert markdown_claims_tables(report) == claims
     write_report(report, tmp_path)
-    assert expected in (tmp_path / "report.md").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert expected in md and claims in md and md.index(expected) < md.index("## The handbook chapter's claims")
+    text = text_table(report)
+    assert "[kv_cache] quadratic -> linear: holds" in text and "a | b" in text
 
 
-def test_every_section_has_its_own_plots():
-    # the sections are listed once (`bench.SECTIONS`); the report draws each one its own way
-    assert list(SECTION_PLOTS) == list(SECTIONS)
+def test_the_sections_plots_and_claims_come_from_the_one_list_of_sections():
+    # the sections are listed once (`bench.SECTIONS`), with their plots (from plots/) and claims
+    assert not hasattr(report_module, "SECTION_PLOTS") and not hasattr(report_module, "_baseline_plots")
+    for name, section in SECTIONS.items():
+        assert section.figures.__module__ == section_plots.__name__, name
+        assert section.claims is None or section.claims.__module__.startswith("labsupport.claims."), name
+    assert [n for n, s in SECTIONS.items() if s.claims is None] == ["baseline", "engines", "compile"]
 
 
 def test_html_without_any_plot_has_no_plotly():
@@ -178,6 +200,6 @@ def test_engines_and_compile_sections_draw_their_figures():
 
 
 def test_a_figure_that_was_not_measured_says_so():
-    from labsupport.report import _value
-    assert _value({"value": float("nan"), "unit": "x"}) == "not measured"
-    assert _value({"value": 1.5, "unit": "x"}) == "1.50x"
+    from labsupport.plots.sections import value_text
+    assert value_text({"value": float("nan"), "unit": "x"}) == "not measured"
+    assert value_text({"value": 1.5, "unit": "x"}) == "1.50x"

@@ -8,14 +8,13 @@ import torch
 
 from labsupport.bench import http_serving
 from labsupport.bench.core import BenchContext
-from labsupport.bench.http_serving import HttpServingSizes, http_load_curve, peer_server
-from labsupport.bench.options import BenchOptions
+from labsupport.bench.http_serving import HttpServingOptions, http_load_curve, peer_server
 from labsupport.bench.suite import SECTIONS
 from labsupport.errors import LabError
 from labsupport.plots.http_serving import http_load_curve_figure
 from labsupport.weights.fixtures import ByteTokenizer, random_model
 
-TINY = HttpServingSizes(requests=3, slots=2, median_new_tokens=4, max_new_tokens=8, loads=(50, 150))
+TINY = HttpServingOptions(requests=3, slots=2, median_new_tokens=4, max_new_tokens=8, loads=(50, 150))
 
 
 def test_the_load_curve_has_a_row_per_server_and_rate_and_the_figure_draws_the_measured_ones():
@@ -36,11 +35,10 @@ def test_the_load_curve_has_a_row_per_server_and_rate_and_the_figure_draws_the_m
     assert list(fig.data[0].x) == [5.0, 50.0]
 
 
-def test_the_section_runs_when_named_and_says_why_each_peer_is_missing(monkeypatch):
+def test_the_section_runs_when_named_and_says_why_each_peer_is_missing():
     assert not SECTIONS["http_serving"].in_default_run and SECTIONS["http_serving"].notebook.startswith("09")
-    monkeypatch.setitem(http_serving.HTTP_SERVING_PRESETS, "cpu", TINY)
     ctx = BenchContext(device=torch.device("cpu"), model_name="tiny-llama")
-    section = http_serving.section_http_serving(ctx, BenchOptions())
+    section = http_serving.section_http_serving(ctx, TINY)
     assert "GGUF file only" in section["peers"]["llama.cpp server"]
     assert "CUDA GPU" in section["peers"]["vLLM server"]
     names = [f["name"] for f in section["figures"]]
@@ -65,3 +63,10 @@ def test_in_a_thread_returns_the_value_and_raises_the_error():
     assert in_a_thread(lambda a, b: (a + b, threading.current_thread().name), 2, 3) == (5, "labsupport-in-process")
     with pytest.raises(LabError, match="boom"):
         in_a_thread(lambda: (_ for _ in ()).throw(LabError("boom")))
+
+
+def test_the_options_refuse_bad_sizes_in_one_sentence():
+    with pytest.raises(LabError, match="http_serving.requests"):
+        HttpServingOptions(requests=0)
+    with pytest.raises(LabError, match="median_new_tokens .* at most max_new_tokens"):
+        HttpServingOptions(median_new_tokens=30, max_new_tokens=8)

@@ -144,3 +144,29 @@ def test_engine_claims_on_a_busy_machine_give_no_verdict_from_the_clock():
     rows = engine_claims(**production(computed=(400, 300)), busy={"prefix": reason})
     assert rows[2]["verdict"] == "not here: 75% of the prompt tokens still computed"
     assert rows[0]["verdict"] == "holds"
+
+
+def test_the_bench_sections_claims_come_from_its_dict():
+    """`serving_section_claims` takes the serving section's dict: the chapter's toy example is
+    notebook 06's (its row says so), the rest is judged from the section's runs and load curve."""
+    import json
+
+    from labsupport.claims import serving_section_claims
+    plain = dict(metrics(0.9, 3.0), prefill_tokens_computed=400)
+    cached = dict(metrics(0.9, 1.0, ttft_p50=0.02), prefill_tokens_computed=150)
+    curve = [{"configuration": c, "rate": rate, "throughput": tp, "ttft_p99": wait, "itl_p99": itl}
+             for rate, tp, wait in ((0.5, 10.0, 1.0), (2.0, 20.0, 9.0))
+             for c, itl in (("continuous", 0.3), ("chunked prefill", 0.1))]
+    section = json.loads(json.dumps({
+        "tokens_per_s": {**GOOD["speed"], "prefix caching": 26.0}, "timings_s": {n: timing() for n in GOOD["speed"]},
+        "metrics": {**GOOD["metrics"], "continuous": plain, "prefix caching": cached}, "memory": GOOD["memory"],
+        "same_tokens": GOOD["same_tokens"], "load": 0.5,
+        "prefill_stall": {"prefill_step_s": 0.2, "decode_step_s": 0.1, "prefill_steps": 5, "decode_steps": 50,
+                          "ratio": 2.0},
+        "load_curve": {"rows": curve, "chunked_at": 2.0, "load": 0.5}}))
+    rows = serving_section_claims(section)
+    assert len(rows) == 6 + 4
+    assert rows[1]["verdict"] == "not measured here" and "notebook 06" in rows[1]["measured"]
+    assert rows[0]["verdict"] == "holds" and all(r["verdict"] == "holds" for r in rows[6:]), [r["verdict"] for r in rows]
+    busy = serving_section_claims({**section, "load": 9.0, "load_curve": {**section["load_curve"], "load": 9.0}})
+    assert busy[0]["verdict"].startswith(BUSY_VERDICT) and busy[-1]["verdict"].startswith(BUSY_VERDICT)

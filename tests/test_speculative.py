@@ -134,7 +134,7 @@ def test_sampling_matches_the_target_distribution(target, temperature, one_threa
     sampling = SamplingConfig(temperature=temperature)
     draft_model = lively(noise=0.05)                    # agrees with the target only partly
     prompt = PROMPTS[1]
-    counts, acceptance = sample_counts(target, ModelDraft(draft_model, sampling), prompt, sampling)
+    counts, acceptance = sample_counts(target, ModelDraft(draft_model), prompt, sampling)
     assert 0.1 < acceptance < 0.95                     # both the accept and the resample path are used
     for position, exact in enumerate(exact_first_two(target, prompt, sampling)):
         statistic, df = chi2_statistic(counts[position], exact)
@@ -152,6 +152,26 @@ def test_sampling_with_a_point_mass_draft_is_exact(target, one_thread):
         assert statistic < chi2_quantile(df), (position, statistic, df, chi2_quantile(df))
 
 
+def test_a_draft_gets_its_sampling_when_it_starts(target, one_thread):
+    """The draft samples as the target does, each generation: speculative_generate hands it
+    the sampling at start, nothing sets it from outside."""
+    draft = ModelDraft(lively(noise=0.05))
+    hot = SamplingConfig(temperature=1.5, seed=2)
+    result = speculative_generate(target, draft, PROMPTS[0], 12, k=3, sampling=hot, eos_token_ids=())
+    assert draft.sampling is hot and result.stats.drafted > 0
+    draft.start(PROMPTS[0], 32, torch.Generator().manual_seed(0), hot)
+    _, probs = draft.propose(PROMPTS[0], 2)
+    assert probs is not None and probs.shape == (2, target.config.vocab_size)   # sampled: distributions
+    speculative_generate(target, draft, PROMPTS[0], 12, k=3, eos_token_ids=())  # the same draft, reused greedy
+    assert draft.sampling.greedy
+    draft.start(PROMPTS[0], 32, None)
+    assert draft.propose(PROMPTS[0], 2)[1] is None
+    with pytest.raises(LabError, match="sampling must be a SamplingConfig"):
+        draft.start(PROMPTS[0], 32, None, sampling=0.7)
+    with pytest.raises(TypeError):
+        ModelDraft(target, hot)                          # no sampling of its own to be given
+
+
 def test_chi2_quantile_is_accurate():
     # reference values of the 0.999 quantile (tables): df 1 -> 10.83, 10 -> 29.59, 100 -> 149.4
     assert chi2_quantile(10) == pytest.approx(29.59, rel=0.01)
@@ -160,7 +180,7 @@ def test_chi2_quantile_is_accurate():
 
 def test_same_seed_same_sample(target, one_thread):
     sampling = SamplingConfig(temperature=1.0, seed=7)
-    runs = [speculative_generate(target, ModelDraft(lively(noise=0.05), sampling), PROMPTS[0], 20, k=3,
+    runs = [speculative_generate(target, ModelDraft(lively(noise=0.05)), PROMPTS[0], 20, k=3,
                                  sampling=sampling, eos_token_ids=()).tokens for _ in range(2)]
     assert runs[0] == runs[1]
 
@@ -225,7 +245,7 @@ def test_expected_tokens_and_speedup_formulas():
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=1.0, seed=3)])
 def test_stats_add_up(target, sampling, one_thread):
-    draft = ModelDraft(lively(noise=0.05), sampling)
+    draft = ModelDraft(lively(noise=0.05))
     result = speculative_generate(target, draft, PROMPTS[1], 37, k=3, sampling=sampling,
                                   eos_token_ids=(), trace=True)
     s = result.stats

@@ -145,3 +145,26 @@ def test_the_hf_peer_generates_every_token_even_past_its_end_token():
     assert lookup == plain
     assert passes.tokens[0] >= len(prompt) and len(passes.seconds) == len(passes.tokens) >= 2
     assert all(s > 0 for s in passes.seconds)
+
+
+def test_the_bench_sections_claims_come_from_its_dict():
+    """`speculative_section_claims` rebuilds the timings and stats from the section's JSON and
+    judges them as the notebook does; the bench decodes greedily, so sampling is not measured."""
+    import json
+
+    from labsupport.claims import speculative_section_claims
+    grounded = task(1.0, {"lookup": (0.4, stats(0.8))})
+    creative = task(1.0, {"lookup": (1.1, stats(0.3))})
+
+    def as_json(run):
+        return {"timings_s": {n: t.to_dict() for n, t in run["timings"].items()},
+                "stats": {n: s.to_dict() for n, s in run["stats"].items()}, "plain_step_s": run["plain_step_s"],
+                "same_tokens_as_plain": {"lookup": True, "hf": False}}      # HF's tokens are not our draft's
+    section = json.loads(json.dumps({"tasks": {"grounded": as_json(grounded), "creative": as_json(creative)},
+                                     "load_per_core": 0.5}))
+    rows = speculative_section_claims(section)
+    expected = speculative_claims(grounded, creative, True, EXACT_SAMPLING, load=0.5)
+    assert rows[:5] == expected[:5] and verdicts(rows)["when draft and target agree, s"] == "holds"
+    assert [r["verdict"] for r in rows[5:]] == ["not measured here"] * 2
+    section["tasks"]["creative"]["same_tokens_as_plain"]["lookup"] = False
+    assert speculative_section_claims(section)[4]["verdict"] == "does not hold here"

@@ -92,3 +92,14 @@ def test_fewer_bytes_finding(at_1, batched, verdict):
     assert finding["batch_1"] == pytest.approx(at_1) and finding["batched"] == pytest.approx(batched)
     assert f"{at_1:.2f}x at batch 1" in finding["measured"]
     assert fewer_bytes_finding(synthetic_result(speed, load=5.0))["verdict"].startswith(BUSY_VERDICT)
+
+
+def test_the_bench_sections_claims_come_from_its_dict(tiny_llama):
+    """The stack section stores the model's bytes beside the ladder, so its claims need no model."""
+    import json
+
+    from labsupport.bench.stack import model_bytes
+    from labsupport.claims import stack_section_claims
+    result = synthetic_result(GOOD, device="cuda:0", agreement=0.8)
+    section = json.loads(json.dumps({**result, "model_bytes": model_bytes(tiny_llama)}))
+    assert stack_section_claims(section) == stack_claims(result, tiny_llama)

@@ -70,6 +70,14 @@ def test_quantized_variants_are_built_once_from_their_precision(model):
     variants = ModelVariants(model)
     int4 = variants.get("fp32", "int4")
     assert variants.get("float32", "int4") is int4 and int4 is not model
-    assert sum(int4.kernels.values()) > 0                                  # how many layers each kernel runs
+    assert sum(variants.handle("fp32", "int4").kernels.values()) > 0       # how many layers each kernel runs
+    assert not hasattr(int4, "kernels")                                     # nothing set on the model from outside
+    g128 = variants.get("fp32", "int4", group_size=128)
+    assert g128 is not int4 and variants.handle("fp32", "int4", group_size=128).group_size == 128
+    assert variants.get("fp32", "int8", group_size=128) is variants.get("fp32", "int8")   # int8 takes no group size
+    with pytest.raises(LabError, match="Unknown quantization method"):
+        variants.get("fp32", "int3")
+    with pytest.raises(LabError, match="no quantization handle"):
+        variants.handle("fp32", "float")
     assert isinstance(model.blocks[0].mlp.down, nn.Linear)                  # the base model is untouched
     assert variants.names() == ["float32"]                                  # names: the float variants only

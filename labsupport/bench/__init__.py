@@ -4,11 +4,11 @@ Introduced in notebook 00 (where the time goes); each notebook adds its section.
 Run ``python -m labsupport bench`` (see ``--help``). One module per notebook, each
 holding that notebook's section(s) and prompts:
 
-    core          --  BenchContext (models loaded once), `reported` entries, all_figures, write_json
-    options       --  BenchOptions: every knob, validated, with CPU and GPU presets
+    core          --  BenchContext (the model loaded once, one ModelVariants per run), `reported`, all_figures, write_json
+    options       --  SectionOptions: what every section's options dataclass shares (validation, presets, flags)
     peers         --  the Hugging Face peers: generate(), a padded batch, the stack's
     serving_peers 06  the serving peers: Hugging Face's continuous batching
-    suite         --  SECTIONS in the course's order, and `run`
+    suite         --  SECTIONS in the course's order (the only list), BenchOptions (one of each), and `run`
     baseline      00  labsupport generate() vs Hugging Face's; the bandwidth a decode step reaches
     engines       00  every peer side by side: HF (dynamic, static + compile, prompt lookup, assisted), llama.cpp
     llamacpp      --  the llama.cpp peer (optional extra `peers`)
@@ -20,18 +20,22 @@ holding that notebook's section(s) and prompts:
     speculative   05  prompt lookup and the int4 self-draft vs plain and Hugging Face decoding
     serving       06  static vs continuous batching vs Hugging Face's continuous batching
     stack         07  every technique stacked on one workload
-    compiled_decode 07  eager vs compiled decode per precision and batch (section "compile"; only when named)
+    compiled_decode 07  eager vs compiled decode per precision and batch (section "compile"; only when named;
+                        its options: compile_options.CompileOptions)
     long_context  08  int8 vs float KV cache (bytes, decode speed), naive vs fused prefill memory, crossovers
 
-A section is a function ``(context, options) -> dict``; its dict holds the raw timings
-and a list of `reported` entries (name, value, unit, target, met, claim, note) under
-``"figures"``. Every ratio is measured in one run, with the candidates interleaved
-(`measure.time_side_by_side`), because shared machines are noisy. Absolute times mean
-something only on a dedicated GPU.
+A section is a function ``(context, options) -> dict``, its options one small validated
+dataclass kept beside it (`BaselineOptions`, `KVCacheOptions`, ...). Its dict holds the raw
+timings, what its claims function takes (`suite.Section.claims`, in claims/: the chapter's
+claims with computed verdicts, which the suite stores under ``"claims"``) and a list of
+`reported` entries (name, value, unit, target, met, note, busy) under ``"figures"``. Every
+ratio is measured in one run, with the candidates interleaved (`measure.time_side_by_side`),
+because shared machines are noisy. Absolute times mean something only on a dedicated GPU.
 """
 
 from .core import BenchContext, all_figures, reported, write_json
-from .options import BenchOptions
-from .suite import SECTIONS, run
+from .options import SectionOptions
+from .suite import SECTIONS, BenchOptions, run
 
-__all__ = ["BenchContext", "BenchOptions", "SECTIONS", "all_figures", "reported", "run", "write_json"]
+__all__ = ["BenchContext", "BenchOptions", "SECTIONS", "SectionOptions", "all_figures", "reported", "run",
+           "write_json"]

@@ -6,6 +6,8 @@ Introduced in notebook 02 (batching); ``python -m labsupport bench --sections ba
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..lab.batch_timing import batch_speedup
@@ -15,10 +17,29 @@ from ..lab.busy import busy_reason
 from ..engine.generation import chat_prompt, generate
 from ..engine.hardware import bf16_supported
 from ..lab.measure import time_fn, time_side_by_side
-from ..lab.workloads import BATCHING_PROMPTS, STORY_PROMPT
+from ..lab.roofline import ridge_batch
+from ..lab.workloads import BATCHING_PROMPTS, PRESETS, STORY_PROMPT
 from .core import BenchContext, reported
-from .options import BenchOptions
+from .options import SectionOptions, count, counts
 from .peers import hf_padded_generate_fn
+
+
+@dataclass(frozen=True)
+class BatchingOptions(SectionOptions):
+    """The batching section's options. Introduced in notebook 02 (batching).
+
+    new_tokens: new tokens per row in the sweep, the batch-16/batch-1 pair and the Hugging
+    Face peer; sizes: batch sizes of the throughput sweep (`workloads.PRESETS`' ``batch_sizes``:
+    up to 64 on a CPU, 512 on a GPU); repeats: timed repeats of the pair and the peer."""
+
+    SECTION = "batching"
+    new_tokens: int = count(32)
+    sizes: tuple[int, ...] = counts(PRESETS["cpu"].batch_sizes)
+    repeats: int = count(5)
+
+    @classmethod
+    def gpu_sizes(cls) -> dict:
+        return {"sizes": PRESETS["gpu"].batch_sizes}
 
 
 def versus_huggingface(model, hf_model, prompts: list[list[int]], padded, new_tokens: int,
@@ -43,17 +64,17 @@ def versus_huggingface(model, hf_model, prompts: list[list[int]], padded, new_to
     return timings, tokens
 
 
-def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
+def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
     """Throughput and latency against batch size; padding waste; Hugging Face on the same padded batch.
 
-    Introduced in notebook 02 (batching). Reads batch_new_tokens, batch_sizes and repeats
-    (the batch-16/batch-1 pair and the Hugging Face peer). Each timed figure carries the busy
-    reason of its timings (`busy`, their spread); the sweep's own check is notebook 02's
-    (`claims.batching.batch_sweep_busy_reason`).
+    Introduced in notebook 02 (batching). Each timed figure carries the busy reason of its
+    timings (`busy`, their spread); the sweep's own check is notebook 02's
+    (`claims.batching.batch_sweep_busy_reason`). Its claims: `claims.batching.batching_section_claims`
+    (the sweep, the pair, the padding and the roofline's predicted ridge batch).
     """
     model, tok = ctx.model(torch.float32)
-    new_tokens = options.batch_new_tokens
-    sizes = list(options.batch_sizes)
+    new_tokens = options.new_tokens
+    sizes = list(options.sizes)
     prompt = tok.encode(chat_prompt(tok, STORY_PROMPT))
 
     def run(batch):
@@ -89,8 +110,9 @@ def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
     side, tokens = versus_huggingface(model, hf, prompts, padded, new_tokens, repeats=options.repeats)
     same = tokens["labsupport"].tolist() == tokens["huggingface"].tolist()
     vs_hf = side["huggingface"].median / side["labsupport"].median
+    ridge = ridge_batch(ctx.hardware, model.config, model.dtype, context=len(prompt) + new_tokens // 2)
     return {
-        "new_tokens": new_tokens, "sweep": sweep,
+        "new_tokens": new_tokens, "sweep": sweep, "ridge_batch": ridge, "device_type": ctx.device.type,
         "batch16_over_batch1": ratio, "batch16_over_batch1_bf16": bf16_ratio,
         "bf16_skipped": bf16_skipped, "timings_s": {k: v.to_dict() for k, v in pair.items()},
         "padding": {"lengths": [len(p) for p in prompts], "waste": waste, "sorted_waste": sorted_waste},
@@ -98,13 +120,12 @@ def section_batching(ctx: BenchContext, options: BenchOptions) -> dict:
                            "timings_s": {k: v.to_dict() for k, v in side.items()}},
         "figures": [
             reported("throughput at batch 16 / batch 1 (fp32 decode)", ratio, "x", target=8.0,
-                     busy=busy_reason(pair), claim="batch 1 -> 16 might give 10-15x throughput",
+                     busy=busy_reason(pair),
                      note=f"{new_tokens} new tokens per row, one prompt repeated; weights read per second "
                           "/ copy bandwidth by batch: " + ", ".join(f"{r['batch']}: {r['bandwidth_fraction']:.0%}"
                                                                    for r in sweep)),
             *([reported("throughput at batch 16 / batch 1 (bf16 decode)", bf16_ratio, "x", target=8.0,
                         busy=busy_reason(bf16_pair),
-                        claim="batch 1 -> 16 might give 10-15x throughput",
                         note="bf16 weights and activations on the CPU's bf16 instructions")]
               if bf16_ratio is not None else []),
             reported("padding waste of a batch of 8 mixed-length prompts", waste, "fraction",

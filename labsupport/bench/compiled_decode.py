@@ -7,7 +7,7 @@ A small model's decode step is partly overhead: Python, the framework's dispatch
 kernel launch per operation (notebook 00's profile). `generate(compile=True)` runs the
 step through torch.compile (`engine.compiled.CompiledDecoder`): inductor fuses the elementwise
 work and, on a GPU, replays the whole step as one CUDA graph. For each precision of
-`options.compile_rows` and each batch of `options.compile_batches` this section times
+`options.rows` and each batch of `options.batches` this section times
 eager and compiled `generate()` side by side, and reports the warm-up (compile) seconds
 and how many tokens a generation needs before compiling has paid for itself. On a CPU it
 also tries inductor's options (`CPU_VARIANTS`: freezing the weights into the graph, a C++
@@ -28,7 +28,7 @@ from ..lab.measure import time_side_by_side
 from ..engine.quant import quantize_model
 from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
-from .options import BenchOptions
+from .compile_options import CompileOptions
 
 
 def _model_for(ctx: BenchContext, row: str):
@@ -71,21 +71,20 @@ def compare_compiled(model, prompts: list[list[int]], new_tokens: int, device, r
             "timings_s": {k: v.to_dict() for k, v in timings.items()}, "busy": busy_reason(timings)}
 
 
-def section_compile(ctx: BenchContext, options: BenchOptions) -> dict:
+def section_compile(ctx: BenchContext, options: CompileOptions) -> dict:
     """Eager vs compiled decode for every (precision, batch) of the options.
 
-    Introduced in notebook 07 (putting it together). Reads compile_rows, compile_batches,
-    compile_new_tokens and repeats."""
+    Introduced in notebook 07 (putting it together). Its options: `CompileOptions`."""
     _, tok = ctx.model(torch.float32)
     ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
-    new_tokens = options.compile_new_tokens
+    new_tokens = options.new_tokens
     rows, skipped, figures = [], {}, []
-    for row in options.compile_rows:
+    for row in options.rows:
         if row == "bf16" and not bf16_supported(ctx.device):
             skipped[row] = "this device has no bfloat16 arithmetic (notebook 03)"
             continue
         model = _model_for(ctx, row)
-        for batch in options.compile_batches:
+        for batch in options.batches:
             record = compare_compiled(model, [ids] * batch, new_tokens, ctx.device, options.repeats)
             if isinstance(record, str):
                 skipped[f"{row} batch {batch}"] = record
@@ -100,7 +99,7 @@ def section_compile(ctx: BenchContext, options: BenchOptions) -> dict:
                      f"tokens/s; warm-up {record['warmup_s']:.0f} s, "
                      + (f"paid back after {payback:.0f} decode steps" if payback != float("inf")
                         else "never paid back") + f"; same tokens: {record['same_tokens']}"))
-    variants = _inductor_variants(ctx, options, [ids] * options.compile_batches[0], figures)
+    variants = _inductor_variants(ctx, options, [ids] * options.batches[0], figures)
     return {"new_tokens": new_tokens, "prompt_tokens": len(ids), "rows": rows, "skipped": skipped,
             "inductor_variants": variants, "figures": figures}
 
@@ -111,15 +110,15 @@ CPU_VARIANTS = {"freezing": {"freezing": True},
                 "max-autotune": {"max_autotune": True}}
 
 
-def _inductor_variants(ctx: BenchContext, options: BenchOptions, prompts, figures: list) -> list[dict]:
+def _inductor_variants(ctx: BenchContext, options: CompileOptions, prompts, figures: list) -> list[dict]:
     """On a CPU, fp32 at the first batch size: each of CPU_VARIANTS against eager (its own
     fresh model, so each compiles from scratch). Appends one figure per variant."""
-    if ctx.device.type != "cpu" or not options.compile_inductor_variants:
+    if ctx.device.type != "cpu" or not options.inductor_variants:
         return []
     out = []
     for name, inductor in CPU_VARIANTS.items():
         model = _model_for(ctx, "fp32")
-        record = compare_compiled(model, prompts, options.compile_new_tokens, ctx.device, options.repeats,
+        record = compare_compiled(model, prompts, options.new_tokens, ctx.device, options.repeats,
                                   CompiledDecoder(inductor_options=inductor))
         if isinstance(record, str):
             out.append({"variant": name, "skipped": record})

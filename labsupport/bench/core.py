@@ -3,10 +3,14 @@
 Introduced in notebook 00 (where the time goes).
 
 A section is a function ``(context, options) -> dict`` (see `suite.SECTIONS`). The
-context (`BenchContext`) loads each model once and probes the machine once; the dict
-a section returns holds its raw timings and a list of `reported` entries under
-``"figures"``: one measured number each, with its unit, the course's target and the
-handbook chapter's claim. `all_figures` collects them; `write_json` saves a report.
+context (`BenchContext`) loads the model once, keeps one `ModelVariants` of it for the
+whole run (every other precision and weight format is made from that one fp32 model, once,
+and shared by every section and draft) and probes the machine once; the dict a section
+returns holds its raw timings, what its claims function takes, and a list of `reported`
+entries under ``"figures"``: one measured number each, with its unit and the course's
+target. The handbook chapter's claims are judged by each section's claims function
+(`suite.Section.claims`), never written into a figure. `all_figures` collects the
+figures; `write_json` saves a report.
 """
 
 from __future__ import annotations
@@ -18,32 +22,33 @@ from pathlib import Path
 
 import torch
 
+from ..errors import LabError, first_line
 from ..lab.roofs import HardwareProfile, probe
+from ..lab.variants import ModelVariants
 from ..weights.loading import load_hf_model, load_model
 
 
 def reported(name: str, value: float, unit: str, target: float | None = None,
-             higher_is_better: bool = True, claim: str | None = None, note: str = "",
-             busy: str | None = None) -> dict:
-    """One reported number as a JSON-ready dict: name, value, unit, target, met, claim, note, busy.
+             higher_is_better: bool = True, note: str = "", busy: str | None = None) -> dict:
+    """One reported number as a JSON-ready dict: name, value, unit, target, met, note, busy.
 
     Introduced in notebook 00 (where the time goes). `met` says whether `value`
-    reaches the course's `target` (None without a target); `claim` is the handbook
-    chapter's claim it is set against. `busy`: why the machine looked busy while this
-    figure was measured (`busy.busy_reason`), or None; a busy figure gets no verdict
-    (`met` is None) and the report says to re-run. `report` turns these entries into
-    tables and plots.
+    reaches the course's `target` (None without a target). `busy`: why the machine looked
+    busy while this figure was measured (`busy.busy_reason`), or None; a busy figure gets
+    no verdict (`met` is None) and the report says to re-run. `report` turns these entries
+    into tables; the chapter's claims are the section's claims table, not a figure's.
     """
     met = None
     if target is not None and busy is None:
         met = bool(value >= target) if higher_is_better else bool(value <= target)
-    return {"name": name, "value": value, "unit": unit, "target": target, "met": met,
-            "claim": claim, "note": note, "busy": busy}
+    return {"name": name, "value": value, "unit": unit, "target": target, "met": met, "note": note,
+            "busy": busy}
 
 
 @dataclass
 class BenchContext:
-    """What the sections share: the device, the models (each loaded once) and the machine profile.
+    """What the sections share: the device, the model (loaded once, in fp32), its variants
+    (one `ModelVariants` per run) and the machine profile.
 
     Introduced in notebook 00 (where the time goes).
     """
@@ -52,12 +57,25 @@ class BenchContext:
     model_name: str = "smollm2-135m"
     _cache: dict = field(default_factory=dict)
 
-    def model(self, dtype=torch.float32):
-        """labsupport's model and tokenizer in `dtype`, loaded on first use."""
-        key = ("ours", dtype)
+    def _fp32(self):
+        """The fp32 model and its tokenizer, loaded on first use (the only model read from disk)."""
+        key = ("ours", torch.float32)
         if key not in self._cache:
-            self._cache[key] = load_model(self.model_name, device=self.device, dtype=dtype)
+            self._cache[key] = load_model(self.model_name, device=self.device, dtype=torch.float32)
         return self._cache[key]
+
+    @property
+    def variants(self) -> ModelVariants:
+        """The run's one `ModelVariants` of the fp32 model: every precision is cast from it and
+        every quantized copy made from it once, whichever section or draft asks first."""
+        if "variants" not in self._cache:
+            self._cache["variants"] = ModelVariants(self._fp32()[0])
+        return self._cache["variants"]
+
+    def model(self, dtype=torch.float32):
+        """labsupport's model in `dtype` (fp32 as loaded, any other precision cast from it by
+        `variants`) and the tokenizer."""
+        return self.variants.get(dtype), self._fp32()[1]
 
     def hf_model(self, dtype=torch.float32):
         """The same weights as a Hugging Face transformers model, loaded on first use."""
@@ -89,6 +107,26 @@ def all_figures(report: dict) -> list[dict]:
 
     Introduced in notebook 00 (where the time goes)."""
     return [f for section in report["sections"].values() for f in section.get("figures", [])]
+
+
+def require_writable(path: str | Path) -> Path:
+    """`path` as a Path, once a file can be written there (its folders made, an empty file
+    opened for appending and, if it was new, removed again); else one sentence saying so.
+
+    Introduced in notebook 00 (where the time goes): ``bench`` and ``tour`` check their
+    outputs this way before measuring anything, so a wrong ``--out`` costs no run."""
+    path = Path(path)
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as error:
+        raise LabError(f"Cannot write {path} ({first_line(error, with_type=True)}); choose another --out "
+                       "(a path this user can write).") from None
+    return path
 
 
 def write_json(report: dict, path: str | Path) -> Path:

@@ -22,8 +22,8 @@ measured at the same moments. Compile times are timed apart, on each engine's fi
 
 from __future__ import annotations
 
-import copy
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -32,13 +32,12 @@ from ..engine.generation import chat_prompt, generate
 from ..engine.kv_cache import kv_cache_bytes
 from ..lab.measure import time_side_by_side
 from ..weights.embedded import find_gguf
-from ..engine.quant import quantize_model
 from ..lab.quality import quantized_bytes
 from ..lab.roofs import copy_bandwidth, copy_timing
 from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
 from .llamacpp import LlamaCppGreedy, llamacpp_unavailable
-from .options import BenchOptions
+from .options import SectionOptions, count, switch
 from .peers import hf_assisted_fn, hf_early_layers_draft, hf_generate_fn, hf_static_compiled_fn
 
 OURS, OURS_COMPILED, OURS_INT4 = "labsupport fp32", "labsupport fp32, compiled", "labsupport int4 g32"
@@ -48,7 +47,27 @@ LLAMACPP = "llama.cpp Q4_1 (same GGUF)"
 COPY = "memory copy"
 
 
-def _engines(ctx: BenchContext, options: BenchOptions, ids: list[int]) -> tuple[dict, dict, dict]:
+@dataclass(frozen=True)
+class EnginesOptions(SectionOptions):
+    """The engines section's options (the same on a CPU and a GPU). Introduced in notebook 00.
+
+    new_tokens: new tokens per generate() call (greedy, batch 1); repeats: timed repeats of
+    every engine, interleaved; compile: time the compiled rows (labsupport's compiled decode,
+    Hugging Face's static cache + torch.compile; each compiles on its first call, minutes on
+    a 2-core CPU); llamacpp: time llama.cpp where llama-cpp-python is installed (the `peers`
+    extra); lookup: tokens Hugging Face's prompt-lookup row drafts per step; draft_layers:
+    first layers of the model kept as the draft of its assisted-generation row (0: no such row)."""
+
+    SECTION = "engines"
+    new_tokens: int = count(128)
+    repeats: int = count(5)
+    compile: bool = switch(True)
+    llamacpp: bool = switch(True)
+    lookup: int = count(10)
+    draft_layers: int = count(10, minimum=0)
+
+
+def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tuple[dict, dict, dict]:
     """name -> (run(n) -> new token ids, weight bytes a decode step reads); name -> why it is
     absent; name -> seconds its first call spent compiling."""
     new_tokens = options.new_tokens
@@ -64,7 +83,7 @@ def _engines(ctx: BenchContext, options: BenchOptions, ids: list[int]) -> tuple[
         return lambda n: runs.setdefault(n, make(n))()[0, len(ids):].tolist()
 
     engines[OURS] = (ours(model), model.weight_bytes())
-    if options.engines_compile:
+    if options.compile:
         warm = generate(model, ids, new_tokens, eos_token_ids=(), compile=True)
         if warm.decode_path != "eager":
             compile_s[OURS_COMPILED] = warm.warmup_seconds
@@ -72,13 +91,12 @@ def _engines(ctx: BenchContext, options: BenchOptions, ids: list[int]) -> tuple[
         else:
             absent[OURS_COMPILED] = warm.decode_note
     else:
-        absent[OURS_COMPILED] = "switched off (engines_compile=False)"
-    int4 = copy.deepcopy(model)
-    quantize_model(int4, "int4", group_size=32)
+        absent[OURS_COMPILED] = "switched off (engines.compile=False)"
+    int4 = ctx.variants.get("float32", "int4", group_size=32)          # the run's int4 variant
     engines[OURS_INT4] = (ours(int4), quantized_bytes(int4))
 
     engines[HF] = (theirs(lambda n: hf_generate_fn(hf, ids, n)), model.weight_bytes())
-    if options.engines_compile:
+    if options.compile:
         static = theirs(lambda n: hf_static_compiled_fn(hf, ids, n))
         start = time.perf_counter()
         static(new_tokens)
@@ -88,18 +106,18 @@ def _engines(ctx: BenchContext, options: BenchOptions, ids: list[int]) -> tuple[
         compile_s[HF_STATIC] = max(0.0, first - (time.perf_counter() - start))
         engines[HF_STATIC] = (static, model.weight_bytes())
     else:
-        absent[HF_STATIC] = "switched off (engines_compile=False)"
-    engines[HF_LOOKUP] = (theirs(lambda n: hf_generate_fn(hf, ids, n, prompt_lookup=options.engines_lookup)),
+        absent[HF_STATIC] = "switched off (engines.compile=False)"
+    engines[HF_LOOKUP] = (theirs(lambda n: hf_generate_fn(hf, ids, n, prompt_lookup=options.lookup)),
                           model.weight_bytes())
-    if options.engines_draft_layers:
-        draft = hf_early_layers_draft(hf, options.engines_draft_layers)
+    if options.draft_layers:
+        draft = hf_early_layers_draft(hf, options.draft_layers)
         engines[HF_ASSISTED] = (theirs(lambda n: hf_assisted_fn(hf, draft, ids, n)), model.weight_bytes())
     else:
-        absent[HF_ASSISTED] = "switched off (engines_draft_layers=0)"
+        absent[HF_ASSISTED] = "switched off (engines.draft_layers=0)"
 
-    gguf = find_gguf() if options.engines_llamacpp and ctx.device.type == "cpu" else None
+    gguf = find_gguf() if options.llamacpp and ctx.device.type == "cpu" else None
     reason = (llamacpp_unavailable(gguf) if gguf is not None else
-              "switched off (engines_llamacpp=False)" if not options.engines_llamacpp else
+              "switched off (engines.llamacpp=False)" if not options.llamacpp else
               "measured on the CPU only (this run is on a GPU)")
     if reason is None:
         peer = LlamaCppGreedy(gguf, threads=torch.get_num_threads(), context=len(ids) + new_tokens + 8)
@@ -109,10 +127,10 @@ def _engines(ctx: BenchContext, options: BenchOptions, ids: list[int]) -> tuple[
     return engines, absent, compile_s
 
 
-def section_engines(ctx: BenchContext, options: BenchOptions) -> dict:
+def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
     """labsupport against every peer, side by side: tokens/s, prefill, decode, fraction of
     bandwidth, compile time, same tokens. Introduced in notebook 00 (where the time goes).
-    Reads new_tokens, repeats and the engines_* options."""
+    The int4 row is the run's int4 variant (`BenchContext.variants`)."""
     new_tokens, repeats = options.new_tokens, options.repeats
     model, tok = ctx.model(torch.float32)
     ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))

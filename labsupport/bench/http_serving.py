@@ -13,7 +13,7 @@ The same seeded chat workload (`lab.loadgen.chat_workload`) is served at each ar
 
 Each server gets the same client and the same requests, one server after the other at each
 rate; peers run in their own processes on 127.0.0.1 and are stopped at the end. The sizes
-live here (`HTTP_SERVING_PRESETS`), so the section stands on its own.
+are `workloads.HTTP_SERVING_PRESETS`, this section's options `HttpServingOptions`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -33,30 +33,34 @@ from ..engine.serving.engine import Engine
 from ..errors import LabError
 from ..lab.load_curve import engine_row, saturation_rate
 from ..lab.loadgen import as_engine_requests, chat_workload, load_test
-from ..lab.workloads import device_class
+from ..lab.workloads import HTTP_SERVING_PRESETS, HttpServingSizes
 from .core import BenchContext, reported
-from .options import BenchOptions
+from .options import SectionOptions, count, counts
 
 KEYS = ("throughput", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_p50")
 
 
 @dataclass(frozen=True)
-class HttpServingSizes:
-    """The section's workload per kind of device: requests per rate, batch slots, answer
-    lengths, and the rates in percent of the in-process saturation rate. Notebook 09 (serving over HTTP)."""
+class HttpServingOptions(SectionOptions):
+    """The section's options (`workloads.HTTP_SERVING_PRESETS` for the CPU and GPU sizes):
+    requests per rate, batch slots, the answers' median and largest lengths, and the rates in
+    percent of the in-process saturation rate. Notebook 09 (serving over HTTP)."""
 
-    requests: int
-    slots: int
-    median_new_tokens: int
-    max_new_tokens: int
-    loads: tuple[int, ...]
+    SECTION = "http_serving"
+    requests: int = count(HTTP_SERVING_PRESETS["cpu"].requests)
+    slots: int = count(HTTP_SERVING_PRESETS["cpu"].slots)
+    median_new_tokens: int = count(HTTP_SERVING_PRESETS["cpu"].median_new_tokens)
+    max_new_tokens: int = count(HTTP_SERVING_PRESETS["cpu"].max_new_tokens)
+    loads: tuple[int, ...] = counts(HTTP_SERVING_PRESETS["cpu"].loads)
 
+    def check(self) -> None:
+        if self.median_new_tokens > self.max_new_tokens:
+            self.refuse(f"median_new_tokens ({self.median_new_tokens}) must be at most max_new_tokens "
+                        f"({self.max_new_tokens}).")
 
-HTTP_SERVING_PRESETS = {
-    "cpu": HttpServingSizes(requests=8, slots=4, median_new_tokens=8, max_new_tokens=24, loads=(25, 60, 120)),
-    "gpu": HttpServingSizes(requests=128, slots=32, median_new_tokens=16, max_new_tokens=128,
-                            loads=(25, 50, 75, 100, 150)),
-}
+    @classmethod
+    def gpu_sizes(cls) -> dict:
+        return asdict(HTTP_SERVING_PRESETS["gpu"])
 
 
 def _row(server: str, rate: float, figures: dict | None = None, skipped: str | None = None) -> dict:
@@ -168,7 +172,7 @@ def vllm_server_command(ctx: BenchContext, port: int, slots: int) -> tuple[list[
             "--max-num-seqs", str(slots), "--dtype", "float32", "--gpu-memory-utilization", "0.5", "--seed", "0"], None
 
 
-def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes: HttpServingSizes,
+def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes: "HttpServingSizes | HttpServingOptions",
                     peers: dict | None = None, seed: int = 0, progress=None) -> list[dict]:
     """Serve one seeded chat workload at each rate with the in-process engine, our HTTP server
     and each peer; one row per (server, rate) with the `load_curve` figures and the errors.
@@ -208,12 +212,12 @@ def _ratio(rows, a: str, b: str, key: str, rate: float) -> float:
     return pick[a][key] / pick[b][key]
 
 
-def section_http_serving(ctx: BenchContext, options: BenchOptions) -> dict:
+def section_http_serving(ctx: BenchContext, options: HttpServingOptions) -> dict:
     """Our HTTP server beside the in-process engine, llama.cpp's server and vLLM's, at a few
     arrival rates; the figures: what HTTP costs (TTFT, ITL, throughput) and the peers' ratios.
-    Introduced in notebook 09 (serving over HTTP). Its sizes: `HTTP_SERVING_PRESETS`."""
+    Introduced in notebook 09 (serving over HTTP). Its options: `HttpServingOptions`."""
     model, tok = ctx.model(torch.float32)
-    sizes = HTTP_SERVING_PRESETS[device_class(ctx.device)]
+    sizes = options
     base = as_engine_requests(tok, chat_workload(sizes.requests, None, sizes.median_new_tokens,
                                                  max_new_tokens=sizes.max_new_tokens))
     saturation = in_a_thread(saturation_rate, model, base, sizes.slots)

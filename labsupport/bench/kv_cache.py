@@ -5,18 +5,37 @@ Introduced in notebook 01 (KV cache); ``python -m labsupport bench --sections kv
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..lab.busy import busy_reason
 from ..claims.kv_cache import step_busy_reason
 from ..engine.generation import generate, generate_naive
-from ..engine.kv_cache import kv_cache_bytes
+from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
 from ..lab.kv_timing import estimated_total_seconds, gqa_savings, time_per_token_by_position
 from ..lab.measure import time_side_by_side
 from ..engine.models.config import PRESETS
 from ..lab.workloads import KV_PROMPT
 from .core import BenchContext, reported
-from .options import BenchOptions
+from .options import SectionOptions, count, counts, seconds
+
+
+@dataclass(frozen=True)
+class KVCacheOptions(SectionOptions):
+    """The KV-cache section's options (the same on a CPU and a GPU). Introduced in notebook 01.
+
+    lengths: new-token counts at which the uncached loop is compared with the cache
+    (``--kv-lengths``); repeats: timed repeats of each full pair; step_repeats: timed repeats
+    of each single step behind the per-position estimate; naive_budget_s: seconds an
+    uncached run may take before it is estimated from single steps instead (the shortest
+    length always runs in full)."""
+
+    SECTION = "kv_cache"
+    lengths: tuple[int, ...] = counts((64, 256, 1024))
+    repeats: int = count(1)
+    step_repeats: int = count(3)
+    naive_budget_s: float = seconds(90.0)
 
 
 def kv_positions(lengths: list[int]) -> list[int]:
@@ -27,27 +46,29 @@ def kv_positions(lengths: list[int]) -> list[int]:
     return sorted({0} | {n // 2 for n in lengths} | {n - 1 for n in lengths})
 
 
-def section_kv_cache(ctx: BenchContext, options: BenchOptions) -> dict:
+def section_kv_cache(ctx: BenchContext, options: KVCacheOptions) -> dict:
     """The chapter's loop without a cache against the static KV cache.
 
-    Introduced in notebook 01 (KV cache). For each length in ``kv_lengths``: a full run
-    of both, side by side (``kv_repeats``) and with the same tokens checked, for the
+    Introduced in notebook 01 (KV cache). For each of the options' ``lengths``: a full run
+    of both, side by side (``repeats``) and with the same tokens checked, for the
     shortest length and wherever the uncached run is cheap enough (estimated under
-    ``kv_naive_budget_s``); otherwise an estimate from single steps timed at a few
-    positions (``kv_step_repeats``) and summed over every position (`kv_timing`). The
+    ``naive_budget_s``); otherwise an estimate from single steps timed at a few
+    positions (``step_repeats``) and summed over every position (`kv_timing`). The
     figure's note says which. Also the memory arithmetic: GQA's saving, and a 7B cache at
     512 vs 128K (computed from the formula, not measured: its figure says so). A timed
     figure carries the busy reason of its timings (`busy`): their spread, and for the
-    estimates a step over more tokens far faster than one over fewer.
+    estimates a step over more tokens far faster than one over fewer. For the claims
+    (`claims.kv_cache.kv_cache_section_claims`) it also allocates a cache at each length
+    against the formula, and with one key/value head per query head.
     """
     model, tok = ctx.model(torch.float32)
     ids = tok.encode(KV_PROMPT)
-    lengths = sorted(options.kv_lengths)
-    repeats = options.kv_repeats
-    budget = options.kv_naive_budget_s
+    lengths = sorted(options.lengths)
+    repeats = options.repeats
+    budget = options.naive_budget_s
 
     positions = kv_positions(lengths)
-    steps = time_per_token_by_position(model, positions, prompt_len=len(ids), repeats=options.kv_step_repeats)
+    steps = time_per_token_by_position(model, positions, prompt_len=len(ids), repeats=options.step_repeats)
     steps_busy = step_busy_reason(steps)
     rows, estimated_rows, figures = [], [], []
     for new_tokens in lengths:
@@ -102,8 +123,24 @@ def section_kv_cache(ctx: BenchContext, options: BenchOptions) -> dict:
     seven_b = PRESETS["llama-7b-shape"]
     small, large = (kv_cache_bytes(seven_b, n, 1, torch.float16) for n in (512, 128 * 1024))
     figures.append(reported("KV cache of a 7B model (fp16, batch 1): 128K tokens / 512 tokens, computed",
-                            large / small, "x", claim="contexts grew from 512 to 128K tokens",
+                            large / small, "x",
                             note=f"computed from the formula, not measured: {small / 2**20:.0f} MiB at 512 tokens, "
                                  f"{large / 2**30:.0f} GiB at 128K"))
     return {"prompt_tokens": len(ids), "per_position_s": steps, "rows": rows,
-            "estimated_rows": estimated_rows, "gqa": savings, "figures": figures}
+            "estimated_rows": estimated_rows, "gqa": savings, "figures": figures,
+            **allocated_bytes(model, [len(ids) + n for n in lengths]),
+            "seven_b": {"weights": seven_b.num_parameters * 2, "at_512": small, "at_128k": large}}
+
+
+def allocated_bytes(model, lengths: list[int]) -> dict:
+    """What the claims compare with the formula: {"memory": [(length, formula bytes, bytes a
+    StaticKVCache of that length allocated)], "gqa_allocated": {"num_heads", "kv_heads",
+    "gqa_bytes", "mha_bytes"} at 256 positions}. Introduced in notebook 01 (KV cache)."""
+    config, dtype = model.config, model.dtype
+
+    def allocated(config, length):
+        return StaticKVCache(config, batch_size=1, max_len=length, device=model.device, dtype=dtype).nbytes
+    memory = [(n, kv_cache_bytes(config, n, 1, dtype), allocated(config, n)) for n in lengths]
+    mha = config.with_(num_kv_heads=config.num_heads)
+    return {"memory": memory, "gqa_allocated": {"num_heads": config.num_heads, "kv_heads": config.num_kv_heads,
+                                                "gqa_bytes": allocated(config, 256), "mha_bytes": allocated(mha, 256)}}

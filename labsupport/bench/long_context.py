@@ -6,6 +6,8 @@ Introduced in notebook 08 (long context); ``python -m labsupport bench --section
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..lab.busy import busy_reason
@@ -16,12 +18,30 @@ from ..lab.long_context import time_cache_kinds
 from ..engine.models.config import PRESETS
 from ..lab.prefill_attention import prefill_attention_sweep
 from .core import BenchContext, reported
-from .options import BenchOptions
+from .options import SectionOptions, count, counts
 
 MIB = 2 ** 20
 
 
-def section_long_context(ctx: BenchContext, options: BenchOptions) -> dict:
+@dataclass(frozen=True)
+class LongContextOptions(SectionOptions):
+    """The long-context section's options (the same on a CPU and a GPU). Introduced in notebook 08.
+
+    context: cached positions behind the int8-vs-float decode step (the longest the CPU run
+    times); batch: its rows; prefill_lengths: prompt lengths of naive vs fused prefill
+    attention (the largest is the reported figure); naive_budget_mib: MiB naive attention's
+    score matrices may take before it is no longer run; repeats: timed repeats of each pair,
+    interleaved."""
+
+    SECTION = "long_context"
+    context: int = count(2048)
+    batch: int = count(16)
+    prefill_lengths: tuple[int, ...] = counts((512, 1024, 2048))
+    naive_budget_mib: int = count(512)
+    repeats: int = count(3)
+
+
+def section_long_context(ctx: BenchContext, options: LongContextOptions) -> dict:
     """The int8 KV cache's bytes and decode speed, naive vs fused prefill memory, the crossovers.
 
     Introduced in notebook 08 (long context). Figures:
@@ -29,51 +49,49 @@ def section_long_context(ctx: BenchContext, options: BenchOptions) -> dict:
     * the int8 cache's bytes against a 16-bit and an fp32 cache of the same shape (allocated;
       targets 1.9x and 3.8x: a half and a quarter, up to one 2-byte scale per 64 values);
     * one decode step with the float (fp32) cache against the int8 cache, side by side, at
-      ``long_context`` positions and ``long_batch`` rows (random cache contents), target 1.0x:
+      ``context`` positions and ``batch`` rows (random cache contents), target 1.0x:
       reported as measured (the int8 cache dequantizes what it reads, so on a CPU it may lose);
     * naive / fused prefill attention memory and time at T = 2048 (the largest of
-      ``long_prefill_lengths``; memory measured on CUDA, computed from tensor sizes elsewhere);
+      ``prefill_lengths``; memory measured on CUDA, computed from tensor sizes elsewhere);
     * the crossover contexts at which a decode step reads more cache than weights (computed).
+
+    Its claims: `claims.long_context.long_context_section_claims`.
     """
     model, _ = ctx.model(torch.float32)
     config = model.config
     figures = []
 
-    int8 = int8_kv_cache_bytes(config, options.long_context, options.long_batch)
-    sixteen = kv_cache_bytes(config, options.long_context, options.long_batch, torch.float16)
-    fp32 = kv_cache_bytes(config, options.long_context, options.long_batch, torch.float32)
+    int8 = int8_kv_cache_bytes(config, options.context, options.batch)
+    sixteen = kv_cache_bytes(config, options.context, options.batch, torch.float16)
+    fp32 = kv_cache_bytes(config, options.context, options.batch, torch.float32)
     ideal = 2 * config.head_dim / (config.head_dim + 2)
     figures.append(reported("int8 KV cache: bytes of a 16-bit cache / int8 cache", sixteen / int8, "x", target=1.9,
-                            claim="an int8 KV cache halves the cache vs fp16/bf16",
                             note=f"exact: {config.head_dim} int8 bytes + a 2-byte scale per token per kv-head "
                                  f"({ideal:.3f}x); {sixteen / MIB:.0f} MiB vs {int8 / MIB:.0f} MiB"))
     figures.append(reported("int8 KV cache: bytes of an fp32 cache / int8 cache", fp32 / int8, "x", target=3.8,
-                            claim="an int8 KV cache quarters the cache vs fp32",
                             note=f"exact ({2 * ideal:.3f}x with the scales)"))
 
-    speed = time_cache_kinds(model, options.long_context, options.long_batch, repeats=options.long_repeats)
+    speed = time_cache_kinds(model, options.context, options.batch, repeats=options.repeats)
     ratio = speed["float_s"] / speed["int8_s"]
     figures.append(reported(
-        f"int8 vs fp32 KV cache: decode step speedup at context {options.long_context}, batch {options.long_batch}",
+        f"int8 vs fp32 KV cache: decode step speedup at context {options.context}, batch {options.batch}",
         ratio, "x", target=1.0, busy=busy_reason(speed["timings"]),
-        claim="the int8 cache is faster than the float cache at long context",
         note=f"measured side by side: fp32 cache {1e3 * speed['float_s']:.0f} ms, int8 {1e3 * speed['int8_s']:.0f} ms "
              f"per step; this int8 cache dequantizes every position it reads to fp32 before attention (no fused "
              f"int8 attention kernel), so it reads fewer bytes from the cache but writes and reads a float copy: "
              f"below 1.0x that extra pass costs more than the bytes saved"))
 
-    budget = options.long_naive_budget_mib * MIB
-    prefill = prefill_attention_sweep(config, options.long_prefill_lengths, budget, ctx.device,
-                                      repeats=options.long_repeats)
+    budget = options.naive_budget_mib * MIB
+    prefill = prefill_attention_sweep(config, options.prefill_lengths, budget, ctx.device,
+                                      repeats=options.repeats)
     largest = prefill[-1]
     if largest["naive_over_budget"]:
         figures.append(reported(f"naive attention at T={largest['T']}", largest["naive_bytes"] / MIB, "MiB",
-                                note=f"computed; over the {options.long_naive_budget_mib} MiB budget, not run"))
+                                note=f"computed; over the {options.naive_budget_mib} MiB budget, not run"))
     else:
         figures.append(reported(
             f"prefill attention memory at T={largest['T']}: naive / fused (one layer)",
             largest["naive_bytes"] / largest["fused_bytes"], "x",
-            claim="fused attention does not materialise the T x T scores",
             note=f"{largest['memory']}: naive {largest['naive_bytes'] / MIB:.0f} MiB, fused "
                  f"{largest['fused_bytes'] / MIB:.1f} MiB"))
         figures.append(reported(

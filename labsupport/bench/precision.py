@@ -5,26 +5,41 @@ Introduced in notebook 03 (mixed precision); ``python -m labsupport bench --sect
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..lab.busy import busy_reason
 from ..engine.hardware import bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast
 from ..lab.measure import time_side_by_side
 from ..engine.models.config import PRESETS
-from ..lab.precision import (bf16_report, decode_run, emulation_note, logit_agreement, parameter_bytes,
+from ..lab.precision import (MIB, bf16_report, decode_run, emulation_note, logit_agreement, parameter_bytes,
                              prefill_run)
 from ..engine.precision import tensor_bytes
-from ..lab.variants import ModelVariants
 from ..lab.workloads import LIGHTHOUSE_PROMPT
 from .core import BenchContext, reported
-from .options import BenchOptions
+from .options import SectionOptions, count
 
 
-def section_precision(ctx: BenchContext, options: BenchOptions) -> dict:
+@dataclass(frozen=True)
+class PrecisionOptions(SectionOptions):
+    """The precision section's options (the same on a CPU and a GPU). Introduced in notebook 03.
+
+    new_tokens: new tokens of the decode timing (batch 1); prefill_tokens: prompt length of
+    the prefill timing; repeats: timed repeats of each, interleaved."""
+
+    SECTION = "precision"
+    new_tokens: int = count(32)
+    prefill_tokens: int = count(512)
+    repeats: int = count(5)
+
+
+def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
     """Memory per dtype; fp32 against 16-bit in decode (batch 1) and prefill; agreement.
 
-    Introduced in notebook 03 (mixed precision). Reads precision_new_tokens,
-    prefill_tokens and repeats.
+    Introduced in notebook 03 (mixed precision). Every precision is the run's variant
+    (`BenchContext.variants`), cast from the one fp32 model. Its claims:
+    `claims.precision.precision_section_claims`.
     """
     model, tok = ctx.model(torch.float32)
     # bf16 where the hardware has it, and emulated on a CPU without it (labelled so);
@@ -32,19 +47,17 @@ def section_precision(ctx: BenchContext, options: BenchOptions) -> dict:
     half = [torch.bfloat16] if bf16_supported(ctx.device) or bf16_emulated(ctx.device) else []
     if ctx.device.type == "cuda" or fp16_fast(ctx.device):
         half.append(torch.float16)
-    variants = ModelVariants(model)
-    models = {name: variants.get(name) for name in ["float32"] + [dtype_name(d) for d in half]}
+    models = {name: ctx.variants.get(name) for name in ["float32"] + [dtype_name(d) for d in half]}
 
     gpt2 = PRESETS["gpt2"].num_parameters
     memory = {name: tensor_bytes(m) for name, m in models.items()}
     figures = [reported("GPT-2 weights in fp32 / fp16 (counted from its config)",
                         parameter_bytes(gpt2, "float16") / parameter_bytes(gpt2, "float32"), "fraction",
-                        claim="474.7 MB -> 237.4 MB (50% less)",
                         note=f"{gpt2:,} parameters: {parameter_bytes(gpt2, 'float32') / 2**20:.1f} MiB fp32, "
                              f"{parameter_bytes(gpt2, 'float16') / 2**20:.1f} MiB fp16")]
 
     ids = tok.encode(LIGHTHOUSE_PROMPT)
-    new_tokens = options.precision_new_tokens
+    new_tokens = options.new_tokens
     long_prompt = (ids * 64)[: options.prefill_tokens]
 
     def decode(m):
@@ -74,17 +87,23 @@ def section_precision(ctx: BenchContext, options: BenchOptions) -> dict:
             prefill_busy = busy_reason({"float32": prefill_t["float32"], name: prefill_t[name]})
             figures += [
                 reported(f"{label} / fp32 decode speed (batch 1)", rows[name]["decode_speedup"], "x",
-                         claim="fp16 ~1.5x", note="; ".join(filter(None, [
+                         note="; ".join(filter(None, [
                              f"{new_tokens} new tokens", f"{rows[name]['bandwidth_fraction']:.0%} of copy bandwidth "
                              f"(fp32: {rows['float32']['bandwidth_fraction']:.0%})", emulated])),
                          busy=decode_busy),
                 reported(f"{label} / fp32 prefill speed ({len(long_prompt)}-token prompt)",
                          rows[name]["prefill_speedup"], "x", note=emulated, busy=prefill_busy),
                 reported(f"{name} top-1 agreement with fp32", rows[name]["top1_agreement"], "fraction",
-                         claim="fp16: minimal loss",
                          note=f"max |logit difference| {rows[name]['max_abs_diff']:.3f}"),
             ]
-    return {"models": rows, "memory_bytes": memory, "bf16": bf16_report(ctx.device),
+    speeds = {regime: {name: {"speedup": t["float32"].median / t[name].median, "seconds": t[name].median,
+                              "fp32_seconds": t["float32"].median, "note": emulation_note(ctx.device, name),
+                              "timing": t[name].to_dict(), "fp32_timing": t["float32"].to_dict()}
+                       for name in models if name != "float32"}
+              for regime, t in (("decode", decode_t), ("prefill", prefill_t))}
+    return {"models": rows, "memory_bytes": memory, "bf16": bf16_report(ctx.device), "speeds": speeds,
+            "device": str(ctx.device), "model_name": model.config.name,
+            "gpt2_mib": {d: parameter_bytes(gpt2, d) / MIB for d in ("float32", "float16")},
             "timings_s": {"decode": {k: v.to_dict() for k, v in decode_t.items()},
                           "prefill": {k: v.to_dict() for k, v in prefill_t.items()}},
             "figures": figures}

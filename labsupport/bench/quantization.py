@@ -3,9 +3,9 @@
 Introduced in notebook 04 (quantization); ``python -m labsupport bench --sections quantization``.
 
 Rows: fp32, bf16, fp16, int8 (absmax, fast kernel), int4 groups of 32 and 128,
-bitsandbytes LLM.int8() and NF4. One fp32 model is loaded; the 16-bit rows are
-cast copies, and every quantized row is a `QuantizedHandle` on that same model,
-swapped in only while it runs (``with handle:``), so no extra fp32 copy is held.
+bitsandbytes LLM.int8() and NF4. Every row is the run's variant (`BenchContext.variants`:
+the 16-bit rows cast from the one fp32 model, the quantized ones copied from it and
+quantized once), the same models the other sections and the self-draft use.
 
 * memory: bytes resident in the model (`quality.resident_bytes`, the footprint
   the chapter's claim is about; with a tied output layer, quantizing it keeps the
@@ -28,30 +28,58 @@ swapped in only while it runs (``with handle:``), so no extra fp32 copy is held.
 from __future__ import annotations
 
 import copy
-import math
+from dataclasses import dataclass
 from statistics import median as _median
 
 import torch
 
 from ..lab.busy import busy_reason
-from ..claims import quantization_claim
 from ..errors import LabError
 from ..engine.generation import chat_prompt, generate
 from ..engine.hardware import fp16_fast
 from ..lab.measure import Timing, time_side_by_side
-from ..engine.precision import cast_model
-from ..lab.quality import eval_tokens, quantized_bytes, resident_bytes
-from ..engine.quant import quantize_model
-from ..lab.quality import _score
-from .baseline import DEFAULT_PROMPT
+from ..lab.quality import (eval_tokens, logits_of, perplexity_from_logits, quantized_bytes, resident_bytes,
+                           top1_agreement_from_logits)
+from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
-from .options import BenchOptions
+from .options import SectionOptions, count
 
-# (row name, dtype for a cast copy, or (method, group size) for a quantized swap)
-ROWS = [("fp32", torch.float32, None), ("bf16", torch.bfloat16, None), ("fp16", torch.float16, None),
-        ("int8", None, ("int8", 32)), ("int4 g32", None, ("int4", 32)), ("int4 g128", None, ("int4", 128)),
-        ("bnb int8", None, ("bnb-int8", 32)), ("bnb nf4", None, ("bnb-nf4", 32))]
+# row name -> (precision, weights, group size): a `ModelVariants` key
+ROWS = {"fp32": ("float32", "float", None), "bf16": ("bfloat16", "float", None), "fp16": ("float16", "float", None),
+        "int8": ("float32", "int8", None), "int4 g32": ("float32", "int4", 32), "int4 g128": ("float32", "int4", 128),
+        "bnb int8": ("float32", "bnb-int8", None), "bnb nf4": ("float32", "bnb-nf4", None)}
 TARGETS = {"int8": 2.0, "int4 g32": 2.5, "int4 g128": 2.5}
+
+
+@dataclass(frozen=True)
+class QuantizationOptions(SectionOptions):
+    """The quantization section's options (the same on a CPU and a GPU). Introduced in notebook 04.
+
+    new_tokens: new tokens per decode timing of the rows (at least 2: speed is per decode
+    step); slow_new_tokens: new tokens of the rows timed in a pair with fp32 because they are
+    very slow (at least 2, at most new_tokens); repeats: timed repeats, interleaved;
+    eval_tokens: tokens of the evaluation text behind perplexity and top-1 agreement."""
+
+    SECTION = "quantization"
+    new_tokens: int = count(32, minimum=2)
+    slow_new_tokens: int = count(8, minimum=2)
+    repeats: int = count(3)
+    eval_tokens: int = count(512, minimum=2)
+
+    def check(self) -> None:
+        if self.slow_new_tokens > self.new_tokens:
+            self.refuse(f"slow_new_tokens ({self.slow_new_tokens}) must not exceed new_tokens ({self.new_tokens}): "
+                        "the slow rows are timed on fewer tokens, never more.")
+
+    def with_counts(self, new_tokens: int | None = None, repeats: int | None = None):
+        """As `SectionOptions.with_counts`, new_tokens kept at 2 or more and the slow rows
+        never above it. Introduced in notebook 04 (quantization)."""
+        if new_tokens is None:
+            return super().with_counts(repeats=repeats)
+        tokens = max(2, new_tokens)
+        slow = max(2, min(self.slow_new_tokens, tokens))
+        return type(self)(**{**self.to_dict(), "new_tokens": tokens, "slow_new_tokens": slow}).with_counts(
+            repeats=repeats)
 
 
 def _fp16_rounded(model):
@@ -64,78 +92,57 @@ def _fp16_rounded(model):
     return rounded
 
 
-class _Nothing:
-    """A context manager that does nothing (rows that need no swap). Introduced in notebook 04."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-
-def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
+def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dict:
     """Memory, decode speed (ratio to fp32) and quality of each precision and quantization.
 
-    Introduced in notebook 04 (quantization). Reads quant_new_tokens,
-    quant_slow_new_tokens, quant_repeats and quant_eval_tokens.
+    Introduced in notebook 04 (quantization). Its claims:
+    `claims.quantization.quantization_section_claims` (the rows).
     """
     model, tok = ctx.model(torch.float32)
-    new_tokens = options.quant_new_tokens
-    slow_tokens = options.quant_slow_new_tokens
-    repeats = options.quant_repeats
+    new_tokens, slow_tokens, repeats = options.new_tokens, options.slow_new_tokens, options.repeats
     ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
-    eval_ids = eval_tokens(tok, max_tokens=options.quant_eval_tokens)
+    eval_ids = eval_tokens(tok, max_tokens=options.eval_tokens)
     fp16_runs = ctx.device.type == "cuda" or fp16_fast(ctx.device)
 
-    # Build every row: a cast copy, or a handle on the fp32 model (restored until it runs).
+    # Every row is a variant of the run: made once from the fp32 model, shared with the other sections.
     variants, rows = {}, {}
-    for name, dtype, quant in ROWS:
-        row = rows[name] = {"kind": "cast" if quant is None else quant[0]}
+    for name, (precision, weights, group_size) in ROWS.items():
+        row = rows[name] = {"kind": "cast" if weights == "float" else weights}
         try:
-            if quant is None:
-                variants[name] = (model if dtype == torch.float32 else cast_model(model, dtype), None)
-            else:
-                handle = quantize_model(model, quant[0], group_size=quant[1])
-                handle.restore()
-                variants[name] = (model, handle)
-                row["kernels"] = handle.kernels
-                row["kernel"] = handle.describe()
+            variants[name] = ctx.variants.get(precision, weights, group_size=group_size or 32)
+            if weights != "float":
+                handle = ctx.variants.handle(precision, weights, group_size=group_size or 32)
+                row["kernels"], row["kernel"] = handle.kernels, handle.describe()
         except LabError as error:                  # e.g. bitsandbytes missing or not on this device
             row["error"] = str(error)
 
-    def applied(name):
-        m, handle = variants[name]
-        return handle if handle is not None else _Nothing()
-
     # Memory and quality, one row at a time.
-    fp32_nll, fp32_top1 = _score(model, eval_ids)
+    fp32_logits = logits_of(model, eval_ids)
+    fp32_ppl = perplexity_from_logits(fp32_logits, eval_ids)
     fp32_bytes = model.weight_bytes()
     fp32_resident = resident_bytes(model)
-    for name in variants:
-        m, _ = variants[name]
-        with applied(name):
-            rows[name]["weight_bytes"] = quantized_bytes(m)
-            rows[name]["tensor_bytes"] = resident_bytes(m)
-            if name == "fp16" and not fp16_runs:
-                scored, how = _fp16_rounded(model), "fp16-rounded weights computed in fp32"
-            else:
-                scored, how = m, "as run"
-            nll, top1 = (fp32_nll, fp32_top1) if name == "fp32" else _score(scored, eval_ids)
+    for name, m in variants.items():
+        rows[name]["weight_bytes"] = quantized_bytes(m)
+        rows[name]["tensor_bytes"] = resident_bytes(m)
+        if name == "fp16" and not fp16_runs:
+            scored, how = _fp16_rounded(model), "fp16-rounded weights computed in fp32"
+        else:
+            scored, how = m, "as run"
+        logits = fp32_logits if name == "fp32" else logits_of(scored, eval_ids)
+        ppl = perplexity_from_logits(logits, eval_ids)
         rows[name].update(memory_fraction=rows[name]["weight_bytes"] / fp32_bytes,
-                          resident_fraction=rows[name]["tensor_bytes"] / fp32_resident, perplexity=math.exp(nll),
-                          perplexity_increase=math.exp(nll) / math.exp(fp32_nll) - 1,
-                          top1_agreement=(top1 == fp32_top1).float().mean().item(), quality_from=how)
+                          resident_fraction=rows[name]["tensor_bytes"] / fp32_resident, perplexity=ppl,
+                          perplexity_increase=ppl / fp32_ppl - 1,
+                          top1_agreement=top1_agreement_from_logits(fp32_logits, logits), quality_from=how)
 
     # Speed: decode tokens/s, all rows interleaved; very slow rows in a pair with fp32 on fewer tokens.
     decode_s: dict[str, list[float]] = {}
 
     def decode(name, tokens):
-        m, _ = variants[name]
+        m = variants[name]
 
         def run():
-            with applied(name):
-                result = generate(m, ids, tokens, eos_token_ids=())
+            result = generate(m, ids, tokens, eos_token_ids=())
             decode_s.setdefault(f"{name}@{tokens}", []).append(result.decode_seconds / (tokens - 1))
         return run
 
@@ -160,6 +167,7 @@ def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
                           timed_on_new_tokens=tokens,
                           bandwidth_bytes_per_s=rows[name]["weight_bytes"] / step,
                           bandwidth_fraction=rows[name]["weight_bytes"] / step / ctx.hardware.bandwidth,
+                          timing=Timing(decode_s[f"{name}@{tokens}"]).to_dict(),
                           busy=busy_reason({"fp32": Timing(decode_s[f"fp32@{tokens}"]),
                                             name: Timing(decode_s[f"{name}@{tokens}"])}))
         if "bf16" in fast_rows and name in fast_rows and rows[name]["kind"] in ("int8", "int4"):
@@ -177,7 +185,7 @@ def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
                 figures.append(reported(f"{name}: not run", float("nan"), "", note=row["error"]))
             continue
         figures.append(reported(f"{name} resident bytes / fp32", row["resident_fraction"], "fraction",
-                                higher_is_better=False, claim=quantization_claim(name, 0),
+                                higher_is_better=False,
                                 note=f"{row['tensor_bytes'] / 2**20:.0f} MiB vs {fp32_resident / 2**20:.0f} MiB fp32 "
                                      "(every tensor the model holds, float lookup tables included)"))
         figures.append(reported(f"{name} bytes read per token / fp32", row["memory_fraction"], "fraction",
@@ -189,7 +197,7 @@ def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
                    f"timed in a pair with fp32 on {slow_tokens} new tokens (about "
                    f"{warm[name] / warm['fp32']:.0f}x slower than fp32 in the warm-up)")
             figures.append(reported(f"{name} / fp32 decode speed (batch 1)", row["decode_speedup"], "x",
-                                    target=TARGETS.get(name), claim=quantization_claim(name, 1),
+                                    target=TARGETS.get(name),
                                     note=f"{row['decode_tokens_per_s']:.1f} tokens/s, "
                                          f"{row['bandwidth_fraction']:.0%} of copy bandwidth; {how}; "
                                          f"{row.get('kernel', 'dense matmul')}", busy=row["busy"]))
@@ -199,7 +207,7 @@ def section_quantization(ctx: BenchContext, options: BenchOptions) -> dict:
                                          "is what the smaller weights add over a bf16 model", busy=row["busy_bf16"]))
         figures.append(reported(f"{name} perplexity increase over fp32", row["perplexity_increase"], "fraction",
                                 higher_is_better=False,
-                                note=f"perplexity {row['perplexity']:.2f} vs {math.exp(fp32_nll):.2f} on "
+                                note=f"perplexity {row['perplexity']:.2f} vs {fp32_ppl:.2f} on "
                                      f"{len(eval_ids)} tokens of the evaluation text ({row['quality_from']})"))
         figures.append(reported(f"{name} top-1 agreement with fp32", row["top1_agreement"], "fraction"))
     return {"rows": rows, "fp32_weight_bytes": fp32_bytes, "eval_tokens": len(eval_ids),

@@ -9,19 +9,66 @@ is reported with its figures, never tuned away.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from ..claims.serving import prefill_stall
 from ..lab.busy import busy_reason, load_per_core
 from ..lab.measure import time_side_by_side
 from ..weights.loading import resolve_hf_source
 from ..engine.serving.engine import Engine
 from ..lab.load_curve import configurations, load_curve, near_saturation, saturation_rate
 from ..lab.serving_metrics import reserved_vs_used, summarize
-from ..lab.serving_workload import chat_prompts, make_workload
-from ..lab.workloads import SERVING_PRESETS, device_class, preset, serving_workload
+from ..lab.serving_workload import chat_prompts, make_workload, serving_workload
+from ..lab.workloads import PRESETS, SERVING_PRESETS, device_class, preset
 from .core import BenchContext, reported
-from .options import BenchOptions
+from .options import SectionOptions, count, counts
 from .serving_peers import hf_serve, vllm_serve
+
+
+def _sizes(kind: str) -> dict:
+    """The serving options a device preset decides (`workloads.PRESETS`, `workloads.SERVING_PRESETS`)."""
+    device, serving = PRESETS[kind], SERVING_PRESETS[kind]
+    return dict(slots=device.serving_slots, requests=device.serving_requests, token_budget=serving.token_budget,
+                curve_requests=serving.curve_requests, curve_slots=serving.curve_slots, curve_loads=serving.curve_loads)
+
+
+@dataclass(frozen=True)
+class ServingOptions(SectionOptions):
+    """The serving section's options. Introduced in notebook 06 (continuous batching).
+
+    slots: batch slots of every server (two cores saturate early: notebook 02); requests:
+    requests in the long-tailed workload (`serving_workload.serving_workload`); repeats: timed
+    repeats of the whole workload per server; token_budget: tokens per engine step of the
+    chunked-prefill servers and of the load curve's (at least the slots of each, so that
+    every running request can decode in a step); curve_requests, curve_slots: requests served
+    at each rate of the load curve and its servers' slots (fewer slots than requests, so that
+    a queue can form); curve_loads: its rates, in percent of the saturation rate measured in
+    the run. The GPU preset: `workloads.PRESETS` and `workloads.SERVING_PRESETS`."""
+
+    SECTION = "serving"
+    slots: int = count(_sizes("cpu")["slots"])
+    requests: int = count(_sizes("cpu")["requests"])
+    repeats: int = count(1)
+    token_budget: int = count(_sizes("cpu")["token_budget"])
+    curve_requests: int = count(_sizes("cpu")["curve_requests"])
+    curve_slots: int = count(_sizes("cpu")["curve_slots"])
+    curve_loads: tuple[int, ...] = counts(_sizes("cpu")["curve_loads"])
+
+    def check(self) -> None:
+        slots = max(self.slots, self.curve_slots)
+        if self.token_budget < slots:
+            which = "slots" if self.slots >= self.curve_slots else "curve_slots"
+            self.refuse(f"token_budget ({self.token_budget}) must be at least {which} ({slots}): a step decodes "
+                        "one token of every running request within its budget.")
+        if self.curve_slots >= self.curve_requests:
+            self.refuse(f"curve_slots ({self.curve_slots}) must be fewer than curve_requests "
+                        f"({self.curve_requests}), or no queue can form on the load curve.")
+
+    @classmethod
+    def gpu_sizes(cls) -> dict:
+        return _sizes("gpu")
 
 # our engine's servers in the side-by-side run (their settings: `our_servers`)
 OURS = ("static", "continuous", "prefix caching", "chunked + prefix caching")
@@ -87,20 +134,20 @@ def _decode_costs(model, slots: int) -> dict | None:
     return decode_step_costs(model, batch_size=slots, context=128, steps=5)
 
 
-def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
+def section_serving(ctx: BenchContext, options: ServingOptions) -> dict:
     """All requests arrive at once; each server runs the whole workload, side by side; then a
     load curve over Poisson arrival rates, the vLLM peer and the decode step's cost shares.
 
-    Introduced in notebook 06 (continuous batching). Reads serving_slots, serving_requests,
-    serving_repeats, serving_token_budget, serving_curve_requests, serving_curve_slots and
-    serving_curve_loads (percent of the measured saturation rate).
+    Introduced in notebook 06 (continuous batching). Its claims:
+    `claims.serving.serving_section_claims` (the speeds, metrics, the prefill stall of the
+    continuous run, the load curve).
     """
     model, tok = ctx.model(torch.float32)
     hf = ctx.hf_model(torch.float32)
-    slots, budget = options.serving_slots, options.serving_token_budget
-    requests = serving_workload(tok, ctx.device, options.serving_requests)
+    slots, budget = options.slots, options.token_budget
+    requests = serving_workload(tok, ctx.device, options.requests)
     longest = max(r.max_length for r in requests)
-    timings, runs = serve_side_by_side(model, hf, requests, slots, options.serving_repeats, token_budget=budget)
+    timings, runs = serve_side_by_side(model, hf, requests, slots, options.repeats, token_budget=budget)
     load = load_per_core()
 
     def busy(*names):
@@ -121,17 +168,17 @@ def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
 
     # the load curve: the same seeded workload at rising Poisson rates, fractions of the saturation rate
     sizes = SERVING_PRESETS[device_class(ctx.device)]
-    curve_prompts, curve_slots = chat_prompts(tok, options.serving_curve_requests), options.serving_curve_slots
+    curve_prompts, curve_slots = chat_prompts(tok, options.curve_requests), options.curve_slots
     shape = dict(median_new_tokens=sizes.curve_median_new_tokens, sigma=1.0,        # the curve's answer lengths
                  max_new_tokens=sizes.curve_max_new_tokens)
-    base = make_workload(curve_prompts, count=options.serving_curve_requests, **shape)
+    base = make_workload(curve_prompts, count=options.curve_requests, **shape)
     saturation = saturation_rate(model, base, curve_slots)
-    rates = [saturation * p / 100 for p in options.serving_curve_loads]
+    rates = [saturation * p / 100 for p in options.curve_loads]
     peer = None
     if ctx.device.type == "cuda":                    # on a CPU, a Hugging Face curve waits out every arrival
         def peer(reqs):
             return hf_serve(hf, reqs, max_slots=curve_slots, defaults=True)
-    curve = load_curve(model, curve_prompts, rates, options.serving_curve_requests, curve_slots, budget, peer=peer,
+    curve = load_curve(model, curve_prompts, rates, options.curve_requests, curve_slots, budget, peer=peer,
                        **shape)
     curve_load = load_per_core()
     at = near_saturation(curve, saturation)
@@ -143,7 +190,7 @@ def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
 
     figures = [
         reported("serving: continuous / static batching throughput", speed["continuous"] / speed["static"], "x",
-                 target=2.0, claim="continuous batching frees slots as soon as a response ends",
+                 target=2.0,
                  note=f"{len(requests)} requests, {slots} slots, answer lengths {min(lengths)}-{max(lengths)} "
                       f"(median {sorted(lengths)[len(lengths) // 2]}); slot use "
                       f"{plain['slot_utilization']:.0%} vs {metrics['static']['slot_utilization']:.0%}; "
@@ -199,8 +246,8 @@ def section_serving(ctx: BenchContext, options: BenchOptions) -> dict:
         costs = {k: v for k, v in costs.items() if k != "timings"}
     return {"requests": len(requests), "slots": slots, "tokens": tokens, "answer_lengths": lengths,
             "token_budget": budget, "tokens_per_s": speed, "timings_s": {k: t.to_dict() for k, t in timings.items()},
-            "metrics": metrics, "same_tokens": same, "same_tokens_static_continuous": same["static"][0] == len(reference),
+            "metrics": metrics, "same_tokens": same, "prefill_stall": prefill_stall(runs["continuous"]), "same_tokens_static_continuous": same["static"][0] == len(reference),
             "same_tokens_as_hf": same["hf"][0] == len(reference), "memory": memory, "load": load,
             "load_curve": {"saturation_rate": saturation, "slots": curve_slots, "rates": rates, "rows": curve,
-                           "chunked_at": at},
+                           "chunked_at": at, "load": curve_load},
             "vllm": {k: v for k, v in vllm.items() if k != "tokens"}, "decode_cost": costs, "figures": figures}

@@ -6,32 +6,38 @@ Introduced in notebook 05 (speculative decoding); ``python -m labsupport bench -
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..lab.busy import busy_reason
 from ..errors import LabError
 from ..engine.generation import chat_prompt, generate
 from ..lab.measure import time_side_by_side
-from ..engine.speculative import (PromptLookupDraft, QuantizedSelfDraft, SpeculativeResult,
-                                  speculative_generate)
+from ..engine.speculative import ModelDraft, PromptLookupDraft, SpeculativeResult, speculative_generate
 from ..lab.speculative_math import expected_speedup, pass_costs
 from .core import BenchContext, reported
-from .options import BenchOptions
+from .options import SectionOptions, count
+from ..lab.workloads import CREATIVE_PROMPT, GROUNDED_PROMPT
 from .peers import ForwardPasses, hf_generate_fn
 
-GROUNDED_TEXT = (
-    "The lighthouse keeper climbed the narrow stairs every evening at six. He trimmed the wick, "
-    "polished the great lens with a soft cloth, and wrote the weather in a thick logbook: wind from "
-    "the north-west, a grey sea, two fishing boats back before dark. In winter the storms kept him "
-    "awake, and he counted the seconds between each flash and the thunder. In summer he painted the "
-    "railings white and watched the ferries cross the bay. When the light was finally automated, he "
-    "kept the logbook going for another year, out of habit, and then gave it to the village library."
-)
-GROUNDED_PROMPT = "Repeat the following text word for word, without any comment:\n\n" + GROUNDED_TEXT
-CREATIVE_PROMPT = "Write a short original poem about a fox who learns to play the violin."
 
 
-def section_speculative(ctx: BenchContext, options: BenchOptions) -> dict:
+@dataclass(frozen=True)
+class SpeculativeOptions(SectionOptions):
+    """The speculative section's options (the same on a CPU and a GPU). Introduced in notebook 05.
+
+    new_tokens: new tokens per generation (fp32, greedy, batch 1); repeats: timed repeats of
+    each candidate, interleaved; k: tokens drafted per target pass (ours and Hugging Face's
+    prompt lookup)."""
+
+    SECTION = "speculative"
+    new_tokens: int = count(128)
+    repeats: int = count(5)
+    k: int = count(4)
+
+
+def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
     """Speculative decoding on the embedded model, fp32, greedy, batch 1, side by side:
     plain `generate`, prompt lookup and the int4 self-draft (ours), and Hugging Face's
     plain and prompt-lookup generate(); on a grounded task (the answer repeats the
@@ -41,16 +47,17 @@ def section_speculative(ctx: BenchContext, options: BenchOptions) -> dict:
     (c) and the target's verify pass (v), with Leviathan et al.'s prediction for a free
     pass (v = 1) and for the measured one.
 
-    Introduced in notebook 05 (speculative decoding). Reads new_tokens, repeats and spec_k.
+    Introduced in notebook 05 (speculative decoding). The int4 self-draft is the run's int4
+    variant (`BenchContext.variants`, groups of 32), the same model the quantization and
+    engines sections time. Its claims: `claims.speculative.speculative_section_claims`.
     """
-    new_tokens, repeats = options.new_tokens, options.repeats
-    k = options.spec_k
+    new_tokens, repeats, k = options.new_tokens, options.repeats, options.k
     model, tok = ctx.model(torch.float32)
     hf = ctx.hf_model(torch.float32)
     lookup = PromptLookupDraft(ngram=3)
     self_draft, self_draft_note = None, ""
     try:
-        self_draft = QuantizedSelfDraft(model, "int4", group_size=32)
+        self_draft = ModelDraft(ctx.variants.get("float32", "int4", group_size=32), name="int4 self-draft")
     except LabError as error:
         self_draft_note = f"int4 self-draft skipped: {error}"
     tasks = {"grounded": GROUNDED_PROMPT, "creative": CREATIVE_PROMPT}
@@ -88,7 +95,7 @@ def section_speculative(ctx: BenchContext, options: BenchOptions) -> dict:
         speed = {name: new_tokens / t.median for name, t in timings.items()}
         plain_result = out["plain result"]
         plain_step = plain_result.decode_seconds / max(len(out["plain"]) - 1, 1)
-        row = {"prompt_tokens": len(ids), "tokens_per_s": speed,
+        row = {"prompt_tokens": len(ids), "tokens_per_s": speed, "plain_step_s": plain_step,
                "timings_s": {name: t.to_dict() for name, t in timings.items()},
                "text": tok.decode(out["plain"], skip_special_tokens=True)}
         for name in fns:
@@ -115,7 +122,6 @@ def section_speculative(ctx: BenchContext, options: BenchOptions) -> dict:
         grounded = task == "grounded"
         figures.append(reported(f"prompt lookup speedup over plain generate ({task} task)",
                                 speed["lookup"] / speed["plain"], "x", target=1.5 if grounded else None, busy=busy,
-                                claim=None if grounded else "speculation pays only when drafts are accepted",
                                 note=note("lookup") + ("" if grounded else
                                                        "; free text has little to copy from the prompt")))
         if self_draft is not None:

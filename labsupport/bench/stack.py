@@ -5,32 +5,54 @@ Introduced in notebook 07 (putting it together); ``python -m labsupport bench --
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from ..engine.precision import tensor_bytes
 from ..lab.busy import busy_reason
-from ..claims import stack_claims
 from ..lab.quality import eval_tokens
 from ..lab.stack import HF_PEER, run_stack
-from ..lab.workloads import stack_workload
+from ..lab.serving_workload import stack_workload
+from ..lab.workloads import PRESETS
 from .core import BenchContext, reported
-from .options import BenchOptions
+from .options import SectionOptions, count
 from .peers import hf_stack_stage
 
 
-def section_stack(ctx: BenchContext, options: BenchOptions) -> dict:
+@dataclass(frozen=True)
+class StackOptions(SectionOptions):
+    """The stack section's options. Introduced in notebook 07 (putting it together).
+
+    slots: batch slots of the batched stages; requests: requests in the workload
+    (`serving_workload.stack_workload`; `workloads.PRESETS`' ``stack.requests``: 8 on a CPU,
+    64 on a GPU); repeats: timed repeats of every stage."""
+
+    SECTION = "stack"
+    slots: int = count(8)
+    requests: int = count(PRESETS["cpu"].stack.requests)
+    repeats: int = count(1)
+
+    @classmethod
+    def gpu_sizes(cls) -> dict:
+        return {"requests": PRESETS["gpu"].stack.requests}
+
+
+def section_stack(ctx: BenchContext, options: StackOptions) -> dict:
     """The ladder of `stack.run_stack` with Hugging Face generate() as its peer; one figure per
     rung (its gain over the stage it builds on), the best stage over the naive loop and over
-    Hugging Face, and the chapter's claims (`claims.stack_claims`).
+    Hugging Face. Its claims: `claims.stack.stack_section_claims` (the ladder and the model's
+    bytes in fp32 and in 16 bits).
 
-    Introduced in notebook 07 (putting it together). Reads stack_slots, stack_requests and
-    stack_repeats. Quality is teacher-forced top-1 agreement with fp32 on 256 tokens of the
-    evaluation text; a figure measured while the machine was busy carries the reason.
+    Introduced in notebook 07 (putting it together). Every stage's model is a variant of the
+    run (`BenchContext.variants`). Quality is teacher-forced top-1 agreement with fp32 on 256
+    tokens of the evaluation text; a figure measured while the machine was busy carries the reason.
     """
     model, tok = ctx.model(torch.float32)
-    requests = stack_workload(tok, ctx.device, options.stack_requests)
-    result = run_stack(model, requests, slots=options.stack_slots,
-                       peers=[hf_stack_stage(ctx.hf_model(torch.float32), requests)],
-                       repeats=options.stack_repeats, agreement_tokens=eval_tokens(tok, max_tokens=256),
+    requests = stack_workload(tok, ctx.device, options.requests)
+    result = run_stack(model, requests, slots=options.slots,
+                       peers=[hf_stack_stage(ctx.hf_model(torch.float32), requests)], variants=ctx.variants,
+                       repeats=options.repeats, agreement_tokens=eval_tokens(tok, max_tokens=256),
                        bandwidth=ctx.hardware.bandwidth)
     rows = {r["stage"]: r for r in result["stages"]}
 
@@ -52,8 +74,14 @@ def section_stack(ctx: BenchContext, options: BenchOptions) -> dict:
                                 busy=busy(result["best"], "naive loop")))
     if "stack_vs_hf" in result:
         figures.append(reported("stack: best stage / Hugging Face generate()", result["stack_vs_hf"], "x",
-                                claim="production serving systems combine all of them",
                                 note="HF: fp32, one request at a time", busy=busy(result["best"], HF_PEER)))
-    result["claims"] = stack_claims(result, model)
+    result["model_bytes"] = model_bytes(model)
     result["figures"] = figures
     return result
+
+
+def model_bytes(model) -> dict:
+    """What the stack's memory claim compares: the model's tensors in fp32 ("fp32") and the same
+    tensors at 2 bytes each ("half"). Introduced in notebook 07 (putting it together)."""
+    return {"fp32": tensor_bytes(model),
+            "half": sum(t.numel() * 2 for t in list(model.parameters()) + list(model.buffers()))}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..engine.hardware import dtype_name
+from ..errors import first_line
 from ..engine.models.config import PRESETS
 from ..lab.precision import MIB, first_square_overflow, footprint_mib, matmul_accumulate
 from . import close_enough, fail, grades_quietly, passed
@@ -223,7 +224,7 @@ def check_accumulation(fn) -> None:
             try:
                 got = fn(a.clone(), b.clone(), accumulate)
             except (RuntimeError, IndexError) as error:
-                fail(case, f"a result of shape {tuple(expected.shape)}", f"an error ({str(error).splitlines()[0][:80]})",
+                fail(case, f"a result of shape {tuple(expected.shape)}", f"an error ({first_line(error, limit=80)})",
                      "a is (M, K) and b is (K, N): multiply column k of a, a[:, k, None] (M, 1), by row k of b, "
                      "b[None, k, :] (1, N).")
             if not isinstance(got, torch.Tensor) or got.shape != expected.shape:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..engine.quant import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                             quantize_int8_absmax, unpack_int4)
+from ..errors import first_line
 from . import fail, grades_quietly, passed
 
 
@@ -29,7 +30,7 @@ def _call(fn, args: tuple, case: str, expected: str, hint: str):
     try:
         return fn(*args)
     except (RuntimeError, IndexError, ValueError) as error:
-        fail(case, expected, f"an error ({str(error).strip().splitlines()[0][:90]})", hint)
+        fail(case, expected, f"an error ({first_line(error, limit=90)})", hint)
 
 
 # --- int8 absmax ---------------------------------------------------------------------------------

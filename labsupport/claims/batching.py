@@ -94,8 +94,8 @@ def batch_sweep_busy_reason(sweep: Sequence[dict], load: float | None = None) ->
     return "; ".join(r for r in (busy_reason(load=load), order) if r) or None
 
 
-def batching_claims(*, loop_ratio: float, ratio_16: float, sweep: Sequence[dict], ridge: float,
-                    waste: float, sorted_waste: float, padded_over_sorted: float,
+def batching_claims(*, loop_ratio: float | None, ratio_16: float, sweep: Sequence[dict], ridge: float,
+                    waste: float, sorted_waste: float, padded_over_sorted: float | None,
                     timings: Mapping[str, Mapping] | None = None, device_type: str = "cpu",
                     load: float | None = None) -> list[dict]:
     """The handbook chapter's batching claims next to what notebook 02 measured.
@@ -109,7 +109,8 @@ def batching_claims(*, loop_ratio: float, ratio_16: float, sweep: Sequence[dict]
     padded_over_sorted: time as they come / time sorted. timings: the `measure.Timing`s
     behind each ratio, {"loop": ..., "headline": ..., "padding": ...}, each {name: Timing};
     load: `busy.load_per_core()`. Thresholds: `loop_verdict`, `headline_verdict`,
-    `regime_verdict`, `padding_verdict`.
+    `regime_verdict`, `padding_verdict`. loop_ratio or padded_over_sorted None: not timed in
+    this run (the bench times neither; notebook 02 does), and that row says so.
     """
     timings = timings or {}
     stops_at = scaling_stops_at(sweep)
@@ -118,11 +119,13 @@ def batching_claims(*, loop_ratio: float, ratio_16: float, sweep: Sequence[dict]
     def busy(name):
         return busy_reason(timings.get(name, {}), load=load)
 
+    untimed = {"measured": "not timed in this run (notebook 02 times it)", "verdict": "not measured here"}
     return [
         {"claim": "batching 4 prompts: 1.0x speedup (the chapter's code)",
-         "measured": f"{loop_ratio:.2f}x: its 'batched' code loops over the prompts one at a time, "
-                     "the same work as the loop it is compared with",
-         "verdict": judge(loop_verdict(loop_ratio), busy("loop"))},
+         **(untimed if loop_ratio is None else
+            {"measured": f"{loop_ratio:.2f}x: its 'batched' code loops over the prompts one at a time, "
+                         "the same work as the loop it is compared with",
+             "verdict": judge(loop_verdict(loop_ratio), busy("loop"))})},
         {"claim": "batch 1 -> 16: 10-15x throughput",
          "measured": f"{ratio_16:.1f}x tokens/s, measured side by side",
          "verdict": judge(headline_verdict(ratio_16), busy("headline"))},
@@ -132,7 +135,24 @@ def batching_claims(*, loop_ratio: float, ratio_16: float, sweep: Sequence[dict]
                      + f"; roofline ridge at {ridge_text(ridge)}",
          "verdict": judge(regime_verdict(stops_at, ridge, largest, device_type), batch_sweep_busy_reason(sweep, load))},
         {"claim": "(not in the chapter) padding wastes work; sorting by length helps",
-         "measured": f"{waste:.0%} of prompt slots padding, {sorted_waste:.0%} sorted; "
-                     f"sorted run {padded_over_sorted:.2f}x faster",
-         "verdict": judge(padding_verdict(waste, sorted_waste, padded_over_sorted), busy("padding"))},
+         **({"measured": f"{waste:.0%} of prompt slots padding, {sorted_waste:.0%} sorted; the sorted run "
+                         "not timed in this run (notebook 02 times it)", "verdict": "not measured here"}
+            if padded_over_sorted is None else
+            {"measured": f"{waste:.0%} of prompt slots padding, {sorted_waste:.0%} sorted; "
+                         f"sorted run {padded_over_sorted:.2f}x faster",
+             "verdict": judge(padding_verdict(waste, sorted_waste, padded_over_sorted), busy("padding"))})},
     ]
+
+
+def batching_section_claims(section: dict) -> list[dict]:
+    """The batching bench section's claims: `batching_claims` of the section's dict (its
+    ``sweep``, ``batch16_over_batch1`` and its timings, ``padding``, ``ridge_batch``,
+    ``device_type`` and the suite's ``load_per_core``). The bench does not time the chapter's
+    loop against itself nor the sorted batches: those rows say so.
+
+    Introduced in notebook 02 (batching)."""
+    padding = section["padding"]
+    return batching_claims(loop_ratio=None, ratio_16=section["batch16_over_batch1"], sweep=section["sweep"],
+                           ridge=section["ridge_batch"], waste=padding["waste"], sorted_waste=padding["sorted_waste"],
+                           padded_over_sorted=None, timings={"headline": section["timings_s"]},
+                           device_type=section["device_type"], load=section.get("load_per_core"))

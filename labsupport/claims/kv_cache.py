@@ -115,3 +115,18 @@ def kv_cache_claims(speedups: Mapping[int, float], full_run_lengths: Collection[
                      f"{gqa['num_heads']} (heads / kv-heads = {expected:.2f})",
          "verdict": "holds" if abs(ratio - expected) < 1e-9 else f"no: {ratio:.2f}x instead of {expected:.2f}x"},
     ]
+
+
+def kv_cache_section_claims(section: dict) -> list[dict]:
+    """The KV-cache bench section's claims: `kv_cache_claims` of the section's dict (its full
+    ``rows`` and ``estimated_rows``, ``memory``, ``gqa_allocated``, ``seven_b``, the per-step
+    timings behind the estimates and the suite's ``load_per_core``).
+
+    Introduced in notebook 01 (KV cache)."""
+    rows, estimated = section["rows"], section.get("estimated_rows", [])
+    speedups = {r["new_tokens"]: r["speedup"] for r in [*rows, *estimated]}
+    full_runs = {r["new_tokens"]: {f"{mode}_s": timing for mode, timing in r["timings_s"].items()} for r in rows}
+    busy = step_busy_reason(section["per_position_s"], full_runs, load=section.get("load_per_core"))
+    return kv_cache_claims(speedups, full_runs.keys(), all(r["same_tokens"] for r in rows),
+                           [tuple(m) for m in section["memory"]], section["gqa_allocated"], section["seven_b"],
+                           busy=busy)

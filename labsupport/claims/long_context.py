@@ -74,7 +74,24 @@ def _prefill_rows(prefill_rows: Sequence[Mapping], busy: str | None) -> list[dic
     ]
 
 
-def _share_row(share_rows: Sequence[Mapping], busy: str | None) -> dict:
+SHARE_CLAIM = ("Decode attention stays memory-bound at any batch: each row reads its own cache, so its share "
+               "of the step grows with the context")
+VARIANTS_CLAIM = "Fewer kv-heads (MHA -> GQA -> MQA) shrink the cache and the decode attention time"
+LOGITS_CLAIM = (f"(course) At short context the int8 cache's logits stay within {LOGIT_TOLERANCE:.0%} of the largest "
+                f"logit, and the greedy tokens mostly agree")
+QUALITY_CLAIM = "An int8 cache costs little quality"
+WINDOW_CLAIM = "A sliding window caps the cache at W positions, at a cost in quality"
+
+
+def _unmeasured(claim: str) -> dict:
+    """The row of a claim whose measurement this run did not make (the bench leaves some to notebook 08)."""
+    return {"claim": claim, "measured": "not measured in this run (notebook 08 measures it)",
+            "verdict": "not measured here"}
+
+
+def _share_row(share_rows: Sequence[Mapping] | None, busy: str | None) -> dict:
+    if share_rows is None:
+        return _unmeasured(SHARE_CLAIM)
     by_batch = {}
     for r in share_rows:
         by_batch.setdefault(r["batch"], []).append(r)
@@ -87,12 +104,13 @@ def _share_row(share_rows: Sequence[Mapping], busy: str | None) -> dict:
     verdict = ("holds: attention's share grows with the context, and more at the larger batch" if grows and larger_batch_more
                else "partly: it grows with the context, not more at the larger batch" if grows
                else "not here: attention's share did not grow with the context")
-    return {"claim": "Decode attention stays memory-bound at any batch: each row reads its own cache, so its share "
-                     "of the step grows with the context",
+    return {"claim": SHARE_CLAIM,
             "measured": f"attention's share of a decode step: {text}", "verdict": judge(verdict, busy)}
 
 
-def _variants_row(variant_rows: Sequence[Mapping], busy: str | None) -> dict:
+def _variants_row(variant_rows: Sequence[Mapping] | None, busy: str | None) -> dict:
+    if variant_rows is None:
+        return _unmeasured(VARIANTS_CLAIM)
     ordered = sorted(variant_rows, key=lambda r: -r["kv_heads"])
     first = ordered[0]
     exact = all(r["cache_bytes"] * first["kv_heads"] == first["cache_bytes"] * r["kv_heads"] for r in ordered)
@@ -102,11 +120,10 @@ def _variants_row(variant_rows: Sequence[Mapping], busy: str | None) -> dict:
     verdict = ("holds: the cache shrinks by heads / kv-heads and attention gets faster" if exact and faster
                else "partly: the cache shrinks by heads / kv-heads, attention did not get faster each time" if exact
                else "no: the cache bytes are not proportional to the kv-heads")
-    return {"claim": "Fewer kv-heads (MHA -> GQA -> MQA) shrink the cache and the decode attention time",
-            "measured": text, "verdict": judge(verdict, busy if exact else None)}
+    return {"claim": VARIANTS_CLAIM, "measured": text, "verdict": judge(verdict, busy if exact else None)}
 
 
-def _int8_rows(int8_bytes: Mapping, int8_speed: Mapping, quality: Mapping, agreement: Mapping,
+def _int8_rows(int8_bytes: Mapping, int8_speed: Mapping, quality: Mapping | None, agreement: Mapping | None,
                busy: str | None) -> list[dict]:
     head_dim = int8_bytes["head_dim"]
     ideal_16 = 2 * head_dim / (head_dim + 2)                 # the scales' overhead: 2 bytes per head_dim values
@@ -117,8 +134,6 @@ def _int8_rows(int8_bytes: Mapping, int8_speed: Mapping, quality: Mapping, agree
                      "not here: the int8 cache was slower; each read dequantizes the whole cache to float "
                      "before attention (no fused int8 attention kernel), an extra pass over memory"
                      if speed <= 1 / SPEED_MARGIN else "no measurable difference")
-    close = (agreement["relative_logit_difference"] <= LOGIT_TOLERANCE and agreement["same_tokens"] >= TOKEN_AGREEMENT)
-    ppl_change = quality["int8_ppl"] / quality["float_ppl"] - 1
     return [
         {"claim": "An int8 KV cache halves the cache vs fp16/bf16 and quarters it vs fp32 (up to its scales)",
          "measured": f"allocated: {vs_16:.2f}x less than 16-bit, {vs_32:.2f}x less than fp32 "
@@ -128,36 +143,50 @@ def _int8_rows(int8_bytes: Mapping, int8_speed: Mapping, quality: Mapping, agree
          "measured": f"decode step at context {int8_speed['context']}, batch {int8_speed['batch']}: "
                      f"float {1e3 * int8_speed['float_s']:.1f} ms, int8 {1e3 * int8_speed['int8_s']:.1f} ms ({speed:.2f}x)",
          "verdict": judge(speed_verdict, busy)},
-        {"claim": f"(course) At short context the int8 cache's logits stay within {LOGIT_TOLERANCE:.0%} of the largest "
-                  f"logit, and the greedy tokens mostly agree",
-         "measured": f"{agreement['new_tokens']} tokens: largest difference {agreement['relative_logit_difference']:.2%}"
-                     f" of the largest logit, {agreement['same_tokens']:.0%} of tokens the same",
-         "verdict": "holds" if close else "no: see the difference"},
-        {"claim": "An int8 cache costs little quality",
-         "measured": f"perplexity on {quality['tokens']} tokens: {quality['float_ppl']:.3f} (float cache) vs "
-                     f"{quality['int8_ppl']:.3f} (int8), {ppl_change:+.2%}; top-1 agreement {quality['top1_agreement']:.1%}",
-         "verdict": "holds" if abs(ppl_change) <= PERPLEXITY_TOLERANCE else f"no: {ppl_change:+.1%} perplexity"},
+        _logits_row(agreement), _quality_row(quality),
     ]
 
 
-def _window_row(window_rows: Sequence[Mapping]) -> dict:
+def _logits_row(agreement: Mapping | None) -> dict:
+    if agreement is None:
+        return _unmeasured(LOGITS_CLAIM)
+    close = (agreement["relative_logit_difference"] <= LOGIT_TOLERANCE and agreement["same_tokens"] >= TOKEN_AGREEMENT)
+    return {"claim": LOGITS_CLAIM,
+            "measured": f"{agreement['new_tokens']} tokens: largest difference {agreement['relative_logit_difference']:.2%}"
+                        f" of the largest logit, {agreement['same_tokens']:.0%} of tokens the same",
+            "verdict": "holds" if close else "no: see the difference"}
+
+
+def _quality_row(quality: Mapping | None) -> dict:
+    if quality is None:
+        return _unmeasured(QUALITY_CLAIM)
+    ppl_change = quality["int8_ppl"] / quality["float_ppl"] - 1
+    return {"claim": QUALITY_CLAIM,
+            "measured": f"perplexity on {quality['tokens']} tokens: {quality['float_ppl']:.3f} (float cache) vs "
+                        f"{quality['int8_ppl']:.3f} (int8), {ppl_change:+.2%}; top-1 agreement {quality['top1_agreement']:.1%}",
+            "verdict": "holds" if abs(ppl_change) <= PERPLEXITY_TOLERANCE else f"no: {ppl_change:+.1%} perplexity"}
+
+
+def _window_row(window_rows: Sequence[Mapping] | None) -> dict:
+    if window_rows is None:
+        return _unmeasured(WINDOW_CLAIM)
     full = next(r for r in window_rows if r["window"] is None)
     windows = sorted((r for r in window_rows if r["window"] is not None), key=lambda r: r["window"])
     capped = bool(windows) and all(r["cache_bytes"] < full["cache_bytes"] for r in windows)
     costs = capped and windows[0]["perplexity"] > full["perplexity"]
     text = ", ".join(f"W={r['window']}: {r['perplexity']:.2f} ({r['cache_bytes'] / full['cache_bytes']:.0%} of the cache)"
                      for r in windows) + f"; full attention: {full['perplexity']:.2f}"
-    return {"claim": "A sliding window caps the cache at W positions, at a cost in quality",
+    return {"claim": WINDOW_CLAIM,
             "measured": f"perplexity on the evaluation text: {text}",
             "verdict": ("holds: the cache is capped and the smallest window costs perplexity" if capped and costs else
                         "partly: the cache is capped, but no window cost perplexity here" if capped else
                         "no: no window was shorter than the text")}
 
 
-def long_context_claims(prefill_rows: Sequence[Mapping], share_rows: Sequence[Mapping],
-                        crossovers: Sequence[Mapping], variant_rows: Sequence[Mapping], int8_bytes: Mapping,
-                        int8_speed: Mapping, quality: Mapping, agreement: Mapping,
-                        window_rows: Sequence[Mapping], busy: str | None = None) -> list[dict]:
+def long_context_claims(prefill_rows: Sequence[Mapping], share_rows: Sequence[Mapping] | None,
+                        crossovers: Sequence[Mapping], variant_rows: Sequence[Mapping] | None, int8_bytes: Mapping,
+                        int8_speed: Mapping, quality: Mapping | None, agreement: Mapping | None,
+                        window_rows: Sequence[Mapping] | None, busy: str | None = None) -> list[dict]:
     """Notebook 08's claims next to what it measured: rows (claim, measured, verdict) for
     `tables.records_table`.
 
@@ -168,7 +197,9 @@ def long_context_claims(prefill_rows: Sequence[Mapping], share_rows: Sequence[Ma
     variant_rows: `time_kv_variants`; int8_bytes: {"int8", "sixteen_bit", "fp32": bytes of
     the same cache, "head_dim"}; int8_speed: `time_cache_kinds`; quality:
     `kv_precision_quality`; agreement: `generation_agreement`; window_rows:
-    `window_perplexity` (with a None window); busy: `long_context_busy_reason`.
+    `window_perplexity` (with a None window); busy: `long_context_busy_reason`. share_rows,
+    variant_rows, quality, agreement or window_rows None: not measured in this run (the
+    bench leaves them to notebook 08), and each of their rows says so.
 
     Thresholds: "as T^2" from an exponent of 1.6 (linear below 1.2); attention's share must
     grow with the context at every batch, and more at the larger one; int8 bytes exact up to
@@ -189,3 +220,16 @@ def long_context_claims(prefill_rows: Sequence[Mapping], share_rows: Sequence[Ma
         *_int8_rows(int8_bytes, int8_speed, quality, agreement, busy),
         _window_row(window_rows),
     ]
+
+
+def long_context_section_claims(section: dict) -> list[dict]:
+    """The long-context bench section's claims: `long_context_claims` of its ``prefill`` rows,
+    ``crossovers``, ``int8_bytes`` and ``int8_speed``; the decode shares, the kv-head variants,
+    the int8 cache's logits and perplexity and the sliding windows are notebook 08's (their rows
+    say so). Busy: `long_context_busy_reason` of its timings and the suite's ``load_per_core``.
+
+    Introduced in notebook 08 (long context)."""
+    speed = section["int8_speed"]
+    busy = long_context_busy_reason(section["prefill"], timed=speed.get("timings"), load=section.get("load_per_core"))
+    return long_context_claims(section["prefill"], None, section["crossovers"], None, section["int8_bytes"],
+                               speed, None, None, None, busy=busy)

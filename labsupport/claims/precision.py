@@ -35,9 +35,8 @@ def speed_verdict(ratio: float, device, emulated: bool = False) -> str:
     return f"not {place}"
 
 
-def _memory_row(lab, gpt2_mib: dict[str, float]) -> dict:
+def _memory_row(model_name: str, memory: dict[str, int], gpt2_mib: dict[str, float]) -> dict:
     """16-bit weights take half the bytes: GPT-2 from its config, the lab's model from its tensors."""
-    memory = lab.memory()
     fractions = {SHORT[n]: memory[n] / memory["float32"] for n in memory if n != "float32"}
     gpt2_matches = all(round(gpt2_mib[n], 1) == CHAPTER_GPT2_MIB[n] for n in CHAPTER_GPT2_MIB)   # to the decimal
     halves = bool(fractions) and all(abs(f - 0.5) < 0.01 for f in fractions.values())
@@ -45,33 +44,33 @@ def _memory_row(lab, gpt2_mib: dict[str, float]) -> dict:
     return {"topic": "memory", "format": ", ".join(fractions) or "-",
             "claim": "16 bits halve the memory (GPT-2: 474.7 MB -> 237.4 MB)",
             "measured": f"GPT-2 counted from its config: {gpt2_mib['float32']:.1f} -> {gpt2_mib['float16']:.1f} MiB; "
-                        f"{lab.reference.config.name} counted from its tensors: {counted} of fp32",
+                        f"{model_name} counted from its tensors: {counted} of fp32",
             "verdict": ("holds (the chapter's MB are MiB)" if halves and gpt2_matches else
                         "partly: " + ("GPT-2's count differs from the chapter's" if halves else
                                       "the counted tensors are not half of fp32's"))}
 
 
-def _speed_row(lab, regime: str, name: str, load: float | None) -> dict:
+def _speed_row(device, speeds: dict, regime: str, name: str, load: float | None) -> dict:
     """One format in one regime, judged by its own timing (or saying why it was not timed)."""
-    row = lab.speeds.get((regime, name))
+    row = speeds.get((regime, name))
     result = {"topic": f"speed ({regime})", "format": SHORT[name], "claim": SPEED_CLAIMS[name]}
     if row is None or row["speedup"] is None:
-        reason = (row or {}).get("note") or emulation_note(lab.device, name) or "not timed in this run"
+        reason = (row or {}).get("note") or emulation_note(device, name) or "not timed in this run"
         return {**result, "measured": reason, "verdict": "not timed here"}
     reason = busy_reason({"fp32": row["fp32_timing"], SHORT[name]: row["timing"]},
                          load=row.get("load") if load is None else load) if row.get("timing") else None
-    label = dtype_label(lab.device, name)
+    label = dtype_label(device, name)
     return {**result,
             "measured": f"{row['speedup']:.2f}x ({label}: {row['seconds'] * 1e3:.1f} ms against "
                         f"fp32's {row['fp32_seconds'] * 1e3:.1f} ms)",
-            "verdict": judge(speed_verdict(row["speedup"], lab.device, bool(emulation_note(lab.device, name))),
+            "verdict": judge(speed_verdict(row["speedup"], device, bool(emulation_note(device, name))),
                              reason)}
 
 
-def _quality_row(lab, name: str) -> dict:
+def _quality_row(agreements: dict, name: str) -> dict:
     """One format's logits against fp32's: "holds" when the top-1 token agrees at 95% of the positions."""
     result = {"topic": "quality", "format": SHORT[name], "claim": QUALITY_CLAIMS[name]}
-    agreement = lab.agreements.get(name)
+    agreement = agreements.get(name)
     if agreement is None:
         return {**result, "measured": "not measured in this run", "verdict": "not measured here"}
     top1 = agreement["top1_agreement"]
@@ -93,11 +92,31 @@ def precision_claims(lab, gpt2_mib: dict[str, float], load: float | None = None)
     with the load recorded beside each timing (or `load`, when given). Quality "holds"
     when the top-1 token agrees with fp32 at 95% of the positions or more.
     """
-    half = [n for n in precision_choices(lab.device) if n != "float32"]
-    rows = [_memory_row(lab, gpt2_mib)]
-    rows += [_speed_row(lab, regime, name, load) for regime in REGIMES for name in half]
-    rows += [_quality_row(lab, name) for name in half]
+    return measured_precision_claims(lab.device, lab.reference.config.name, lab.memory(), lab.speeds,
+                                     lab.agreements, gpt2_mib, load)
+
+
+def measured_precision_claims(device, model_name: str, memory: dict[str, int], speeds: dict, agreements: dict,
+                              gpt2_mib: dict[str, float], load: float | None = None) -> list[dict]:
+    """`precision_claims` from the measurements themselves: memory {dtype name: bytes}; speeds
+    {(regime, dtype name): {"speedup", "seconds", "fp32_seconds", "note", "timing",
+    "fp32_timing", "load"}}; agreements {dtype name: {"top1_agreement", "mean_abs_diff",
+    "max_abs_diff"}}. Introduced in notebook 03 (mixed precision); the bench's section uses it."""
+    half = [n for n in precision_choices(device) if n != "float32"]
+    rows = [_memory_row(model_name, memory, gpt2_mib)]
+    rows += [_speed_row(device, speeds, regime, name, load) for regime in REGIMES for name in half]
+    rows += [_quality_row(agreements, name) for name in half]
     return rows
+
+
+def precision_section_claims(section: dict) -> list[dict]:
+    """The precision bench section's claims (`measured_precision_claims`) from its dict: its
+    ``memory_bytes``, ``speeds`` by regime, each row's agreement, ``gpt2_mib``, ``device``,
+    ``model_name`` and the suite's ``load_per_core``. Introduced in notebook 03 (mixed precision)."""
+    speeds = {(regime, name): row for regime, rows in section["speeds"].items() for name, row in rows.items()}
+    agreements = {name: row for name, row in section["models"].items() if "top1_agreement" in row}
+    return measured_precision_claims(section["device"], section["model_name"], section["memory_bytes"], speeds,
+                                     agreements, section["gpt2_mib"], section.get("load_per_core"))
 
 
 # How each kind of verdict reads in a sentence, in the order the sentences list them.

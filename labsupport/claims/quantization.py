@@ -134,3 +134,15 @@ def quantization_conclusions(claims: list[dict]) -> str:
     """The claims table of `quantization_claims` in sentences built from its verdicts
     (Markdown bullets, one per topic). Introduced in notebook 04 (quantization)."""
     return summarize_verdicts(claims, name_key="weights")
+
+
+def quantization_section_claims(section: dict) -> list[dict]:
+    """The quantization bench section's claims: `quantization_claims` of its ``rows`` (those
+    that ran; a row with an ``error`` was not made here), under the names that function reads,
+    with the suite's ``load_per_core``. Introduced in notebook 04 (quantization)."""
+    rows = {name: {"resident_fraction": row["resident_fraction"], "read_fraction": row["memory_fraction"],
+                   "speed_vs_fp32": row.get("decode_speedup"), "speed_vs_bf16": row.get("decode_speedup_bf16"),
+                   "kernel": row.get("kernel"), "timing": row.get("timing"), "speed_note": row.get("speed_note"),
+                   "perplexity": row["perplexity"], "top1": row["top1_agreement"]}
+            for name, row in section["rows"].items() if "error" not in row}
+    return quantization_claims(rows, load=section.get("load_per_core"))

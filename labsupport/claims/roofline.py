@@ -159,3 +159,13 @@ def claims_summary(claims: list[dict]) -> str:
         opening = "In this run none of the chapter's claims holds as stated"
     details = "; ".join(f"\u201c{claim}\u201d: {', '.join(found)}" for claim, found in verdicts.items())
     return f"{opening}. {details}."
+
+
+def roofline_section_claims(section: dict) -> list[dict]:
+    """The roofline bench section's claims: `roofline_claims` of each dtype's sweep, from the
+    section's dict (its ``sweeps``, ``hardware`` and the suite's ``load_per_core``).
+
+    Introduced in notebook 00 (where the time goes)."""
+    profile = HardwareProfile(**section["hardware"])
+    return [claim for rows in section["sweeps"].values()
+            for claim in roofline_claims(rows, profile, load=section.get("load_per_core"))]

@@ -36,7 +36,8 @@ def serving_claims(speed: Mapping[str, float], metrics: Mapping[str, dict], toy_
     Introduced in notebook 06 (continuous batching).
     speed: tokens/s by server, "static", "continuous" and "hf" (section 2, side by side);
     metrics: `summarize(ServingResult)` of "static" and "continuous"; toy_static: the static
-    run of the chapter's example (one long and three short answers, four slots);
+    run of the chapter's example (one long and three short answers, four slots), or None
+    where it was not run (the bench), and its row says so;
     memory: `serving_metrics.reserved_vs_used` of the continuous run; same_tokens: server ->
     (requests whose tokens equal the continuous run's, requests); timings: the `Timing` (or
     its dict) of each server, and load: `busy.load_per_core()` after the run, for the busy
@@ -65,14 +66,20 @@ def serving_claims(speed: Mapping[str, float], metrics: Mapping[str, dict], toy_
                          f"{static['max_slots']} slots",
              "verdict": judge(verdict, busy("static", "continuous"))}]
 
-    waste, steps = alone_waste(toy_static)
-    rows.append({"claim": "static batching: one long and three short responses waste three quarters of the batch "
-                          "while the long one finishes",
-                 "measured": (f"{waste:.0%} of the slots idle in the {steps} steps the long answer ran alone; "
-                              f"{1 - summarize(toy_static)['slot_utilization']:.0%} over the whole example; "
-                              f"{1 - static['slot_utilization']:.0%} over section 2's static run") if steps else
-                             "the long answer never ran alone",
-                 "verdict": "holds" if steps and waste >= 0.75 - 1e-9 else "not here"})
+    claim = "static batching: one long and three short responses waste three quarters of the batch while the " \
+            "long one finishes"
+    if toy_static is None:
+        rows.append({"claim": claim, "measured": f"the chapter's example not run here (notebook 06 runs it); "
+                                                 f"{1 - static['slot_utilization']:.0%} of the slots idle over the "
+                                                 "static run", "verdict": "not measured here"})
+    else:
+        waste, steps = alone_waste(toy_static)
+        rows.append({"claim": claim,
+                     "measured": (f"{waste:.0%} of the slots idle in the {steps} steps the long answer ran alone; "
+                                  f"{1 - summarize(toy_static)['slot_utilization']:.0%} over the whole example; "
+                                  f"{1 - static['slot_utilization']:.0%} over section 2's static run") if steps else
+                                 "the long answer never ran alone",
+                     "verdict": "holds" if steps and waste >= 0.75 - 1e-9 else "not here"})
 
     ttft = (static["ttft_p99"], continuous["ttft_p99"])
     shorter = ttft[1] * FASTER <= ttft[0]
@@ -186,4 +193,29 @@ def engine_claims(stall: Mapping[str, float], prefix: Mapping[str, dict], chunke
                  "measured": f"from {low['rate']:.2f} to {high['rate']:.2f} requests/s: throughput {grew:.2f}x, "
                              f"time to first token p99 {waits:.2f}x",
                  "verdict": judge("holds" if bends else "not here: no knee in this range of rates", busy.get("curve"))})
+    return rows
+
+
+def serving_section_claims(section: dict) -> list[dict]:
+    """The serving bench section's claims: `serving_claims` (without the chapter's toy example,
+    which the bench does not run) and `engine_claims` of the section's dict (its speeds,
+    metrics, memory, same tokens, ``prefill_stall`` of the continuous run, and the
+    ``load_curve`` near saturation), each verdict guarded by the loads it recorded.
+
+    Introduced in notebook 06 (continuous batching)."""
+    timings, load = section["timings_s"], section.get("load")
+    curve = section["load_curve"]
+    near = {r["configuration"]: r for r in curve["rows"] if r["rate"] == curve["chunked_at"]}
+
+    def busy(*names):
+        return busy_reason({n: timings[n] for n in names if n in timings}, load=load)
+    curve_busy = busy_reason({}, load=curve.get("load"))
+    rows = serving_claims(section["tokens_per_s"], section["metrics"], None, section["memory"],
+                          {name: tuple(v) for name, v in section["same_tokens"].items()}, timings=timings, load=load)
+    rows += engine_claims(section["prefill_stall"],
+                          {"without": section["metrics"]["continuous"], "with": section["metrics"]["prefix caching"]},
+                          {"without": near["continuous"], "with": near["chunked prefill"]},
+                          [r for r in curve["rows"] if r["configuration"] == "continuous"],
+                          busy={"stall": busy("continuous"), "prefix": busy("continuous", "prefix caching"),
+                                "chunked": curve_busy, "curve": curve_busy})
     return rows

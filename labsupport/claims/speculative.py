@@ -4,6 +4,7 @@ Every verdict is computed here, with its thresholds in the docstring, and tested
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from ..lab.busy import busy_reason, judge
@@ -96,7 +97,7 @@ def _sampling_rows(sampling: Mapping) -> list[dict]:
                          f"{right:.1e}", "verdict": rule}]
 
 
-def speculative_claims(grounded: Mapping, creative: Mapping, greedy_identical: bool, sampling: Mapping,
+def speculative_claims(grounded: Mapping, creative: Mapping, greedy_identical: bool, sampling: Mapping | None,
                        load: float | None = None) -> list[dict]:
     """The handbook chapter's speculative-decoding claims next to what notebook 05 measured.
 
@@ -106,7 +107,8 @@ def speculative_claims(grounded: Mapping, creative: Mapping, greedy_identical: b
     every speculative run gave plain greedy's tokens. sampling: {"n", "tv_target",
     "tv_draft", "tv_noise" (99th percentile of the distance of n exact samples),
     "tv_resample_target", "tv_resample_residual" (`speculative_token_distribution`'s
-    distance from p)}. load: `busy.load_per_core()` while measuring.
+    distance from p)}, or None where sampling was not measured (the bench: notebook 05 does),
+    and those two rows say so. load: `busy.load_per_core()` while measuring.
 
     Thresholds: "2-4x" holds from 2x, partly from 1.1x; a draft "disagrees often" below
     0.5 acceptance, and "little benefit" is below 1.1x; the costs row names the larger of
@@ -122,5 +124,30 @@ def speculative_claims(grounded: Mapping, creative: Mapping, greedy_identical: b
          "measured": "same tokens as plain greedy decoding in every run" if greedy_identical
                      else "some run gave other tokens than plain greedy decoding",
          "verdict": "holds" if greedy_identical else "does not hold here"},
-        *_sampling_rows(sampling),
+        *(_sampling_rows(sampling) if sampling is not None else
+          [{"claim": claim, "measured": "not measured in this run (notebook 05 samples it)",
+            "verdict": "not measured here"} for claim in SAMPLING_CLAIMS]),
     ]
+
+
+SAMPLING_CLAIMS = ("sampled output is distributed exactly as the target's",
+                   "on a rejection, the target's distribution is used to resample")
+
+
+def speculative_section_claims(section: dict) -> list[dict]:
+    """The speculative bench section's claims: `speculative_claims` of its grounded and creative
+    ``tasks`` (timings, draft stats, ``plain_step_s``), without the sampling rows (the bench
+    decodes greedily), with the suite's ``load_per_core``. Introduced in notebook 05."""
+    from ..engine.speculative import SpeculativeStats
+    from ..lab.measure import Timing
+    names = [f.name for f in dataclasses.fields(SpeculativeStats)]
+
+    def task(row: Mapping) -> dict:
+        return {"timings": {n: Timing(list(t["samples"])) for n, t in row["timings_s"].items()},
+                "stats": {n: SpeculativeStats(**{k: s[k] for k in names}) for n, s in row.get("stats", {}).items()},
+                "plain_step_s": row["plain_step_s"]}
+    tasks = section["tasks"]
+    identical = all(same for row in tasks.values() for n, same in row.get("same_tokens_as_plain", {}).items()
+                    if n in row.get("stats", {}))
+    return speculative_claims(task(tasks["grounded"]), task(tasks["creative"]), identical, None,
+                              load=section.get("load_per_core"))

@@ -83,9 +83,20 @@ def stack_claims(result: dict, model) -> list[dict]:
     The fp16-on-tensor-cores claim is judged on a GPU only. Every speed verdict goes through
     `busy.judge`.
     """
-    slots = result["slots"]
-    fp32_bytes = tensor_bytes(model)
     half_bytes = sum(t.numel() * 2 for t in list(model.parameters()) + list(model.buffers()))
+    return measured_stack_claims(result, tensor_bytes(model), half_bytes)
+
+
+def stack_section_claims(section: dict) -> list[dict]:
+    """The stack bench section's claims: `measured_stack_claims` of its dict (the ladder of
+    `run_stack` and ``model_bytes``). Introduced in notebook 07 (putting it together)."""
+    return measured_stack_claims(section, section["model_bytes"]["fp32"], section["model_bytes"]["half"])
+
+
+def measured_stack_claims(result: dict, fp32_bytes: int, half_bytes: int) -> list[dict]:
+    """`stack_claims` with the model's bytes given: `fp32_bytes` of its tensors in fp32 and
+    `half_bytes` at 2 bytes each. Introduced in notebook 07 (putting it together)."""
+    slots = result["slots"]
     rows = [("KV cache", "caching keys and values removes the recomputation of the whole sequence at every step",
              *_speed(result, "+ KV cache"))]
     measured, verdict = _speed(result, "+ static batching", holds=10, below=f"below 10x at batch {slots}")

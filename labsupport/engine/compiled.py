@@ -71,7 +71,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..errors import LabError
+from ..errors import LabError, first_line
 from .hardware import synchronize
 from .kv_cache import StaticKVCache
 from .models.masks import fixed_decode_mask
@@ -151,11 +151,6 @@ def recompiled(path: DecodePath, graphs: int) -> DecodePath:
             f"(TORCH_LOGS=recompiles says why), and that time counts as decode time.")
     warnings.warn(note, stacklevel=3)
     return replace(path, compiles=path.compiles + graphs, note=" ".join(filter(None, (path.note, note))))
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:160] if text else type(error).__name__
 
 
 class CompiledDecoder:
@@ -238,7 +233,7 @@ class CompiledDecoder:
             synchronize(cache.device)
         except Exception as error:                        # noqa: BLE001 - any failure: eager, and said so
             cache.truncate(filled)
-            reason = _first_line(error)
+            reason = first_line(error)
             if isinstance(error, torch._dynamo.exc.FailOnRecompileLimitHit):
                 reason = (f"torch.compile holds {RECOMPILE_LIMIT} decode-step graphs already, its recompile limit "
                           f"(compiled.RECOMPILE_LIMIT; torch._dynamo.reset() forgets them all)")

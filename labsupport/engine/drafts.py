@@ -30,17 +30,20 @@ CacheFactory = Callable[..., KVCache]       # (model, batch_size, max_len) -> an
 class Draft:
     """What speculative decoding needs from a draft. Introduced in notebook 05.
 
-    `start` is called once per generation (a model draft reads the prompt there, timed
-    with the target's prefill), `propose` once per step, and `accept` after the target
-    has checked the proposal, with how many drafted tokens it kept, so that a draft
-    with state (a KV cache) can roll back the rest.
+    `start` is called once per generation, with the sampling the target uses (a model
+    draft samples the same way, and reads the prompt there, timed with the target's
+    prefill), `propose` once per step, and `accept` after the target has checked the
+    proposal, with how many drafted tokens it kept, so that a draft with state (a KV
+    cache) can roll back the rest.
     """
 
     vocab_size: int | None = None       # None: the draft works on any vocabulary
     name = "draft"
 
-    def start(self, prompt: Sequence[int], max_len: int, generator: torch.Generator | None) -> None:
-        """Get ready for a new generation of at most `max_len` tokens in all."""
+    def start(self, prompt: Sequence[int], max_len: int, generator: torch.Generator | None,
+              sampling: SamplingConfig = GREEDY) -> None:
+        """Get ready for a new generation of at most `max_len` tokens in all, sampled with
+        `sampling` (the target's) from `generator`."""
 
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         """Up to k tokens that might follow `context`, and their draft distributions
@@ -54,21 +57,20 @@ class Draft:
 class ModelDraft(Draft):
     """A smaller causal LM sharing the target's tokenizer, with its own KV cache. Notebook 05.
 
-    It samples with the same `SamplingConfig` as the target (temperature, top-k,
-    top-p), so its distributions are comparable; at temperature 0 it is greedy and
-    returns no probabilities. Its cache always holds a prefix of the context: the
+    It samples with the target's `SamplingConfig` (temperature, top-k, top-p), which
+    `start` receives for each generation, so its distributions are comparable; greedy,
+    it returns no probabilities. Its cache always holds a prefix of the context: the
     tokens it has drafted beyond what the target kept are cut off by `truncate`.
 
     cache_factory: (model, batch_size, max_len) -> an empty `KVCache`, called once per
     generation (checked); default `StaticKVCache.for_model`.
     """
 
-    def __init__(self, model, sampling: SamplingConfig = GREEDY, name: str | None = None,
-                 cache_factory: CacheFactory | None = None):
+    def __init__(self, model, *, name: str | None = None, cache_factory: CacheFactory | None = None):
         if cache_factory is not None and not callable(cache_factory):
             raise LabError(f"cache_factory must be a function (model, batch_size, max_len) -> KV cache, "
                            f"got {type(cache_factory).__name__!r}.")
-        self.model, self.sampling = model, sampling
+        self.model, self.sampling = model, GREEDY            # the sampling is the target's: set by `start`
         self.vocab_size = model.config.vocab_size
         self.name = name or f"model draft ({model.config.name})"
         self.cache_factory = cache_factory or StaticKVCache.for_model
@@ -77,11 +79,12 @@ class ModelDraft(Draft):
         self._base = 0                      # context length when the last proposal started
 
     @torch.inference_mode()
-    def start(self, prompt, max_len, generator):
+    def start(self, prompt, max_len, generator, sampling=GREEDY):
+        if not isinstance(sampling, SamplingConfig):
+            raise LabError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}.")
         cache = self.cache_factory(self.model, 1, max_len)
         require_fitting_cache(cache, 1, max_len, self.model)
-        self.cache = cache
-        self.generator = generator
+        self.cache, self.generator, self.sampling = cache, generator, sampling
         # read the prompt now (like the target's prefill), so that each step's drafting
         # time is the drafting alone: the first proposal then feeds one token, as all others
         if len(prompt) > 1:
@@ -126,9 +129,9 @@ class QuantizedSelfDraft(ModelDraft):
     """
 
     def __init__(self, target, method: str = "int4", group_size: int = 32,
-                 sampling: SamplingConfig = GREEDY, cache_factory: CacheFactory | None = None):
+                 cache_factory: CacheFactory | None = None):
         draft_model, self.handle = quantized_copy(target, method, group_size)
-        super().__init__(draft_model, sampling, name=f"{method} self-draft", cache_factory=cache_factory)
+        super().__init__(draft_model, name=f"{method} self-draft", cache_factory=cache_factory)
 
 
 def quantized_copy(model, method: str = "int4", group_size: int = 32):

@@ -225,7 +225,7 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
 
     synchronize(device)
     t_start = time.perf_counter()
-    draft.start(prompt, max_len, generator)                     # a model draft reads the prompt here
+    draft.start(prompt, max_len, generator, sampling)           # a model draft reads the prompt here
     if len(prompt) > 1:
         target(torch.tensor([prompt[:-1]], device=device), cache=cache)         # fill the cache: no logits
     synchronize(device)

@@ -62,8 +62,6 @@ def speculative_explorer(target, tokenizer, drafts: dict, prompts: dict, new_tok
             return results[key]
         sampling = SamplingConfig(temperature=temperature, seed=0)
         draft = drafts[draft_name]
-        if hasattr(draft, "sampling"):
-            draft.sampling = sampling                    # a model draft samples like the target
         ids = encoded[prompt_name]
         out = {}
 

@@ -16,11 +16,9 @@ prompts by length before batching them is the usual remedy.
 
 from __future__ import annotations
 
-
-
-from ..errors import LabError
 from ..engine.hardware import pick_device
-
+from ..errors import LabError
+from .workloads import preset
 
 
 def sorted_batches(prompts: list, batch_size: int) -> list[list[int]]:
@@ -34,15 +32,12 @@ def sorted_batches(prompts: list, batch_size: int) -> list[list[int]]:
 
 # --- measuring throughput and latency against batch size (notebook 02) -------------------
 
-CPU_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-GPU_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-
-
 def batch_sizes(device) -> list[int]:
-    """Batch sizes for the sweep: up to 64 on a CPU, 512 on a GPU.
+    """Batch sizes for the sweep, the device's preset (``batch_sizes`` of `workloads.PRESETS`):
+    up to 64 on a CPU, 512 on a GPU.
 
     Introduced in notebook 02 (batching)."""
-    return list(CPU_BATCHES if pick_device(device).type == "cpu" else GPU_BATCHES)
+    return list(preset(pick_device(device)).batch_sizes)
 
 
 def combined_waste(batches: list[list[int]]) -> float:

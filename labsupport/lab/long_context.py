@@ -21,7 +21,6 @@ no longer sees (a ring buffer of W positions); the memory that saves is computed
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -34,6 +33,7 @@ from ..engine.generation import generate
 from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
 from ..engine.kv_quant import Int8KVCache
 from .measure import time_side_by_side
+from .quality import perplexity_from_logits, top1_agreement_from_logits
 from ..engine.models.config import ModelConfig
 from ..weights.fixtures import random_model
 from ..engine.models.transformer import Transformer
@@ -146,11 +146,6 @@ def _logits(model, tokens: Sequence[int], cache_kind: str | None = None) -> torc
     return model.logits(model(ids, cache=cache))[0].float()                     # (T, vocab)
 
 
-def _perplexity(logits: torch.Tensor, tokens: Sequence[int]) -> float:
-    targets = torch.as_tensor(list(tokens)[1:], device=logits.device)           # (T - 1,)
-    return math.exp(F.cross_entropy(logits[:-1], targets).item())
-
-
 def kv_precision_quality(model, tokens: Sequence[int]) -> dict:
     """The int8 cache against the float cache on `tokens` (the evaluation text, say): one
     forward pass each, every position attending through its cache.
@@ -162,11 +157,11 @@ def kv_precision_quality(model, tokens: Sequence[int]) -> dict:
     if len(tokens) < 2:
         raise LabError("kv_precision_quality needs at least 2 tokens.")
     float_logits, int8_logits = _logits(model, tokens, "float"), _logits(model, tokens, "int8")
-    return {"tokens": len(tokens), "float_ppl": _perplexity(float_logits, tokens),
-            "int8_ppl": _perplexity(int8_logits, tokens),
+    return {"tokens": len(tokens), "float_ppl": perplexity_from_logits(float_logits, list(tokens)),
+            "int8_ppl": perplexity_from_logits(int8_logits, list(tokens)),
             "relative_logit_difference": ((int8_logits - float_logits).abs().max()
                                           / float_logits.abs().max()).item(),
-            "top1_agreement": (int8_logits.argmax(-1) == float_logits.argmax(-1)).float().mean().item()}
+            "top1_agreement": top1_agreement_from_logits(float_logits, int8_logits)}
 
 
 def generation_agreement(model, prompt_ids: Sequence[int], new_tokens: int = 32) -> dict:
@@ -216,7 +211,7 @@ def window_perplexity(model, tokens: Sequence[int], windows: Sequence[int | None
     computed) and full_cache_bytes."""
     rows = []
     for window in windows:
-        perplexity = _perplexity(_logits(model.with_attention_window(window), tokens), tokens)
+        perplexity = perplexity_from_logits(_logits(model.with_attention_window(window), tokens), list(tokens))
         rows.append({"window": window, "perplexity": perplexity,
                      "cache_bytes": window_cache_bytes(model.config, len(tokens), window, dtype=model.dtype),
                      "full_cache_bytes": kv_cache_bytes(model.config, len(tokens), 1, model.dtype)})

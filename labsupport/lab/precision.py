@@ -21,6 +21,7 @@ import torch
 
 from ..errors import LabError
 from ..engine.hardware import as_dtype, bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast
+from .quality import logit_summary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FP16_MAX = torch.finfo(torch.float16).max           # 65504
@@ -63,13 +64,6 @@ def block_parameters(config) -> int:
 
 
 
-def _agreement(ref: torch.Tensor, out: torch.Tensor) -> dict:
-    """Summary of two logit tensors of the same shape (batch, T, vocab)."""
-    diff = (ref - out).abs()
-    return {"max_abs_diff": diff.max().item(), "mean_abs_diff": diff.mean().item(),
-            "top1_agreement": (ref.argmax(-1) == out.argmax(-1)).float().mean().item()}
-
-
 @torch.inference_mode()
 def logit_agreement(reference, other, tokens: torch.Tensor) -> dict:
     """How far `other`'s logits are from `reference`'s on the same tokens (batch, T):
@@ -77,7 +71,7 @@ def logit_agreement(reference, other, tokens: torch.Tensor) -> dict:
     ref = reference.logits(reference(tokens)).float()
     other_tokens = tokens.to(other.device)
     out = other.logits(other(other_tokens)).float().to(ref.device)
-    return _agreement(ref, out)
+    return logit_summary(ref, out)
 
 
 @torch.inference_mode()
@@ -87,7 +81,7 @@ def logit_differences(reference_logits: torch.Tensor, other, tokens: torch.Tenso
     ref = reference_logits.float()
     other_tokens = tokens.to(other.device)
     out = other.logits(other(other_tokens)).float().to(ref.device)
-    return {**_agreement(ref, out), "abs_diff": (ref - out).abs().flatten().cpu().numpy()}
+    return {**logit_summary(ref, out), "abs_diff": (ref - out).abs().flatten().cpu().numpy()}
 
 
 @torch.inference_mode()

@@ -64,12 +64,35 @@ def eval_tokens(tokenizer, text: str | None = None, max_tokens: int = 512) -> li
 
 
 @torch.inference_mode()
-def _score(model, ids) -> tuple[float, torch.Tensor]:
-    """Mean next-token negative log-likelihood over `ids`, and the argmax predictions (T,)."""
+def logits_of(model, ids) -> torch.Tensor:
+    """Teacher-forced logits of one forward pass over `ids` (a list or 1-D tensor): (T, vocab), float32.
+    Notebook 04 (quantization)."""
     tokens = torch.as_tensor(ids, dtype=torch.long, device=model.device).reshape(1, -1)   # (1, T)
-    logits = model.logits(model(tokens))[0].float()                                      # (T, vocab)
-    nll = F.cross_entropy(logits[:-1], tokens[0, 1:])
-    return nll.item(), logits.argmax(-1)
+    return model.logits(model(tokens))[0].float()                                        # (T, vocab)
+
+
+def perplexity_from_logits(logits: torch.Tensor, ids) -> float:
+    """exp(mean negative log-likelihood of each next token of `ids`) under `logits` (T, vocab),
+    the logits of a forward pass over `ids`. Lower is better.
+
+    Introduced in notebook 04 (quantization); notebook 08 scores its caches and windows with it."""
+    targets = torch.as_tensor(ids, dtype=torch.long, device=logits.device).reshape(-1)[1:]    # (T - 1,)
+    return math.exp(F.cross_entropy(logits[:-1].float(), targets).item())
+
+
+def top1_agreement_from_logits(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """Fraction of positions where two logit tensors of the same shape (..., vocab) have the
+    same argmax: the top-1 agreement. Introduced in notebook 04 (quantization); notebooks 03,
+    07 and 08 use it too."""
+    return (reference.argmax(-1) == other.to(reference.device).argmax(-1)).float().mean().item()
+
+
+def logit_summary(reference: torch.Tensor, other: torch.Tensor) -> dict:
+    """How far `other`'s logits are from `reference`'s (same shape): max and mean absolute
+    difference, and the top-1 agreement. Introduced in notebook 03 (mixed precision)."""
+    diff = (reference.float() - other.float().to(reference.device)).abs()
+    return {"max_abs_diff": diff.max().item(), "mean_abs_diff": diff.mean().item(),
+            "top1_agreement": top1_agreement_from_logits(reference, other)}
 
 
 def perplexity(model, tokenizer, text: str | None = None, max_tokens: int = 512) -> float:
@@ -77,11 +100,12 @@ def perplexity(model, tokenizer, text: str | None = None, max_tokens: int = 512)
     tokens of `text` (default: the shipped evaluation text). Lower is better.
 
     Introduced in notebook 04 (quantization)."""
-    return math.exp(_score(model, eval_tokens(tokenizer, text, max_tokens))[0])
+    ids = eval_tokens(tokenizer, text, max_tokens)
+    return perplexity_from_logits(logits_of(model, ids), ids)
 
 
 def top1_agreement(reference_model, model, tokens) -> float:
     """Fraction of positions where both models predict the same next token (argmax).
 
     Introduced in notebook 04 (quantization). tokens: ids as a list or 1-D tensor."""
-    return (_score(reference_model, tokens)[1] == _score(model, tokens)[1]).float().mean().item()
+    return top1_agreement_from_logits(logits_of(reference_model, tokens), logits_of(model, tokens))

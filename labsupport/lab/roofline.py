@@ -39,13 +39,10 @@ from .roofs import HardwareProfile
 from .step_timing import filled_cache, step_runner
 from ..engine.models.config import ModelConfig
 from .tables import records_table
+from .workloads import preset
 
-# Batch sizes swept by default: a CPU crosses its ridge after a few dozen rows,
-# a GPU (ridge of 100-300 FLOP/byte) only after a few hundred.
-CPU_DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 48)
-GPU_DECODE_BATCHES = (1, 4, 16, 64, 128, 256, 512)
-CPU_LINEAR_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-GPU_LINEAR_BATCHES = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096)
+# The batch sizes swept by default are the device's preset (`workloads.PRESETS`): a CPU
+# crosses its ridge after a few dozen rows, a GPU (ridge of 100-300 FLOP/byte) only after a few hundred.
 
 
 # --------------------------------------------------------------------------
@@ -280,13 +277,13 @@ def sweep_linear(out_features: int, in_features: int, batches=None, dtype=torch.
 def decode_batches(device) -> list[int]:
     """Batch sizes that reach past the ridge: a few dozen on a CPU, hundreds on a GPU.
     Notebook 00 (where the time goes)."""
-    return list(CPU_DECODE_BATCHES if pick_device(device).type == "cpu" else GPU_DECODE_BATCHES)
+    return list(preset(pick_device(device)).roofline_batches)
 
 
 def linear_batches(device) -> list[int]:
     """Batch sizes for one linear layer: it crosses the ridge at about the same batch.
     Notebook 00 (where the time goes)."""
-    return list(CPU_LINEAR_BATCHES if pick_device(device).type == "cpu" else GPU_LINEAR_BATCHES)
+    return list(preset(pick_device(device)).linear_batches)
 
 
 def supported_dtypes(profile: HardwareProfile) -> list[str]:

@@ -23,21 +23,9 @@ from ..errors import LabError
 from ..inputs import finite_number, whole_number
 from ..engine.sampling import GREEDY, SamplingConfig
 from ..engine.serving.request import Request
+from .workloads import CHAT_QUESTIONS, preset
 
-QUESTIONS = [
-    "Why is the sky blue?",
-    "Give me three tips for a good night's sleep.",
-    "What is a transformer in machine learning?",
-    "Write a haiku about autumn leaves.",
-    "Explain what a black hole is to a child.",
-    "How do vaccines work?",
-    "What is the difference between weather and climate?",
-    "Summarize the plot of Romeo and Juliet.",
-    "Why do cats purr?",
-    "How does a refrigerator keep food cold?",
-    "List five fruits that are rich in vitamin C.",
-    "What causes the seasons on Earth?",
-]
+QUESTIONS = CHAT_QUESTIONS                  # the chat questions of `workloads`, cycled through
 
 
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -86,3 +74,29 @@ def make_workload(prompts: list[list[int]], count: int | None = None, rate: floa
     return [Request(prompt=prompts[i % len(prompts)], max_new_tokens=lengths[i], sampling=sampling,
                     eos_token_ids=(), arrival=arrivals[i], request_id=i)
             for i in range(count)]
+
+
+# --- the request workloads of notebooks 06 and 07 --------------------------------------------
+
+def serving_workload(tokenizer, device, count: int | None = None, rate: float | None = None, seed: int = 0):
+    """The course's long-tailed workload: chat prompts, log-normal answer lengths (median 16,
+    sigma 1.0, at most 256 tokens); `count` requests, by default the device's preset
+    (``serving_requests`` of `workloads.PRESETS`: 24 on a CPU, 256 on a GPU).
+
+    Introduced in notebook 06 (continuous batching)."""
+    if count is None:
+        count = preset(device).serving_requests
+    return make_workload(chat_prompts(tokenizer, count), rate=rate, median_new_tokens=16, sigma=1.0,
+                         max_new_tokens=256, seed=seed)
+
+
+def stack_workload(tokenizer, device, count: int | None = None, seed: int = 0):
+    """The workload of notebook 07: chat requests, answer lengths log-normal (median 16,
+    sigma 0.8, 4..64 tokens); `count` requests, by default the device's preset
+    (``stack.requests`` of `workloads.PRESETS`: 8 on a CPU, 64 on a GPU).
+
+    Introduced in notebook 07 (putting it together)."""
+    if count is None:
+        count = preset(device).stack.requests
+    return make_workload(chat_prompts(tokenizer, count), median_new_tokens=16, sigma=0.8,
+                         min_new_tokens=4, max_new_tokens=64, seed=seed)

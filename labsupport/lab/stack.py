@@ -155,7 +155,7 @@ def build_stages(model, requests, slots: int = 8, draft_k: int = 4,
     else:
         note = f"16-bit skipped: {precision}"
     int4 = dict(precision=half, weights="int4")
-    kernels = ", ".join(f"{n} {k}" for k, n in variants.get(**int4).kernels.items())
+    kernels = ", ".join(f"{n} {k}" for k, n in variants.handle(**int4).kernels.items())
     stages += [
         stage("+ int4 weights", f"int4 weights, groups of 32 (notebook 04); kernels: {kernels}", previous, note,
               batching="static", **int4),

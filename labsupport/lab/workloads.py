@@ -9,8 +9,10 @@ that every notebook runs top to bottom in a few minutes on two cores, and "gpu",
 large enough to be timed above a GPU's launch overhead and to reach the batch sizes
 where its decode step stops being memory-bound. `device_class` says which preset a
 device gets: a CUDA device is a "gpu"; any other device, the never-tested Apple GPU
-included, gets the CPU's sizes. The prompts are plain constants; `serving_workload`
-and `stack_workload` turn chat prompts into the requests of notebooks 06 and 07.
+included, gets the CPU's sizes. The prompts are plain constants. This module is pure
+data at the bottom of lab/: it imports no other module of the package, and every other
+one reads its prompts and sizes here (`serving_workload.serving_workload` and
+`stack_workload` turn the chat questions into the requests of notebooks 06 and 07).
 """
 
 from __future__ import annotations
@@ -18,10 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from .batching import CPU_BATCHES
-from .roofline import CPU_DECODE_BATCHES, GPU_DECODE_BATCHES
-from .serving_workload import chat_prompts, make_workload
 
 # --- prompts --------------------------------------------------------------------------------
 
@@ -45,6 +43,32 @@ BATCHING_PROMPTS = [        # very different lengths in one batch: the padding e
 BATCHING_SOURCE_TEXT = ("A lighthouse keeper lived alone on a rock far out at sea. Every evening he climbed the "
                         "spiral stairs, trimmed the wick, polished the great lens and watched the beam sweep "
                         "across the water, counting the ships that passed safely in the dark. ")
+# notebook 05 and its bench section: a grounded task (the answer repeats the prompt) and a creative one
+GROUNDED_TEXT = (
+    "The lighthouse keeper climbed the narrow stairs every evening at six. He trimmed the wick, "
+    "polished the great lens with a soft cloth, and wrote the weather in a thick logbook: wind from "
+    "the north-west, a grey sea, two fishing boats back before dark. In winter the storms kept him "
+    "awake, and he counted the seconds between each flash and the thunder. In summer he painted the "
+    "railings white and watched the ferries cross the bay. When the light was finally automated, he "
+    "kept the logbook going for another year, out of habit, and then gave it to the village library."
+)
+GROUNDED_PROMPT = "Repeat the following text word for word, without any comment:\n\n" + GROUNDED_TEXT
+CREATIVE_PROMPT = "Write a short original poem about a fox who learns to play the violin."
+# notebooks 06 and 07 and their bench sections: everyday chat questions, cycled through (`serving_workload`)
+CHAT_QUESTIONS = [
+    "Why is the sky blue?",
+    "Give me three tips for a good night's sleep.",
+    "What is a transformer in machine learning?",
+    "Write a haiku about autumn leaves.",
+    "Explain what a black hole is to a child.",
+    "How do vaccines work?",
+    "What is the difference between weather and climate?",
+    "Summarize the plot of Romeo and Juliet.",
+    "Why do cats purr?",
+    "How does a refrigerator keep food cold?",
+    "List five fruits that are rich in vitamin C.",
+    "What causes the seasons on Earth?",
+]
 # notebook 03 and its bench section: the short prompt that decode continues ...
 LIGHTHOUSE_PROMPT = "The history of the lighthouse begins with fires lit on hills by the sea."
 # ... and real text for the prefill and the logit agreement (notebook 03)
@@ -101,7 +125,8 @@ class DevicePreset:
     Introduced in notebook 00 (where the time goes)."""
 
     roofline_batches: tuple[int, ...]           # notebook 00, its explorer, the bench's roofline
-    batch_sizes: tuple[int, ...]                # the bench's batching sweep (notebook 02)
+    linear_batches: tuple[int, ...]             # notebook 00: one linear layer swept past its ridge
+    batch_sizes: tuple[int, ...]                # notebook 02's sweep, its explorer, the bench's batching
     batching_explorer_max_batch: int | None     # notebook 02's explorer: largest batch offered
     kv_explorer_max_length: int                 # notebook 01's explorer: longest sequence offered
     precision: PrecisionWorkload                # notebook 03 and its explorer
@@ -110,12 +135,11 @@ class DevicePreset:
     stack: StackWorkload                        # notebook 07, its explorer, the bench's stack
 
 
-GPU_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)       # batching's sweep in the bench: up to 256
-
 PRESETS: dict[str, DevicePreset] = {
     "cpu": DevicePreset(
-        roofline_batches=CPU_DECODE_BATCHES,    # 1..48: past a small CPU's ridge (a few dozen rows)
-        batch_sizes=CPU_BATCHES,                # 1..64: two cores turn compute-bound well before 64
+        roofline_batches=(1, 2, 4, 8, 16, 32, 48),      # past a small CPU's ridge (a few dozen rows)
+        linear_batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),   # one layer crosses it at about the same batch
+        batch_sizes=(1, 2, 4, 8, 16, 32, 64),   # two cores turn compute-bound well before 64
         batching_explorer_max_batch=32,         # each point is measured while the learner waits
         kv_explorer_max_length=1024,            # the uncached loop grows quadratically: keep it to seconds
         precision=PrecisionWorkload(
@@ -133,8 +157,11 @@ PRESETS: dict[str, DevicePreset] = {
             explorer_requests=4),               # each Run answers in seconds
     ),
     "gpu": DevicePreset(
-        roofline_batches=GPU_DECODE_BATCHES,    # 1..512: a GPU stays memory-bound to hundreds of rows
-        batch_sizes=GPU_BATCH_SIZES,            # 1..256: long enough to see the GPU's curve bend
+        roofline_batches=(1, 4, 16, 64, 128, 256, 512),   # a GPU stays memory-bound to hundreds of rows
+        linear_batches=(1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096),
+        # up to 512, as the roofline sweep: a GPU's ridge (100-300 FLOP/byte) is crossed only past a
+        # few hundred rows, so a sweep that stops at 256 may never see the curve bend
+        batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
         batching_explorer_max_batch=None,       # every batch size of `batching.batch_sizes`: seconds each
         kv_explorer_max_length=4096,            # long contexts are cheap enough to explore on a GPU
         precision=PrecisionWorkload(
@@ -255,27 +282,20 @@ def long_context_workload(device) -> LongContextWorkload:
     return LONG_CONTEXT_PRESETS[device_class(device)]
 
 
-# --- the request workloads of notebooks 06 and 07 --------------------------------------------
+@dataclass(frozen=True)
+class HttpServingSizes:
+    """Notebook 09's workload per kind of device (serving over HTTP): requests per rate, batch
+    slots, answer lengths, and the rates in percent of the in-process saturation rate."""
 
-def serving_workload(tokenizer, device, count: int | None = None, rate: float | None = None, seed: int = 0):
-    """The course's long-tailed workload: chat prompts, log-normal answer lengths (median 16,
-    sigma 1.0, at most 256 tokens); `count` requests, by default the device's preset
-    (``serving_requests``: 24 on a CPU, 256 on a GPU).
-
-    Introduced in notebook 06 (continuous batching)."""
-    if count is None:
-        count = preset(device).serving_requests
-    return make_workload(chat_prompts(tokenizer, count), rate=rate, median_new_tokens=16, sigma=1.0,
-                         max_new_tokens=256, seed=seed)
+    requests: int
+    slots: int
+    median_new_tokens: int
+    max_new_tokens: int
+    loads: tuple[int, ...]
 
 
-def stack_workload(tokenizer, device, count: int | None = None, seed: int = 0):
-    """The workload of notebook 07: chat requests, answer lengths log-normal (median 16,
-    sigma 0.8, 4..64 tokens); `count` requests, by default the device's preset
-    (``stack.requests``: 8 on a CPU, 64 on a GPU).
-
-    Introduced in notebook 07 (putting it together)."""
-    if count is None:
-        count = preset(device).stack.requests
-    return make_workload(chat_prompts(tokenizer, count), median_new_tokens=16, sigma=0.8,
-                         min_new_tokens=4, max_new_tokens=64, seed=seed)
+HTTP_SERVING_PRESETS = {
+    "cpu": HttpServingSizes(requests=8, slots=4, median_new_tokens=8, max_new_tokens=24, loads=(25, 60, 120)),
+    "gpu": HttpServingSizes(requests=128, slots=32, median_new_tokens=16, max_new_tokens=128,
+                            loads=(25, 50, 75, 100, 150)),
+}

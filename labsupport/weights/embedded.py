@@ -36,7 +36,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..errors import LabError, ModelUnavailable, require_package
+from ..errors import LabError, ModelUnavailable, first_line, require_package
 from .model_cache import begin_build, cannot_write, finish_build, inspect_cache
 from ..engine.cache_dir import cache_root
 
@@ -175,8 +175,7 @@ def _conversion_failed(gguf: Path, root: Path, err: Exception) -> ModelUnavailab
     if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in str(err):
         return ModelUnavailable(f"There is not enough disk space in {root} for the converted model (about "
                                 "560 MB); free some space, or set LABSUPPORT_CACHE to a disk with room.")
-    lines = str(err).strip().splitlines()
-    gist = type(err).__name__ + (f": {lines[0].strip().rstrip('.')[:200]}" if lines else "")
+    gist = first_line(err, limit=200, with_type=True)
     if os.environ.get("LABSUPPORT_GGUF"):
         fix = f"check that LABSUPPORT_GGUF points to a good copy of {GGUF_NAME}"
     elif gguf.parent == root / "downloads":

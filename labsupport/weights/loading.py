@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ModelUnavailable
+from ..errors import ModelUnavailable, first_line
 from ..engine.hardware import require_usable_dtype, pick_device
 from ..engine.models.config import PRESETS, config_from_hf
 from .embedded import embedded_model_dir
@@ -136,14 +136,6 @@ def load_model(name: str = EMBEDDED, device=None, dtype=torch.float32, seed: int
     return model, AutoTokenizer.from_pretrained(source)
 
 
-def _first_line(err: BaseException) -> str:
-    """An exception's gist for the middle of a sentence: its type and first line."""
-    lines = str(err).strip().splitlines()
-    text = lines[0].strip().rstrip(".") if lines else ""
-    text = text if len(text) <= 200 else text[:197] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
 def _read_hf_config(source: str):
     """The Hugging Face config of a directory or hub repository, or one sentence saying why not."""
     from transformers import AutoConfig
@@ -161,7 +153,7 @@ def _read_hf_config(source: str):
     try:
         return AutoConfig.from_pretrained(source)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ModelUnavailable(f"Could not read the model config of {source} ({_first_line(err)}); check its "
+        raise ModelUnavailable(f"Could not read the model config of {source} ({first_line(err, limit=200, with_type=True)}); check its "
                                "config.json, or load the model with Hugging Face (load_hf_model) to see more.") from None
 
 
@@ -183,7 +175,7 @@ def weight_files(directory: Path) -> list[Path]:
             if not all(isinstance(n, str) and n and Path(n).name == n and n not in (".", "..") for n in names):
                 raise ValueError("a shard name is not a plain file name")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ModelUnavailable(f"The shard index {index} is damaged ({_first_line(err)}); download or save "
+            raise ModelUnavailable(f"The shard index {index} is damaged ({first_line(err, limit=200, with_type=True)}); download or save "
                                    "the model again.") from None
         absent = [n for n in names if not (directory / n).is_file()]
         if absent or not names:
@@ -216,7 +208,7 @@ def _read_state_dict(source: str) -> dict[str, torch.Tensor]:
             raise ModelUnavailable(f"You cannot read {f} (permission denied); ask its owner to make it readable "
                                    "(chmod a+r), or copy the model to a directory of your own.") from None
         except Exception as err:              # safetensors' own error type, OSError, ...
-            raise ModelUnavailable(f"Could not read the weights file {f} ({_first_line(err)}); it is damaged or "
+            raise ModelUnavailable(f"Could not read the weights file {f} ({first_line(err, limit=200, with_type=True)}); it is damaged or "
                                    "not a safetensors file: download or save the model again.") from None
         for name, tensor in tensors.items():
             if name in state:

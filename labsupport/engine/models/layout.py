@@ -18,6 +18,7 @@ faster one; on a GPU it keeps the standard layout.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -27,7 +28,6 @@ import torch.nn.functional as F
 from ..linear_swap import swap_linears
 
 LAYOUTS = ("row", "column")
-_chosen: dict[tuple[str, torch.dtype], str] = {}
 
 
 def relayout(weight: torch.Tensor, layout: str) -> torch.Tensor:
@@ -53,29 +53,37 @@ def _time_gemv(weights: list[torch.Tensor], x: torch.Tensor) -> float:
 def preferred_layout(device: torch.device, dtype: torch.dtype,
                      shape: tuple[int, int] = (3072, 576)) -> str:
     """The faster layout for batch-1 matrix-vector products with an (out, in) weight
-    of this shape, dtype and device; timed once per process and remembered.
-
-    Enough copies of the matrix are timed to exceed the CPU caches, as in a real
-    model whose weights stream from memory at every decode step.
+    of this shape, dtype and device: "row" on a GPU and for a matrix small enough to stay
+    in the CPU's caches, else `measured_layout`'s answer.
 
     Notebook 00 (where the time goes).
     """
     device = torch.device(device)
     out_features, in_features = shape
-    element = torch.empty((), dtype=dtype).element_size()
-    matrix_bytes = out_features * in_features * element
+    matrix_bytes = out_features * in_features * torch.empty((), dtype=dtype).element_size()
     if device.type != "cpu" or matrix_bytes < (1 << 20):
         return "row"                  # GPUs, and matrices small enough to stay in cache
-    key = (device.type, dtype, tuple(shape))
-    if key not in _chosen:
-        copies = min(64, max(2, (48 << 20) // matrix_bytes))
-        with torch.inference_mode():
-            weights = [torch.randn(shape, dtype=dtype) for _ in range(copies)]
-            x = torch.randn(1, in_features, dtype=dtype)
-            timings = {layout: _time_gemv([relayout(w, layout) for w in weights], x)
-                       for layout in LAYOUTS}
-        _chosen[key] = min(timings, key=timings.get)
-    return _chosen[key]
+    return measured_layout(device.type, dtype, (out_features, in_features))
+
+
+@functools.cache
+def measured_layout(device_type: str, dtype: torch.dtype, shape: tuple[int, int]) -> str:
+    """Both layouts timed on matrices of this shape and dtype, the faster one returned: a
+    pure function of its arguments on this machine, measured once per process (its first
+    answer is its answer, so every model laid out in this process agrees; nothing is kept
+    anywhere else). ``measured_layout.cache_clear()`` measures again.
+
+    Enough copies of the matrix are timed to exceed the CPU caches, as in a real model
+    whose weights stream from memory at every decode step. Notebook 00 (where the time goes).
+    """
+    out_features, in_features = shape
+    matrix_bytes = out_features * in_features * torch.empty((), dtype=dtype).element_size()
+    copies = min(64, max(2, (48 << 20) // matrix_bytes))
+    with torch.inference_mode():
+        weights = [torch.randn(shape, dtype=dtype, device=device_type) for _ in range(copies)]
+        x = torch.randn(1, in_features, dtype=dtype, device=device_type)
+        timings = {layout: _time_gemv([relayout(w, layout) for w in weights], x) for layout in LAYOUTS}
+    return min(timings, key=timings.get)
 
 
 def apply_layout(model: nn.Module, layout: str | None = None) -> dict[tuple[int, int], str]:

@@ -14,9 +14,11 @@ The parts, in the order of the idea; notebook 04 reads them all from here
   two 4-bit values per byte) and what they cost (`weight_error_stats`);
 * kernels: `Int8Linear` and `Int4Linear`, whose speed depends on the
   kernel (fast: dequantize inside the matmul; reference: dequantize, then matmul);
-* this module: a whole model's layers quantized through the linear swap
-  (`linear_swap.swap_linears`): `quantized_replacement` is the replacement it
-  takes, `quantize_model` the one call most code uses;
+* this module: the methods, a small registry (`METHODS`: name -> `Method`, its
+  builder per kernel and whether it takes a group size), and a whole model's layers
+  quantized through the linear swap (`linear_swap.swap_linears`):
+  `quantized_replacement` is the replacement it takes, `quantize_model` the one call
+  most code uses;
 * lab/quality.py (above the engine): bytes a decode step reads, perplexity, top-1 agreement.
 
 `quantize_model` swaps a model's ``nn.Linear`` modules in place and returns a
@@ -28,6 +30,8 @@ context manager). bitsandbytes' LLM.int8() and NF4/FP4 layers (Dettmers et al.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from typing import Callable
 
 import torch.nn as nn
 
@@ -35,14 +39,75 @@ from ...errors import LabError
 from ..linear_swap import SwapHandle, swap_linears
 from .formats import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                       quantize_int8_absmax, require_group_size, unpack_int4, weight_error_stats)
-from .kernels import Int4Linear, Int8Linear, kernel_description, require_kernel
+from .kernels import Int4Linear, Int8Linear, kernel_description
 
-METHODS = ("int8", "int4", "bnb-int8", "bnb-nf4", "bnb-fp4")
+# (the nn.Linear to replace, the group size, whether to warn on a fallback) -> its quantized replacement
+Builder = Callable[[nn.Linear, int, bool], nn.Module]
 
-__all__ = ["METHODS", "QuantizedHandle", "quantize_linear", "quantized_replacement", "quantize_model",
-           "quantize_int8_absmax", "dequantize_int8", "require_group_size", "quantize_int4_groupwise",
-           "dequantize_int4", "pack_int4", "unpack_int4", "weight_error_stats", "Int8Linear", "Int4Linear",
-           "kernel_description"]
+
+@dataclass(frozen=True)
+class Method:
+    """One quantization method of the registry (`METHODS`). Introduced in notebook 04 (quantization).
+
+    kernels: kernel name -> the `Builder` of one layer ("auto", the default, first);
+    group_size: whether the method takes a group size (int4: weights sharing a scale and a
+    zero); the others ignore it; requires: called once before the first layer is swapped
+    (an optional package's import, so that a missing one is one sentence), or None.
+    """
+
+    kernels: dict[str, Builder]
+    group_size: bool = False
+    requires: Callable[[], object] | None = None
+
+    def builder(self, name: str, kernel: str) -> Builder:
+        """The builder of `kernel`, or one sentence naming the kernels this method has."""
+        if kernel not in self.kernels:
+            raise LabError(f"Method {name!r} has no kernel {kernel!r}; use one of {', '.join(self.kernels)}.")
+        return self.kernels[kernel]
+
+
+def _int8(kernel: str) -> Builder:
+    return lambda linear, group_size, warn: Int8Linear.from_linear(linear, kernel=kernel, warn=warn)
+
+
+def _int4(kernel: str) -> Builder:
+    return lambda linear, group_size, warn: Int4Linear.from_linear(linear, group_size=group_size, kernel=kernel,
+                                                                   warn=warn)
+
+
+def _bnb(kind: str) -> Builder:
+    def build(linear, group_size, warn):
+        from .bnb import bnb_linear
+        return bnb_linear(linear, kind)
+    return build
+
+
+def _bnb_importable():
+    from .bnb import bnb_module
+    return bnb_module()
+
+
+# The registry: a new kernel of a method is one more line in its `kernels`.
+METHODS: dict[str, Method] = {
+    "int8": Method(kernels={"auto": _int8("auto"), "fast": _int8("fast"), "reference": _int8("reference")}),
+    "int4": Method(kernels={"auto": _int4("auto"), "fast": _int4("fast"), "reference": _int4("reference")},
+                   group_size=True),
+    "bnb-int8": Method(kernels={"auto": _bnb("int8")}, requires=_bnb_importable),
+    "bnb-nf4": Method(kernels={"auto": _bnb("nf4")}, requires=_bnb_importable),
+    "bnb-fp4": Method(kernels={"auto": _bnb("fp4")}, requires=_bnb_importable),
+}
+
+__all__ = ["METHODS", "Method", "QuantizedHandle", "find_method", "quantize_linear", "quantized_replacement",
+           "quantize_model", "quantize_int8_absmax", "dequantize_int8", "require_group_size",
+           "quantize_int4_groupwise", "dequantize_int4", "pack_int4", "unpack_int4", "weight_error_stats",
+           "Int8Linear", "Int4Linear", "kernel_description"]
+
+
+def find_method(name: str) -> Method:
+    """The registered `Method` called `name`, or one sentence listing them. Notebook 04 (quantization)."""
+    if name not in METHODS:
+        raise LabError(f"Unknown quantization method {name!r}; use one of {', '.join(METHODS)}.")
+    return METHODS[name]
 
 
 class QuantizedHandle(SwapHandle):
@@ -94,17 +159,11 @@ class QuantizedHandle(SwapHandle):
 
 def quantize_linear(linear: nn.Linear, method: str, group_size: int = 32, kernel: str = "auto",
                     warn: bool = True) -> nn.Module:
-    """One nn.Linear -> its quantized replacement (same inputs, same outputs, fewer bytes).
+    """One nn.Linear -> its quantized replacement (same inputs, same outputs, fewer bytes):
+    the registry's builder (`METHODS`) for this method and kernel.
 
     Introduced in notebook 04 (quantization)."""
-    if method == "int8":
-        return Int8Linear.from_linear(linear, kernel=kernel, warn=warn)
-    if method == "int4":
-        return Int4Linear.from_linear(linear, group_size=group_size, kernel=kernel, warn=warn)
-    if method.startswith("bnb-"):
-        from .bnb import bnb_linear
-        return bnb_linear(linear, method.removeprefix("bnb-"))
-    raise LabError(f"Unknown quantization method {method!r}; use one of {', '.join(METHODS)}.")
+    return find_method(method).builder(method, kernel)(linear, group_size, warn)
 
 
 def quantized_replacement(method: str, group_size: int = 32, kernel: str = "auto",
@@ -115,19 +174,17 @@ def quantized_replacement(method: str, group_size: int = 32, kernel: str = "auto
     Introduced in notebook 04 (quantization). Every argument is checked here, before
     the first layer is swapped, so a mistake never leaves a half-quantized model.
     """
-    if method not in METHODS:
-        raise LabError(f"Unknown quantization method {method!r}; use one of {', '.join(METHODS)}.")
-    require_kernel(kernel)
-    if method == "int4":
+    spec = find_method(method)
+    build = spec.builder(method, kernel)
+    if spec.group_size:
         require_group_size(group_size)
-    if method.startswith("bnb-"):
-        from .bnb import bnb_module
-        bnb_module()
+    if spec.requires is not None:
+        spec.requires()
 
     def replace(name: str, linear: nn.Linear) -> nn.Module | None:
         if not include_lm_head and name.split(".")[-1] == "lm_head":
             return None
-        return quantize_linear(linear, method, group_size, kernel, warn=False)
+        return build(linear, group_size, False)
 
     return replace
 
@@ -137,10 +194,11 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 32, kernel: 
     """Swap every nn.Linear of `model` for a quantized one, in place; returns the handle
     that undoes it (``handle.restore()`` or ``with quantize_model(...):``).
 
-    Introduced in notebook 04 (quantization). method: "int8", "int4" (with
-    `group_size`), "bnb-int8", "bnb-nf4" or "bnb-fp4". kernel: "auto"/"fast" or
-    "reference" (ours only). The output projection tied to the embedding is
-    quantized as its own module; the embedding keeps the float weight for lookups.
+    Introduced in notebook 04 (quantization). method: a name of `METHODS`: "int8",
+    "int4" (with `group_size`), "bnb-int8", "bnb-nf4" or "bnb-fp4". kernel: one of the
+    method's kernels ("auto", "fast" or "reference" for ours; "auto" for bitsandbytes).
+    The output projection tied to the embedding is quantized as its own module; the
+    embedding keeps the float weight for lookups.
     It is `swap_linears(model, quantized_replacement(...))`, plus one warning when
     layers fall back to the reference kernel.
     """
@@ -150,4 +208,4 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 32, kernel: 
     if fallbacks and kernel != "reference":
         warnings.warn(f"{len(fallbacks)} of {len(swap.swaps)} layers use the slower reference kernel because the "
                       f"fast {method} kernel is not usable here ({fallbacks[0][1]}).", stacklevel=2)
-    return QuantizedHandle(swap, method, group_size if method == "int4" else None, fallbacks)
+    return QuantizedHandle(swap, method, group_size if METHODS[method].group_size else None, fallbacks)

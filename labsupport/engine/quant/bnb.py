@@ -27,7 +27,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-from ...errors import LabError, require_package
+from ...errors import LabError, first_line, require_package
 
 KINDS = ("int8", "nf4", "fp4")
 
@@ -54,7 +54,7 @@ def bnb_linear(linear: nn.Linear, kind: str) -> nn.Module:
     except LabError:
         raise
     except Exception as error:                    # noqa: BLE001 - an unsupported device or version
-        reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        reason = first_line(error)
         raise LabError(f"bitsandbytes {kind} cannot run on {device.type} with bitsandbytes "
                        f"{getattr(bnb, '__version__', '?')} ({reason}); use method 'int8' or 'int4' instead.") from None
     return module

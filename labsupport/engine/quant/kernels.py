@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...errors import LabError
+from ...errors import LabError, first_line
 from .formats import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                       quantize_int8_absmax, require_group_size, unpack_int4)
 
@@ -47,10 +47,6 @@ def require_kernel(kernel: str) -> None:
 def _warn_fallback(what: str, reason: str) -> None:
     warnings.warn(f"The fast {what} kernel is not usable here ({reason}); using the slower "
                   f"dequantize-then-matmul reference instead.", stacklevel=3)
-
-
-def _short(error: Exception) -> str:
-    return str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
 
 
 def _check_close(fast: torch.Tensor, reference: torch.Tensor, tolerance: float = 0.03) -> None:
@@ -176,7 +172,7 @@ class Int8Linear(_QuantizedLinear):
             x = torch.randn(1, self.in_features, device=self.weight_int8.device)
             _check_close(self._fast_op(x), self._reference(x))
         except Exception as error:                   # noqa: BLE001 - any failure means: do not use it
-            self._fall_back(_short(error), warn)
+            self._fall_back(first_line(error), warn)
 
     def _fall_back(self, reason: str, warn: bool = True) -> None:
         self.kernel, self.fallback_reason = "reference", reason
@@ -193,7 +189,7 @@ class Int8Linear(_QuantizedLinear):
         try:
             return self._fast_op(x)
         except Exception as error:                   # noqa: BLE001 - e.g. no compiler on this machine
-            self._fall_back(_short(error))
+            self._fall_back(first_line(error))
             return self._reference(x)
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
@@ -273,7 +269,7 @@ class Int4Linear(_QuantizedLinear):
         except Exception as error:                       # noqa: BLE001 - any failure: use the reference
             for name in ("weight_int4pack", "scales_and_zeros"):
                 self._buffers.pop(name, None)
-            return _short(error)
+            return first_line(error)
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
         """(M, in) -> (M, padded_in): zeros for the padding columns of the weight."""

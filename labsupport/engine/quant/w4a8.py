@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from ...errors import LabError
+from ...errors import LabError, first_line
 from ..cache_dir import cache_root
 
 SOURCE = Path(__file__).with_name("w4a8.cpp")
@@ -234,8 +234,7 @@ def w4a8_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, min
     try:
         return torch.ops.labsupport.w4a8_linear(x, packed, scales, mins, default_path() if path is None else path)
     except (RuntimeError, TypeError) as error:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise LabError(message if message.endswith(".") else message + ".") from None
+        raise LabError(first_line(error, limit=300) + ".") from None
 
 
 # --- the same computation in plain torch --------------------------------------------------------
