@@ -55,7 +55,7 @@ def test_embedded_model_matches_hugging_face(smollm, smollm_hf):
     model, tok = smollm
     tokens = torch.tensor([tok.encode("The capital of France is Paris, and the capital of Italy is")])
     with torch.no_grad():
-        torch.testing.assert_close(model(tokens), smollm_hf(tokens).logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(model.logits(model(tokens)), smollm_hf(tokens).logits, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow

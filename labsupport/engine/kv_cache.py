@@ -114,7 +114,7 @@ class FilledLength:
         """The writer of the next `n` positions; the cache now counts them as filled."""
         n = whole_number(n, "n (the positions one pass writes)")
         if fixed_shape and not self.fixed_shape_writes:
-            raise LabError(f"A {type(self).__name__} has no fixed-shape writes; use a StaticKVCache "
+            raise LabError(f"This {type(self).__name__} has no fixed-shape writes; use a StaticKVCache "
                            f"for a compiled decode step.")
         start, end = self.length, self.length + n
         if end > self.max_len:
