@@ -18,8 +18,8 @@ from labsupport.engine.serving import Engine
 from labsupport.errors import LabError
 from labsupport.lab.loadgen import (LoadRequest, LoadResult, as_engine_requests, chat_workload, load_test,
                                     run_load, summarize_load)
-from labsupport.lab.serving_workload import QUESTIONS, make_workload
-from labsupport.lab.workloads import chat_prompts
+from labsupport.lab.serving_workload import chat_prompts, make_workload
+from labsupport.lab.workloads import CHAT_QUESTIONS
 from labsupport.serve import BackgroundServer, create_app
 from labsupport.weights.fixtures import ByteTokenizer, random_model
 
@@ -35,7 +35,7 @@ def server():
 
 def test_the_workload_is_the_in_process_engines_workload():
     requests = chat_workload(10, rate=2.0, median_new_tokens=6, max_new_tokens=20, seed=4)
-    assert [r.question for r in requests] == [QUESTIONS[i % len(QUESTIONS)] for i in range(10)]
+    assert [r.question for r in requests] == [CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)] for i in range(10)]
     tok = ByteTokenizer()
     engine_side = make_workload(chat_prompts(tok, 10), rate=2.0, median_new_tokens=6, max_new_tokens=20, seed=4)
     ours = as_engine_requests(tok, requests)

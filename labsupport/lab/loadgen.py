@@ -32,7 +32,8 @@ from ..engine.serving.request import Request
 from ..errors import LabError
 from ..inputs import finite_number, whole_number
 from .serving_metrics import percentile
-from .serving_workload import QUESTIONS, arrival_times, output_lengths
+from .serving_workload import arrival_times, output_lengths
+from .workloads import CHAT_QUESTIONS
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def chat_workload(count: int, rate: float | None, median_new_tokens: float = 16,
         arrivals = [i / rate for i in range(count)]
     else:
         arrivals = arrival_times(count, rate, seed)
-    return [LoadRequest(QUESTIONS[i % len(QUESTIONS)], lengths[i], arrivals[i]) for i in range(count)]
+    return [LoadRequest(CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)], lengths[i], arrivals[i]) for i in range(count)]
 
 
 def as_engine_requests(tokenizer, requests: list[LoadRequest]) -> list[Request]:
