@@ -9,6 +9,7 @@ from labsupport.errors import LabError
 from labsupport.engine.precision import tensor_bytes
 from labsupport.engine.quant import (Int4Linear, Int8Linear, kernel_description, pack_int4, quantize_model,
                                      unpack_int4, weight_error_stats)
+from labsupport.engine.quant.w4a8 import w4a8_unavailable
 from labsupport.lab.quality import quantized_bytes, resident_bytes
 
 
@@ -44,10 +45,13 @@ def test_resident_bytes_keep_the_float_embedding_the_step_does_not_read(fresh_ti
 
 def test_each_layer_names_its_kernel():
     linear = nn.Linear(64, 32)
-    fast8, fast4 = Int8Linear.from_linear(linear), Int4Linear.from_linear(linear, group_size=32)
+    fast8, fast4 = Int8Linear.from_linear(linear), Int4Linear.from_linear(linear, group_size=32, kernel="fast")
     reference = Int4Linear.from_linear(linear, group_size=32, kernel="reference")
     assert kernel_description(fast8) == "fused int8 kernel (aten._weight_int8pack_mm, bf16 arithmetic)"
     assert kernel_description(fast4).startswith("fused int4 kernel (aten._weight_int4pack_mm_for_cpu")
+    auto4 = Int4Linear.from_linear(linear, group_size=32)                 # ours where it builds (here it does)
+    assert w4a8_unavailable() is None
+    assert kernel_description(auto4).startswith("W4A8 kernel of our own (int4 weights x int8 activations")
     assert kernel_description(reference) == "reference path: dequantize int4 to float, then matmul"
     with pytest.warns(UserWarning):
         fallback = Int4Linear.from_linear(linear, group_size=16)          # no kernel for groups of 16
@@ -78,7 +82,7 @@ def test_the_explorer_times_against_fp32_and_bf16_and_names_the_kernel(fresh_tin
     lab = QuantizeLab(fresh_tiny_llama, ByteTokenizer(), new_tokens=3, eval_tokens=32, repeats=1)
     result = lab.measure(4, 32, "own")
     assert result["speedup"] > 0 and result["speedup_bf16"] > 0
-    assert result["kernel"].startswith("fused int4 kernel") and result["resident"] > result["memory"]
+    assert result["kernel"].startswith("W4A8 kernel of our own") and result["resident"] > result["memory"]
 
 
 def _allocations(code: str) -> list[int]:

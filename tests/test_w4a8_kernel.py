@@ -10,6 +10,7 @@ turn; a path the CPU lacks is skipped with the reason. The build itself is cache
 from __future__ import annotations
 
 import re
+import os
 import shutil
 
 import pytest
@@ -225,6 +226,19 @@ def test_no_ninja_is_one_sentence(monkeypatch, tmp_path):
     from torch.utils import cpp_extension
     monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
     assert_reason(w4a8._try_build(w4a8.SOURCE, tmp_path), "ninja")
+
+
+def test_ninja_beside_this_python_is_found_without_an_activated_environment(monkeypatch, tmp_path):
+    (tmp_path / "bin").mkdir()
+    ninja = tmp_path / "bin" / "ninja"
+    ninja.write_text("#!/bin/sh\necho 1.11.1\n")
+    ninja.chmod(0o755)
+    monkeypatch.setattr(w4a8.sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    w4a8._find_ninja()
+    assert shutil.which("ninja") == str(ninja)
+    w4a8._find_ninja()                                            # found on PATH now: PATH left alone
+    assert os.environ["PATH"].count(str(tmp_path / "bin")) == 1
 
 
 def test_a_failing_build_is_one_sentence(tmp_path):

@@ -17,11 +17,13 @@ from typing import Callable
 
 import torch
 
+from ..engine.compiled import fixed_shape_step
 from ..engine.generation import decode_step
 from ..engine.kv_cache import StaticKVCache
 from ..engine.kv_quant import Int8KVCache
 from ..errors import LabError
 from ..inputs import whole_number
+from .measure import time_fn
 
 CACHE_KINDS = ("float", "int8")       # a StaticKVCache in the model's dtype, or an Int8KVCache
 
@@ -74,3 +76,39 @@ def step_runner(model, cache, step: Callable | None = None, seed: int = 0) -> Ca
         cache.truncate(filled)
         return out
     return run
+
+
+def graphed_decode_seconds(model, batch: int, context: int, repeats: int = 5) -> float:
+    """Median seconds of one decode step of `batch` rows over `context` cached positions, with
+    the launches taken out: on CUDA the step (the fixed-shape step the compiled decoder
+    compiles, run eagerly here, so nothing is compiled) is captured once as a CUDA graph and
+    the graph is replayed; elsewhere the same step is timed as it is. A batch sweep timed so
+    shows where the step's own work starts to grow with the batch (the knee), which a small
+    model's launch overhead would hide. Notebook 00 (where the time goes); the GPU check's
+    batching item (scripts/gpu_items.py) is its caller."""
+    cache = filled_cache(model, batch, context)                        # room for the one step
+    writer = cache.reserve(1, fixed_shape=True)                        # writes position `context`
+    cache.truncate(context)
+    device = model.device
+    tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)                  # (batch, 1)
+    positions = torch.full((batch, 1), context, dtype=torch.long, device=device)      # (batch, 1)
+    key_mask = torch.ones(batch, context + 1, dtype=torch.bool, device=device)        # (batch, context + 1)
+
+    def step():
+        with torch.inference_mode():
+            return fixed_shape_step(model, tokens, positions, writer, key_mask)
+    if device.type != "cuda":
+        return time_fn(step, device, warmup=1, repeats=repeats).median
+    side = torch.cuda.Stream(device)                   # warm up off the capture stream, as torch's docs ask
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    try:
+        return time_fn(graph.replay, device, warmup=2, repeats=repeats).median
+    finally:
+        del graph

@@ -90,8 +90,8 @@ def _bnb_importable():
 # The registry: a new kernel of a method is one more line in its `kernels`.
 METHODS: dict[str, Method] = {
     "int8": Method(kernels={"auto": _int8("auto"), "fast": _int8("fast"), "reference": _int8("reference")}),
-    "int4": Method(kernels={"auto": _int4("auto"), "fast": _int4("fast"), "reference": _int4("reference")},
-                   group_size=True),
+    "int4": Method(kernels={"auto": _int4("auto"), "w4a8": _int4("w4a8"), "fast": _int4("fast"),
+                            "reference": _int4("reference")}, group_size=True),
     "bnb-int8": Method(kernels={"auto": _bnb("int8")}, requires=_bnb_importable),
     "bnb-nf4": Method(kernels={"auto": _bnb("nf4")}, requires=_bnb_importable),
     "bnb-fp4": Method(kernels={"auto": _bnb("fp4")}, requires=_bnb_importable),
@@ -196,7 +196,8 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 32, kernel: 
 
     Introduced in notebook 04 (quantization). method: a name of `METHODS`: "int8",
     "int4" (with `group_size`), "bnb-int8", "bnb-nf4" or "bnb-fp4". kernel: one of the
-    method's kernels ("auto", "fast" or "reference" for ours; "auto" for bitsandbytes).
+    method's kernels ("auto", "fast" or "reference" for ours, and "w4a8" for int4; "auto" for
+    bitsandbytes).
     The output projection tied to the embedding is quantized as its own module; the
     embedding keeps the float weight for lookups.
     It is `swap_linears(model, quantized_replacement(...))`, plus one warning when
@@ -208,4 +209,9 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 32, kernel: 
     if fallbacks and kernel != "reference":
         warnings.warn(f"{len(fallbacks)} of {len(swap.swaps)} layers use the slower reference kernel because the "
                       f"fast {method} kernel is not usable here ({fallbacks[0][1]}).", stacklevel=2)
+    unused = next((s.replacement.w4a8_unused for s in swap.swaps if getattr(s.replacement, "w4a8_unused", None)
+                   and s.replacement.kernel != "w4a8"), None)
+    if unused and kernel == "auto" and group_size == 32 and "CPU kernel" not in unused:
+        warnings.warn(f"The W4A8 kernel is not usable here ({unused}); the int4 layers use aten's fused "
+                      f"kernel instead.", stacklevel=2)
     return QuantizedHandle(swap, method, group_size if METHODS[method].group_size else None, fallbacks)

@@ -10,6 +10,9 @@ The ``"fast"`` kernels dequantize inside the matmul, tile by tile:
 * CPU: ``torch.ops.aten._weight_int8pack_mm`` (int8 weights, bf16 activations)
   and ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (weights repacked by
   ``_convert_weight_to_int4pack_for_cpu``; group sizes 32, 64, 128, 256).
+* CPU, int4 in groups of 32: our own W4A8 kernel (w4a8.py, w4a8.cpp), which quantizes
+  each activation row to int8 and multiplies with integer dot products, as llama.cpp
+  does; the default where it builds, else the aten kernel above, with one sentence why.
 * CUDA: int8 under ``torch.compile``, written as a reduction for decode-sized batches so
   that the conversion fuses into it (`_int8_weight_only_mm` says why a matmul would not),
   and int4 through
@@ -33,15 +36,18 @@ import torch.nn.functional as F
 from ...errors import LabError, first_line
 from .formats import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                       quantize_int8_absmax, require_group_size, unpack_int4)
+from .w4a8 import BLOCK as W4A8_BLOCK
+from .w4a8 import default_path, pack_q4_1, supported_paths, unpack_q4_1, w4a8_unavailable
 
 KERNELS = ("auto", "fast", "reference")
+INT4_KERNELS = ("auto", "w4a8", "fast", "reference")     # int4 has one more: our own W4A8 kernel (CPU)
 KERNEL_INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
-def require_kernel(kernel: str) -> None:
-    """Refuse a kernel name other than "auto", "fast" or "reference". Notebook 04 (quantization)."""
-    if kernel not in KERNELS:
-        raise LabError(f"Unknown kernel {kernel!r}; use one of {', '.join(KERNELS)}.")
+def require_kernel(kernel: str, kernels: tuple[str, ...] = KERNELS) -> None:
+    """Refuse a kernel name other than one of `kernels`. Notebook 04 (quantization)."""
+    if kernel not in kernels:
+        raise LabError(f"Unknown kernel {kernel!r}; use one of {', '.join(kernels)}.")
 
 
 def _warn_fallback(what: str, reason: str) -> None:
@@ -130,7 +136,8 @@ class _QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)                                  # (M, in)
-        y = self._fast(x2) if self.kernel == "fast" else self._reference(x2)  # (M, out)
+        kernel = {"fast": self._fast, "w4a8": getattr(self, "_w4a8", None)}.get(self.kernel, self._reference)
+        y = kernel(x2)                                                         # (M, out)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features)
@@ -200,12 +207,18 @@ class Int8Linear(_QuantizedLinear):
 
 
 class Int4Linear(_QuantizedLinear):
-    """nn.Linear with int4 weights in groups (asymmetric, min/max); activations stay float.
+    """nn.Linear with int4 weights in groups (asymmetric, min/max); activations stay float,
+    except in the W4A8 kernel, which quantizes them to int8 per block of 32 on the way.
 
     Introduced in notebook 04 (quantization). The buffers depend on the kernel:
     "reference" keeps our own layout (packed (out, in/2) uint8, scales and zeros
-    (out, in/group)); "fast" keeps only the kernel's layout (weight_int4pack and
-    scales_and_zeros (in/group, out, 2) in bf16), so memory is never counted twice.
+    (out, in/group)); "fast" keeps only aten's layout (weight_int4pack and
+    scales_and_zeros (in/group, out, 2) in bf16); "w4a8" only its own (w4a8_packed
+    (out, in/2) uint8, w4a8_scales and w4a8_mins (out, in/32) fp16: GGUF's Q4_1 block),
+    so memory is never counted twice.
+
+    kernel "auto" picks, in order: "w4a8" (CPU, groups of 32, where the C++ kernel builds;
+    `w4a8_unused` says why not otherwise), "fast", "reference".
 
     A group size that does not divide in_features (128 on SmolLM2's 576) is
     handled as gpt-fast does: each row is padded with zeros to whole groups
@@ -215,15 +228,24 @@ class Int4Linear(_QuantizedLinear):
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 32, kernel: str = "auto",
                     warn: bool = True) -> "Int4Linear":
-        require_kernel(kernel)
+        require_kernel(kernel, INT4_KERNELS)
         self = cls(linear)
         require_group_size(group_size)
         self.group_size = group_size
+        self.w4a8_unused: str | None = None
         self.padded_in = -(-self.in_features // group_size) * group_size
         weight = F.pad(linear.weight.detach().float(), (0, self.padded_in - self.in_features))  # (out, padded_in)
         q, scales, zeros = quantize_int4_groupwise(weight, group_size)
         device = linear.weight.device
         reason = None
+        if kernel in ("auto", "w4a8"):
+            reason = self._build_w4a8(q, scales, zeros, device)
+            if reason is None:
+                return self
+            self.w4a8_unused = reason
+            if kernel == "w4a8" and warn:
+                warnings.warn(f"The W4A8 kernel is not usable here ({reason}); using aten's fused int4 kernel "
+                              f"or, without one, the reference.", stacklevel=2)
         if kernel != "reference":
             reason = self._build_fast(q, scales, zeros, device)
         if kernel == "reference" or reason is not None:
@@ -236,6 +258,30 @@ class Int4Linear(_QuantizedLinear):
                 if warn:
                     _warn_fallback("int4", reason)
         return self
+
+    def _build_w4a8(self, q, scales, zeros, device) -> str | None:
+        """Pack for our W4A8 kernel and check it once; the reason it cannot run, or None."""
+        if device.type != "cpu":
+            return f"it is a CPU kernel and this layer is on {device.type}"
+        if self.group_size != W4A8_BLOCK:
+            return f"it takes groups of {W4A8_BLOCK}, not {self.group_size}"
+        reason = w4a8_unavailable()
+        if reason is not None:
+            return reason
+        packed, w_scales, w_mins = pack_q4_1(q, scales, zeros)
+        self.register_buffer("w4a8_packed", packed)
+        self.register_buffer("w4a8_scales", w_scales)
+        self.register_buffer("w4a8_mins", w_mins)
+        self.kernel, self.w4a8_path = "w4a8", default_path()     # $LABSUPPORT_W4A8_PATH, else "auto"
+        try:
+            x = torch.randn(1, self.in_features)
+            _check_close(self._w4a8(x), F.linear(self._pad(x), self._w4a8_weight()))
+            return None
+        except Exception as error:                       # noqa: BLE001 - any failure: the next kernel
+            for name in ("w4a8_packed", "w4a8_scales", "w4a8_mins"):
+                self._buffers.pop(name, None)
+            self.kernel = "reference"
+            return first_line(error)
 
     def _build_fast(self, q, scales, zeros, device) -> str | None:
         """Repack for the device's kernel and check it once; the reason it cannot run, or None."""
@@ -271,6 +317,16 @@ class Int4Linear(_QuantizedLinear):
                 self._buffers.pop(name, None)
             return first_line(error)
 
+    def _w4a8_weight(self) -> torch.Tensor:
+        """The float weight (out, padded_in) the W4A8 buffers stand for (fp16 scales and minimums)."""
+        q = unpack_q4_1(self.w4a8_packed)                                     # (out, padded_in)
+        return dequantize_int4(q, self.w4a8_scales, self.w4a8_mins)
+
+    def _w4a8(self, x: torch.Tensor) -> torch.Tensor:
+        # torch.ops.labsupport.w4a8_linear(x (M, k) float, packed, scales, mins, path) -> (M, n) in x's dtype
+        return torch.ops.labsupport.w4a8_linear(self._pad(x), self.w4a8_packed, self.w4a8_scales,
+                                                self.w4a8_mins, self.w4a8_path)
+
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
         """(M, in) -> (M, padded_in): zeros for the padding columns of the weight."""
         return x if self.padded_in == self.in_features else F.pad(x, (0, self.padded_in - self.in_features))
@@ -294,6 +350,8 @@ class Int4Linear(_QuantizedLinear):
         back through the kernel itself: identity @ W.T, a trick torch's compiler uses too)."""
         if self.kernel == "reference":
             return dequantize_int4(unpack_int4(self.packed), self.scales, self.zeros)[:, :self.in_features]
+        if self.kernel == "w4a8":
+            return self._w4a8_weight()[:, :self.in_features]
         with torch.no_grad():
             eye = torch.eye(self.in_features, device=self.weight_int4pack.device)
             return self._fast(eye).t().float()                               # (out, in)
@@ -306,6 +364,9 @@ def kernel_description(layer: nn.Module) -> str:
     tables name the kernel that ran, since the speed depends on it more than on the bits."""
     if isinstance(layer, _QuantizedLinear):
         bits = "int8" if isinstance(layer, Int8Linear) else "int4"
+        if layer.kernel == "w4a8":
+            return (f"W4A8 kernel of our own (int4 weights x int8 activations, integer dot products, "
+                    f"{layer.w4a8_path if layer.w4a8_path != 'auto' else supported_paths()[-1]} path)")
         if layer.kernel == "reference":
             why = f" (the fused kernel is not usable here: {layer.fallback_reason})" if layer.fallback_reason else ""
             return f"reference path: dequantize {bits} to float, then matmul{why}"

@@ -92,6 +92,14 @@ def _openmp_flags(compiler: str, version: str) -> list[str]:
     return ["-fopenmp"] if done.returncode == 0 else []
 
 
+def _find_ninja() -> None:
+    """cpp_extension runs `ninja` from PATH; the `ninja` package (a dependency) installs it beside
+    this Python, which is not on PATH in a virtual environment that was not activated: add it."""
+    beside = Path(sys.executable).parent
+    if shutil.which("ninja") is None and shutil.which("ninja", path=str(beside)) is not None:
+        os.environ["PATH"] = os.pathsep.join(filter(None, [str(beside), os.environ.get("PATH")]))
+
+
 def _try_build(source: Path, kernels_dir: Path) -> str | None:
     """Build `source` into `kernels_dir`/w4a8-<hash> and load it; None when loaded, else the
     reason in one sentence. The hash covers the source, torch, Python and the compiler, so a
@@ -118,6 +126,7 @@ def _try_build(source: Path, kernels_dir: Path) -> str | None:
         from torch.utils import cpp_extension
     except Exception as error:                       # noqa: BLE001 - e.g. setuptools missing
         return f"torch.utils.cpp_extension cannot be imported ({error}), so the W4A8 kernel cannot be built"
+    _find_ninja()
     if not cpp_extension.is_ninja_available():
         return "the ninja build tool is not installed (pip install ninja), so the W4A8 kernel cannot be built"
     try:
