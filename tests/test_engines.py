@@ -11,7 +11,7 @@ from labsupport.bench import BenchContext, BenchOptions
 from labsupport.bench.compile_options import CompileOptions
 from labsupport.bench import llamacpp
 from labsupport.bench.engines import HF, HF_ASSISTED, HF_LOOKUP, HF_STATIC, LLAMACPP, OURS, OURS_COMPILED, \
-    OURS_INT4, EnginesOptions, _figures, section_engines
+    OURS_INT4, OURS_INT4_ATEN, OURS_INT8, EnginesOptions, _figures, section_engines
 from labsupport.bench.llamacpp import LlamaCppGreedy, llamacpp_unavailable
 from labsupport.bench.peers import hf_early_layers_draft
 from labsupport.errors import LabError
@@ -87,6 +87,10 @@ def test_engines_section_small_run(smollm, smollm_hf):
     for row in rows.values():
         assert row["prefill_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["bandwidth_fraction"] > 0
     assert rows[OURS_INT4]["weight_bytes_per_step"] < rows[OURS]["weight_bytes_per_step"] / 4
+    assert rows[OURS_INT4]["kernel"].startswith("W4A8 kernel of our own")           # it builds here
+    assert rows[OURS_INT4_ATEN]["kernel"].startswith("fused int4 kernel (aten.")      # the one it replaced
+    assert rows[OURS_INT8]["kernel"].startswith("fused int8 kernel")
+    assert rows[OURS]["kernel"] is None
     assert ctx.variants.get("float32", "int4") is ctx.variants.get("fp32", "int4", group_size=32)   # one, shared
     assert section["copy_bandwidth_bytes_per_s"] > 0
 

@@ -207,7 +207,7 @@ def test_embedded_padded_batch_rows_equal_each_prompt_alone(smollm):
     assert [batched.row(i) for i in range(len(prompts))] == alone
 
 
-def test_decode_is_compiled_by_default_on_a_gpu_only():
+def test_compile_none_compiles_on_a_gpu_only_and_the_default_never_does():
     from simulated_gpu import GPUS, simulated
 
     from labsupport.engine.generation import AUTO_COMPILE_MIN_TOKENS, compile_by_default
@@ -215,6 +215,8 @@ def test_decode_is_compiled_by_default_on_a_gpu_only():
     with simulated(GPUS["T4"]):
         assert compile_by_default("cuda", AUTO_COMPILE_MIN_TOKENS)
         assert not compile_by_default("cuda", AUTO_COMPILE_MIN_TOKENS - 1)     # too short to pay back
+    import inspect
+    assert inspect.signature(generate).parameters["compile"].default is False    # eager unless asked: like for like
 
 
 def test_checking_for_the_end_every_few_steps_gives_the_same_result(monkeypatch):

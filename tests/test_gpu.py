@@ -46,7 +46,8 @@ def test_cuda_graphs_are_recorded_replayed_and_reported():
         again = generate(model, prompts, 40, eos_token_ids=(), compile=decoder)
         assert again.tokens.tolist() == plain.tokens.tolist() and again.compiles == 0
         assert again.warmup_seconds == 0.0 and again.decode_path == "compiled + CUDA graphs"
-    assert generate(model, PROMPT, 40, eos_token_ids=()).decode_path == "compiled + CUDA graphs"   # the default
+    assert generate(model, PROMPT, 40, eos_token_ids=(), compile=None).decode_path == "compiled + CUDA graphs"
+    assert generate(model, PROMPT, 40, eos_token_ids=()).decode_path == "eager"          # the default: like for like
 
 
 def test_embedded_model_matches_hugging_face_on_cuda(smollm_hf):

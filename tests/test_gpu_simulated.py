@@ -89,6 +89,43 @@ def test_every_gpu_workload_fits_a_t4():
     assert not too_big, f"these GPU workloads may not fit a T4: {too_big}"
 
 
+def test_notebook_08s_caches_fit_every_gpu_and_a_binder_cpu(gpu):
+    """Notebook 08 times three models' caches (MHA, GQA, MQA) side by side, and a float and an
+    int8 cache side by side: their batch comes from the free memory (`batch_that_fits`), so on
+    a T4 they fit in half of it (three fp32 caches of 8,000 positions at batch 16 would be 23.8
+    GiB), and the sweep's single largest cache fits too. On a CPU they stay within the preset's
+    budget, which Binder's 2 GiB holds beside the model."""
+    from labsupport.lab.decode_bytes import kv_head_variants
+    from labsupport.lab.long_context import batch_that_fits
+    from labsupport.lab.workloads import LONG_CONTEXT_PRESETS
+    config = MODELS["smollm2-135m"]
+    variants = list(kv_head_variants(config).values())
+    for name in ("gpu", "cpu"):
+        work = LONG_CONTEXT_PRESETS[name]
+        device, budget = ("cuda", gpu.total_memory // 2) if name == "gpu" else ("cpu", work.cache_budget_bytes)
+        with simulated(gpu):
+            batch = batch_that_fits(variants, work.long_context, device, budget_bytes=work.cache_budget_bytes)
+            pair = batch_that_fits([config, config], work.long_context, device, largest=max(work.decode_batches),
+                                   budget_bytes=work.cache_budget_bytes)
+        together = sum(kv_cache_bytes(c, work.long_context + 1, batch) for c in variants)
+        assert together <= budget, (name, batch, together / 2**30)
+        assert 2 * kv_cache_bytes(config, work.long_context + 1, pair) <= budget, (name, pair)
+        assert batch >= 1 and pair >= 1
+        if name == "gpu":
+            # the decode sweep's largest cache, one at a time, beside the fp32 weights (a decode step's
+            # activations are one position per row: small)
+            largest = kv_cache_bytes(config, max(work.decode_contexts) + 1, max(work.decode_batches)) + 135e6 * 4
+            assert largest < 0.8 * GPUS["T4"].total_memory, f"{largest / 2**30:.1f} GiB"
+    assert budget + 135e6 * 4 < 1.5 * 2**30                              # the CPU budget beside the fp32 model
+
+
+def test_a_cpu_needs_a_cache_budget():
+    from labsupport.errors import LabError
+    from labsupport.lab.long_context import batch_that_fits
+    with pytest.raises(LabError, match="needs budget_bytes on a CPU"):
+        batch_that_fits([MODELS["smollm2-135m"]], 100, "cpu")
+
+
 def test_the_bandwidth_probe_fits_the_free_memory(gpu):
     from unittest import mock
 
@@ -120,8 +157,10 @@ def test_int4_on_a_t4_falls_back_to_the_reference_with_the_reason():
     from labsupport.engine.quant import kernels as quantize_kernels
     original = quantize_kernels.int4_kernel_unavailable
     linear = torch.nn.Linear(64, 64, bias=False)
+    on_cuda = "it is a CPU kernel and this layer is on cuda"            # what W4A8 says of a CUDA layer
     with simulated(GPUS["T4"]), mock.patch.object(quantize_kernels, "int4_kernel_unavailable",
-                                                  lambda device, group, n: original(CUDA, group, n)):
+                                                  lambda device, group, n: original(CUDA, group, n)), \
+            mock.patch.object(quantize_kernels.Int4Linear, "_build_w4a8", lambda self, *args: on_cuda):
         with pytest.warns(UserWarning, match="compute capability 8.0"):
             layer = quantize_kernels.Int4Linear.from_linear(linear, group_size=32, kernel="auto")
     assert layer.kernel == "reference" and "Tesla T4 has 7.5" in layer.fallback_reason

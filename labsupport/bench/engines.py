@@ -6,7 +6,10 @@ One prompt, greedy, batch 1, exactly `new_tokens` tokens (end-of-sequence ignore
 engine timed in the same interleaved rounds (`measure.time_side_by_side`):
 
 * labsupport fp32, eagerly and with its decode step compiled (`generate(compile=True)`);
-* labsupport int4, groups of 32 (notebook 04), the row to set beside llama.cpp;
+* labsupport int4, groups of 32 (notebook 04), the row to set beside llama.cpp: its default
+  kernel (on a CPU where it builds, our W4A8 kernel, which multiplies int4 weights by int8
+  activations as llama.cpp does), and the same weights through aten's bf16 kernel, as before;
+* labsupport int8 (absmax per row, aten's fused kernel);
 * Hugging Face generate() with its dynamic cache; its documented fast path (the static
   cache with torch.compile); its prompt-lookup decoding; its assisted generation with a
   draft made of the model's own first layers;
@@ -22,6 +25,7 @@ measured at the same moments. Compile times are timed apart, on each engine's fi
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -30,6 +34,7 @@ import torch
 from ..lab.busy import busy_reason
 from ..engine.generation import chat_prompt, generate
 from ..engine.kv_cache import kv_cache_bytes
+from ..engine.quant import quantize_model
 from ..lab.measure import time_side_by_side
 from ..weights.embedded import find_gguf
 from ..lab.quality import quantized_bytes
@@ -41,6 +46,7 @@ from .options import SectionOptions, count, switch
 from .peers import hf_assisted_fn, hf_early_layers_draft, hf_generate_fn, hf_static_compiled_fn
 
 OURS, OURS_COMPILED, OURS_INT4 = "labsupport fp32", "labsupport fp32, compiled", "labsupport int4 g32"
+OURS_INT4_ATEN, OURS_INT8 = "labsupport int4 g32, aten kernel", "labsupport int8"
 HF, HF_STATIC, HF_LOOKUP, HF_ASSISTED = ("HF generate() fp32", "HF static cache + torch.compile",
                                          "HF prompt lookup", "HF assisted generation")
 LLAMACPP = "llama.cpp Q4_1 (same GGUF)"
@@ -67,13 +73,14 @@ class EnginesOptions(SectionOptions):
     draft_layers: int = count(10, minimum=0)
 
 
-def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tuple[dict, dict, dict]:
+def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tuple[dict, dict, dict, dict]:
     """name -> (run(n) -> new token ids, weight bytes a decode step reads); name -> why it is
-    absent; name -> seconds its first call spent compiling."""
+    absent; name -> seconds its first call spent compiling; name -> the kernel its layers run
+    (quantized rows)."""
     new_tokens = options.new_tokens
     model, _ = ctx.model(torch.float32)
     hf = ctx.hf_model(torch.float32)
-    engines, absent, compile_s = {}, {}, {}
+    engines, absent, compile_s, kernels = {}, {}, {}, {}
 
     def ours(m, compiled=False):
         return lambda n: generate(m, ids, n, eos_token_ids=(), compile=compiled).row(0)
@@ -94,6 +101,15 @@ def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tupl
         absent[OURS_COMPILED] = "switched off (engines.compile=False)"
     int4 = ctx.variants.get("float32", "int4", group_size=32)          # the run's int4 variant
     engines[OURS_INT4] = (ours(int4), quantized_bytes(int4))
+    kernels[OURS_INT4] = ctx.variants.handle("float32", "int4", group_size=32).describe()
+    if "W4A8" in kernels[OURS_INT4]:               # the same weights through the kernel it replaced
+        aten_int4 = copy.deepcopy(model)
+        kernels[OURS_INT4_ATEN] = quantize_model(aten_int4, "int4", group_size=32, kernel="fast").describe()
+        engines[OURS_INT4_ATEN] = (ours(aten_int4), quantized_bytes(aten_int4))
+    else:
+        absent[OURS_INT4_ATEN] = f"the int4 row already runs it ({kernels[OURS_INT4]})"
+    engines[OURS_INT8] = (ours(ctx.variants.get("float32", "int8")), quantized_bytes(ctx.variants.get("float32", "int8")))
+    kernels[OURS_INT8] = ctx.variants.handle("float32", "int8").describe()
 
     engines[HF] = (theirs(lambda n: hf_generate_fn(hf, ids, n)), model.weight_bytes())
     if options.compile:
@@ -124,7 +140,7 @@ def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tupl
         engines[LLAMACPP] = (lambda n: peer.generate(ids, n), gguf.stat().st_size)
     else:
         absent[LLAMACPP] = reason
-    return engines, absent, compile_s
+    return engines, absent, compile_s, kernels
 
 
 def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
@@ -134,7 +150,7 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
     new_tokens, repeats = options.new_tokens, options.repeats
     model, tok = ctx.model(torch.float32)
     ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
-    engines, absent, compile_s = _engines(ctx, options, ids)
+    engines, absent, compile_s, kernels = _engines(ctx, options, ids)
     outputs = {}
     nbytes, _ = copy_timing(ctx.device, repeats=1)
     source = torch.ones(nbytes, dtype=torch.uint8, device=ctx.device)
@@ -166,7 +182,7 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
                       "bandwidth_fraction": (weight_bytes + kv_bytes) * decode_tps / bandwidth,
                       "same_tokens_as_labsupport_fp32": tokens == reference,
                       "tokens_agreeing_with_labsupport_fp32": agree,
-                      "compile_s": compile_s.get(name)}
+                      "compile_s": compile_s.get(name), "kernel": kernels.get(name)}
     if LLAMACPP in rows:                 # the same Q4_1 weights: how long do the two int4 engines agree?
         rows[LLAMACPP]["tokens_agreeing_with_labsupport_int4"] = next(
             (i for i, (a, b) in enumerate(zip(outputs[LLAMACPP], outputs[OURS_INT4])) if a != b),
@@ -200,7 +216,8 @@ def _figures(rows: dict, absent: dict, busy: str | None) -> list[dict]:
         _ratio_figure(rows, absent, OURS, HF, "tokens_per_s", 1.5, busy, "tokens/s"),
         _ratio_figure(rows, absent, OURS, HF_STATIC, "tokens_per_s", 1.0, busy, "tokens/s"),
         _ratio_figure(rows, absent, OURS_COMPILED, OURS, "decode_tokens_per_s", None, busy, "decode tokens/s"),
-        _ratio_figure(rows, absent, OURS_INT4, LLAMACPP, "decode_tokens_per_s", 0.6, busy, "decode tokens/s"),
+        _ratio_figure(rows, absent, OURS_INT4, LLAMACPP, "decode_tokens_per_s", 0.8, busy, "decode tokens/s"),
+        _ratio_figure(rows, absent, OURS_INT4, OURS_INT4_ATEN, "decode_tokens_per_s", None, busy, "decode tokens/s"),
     ]
     for name, row in rows.items():
         figures.append(reported(f"{name}: fraction of copy bandwidth in decode", row["bandwidth_fraction"],

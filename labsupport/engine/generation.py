@@ -151,8 +151,8 @@ AUTO_COMPILE_MIN_TOKENS = 32      # fewer decode steps cannot pay back the compi
 
 
 def compile_by_default(device, max_new_tokens: int) -> bool:
-    """Whether `generate` compiles its decode steps when not told: on a CUDA GPU, for 32 new
-    tokens or more. Introduced in notebook 01 (KV cache).
+    """Whether `generate(..., compile=None)` compiles its decode steps: on a CUDA GPU, for 32 new
+    tokens or more (the default, compile=False, never does). Introduced in notebook 01 (KV cache).
 
     On a GPU a small model's decode step is bound by launching its few hundred kernels, and a
     CUDA graph replays them all in one launch; the warm-up (compile, then record the graph,
@@ -194,7 +194,7 @@ def _with_padding_rows(padded: PaddedBatch, rows: int, pad_id: int) -> PaddedBat
 
 def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig = GREEDY,
              eos_token_ids: Sequence[int] | None = None, stream: StreamCallback | None = None,
-             return_logits: bool = False, compile: bool | CompiledDecoder | None = None,
+             return_logits: bool = False, compile: bool | CompiledDecoder | None = False,
              cache: KVCache | None = None) -> GenerationResult:
     """Generate with a KV cache: one prefill, then one decode step per token.
 
@@ -204,8 +204,11 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     stream: called with each step's new tokens, (batch,), as soon as they exist.
     compile: run decode steps through a `CompiledDecoder` (compiled.py: fixed shapes rounded
         up to buckets, torch.compile, on CUDA also CUDA graphs): True uses `compiled.SHARED`,
-        or pass your own decoder. None (default): `compile_by_default`, on a GPU only. The
-        result says what ran (`decode_path`, `warmup_seconds`, `compiles`, `cudagraph_skips`);
+        or pass your own decoder; None: `compile_by_default` (on a GPU, for 32 tokens or more).
+        False (default): eager steps, so that every comparison in the course (against Hugging
+        Face's eager generate(), speculative decoding, the serving engine) is eager against
+        eager unless it names compiling on both sides (notebook 07, the bench's engines and
+        compile sections). The result says what ran (`decode_path`, `warmup_seconds`, `compiles`, `cudagraph_skips`);
         where compiling fails, the steps run eagerly and `decode_note` (and a warning) says why.
     cache: an empty `KVCache` with one row per prompt and room for the longest prompt plus
         max_new_tokens (checked); default a new `StaticKVCache` of exactly that size, or the

@@ -93,6 +93,26 @@ def decode_attention_share(model, contexts: Sequence[int], batches: Sequence[int
     return rows
 
 
+def batch_that_fits(configs: Sequence[ModelConfig], context: int, device, largest: int = 16,
+                    budget_bytes: int | None = None, dtype: torch.dtype = torch.float32) -> int:
+    """The largest batch, a power of two up to `largest`, at which one cache of `context` positions
+    per config in `configs`, all alive at once (timed side by side), fits in `budget_bytes`
+    (None: half of the GPU's free memory now, `torch.cuda.mem_get_info`; a CPU needs a budget).
+    1 when even that does not fit: the step is then timed at batch 1, never out of memory.
+    Introduced in notebook 08 (long context): a T4's 15 GiB cannot hold three fp32 caches of
+    8,000 positions at batch 16 (23.8 GiB)."""
+    device = torch.device(device)
+    if budget_bytes is None:
+        if device.type != "cuda":
+            raise LabError("batch_that_fits needs budget_bytes on a CPU (the workload preset's cache_budget_bytes).")
+        budget_bytes = torch.cuda.mem_get_info(device)[0] // 2       # (free, total) bytes
+    per_row = sum(kv_cache_bytes(config, context + 1, 1, dtype) for config in configs)
+    batch = 1 << (max(1, largest).bit_length() - 1)
+    while batch > 1 and batch * per_row > budget_bytes:
+        batch //= 2
+    return batch
+
+
 def time_kv_variants(variants: dict[str, ModelConfig], context: int, batch: int = 1, device="cpu",
                      dtype: torch.dtype = torch.float32, repeats: int = 3) -> list[dict]:
     """One decode step and its attention, at `context`, for each config of `variants`

@@ -91,7 +91,7 @@ class Timing:
 
 def _warmup_calls(warmup: int, repeats: int, device: torch.device) -> int:
     """Refuse counts that would give no samples. On a GPU at least one warm-up call runs: its
-    first call of a shape compiles and records the decode step (`generation.compile_by_default`)."""
+    first call of a compiled decode step's shape compiles and records it (`engine.compiled`)."""
     if repeats < 1 or warmup < 0:
         raise LabError(f"Got warmup={warmup}, repeats={repeats}; use warmup >= 0 and repeats >= 1.")
     return max(warmup, 1) if device.type == "cuda" else warmup

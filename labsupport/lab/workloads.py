@@ -239,7 +239,10 @@ class LongContextWorkload:
     decode-step sweep (attention's share); long_context: the context of the MHA/GQA/MQA and
     int8-vs-float timings (at the largest decode batch); eval_tokens: tokens of the evaluation
     text behind the perplexities; windows: sliding windows tried (None: full attention);
-    repeats: timed rounds, interleaved; explorer_max_context: the explorer's longest context.
+    repeats: timed rounds, interleaved; explorer_max_context: the explorer's longest context;
+    cache_budget_bytes: the most that caches timed side by side may take together (None: half
+    the GPU's free memory, read when the notebook runs), which sets their batch
+    (`long_context.batch_that_fits`).
     """
 
     prefill_lengths: tuple[int, ...]
@@ -251,6 +254,7 @@ class LongContextWorkload:
     windows: tuple[int | None, ...]
     repeats: int
     explorer_max_context: int
+    cache_budget_bytes: int | None = None
 
 
 LONG_CONTEXT_PRESETS: dict[str, LongContextWorkload] = {
@@ -263,7 +267,8 @@ LONG_CONTEXT_PRESETS: dict[str, LongContextWorkload] = {
         eval_tokens=512,                                # one forward pass of 512 tokens per window: seconds
         windows=(32, 64, 128, 256, None),
         repeats=3,                                      # a median of three, interleaved
-        explorer_max_context=8191),                     # the explorer computes; it measures at most one step
+        explorer_max_context=8191,                      # the explorer computes; it measures at most one step
+        cache_budget_bytes=768 * 2**20),                # Binder's 2 GiB holds the model and this beside it
     "gpu": LongContextWorkload(
         prefill_lengths=(1024, 2048, 4096, 8192, 16384, 32768),
         naive_budget_bytes=16 * 2**30,                  # 16 GiB of scores: naive stops after 8192 (4.5 GiB)

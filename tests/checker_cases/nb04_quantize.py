@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from labsupport.checks.quantize import check_int4_groupwise, check_int4_pack, check_int8_absmax
+from labsupport.checks.quantize import check_int4_groupwise, check_int4_pack, check_int8_absmax, check_w4a8_matmul
 from labsupport.engine.quant import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                                      quantize_int8_absmax, unpack_int4)
 
@@ -118,6 +118,29 @@ def not_transposed(x, q, scales, zeros):
     return x @ dequantize_int4(q, scales, zeros)
 
 
+
+def w4a8_matmul(x, q, scales, mins, per_row=False, no_min=False, float_sums=False, int8=False,
+                dequantized=False):
+    """Exercise 4's answer, and (by a switch) each usual slip."""
+    M, k = x.shape
+    n, blocks = q.shape[0], k // 32
+    xb = x.float().reshape(M, blocks, 32)                                   # (M, blocks, 32)
+    dx = xb.abs().amax(dim=-1) / 127                                        # (M, blocks)
+    if per_row:
+        dx = (x.abs().amax(dim=1, keepdim=True) / 127).expand(M, blocks)
+    kind = torch.int8 if int8 else torch.int32
+    qx = torch.round(xb / torch.where(dx > 0, dx, 1.0)[..., None]).clamp(-127, 127).to(kind)
+    qb = q.reshape(n, blocks, 32).to(kind)                                  # (n, blocks, 32)
+    sums = (qx[:, None] * qb[None]).sum(-1, dtype=kind)                     # (M, n, blocks)
+    y = (scales[None] * dx[:, None] * sums).sum(-1)
+    if not no_min:
+        y = y + (mins[None] * dx[:, None] * qx.sum(-1)[:, None]).sum(-1)
+    if dequantized:                                  # the right y by a float matmul: no integer sums
+        w_hat = (q.float().reshape(n, blocks, 32) * scales[..., None] + mins[..., None]).reshape(n, k)
+        return (qx.float() * dx[..., None]).reshape(M, k) @ w_hat.T, sums.float()
+    return y, sums.float() if float_sums else sums
+
+
 NOTEBOOK_04 = [
     accepts(check_int8_absmax, "reference", quantize_int8_absmax, dequantize_int8),
     accepts(check_int8_absmax, "without-clamp", without_clamp, dequantize_int8),
@@ -165,4 +188,16 @@ NOTEBOOK_04 = [
             quantize_int4_groupwise, repeated_not_interleaved),
     refuses(check_int4_groupwise, "zero-forgotten", "add the zero back", quantize_int4_groupwise, without_zero),
     refuses(check_int4_groupwise, "weight-not-transposed", r"w\.T", quantize_int4_groupwise, not_transposed),
+    accepts(check_w4a8_matmul, "reference", w4a8_matmul),
+    refuses(check_w4a8_matmul, "activation-scale-per-row", "one activation scale per row",
+            lambda *a: w4a8_matmul(*a, per_row=True)),
+    refuses(check_w4a8_matmul, "minimum-term-forgotten", "minimum's term is missing",
+            lambda *a: w4a8_matmul(*a, no_min=True)),
+    refuses(check_w4a8_matmul, "int8-products-overflow", "wrapped around", lambda *a: w4a8_matmul(*a, int8=True)),
+    refuses(check_w4a8_matmul, "float-sums", "integer arithmetic", lambda *a: w4a8_matmul(*a, float_sums=True)),
+    refuses(check_w4a8_matmul, "float-matmul-of-dequantized", "integer arithmetic",
+            lambda *a: w4a8_matmul(*a, dequantized=True)),
+    refuses(check_w4a8_matmul, "activations-not-quantized", "integer arithmetic",
+            lambda x, q, s, m: (x @ (q.float().reshape(q.shape[0], -1, 32) * s[..., None] + m[..., None])
+                                .reshape(q.shape).T, torch.zeros(x.shape[0], q.shape[0], x.shape[1] // 32))),
 ]
