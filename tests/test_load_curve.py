@@ -7,6 +7,7 @@ import sys
 import types
 
 import pytest
+import torch
 
 from labsupport.bench.serving import our_servers
 from labsupport.bench.serving_peers import hf_serve, vllm_serve, vllm_skip_reason
@@ -128,11 +129,18 @@ def test_vllm_row_with_a_simulated_vllm(monkeypatch):
                 token_ids=[7] * p.max_tokens)]) for p in params]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    free = {"bytes": 100 * 2**30}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 140 * 2**30))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     requests = [Request([1, 2, 3], max_new_tokens=n, request_id=i) for i, n in enumerate([2, 3])]
-    row = vllm_serve("/models/x", requests, "cuda", max_slots=4, reference={0: [7, 7], 1: [7, 7, 8]})
+    row = vllm_serve("/models/x", requests, "cuda", max_slots=4, reference={0: [7, 7], 1: [7, 7, 8]},
+                     dtype="float16")
     assert row["skipped"] is None and row["server"] == "vLLM"
     assert row["tokens"] == {0: [7, 7], 1: [7, 7, 7]} and row["same_tokens"] == (1, 2)
-    assert row["tokens_per_s"] > 0 and calls["model"] == "/models/x" and calls["kwargs"]["max_num_seqs"] == 4 and calls["kwargs"]["dtype"] == "float32"
+    assert row["tokens_per_s"] > 0 and calls["model"] == "/models/x" and calls["kwargs"]["max_num_seqs"] == 4 and calls["kwargs"]["dtype"] == "float16"
+    assert calls["kwargs"]["enable_prefix_caching"] is False                  # as our plain continuous row
+    assert calls["kwargs"]["gpu_memory_utilization"] == 0.5                   # half the card: 70 of 100 GiB free
+    assert row["config"] == "float16, prefix caching off, 50% of the GPU"
     timed = calls["generate"][-1]
     assert [p.max_tokens for p in timed] == [2, 3] and all(p.temperature == 0 and p.ignore_eos for p in timed)
     with pytest.raises(LabError, match="greedy"):
@@ -146,6 +154,39 @@ def test_vllm_row_with_a_simulated_vllm(monkeypatch):
     row = vllm_serve("/models/x", requests, "cuda")
     assert row["skipped"] == "vLLM skipped: it failed to serve this model (RuntimeError: no kernel for float32)."
     assert row["tokens"] == {}
+    free["bytes"] = 10 * 2**30                                              # earlier sections hold the rest
+    row = vllm_serve("/models/x", requests, "cuda")
+    assert row["skipped"].startswith("vLLM skipped: less than a tenth of the GPU's memory is free")
+
+
+def test_vllm_takes_most_of_the_free_memory_and_never_more_than_half_the_card():
+    from labsupport.bench.serving_peers import vllm_memory_fraction
+    gib = 2**30
+    assert vllm_memory_fraction(140 * gib, 140 * gib) == 0.5
+    assert vllm_memory_fraction(50 * gib, 140 * gib) == round(0.8 * 50 / 140, 3)
+    assert vllm_memory_fraction(13 * gib, 140 * gib) is None
+
+
+def test_the_hf_cache_page_field_is_read_from_the_config_class():
+    import dataclasses
+
+    from labsupport.bench.serving_peers import _page_field
+
+    @dataclasses.dataclass
+    class Old:                        # transformers 5.17
+        block_size: int = 256
+
+    @dataclasses.dataclass
+    class New:                        # later 5.x
+        page_size: int = 256
+    assert _page_field(Old) == "block_size" and _page_field(New) == "page_size"
+
+
+def test_an_old_transformers_without_continuous_batching_is_one_sentence(monkeypatch):
+    import transformers.generation.configuration_utils as utils
+    monkeypatch.delattr(utils, "ContinuousBatchingConfig")
+    with pytest.raises(LabError, match="needs a transformers with ContinuousBatchingConfig"):
+        hf_serve(None, [Request([1, 2], max_new_tokens=2)])
 
 
 def test_serve_side_by_side_times_every_server_on_the_same_requests(tiny_llama):

@@ -330,5 +330,7 @@ def test_embedded_model_serves_the_same_tokens_as_alone_and_as_hf(smollm, smollm
     result = Engine(model, max_slots=3, block_size=8, cache_tokens=3 * 64).run(requests)
     ours = result.tokens()
     assert list(ours.values()) == [alone(model, r) for r in requests]
+    before = smollm_hf.config._attn_implementation
     theirs = hf_serve(smollm_hf, requests, max_slots=3)
     assert theirs["tokens"] == ours
+    assert smollm_hf.config._attn_implementation == before       # paged SDPA for the run only, never flash

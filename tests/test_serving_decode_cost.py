@@ -104,6 +104,34 @@ def test_decode_step_costs_reports_shares_that_add_up(tiny_llama):
     assert costs["batch_size"] == 3 and costs["context"] == 20
 
 
+def test_the_timed_step_never_waits_for_the_device_inside_a_layer(monkeypatch):
+    """On a GPU a synchronize around every layer's gather would time a slower step than the one
+    the engine runs: the device is synchronized the same number of times whatever the layers."""
+    import dataclasses
+
+    from labsupport.engine.models.transformer import Transformer
+    from labsupport.lab import decode_cost
+    from labsupport.weights.fixtures import random_model
+    calls = []
+    real = decode_cost.synchronize
+    monkeypatch.setattr(decode_cost, "synchronize", lambda device: (calls.append(1), real(device)))
+    counts = []
+    for layers in (2, 6):
+        config = dataclasses.replace(random_model("tiny-llama").config, num_layers=layers)
+        torch.manual_seed(0)
+        calls.clear()
+        decode_step_costs(Transformer(config).eval(), batch_size=2, context=8, block_size=4, steps=2)
+        counts.append(len(calls))
+    assert counts[0] == counts[1], counts
+
+
+def test_the_interval_clock_adds_up_host_intervals_on_a_cpu():
+    from labsupport.lab.decode_cost import IntervalClock
+    clock = IntervalClock("cpu")
+    assert clock.measure(lambda: 7) == 7 and clock.measure(lambda: sum(range(1000))) == 499500
+    assert clock.total() > 0 and clock.events == []
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"context": 10 ** 6}, r"context .* must be from 1 to \d+, got 1000000"),
     ({"batch_size": 0}, "batch_size .* must be at least 1"),

@@ -17,6 +17,7 @@ from ..claims.serving import prefill_stall
 from ..lab.busy import busy_reason, load_per_core
 from ..lab.measure import time_side_by_side
 from ..weights.loading import resolve_hf_source
+from ..engine.hardware import dtype_name, pick_dtype
 from ..engine.serving.engine import Engine
 from ..lab.load_curve import configurations, load_curve, near_saturation, saturation_rate
 from ..lab.serving_metrics import reserved_vs_used, summarize
@@ -142,8 +143,11 @@ def section_serving(ctx: BenchContext, options: ServingOptions) -> dict:
     `claims.serving.serving_section_claims` (the speeds, metrics, the prefill stall of the
     continuous run, the load curve).
     """
-    model, tok = ctx.model(torch.float32)
-    hf = ctx.hf_model(torch.float32)
+    # 16 bits on a GPU (fp32 serving is no one's production setting, and vLLM's kernels want 16
+    # bits), fp32 on a CPU; ours, Hugging Face's and vLLM's rows all in the same dtype
+    dtype = pick_dtype(ctx.device) if ctx.device.type == "cuda" else torch.float32
+    model, tok = ctx.model(dtype)
+    hf = ctx.hf_model(dtype)
     slots, budget = options.slots, options.token_budget
     requests = serving_workload(tok, ctx.device, options.requests)
     longest = max(r.max_length for r in requests)
@@ -185,7 +189,9 @@ def section_serving(ctx: BenchContext, options: ServingOptions) -> dict:
     point = {r["configuration"]: r for r in curve if r["rate"] == at}
     chunked, unchunked = point["chunked prefill"], point["continuous"]
 
-    vllm = vllm_serve(resolve_hf_source(ctx.model_name), requests, ctx.device, max_slots=slots, reference=reference)
+    # vLLM against our plain continuous row: prefix caching off in both, the same dtype
+    vllm = vllm_serve(resolve_hf_source(ctx.model_name), requests, ctx.device, max_slots=slots, reference=reference,
+                      dtype=dtype_name(dtype), prefix_caching=False)
     costs = _decode_costs(model, slots)
 
     figures = [

@@ -48,29 +48,37 @@ def hf_serve(hf_model, requests: list[Request], max_slots: int = 8, block_size: 
     start at which each token came out]} (empty lists where transformers records none),
     "config": what was set, in words}.
     """
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
+    ContinuousBatchingConfig = _continuous_batching_config_class()
     _require_greedy(requests, "hf_serve")
     config = hf_greedy_config(hf_model, max(r.max_new_tokens for r in requests))
     config.eos_token_id = -1                      # stop at each request's own length only
     if cache_tokens is None:
         cache_tokens = max_slots * max(r.max_length for r in requests)
+    page_field = _page_field(ContinuousBatchingConfig)
     if defaults:
-        page = ContinuousBatchingConfig().page_size
+        page = getattr(ContinuousBatchingConfig(), page_field)
         cb_config = ContinuousBatchingConfig(max_requests_per_batch=max_slots, num_blocks=-(-cache_tokens // page))
         described = f"transformers' defaults, at most {max_slots} requests per batch"
     else:
-        cb_config = ContinuousBatchingConfig(page_size=block_size, max_requests_per_batch=max_slots,
+        cb_config = ContinuousBatchingConfig(**{page_field: block_size}, max_requests_per_batch=max_slots,
                                              num_blocks=-(-cache_tokens // block_size),
                                              max_batch_tokens=token_budget, allow_block_sharing=prefix_sharing,
                                              use_cuda_graph=False)
         described = (f"pages of {block_size}, at most {max_slots} requests per batch, token budget "
                      f"{token_budget or 'transformers’ own'}, prefix sharing {'on' if prefix_sharing else 'off'}")
-    manager = hf_model.init_continuous_batching(generation_config=config, continuous_batching_config=cb_config)
+    # transformers switches a model to FlashAttention by itself when flash_attn is installed (a
+    # field `auto_switch_to_flash` in recent versions, always in 5.17), also for fp32, which
+    # FlashAttention does not take: a model already on a paged implementation is left alone, in
+    # every version, so give it paged SDPA (or paged eager) for this run and put it back after.
+    original_attention = hf_model.config._attn_implementation
+    if "paged|" not in str(original_attention):
+        hf_model.set_attn_implementation(f"paged|{'eager' if original_attention == 'eager' else 'sdpa'}")
+    manager = None
     ordered = sorted(requests, key=lambda r: r.arrival)
     results, stamps, ids, failure = {}, {}, {}, []
-    manager.start()
     try:
+        manager = hf_model.init_continuous_batching(generation_config=config, continuous_batching_config=cb_config)
+        manager.start()
         _warm_up(manager, ordered[0], timeout)    # its cache and first batch, outside the timed run
         synchronize(hf_model.device)
         start = time.perf_counter()
@@ -103,10 +111,34 @@ def hf_serve(hf_model, requests: list[Request], max_slots: int = 8, block_size: 
         if failure:
             raise LabError(f"Adding a request to Hugging Face's continuous batching failed: {failure[0]}")
     finally:
-        manager.stop(block=True, timeout=10)
-        getattr(manager, "destroy", lambda: None)()
+        if manager is not None:
+            manager.stop(block=True, timeout=10)
+            getattr(manager, "destroy", lambda: None)()
+        if hf_model.config._attn_implementation != original_attention:
+            hf_model.set_attn_implementation(original_attention)
     return {"tokens": results, "seconds": seconds, "arrivals": {r.request_id: r.arrival for r in requests},
             "token_times": stamps, "config": described}
+
+
+def _continuous_batching_config_class():
+    """transformers' `ContinuousBatchingConfig`, or one sentence where this transformers has none
+    (it came with transformers 5; pyproject allows 4.46 for everything else)."""
+    try:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    except ImportError:
+        import transformers
+        raise LabError(f"Hugging Face's continuous batching needs a transformers with ContinuousBatchingConfig "
+                       f"(5.x; this is {transformers.__version__}): pip install -U transformers, or leave the "
+                       f"Hugging Face serving row out.") from None
+    return ContinuousBatchingConfig
+
+
+def _page_field(config_class) -> str:
+    """The name of the cache page size in `ContinuousBatchingConfig`: "block_size" up to
+    transformers 5.17 or so, "page_size" later (both read from the dataclass's own fields)."""
+    import dataclasses
+    names = {f.name for f in dataclasses.fields(config_class)}
+    return "page_size" if "page_size" in names else "block_size"
 
 
 def _warm_up(manager, request: Request, timeout: float) -> None:
@@ -133,15 +165,28 @@ def vllm_skip_reason(device) -> str | None:
     return None
 
 
+def vllm_memory_fraction(free_bytes: int, total_bytes: int) -> float | None:
+    """vLLM's `gpu_memory_utilization` given the memory free now: the share of the whole card this
+    instance may take (recent vLLM refuses to start when that is more than is free), so 80% of
+    the free memory, at most half the card; None when less than a tenth of the card is free.
+    Notebook 06 (continuous batching)."""
+    if free_bytes < 0.1 * total_bytes:
+        return None
+    return round(min(0.5, 0.8 * free_bytes / total_bytes), 3)
+
+
 def vllm_serve(model_source: str, requests: list[Request], device, max_slots: int = 8,
-               reference: dict | None = None, dtype: str = "float32") -> dict:
+               reference: dict | None = None, dtype: str = "bfloat16", prefix_caching: bool = False) -> dict:
     """The same requests through vLLM's offline engine (`LLM.generate`), as a production peer.
 
     Introduced in notebook 06 (continuous batching). model_source: the model's directory
     (`weights.loading.resolve_hf_source`); every request greedy, end-of-sequence ignored, its
     own `max_tokens`, all submitted at once (the offline API has no arrival times), at most
     `max_slots` sequences per batch. reference: request id -> tokens of our engine, to count
-    requests with the same tokens.
+    requests with the same tokens. dtype: the dtype of the row it is set beside (the bench passes
+    its own); prefix_caching: vLLM's automatic prefix caching, off to match our plain row. Its
+    share of the GPU is sized from the memory free when it starts (never more than half the
+    card), and freed when it returns.
 
     Returns {"server": "vLLM", "skipped": None or the reason in one sentence, "tokens",
     "seconds", "tokens_per_s", "same_tokens": (requests equal to `reference`, requests) or None}.
@@ -157,8 +202,14 @@ def vllm_serve(model_source: str, requests: list[Request], device, max_slots: in
 
     prompts = [{"prompt_token_ids": list(r.prompt)} for r in requests]
     params = [SamplingParams(temperature=0.0, max_tokens=r.max_new_tokens, ignore_eos=True) for r in requests]
+    utilization = vllm_memory_fraction(*torch.cuda.mem_get_info(torch.device(device)))
+    if utilization is None:
+        row["skipped"] = "vLLM skipped: less than a tenth of the GPU's memory is free after the earlier sections."
+        return row
+    llm = None
     try:
-        llm = LLM(model=model_source, dtype=dtype, max_num_seqs=max_slots, gpu_memory_utilization=0.5, seed=0)
+        llm = LLM(model=model_source, dtype=dtype, max_num_seqs=max_slots, gpu_memory_utilization=utilization,
+                  enable_prefix_caching=prefix_caching, seed=0)
         llm.generate(prompts[:1], params[:1], use_tqdm=False)       # warm-up: graphs and kernels
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -166,6 +217,12 @@ def vllm_serve(model_source: str, requests: list[Request], device, max_slots: in
     except Exception as error:                   # noqa: BLE001 - a peer's failure is a row, not a crash
         row["skipped"] = f"vLLM skipped: it failed to serve this model ({type(error).__name__}: {str(error)[:120]})."
         return row
+    finally:
+        del llm                                  # its weights and its KV-cache reservation
+        import gc
+        gc.collect()
+        torch.cuda.empty_cache()
+    row["config"] = f"{dtype}, prefix caching {'on' if prefix_caching else 'off'}, {utilization:.0%} of the GPU"
     row["tokens"] = {r.request_id: list(out.outputs[0].token_ids) for r, out in zip(requests, outputs)}
     row["tokens_per_s"] = sum(len(t) for t in row["tokens"].values()) / row["seconds"]
     if reference is not None:

@@ -34,32 +34,53 @@ from ..engine.serving.paged_cache import PagedKVCache, PagedView
 from ..engine.serving.request import Request, ServedSequence
 
 
-class _TimedView(PagedView):
-    """A `PagedView` that adds the seconds of each gather to `seconds[0]`."""
+class IntervalClock:
+    """The total seconds of many short intervals inside one step, without stalling the device
+    between them: on a GPU each interval is a pair of CUDA events recorded on the stream (read
+    once, after the step: `total`); on a CPU the host clock. Synchronizing around every layer's
+    gather instead would time a different, slower step. Notebook 06 (continuous batching)."""
 
-    seconds = [0.0]
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.events: list = []
+        self.host_seconds = 0.0
+
+    def measure(self, fn):
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            self.events.append((start, end))
+            return out
+        start = time.perf_counter()
+        out = fn()
+        self.host_seconds += time.perf_counter() - start
+        return out
+
+    def total(self) -> float:
+        if not self.events:
+            return self.host_seconds
+        synchronize(self.device)
+        return sum(start.elapsed_time(end) for start, end in self.events) / 1e3
+
+
+class _TimedView(PagedView):
+    """A `PagedView` that times each gather on `_TimedView.clock`."""
+
+    clock: IntervalClock
 
     def gather(self, layer):
-        synchronize(self.cache.device)
-        start = time.perf_counter()
-        out = super().gather(layer)
-        synchronize(self.cache.device)
-        _TimedView.seconds[0] += time.perf_counter() - start
-        return out
+        return _TimedView.clock.measure(lambda: PagedView.gather(self, layer))
 
 
 class _TimedRunner(ModelRunner):
-    """A `ModelRunner` that adds the seconds of each block-table build to `table_seconds`."""
+    """A `ModelRunner` that times each block-table build on its `clock`."""
 
-    table_seconds = 0.0
+    clock: IntervalClock
 
     def tables(self, seqs, padding_rows=0, width=1):
-        synchronize(self.device)
-        start = time.perf_counter()
-        out = super().tables(seqs, padding_rows, width)
-        synchronize(self.device)
-        self.table_seconds += time.perf_counter() - start
-        return out
+        return self.clock.measure(lambda: ModelRunner.tables(self, seqs, padding_rows, width))
 
 
 def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size: int = 16,
@@ -83,6 +104,7 @@ def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size
     pool = PagedKVCache(model.config, blocks.num_blocks, block_size, model.device, model.dtype)
     pool.view_class = _TimedView
     runner = _TimedRunner(model, pool, blocks)
+    runner.clock, _TimedView.clock = IntervalClock(model.device), IntervalClock(model.device)   # reset every step
     generator = torch.Generator().manual_seed(seed)
     seqs = [ServedSequence(Request(torch.randint(0, model.config.vocab_size, (context,), generator=generator)
                                    .tolist(), max_new_tokens=positions), i, model.device)
@@ -99,9 +121,9 @@ def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size
             [blocks.table(s.index) for s in seqs], pool.scratch_block, 1, model.device), model.device),
             "gather_by_slots": _seconds(lambda: gather_by_slots(
                 pool, blocks.table_rows([s.index for s in seqs]), seqs[0].num_cached + 1), model.device)}
-        runner.table_seconds, _TimedView.seconds[0] = 0.0, 0.0
+        runner.clock, _TimedView.clock = IntervalClock(model.device), IntervalClock(model.device)
         record["timed_step"] = _seconds(lambda: runner.decode(seqs), model.device)
-        record["table_build"], record["gather"] = runner.table_seconds, _TimedView.seconds[0]
+        record["table_build"], record["gather"] = runner.clock.total(), _TimedView.clock.total()
         for attention, name in (("gather", "step"), ("pool", "pool_step")):
             _rewind(seqs)                                    # the same step again, the same tokens
             runner.attention = attention
