@@ -23,7 +23,7 @@ from ..engine.padding import PaddedBatch, left_pad, padding_waste
 from ..engine.generation import decode_step, generate, prefill
 from ..engine.kv_cache import StaticKVCache
 from . import call_learner, close_enough, fail, grades_quietly, passed
-from .kv_cache import tiny_test_model
+from .kv_cache import CountingModel, tiny_test_model
 
 # (prompts, pad_id): the longest prompt not first; a pad id that also occurs inside prompts
 # (a chat prompt ends every turn with the end token that pads it); equal lengths; one prompt
@@ -97,15 +97,15 @@ def _positions_hint(positions: torch.Tensor, expected: PaddedBatch, pad_id: int)
 
 @grades_quietly
 def check_left_pad(fn, prompts=None, pad_id: int | None = None) -> None:
-    """Check `fn(prompts, pad_id) -> (tokens, attention_mask[, positions])` against `padding.left_pad`.
+    """Check `fn(prompts, pad_id) -> (tokens, attention_mask, positions)` against `padding.left_pad`.
 
     Introduced in notebook 02 (batching). The mask may be bool or 0/1 integers; positions
-    on the padding may be any valid id (>= 0). `prompts`, `pad_id`: the notebook's own batch,
+    on the padding may be any valid id (>= 0); an answer without positions is refused (the
+    exercise asks for them: without them a padded row starts at the wrong position). `prompts`, `pad_id`: the notebook's own batch,
     checked after the built-in cases (its chat prompts contain the end token that pads them).
     """
     exercise = "left padding"
     cases = list(LEFT_PAD_CASES) + ([(prompts, pad_id)] if prompts is not None else [])
-    checked_positions = False
     for batch, pad in cases:
         expected = left_pad(batch, pad)
         shape = expected.tokens.shape
@@ -125,14 +125,15 @@ def check_left_pad(fn, prompts=None, pad_id: int | None = None) -> None:
         if not torch.equal(mask.bool(), expected.attention_mask) or mask.unique().numel() > 2:
             fail(exercise, f"attention_mask {expected.attention_mask.int().tolist()} for prompts {batch}",
                  mask.int().tolist() if mask.dtype == torch.bool else mask.tolist(), _mask_hint(mask, expected, pad))
-        if positions is not None:
-            checked_positions = True
-            positions = _as_tensor(positions, "positions", exercise, shape).long().cpu()
-            hint = _positions_hint(positions, expected, pad)
-            if hint is not None:
-                fail(exercise, f"positions {expected.positions.tolist()} for prompts {batch}", positions.tolist(), hint)
-    passed(exercise, f"{len(cases)} batches padded on the left, masks right"
-           + (", positions right." if checked_positions else "."))
+        if positions is None:
+            fail(exercise, "(tokens, attention_mask, positions): three tensors", "two (no positions)",
+                 "return the positions too: 0, 1, 2, ... along each row's real tokens (the mask's cumsum - 1), "
+                 "so that a padded row's first real token is position 0, as in its prompt alone.")
+        positions = _as_tensor(positions, "positions", exercise, shape).long().cpu()
+        hint = _positions_hint(positions, expected, pad)
+        if hint is not None:
+            fail(exercise, f"positions {expected.positions.tolist()} for prompts {batch}", positions.tolist(), hint)
+    passed(exercise, f"{len(cases)} batches padded on the left: tokens, masks and positions right.")
 
 
 # --- batched greedy generation ---------------------------------------------------------------
@@ -235,14 +236,39 @@ def _generation_hint(failures: list[dict]) -> str:
             "key_mask[:, :cache.length + 1]), feed each row's new token, and move each row's position on by one.")
 
 
+def _require_one_batch(calls: list[dict], prompts, new_tokens: int, name: str) -> None:
+    """The model must have been called on all the prompts together: one prefill of every row, then
+    one call of every row per step, at most `new_tokens` calls in all. A loop over the prompts one
+    at a time gives the right rows, and is the handbook chapter's 1.0x mistake: refused."""
+    batch = len(prompts)
+    if not calls:
+        fail(GENERATION, f"the model called on the batch of {batch} prompts", "no call of the model",
+             "run the prefill and the decode steps through the model (ls.prefill, ls.decode_step).")
+    single = [c for c in calls if c["rows"] != batch]
+    if single:
+        fail(GENERATION, f"every call of the model on all {batch} rows at once (on {name})",
+             f"{len(single)} of {len(calls)} calls on {single[0]['rows']} row(s)",
+             "one batch: pad the prompts into one (batch, longest) tensor and prefill it once, then decode "
+             "every row together each step; a loop over the prompts is plain decoding, one row at a time.")
+    if (calls[0]["tokens"] != max(len(p) for p in prompts) or len(calls) > new_tokens
+            or any(c["tokens"] != 1 for c in calls[1:])):
+        fail(GENERATION, f"one prefill of the padded prompts ({max(len(p) for p in prompts)} positions), then one "
+                         f"call per new token: at most {new_tokens} calls (on {name})",
+             f"{len(calls)} calls, on {[c['tokens'] for c in calls][:6]} positions",
+             "prefill the whole padded batch once, then feed only each step's new tokens (batch, 1): "
+             "recomputing the sequence every step throws the cache away.")
+
+
 def _run_case(fn, model, name: str, prompts, end_id: int, new_tokens: int, tiny: bool = True) -> list[dict]:
     """The learner's rows against each prompt alone (and the package's batch); the failing rows.
-    A tiny case keeps its inputs and rows, for `_generation_hint` to replay the slips on."""
+    A tiny case keeps its inputs and rows, for `_generation_hint` to replay the slips on. The
+    model is handed over inside a `CountingModel`, so the calls are counted (`_require_one_batch`)."""
+    counting = CountingModel(model)
     with torch.inference_mode():
         rows = call_learner(GENERATION, f"token rows for {len(prompts)} prompts on {name}",
                             "pad with padding.left_pad, make the cache with StaticKVCache(model.config, batch, "
                             "prompt length + new_tokens, device=model.device, dtype=model.dtype), then ls.prefill "
-                            "and ls.decode_step.", fn, model, [list(p) for p in prompts], new_tokens, end_id)
+                            "and ls.decode_step.", fn, counting, [list(p) for p in prompts], new_tokens, end_id)
     if not isinstance(rows, (list, tuple)) or len(rows) != len(prompts):
         fail(GENERATION, f"a list of {len(prompts)} rows (one list of token ids per prompt)",
              type(rows).__name__, "return one list of new token ids per prompt, in the prompts' order.")
@@ -251,6 +277,7 @@ def _run_case(fn, model, name: str, prompts, end_id: int, new_tokens: int, tiny:
     except (TypeError, ValueError):
         fail(GENERATION, "one list of token ids per prompt", repr(rows)[:80],
              "return one list of new token ids per prompt, in the prompts' order.")
+    _require_one_batch(counting.calls, prompts, new_tokens, name)
     alone = [generate(model, p, new_tokens, eos_token_ids=[end_id]).row(0) for p in prompts]
     batched = None                                                      # the package's batch: rounding may differ
     case = {"inputs": (model, prompts, new_tokens, end_id), "rows": rows} if tiny else None

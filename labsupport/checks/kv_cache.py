@@ -145,15 +145,17 @@ def check_cache_update(fn) -> None:
 # --- exercise 2: the cached greedy loop ---------------------------------------------------------
 
 class CountingModel:
-    """The model, recording every forward pass: how many tokens it was fed and the positions
-    it was given. Lets `check_cached_generation` see whether the cache is really used.
+    """The model, recording every forward pass: how many tokens (and rows) it was fed and the
+    positions it was given. Lets `check_cached_generation` see whether the cache is really used,
+    and `batching.check_batched_generation` whether the prompts really went through as one batch.
     Notebook 01 (KV cache)."""
 
     def __init__(self, model):
         self.model, self.calls = model, []
 
     def __call__(self, tokens, *args, **kwargs):
-        self.calls.append({"tokens": tokens.shape[-1], "positions": kwargs.get("positions")})
+        self.calls.append({"tokens": tokens.shape[-1], "rows": tokens.shape[0] if tokens.dim() > 1 else 1,
+                           "positions": kwargs.get("positions")})
         return self.model(tokens, *args, **kwargs)
 
     forward = __call__

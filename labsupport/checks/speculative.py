@@ -19,6 +19,7 @@ from ..weights.fixtures import lively_model
 from ..engine.speculative import PromptLookupDraft
 from ..lab.speculative_math import expected_tokens_per_call
 from . import close_enough, fail, grades_quietly, passed
+from .kv_cache import CountingModel
 
 ACCEPT = "the accept/reject-and-resample step"
 EXPECTED = "expected tokens per target pass"
@@ -219,13 +220,27 @@ def reference_speculative_step(target, cache, pending: int, drafted: list[int]) 
     return drafted[:n] + [choice[n]]
 
 
-def _run_step(fn, target, prompt, drafted):
-    """The learner's step from a cache holding prompt[:-1]: (new tokens, cache length it left - start)."""
+def _require_one_pass(calls: list[dict], drafted: list[int], where: str) -> None:
+    """The step must verify every draft in ONE target pass of k + 1 tokens: k + 1 passes of one
+    token give the same tokens and are plain decoding, the very cost speculation removes."""
+    fed = [c["tokens"] for c in calls]
+    if fed != [len(drafted) + 1]:
+        fail(STEP, f"one target pass over [pending, d_1..d_k], {len(drafted) + 1} tokens, for {where}",
+             f"{len(fed)} pass(es) of {fed} tokens",
+             "feed the pending token and all k drafts together, shape (1, k + 1), in one call of the target: "
+             "its k + 1 logits check every draft at once; one pass per token is plain decoding.")
+
+
+def _run_step(fn, target, prompt, drafted, where: str = "this step"):
+    """The learner's step from a cache holding prompt[:-1]: (new tokens, cache length it left - start).
+    The target is handed over inside a `CountingModel`, and its passes are checked (`_require_one_pass`)."""
     cache = StaticKVCache.for_model(target, 1, len(prompt) + len(drafted) + 2)
+    counting = CountingModel(target)
     with torch.inference_mode():
         target(torch.tensor([prompt[:-1]], device=target.device), cache=cache)     # fills the cache
         start = cache.length
-        tokens = fn(target, cache, prompt[-1], list(drafted))
+        tokens = fn(counting, cache, prompt[-1], list(drafted))
+    _require_one_pass(counting.calls, drafted, where)
     try:
         tokens = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
     except (TypeError, ValueError):
@@ -272,8 +287,8 @@ def check_speculative_step(fn, model=None, prompt=None, new_tokens: int = 16) ->
     with torch.inference_mode():
         greedy = _generate(reference_speculative_step, target, small_prompt, 8, lambda context: [])
     for name, drafted, want, growth in _step_scenarios(target, small_prompt, greedy):
-        got, grew = _run_step(fn, target, small_prompt, drafted)
         where = f"{name} (k = {len(drafted)}, {len(want) - 1} should be accepted)"
+        got, grew = _run_step(fn, target, small_prompt, drafted, where)
         if got != want:
             n = len(want) - 1
             if name == "all k drafts right" and got == want[:-1]:

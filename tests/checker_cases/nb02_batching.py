@@ -6,6 +6,8 @@ import labsupport as ls
 from labsupport.lab import batching
 from labsupport.engine import padding
 from labsupport.checks.batching import check_batched_generation, check_left_pad, check_padding_waste
+from labsupport.engine.generation import prefill
+from labsupport.engine.kv_cache import StaticKVCache
 
 from checker_cases.common import accepts, refuses
 
@@ -64,6 +66,30 @@ def width_of_the_first_prompt(prompts, pad_id):
 
 # --- batched greedy generation (exercise 2) --------------------------------------------------
 
+@torch.inference_mode()
+def recomputing_loop(model, prompts, new_tokens, end_id):
+    """The right rows, one batch, but the whole padded sequence run again at every step (no cache)."""
+    padded = padding.left_pad(prompts, pad_id=end_id, device=model.device)
+    tokens, mask, positions = padded.tokens, padded.attention_mask, padded.positions     # (batch, T)
+    rows = [[] for _ in prompts]
+    finished = [False] * len(prompts)
+    for _ in range(new_tokens):
+        cache = StaticKVCache.for_model(model, len(prompts), tokens.shape[1])
+        logits = prefill(model, tokens, cache, positions=positions, key_mask=mask)
+        next_tokens = logits.argmax(dim=-1)
+        for i, t in enumerate(next_tokens.tolist()):
+            if not finished[i]:
+                rows[i].append(t)
+                finished[i] = t == end_id
+        if all(finished):
+            break
+        next_tokens = torch.where(torch.tensor(finished, device=model.device), end_id, next_tokens)
+        tokens = torch.cat([tokens, next_tokens[:, None]], dim=1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+    return rows
+
+
 def trim_after_end(row, end_id):
     return row[: row.index(end_id) + 1] if end_id in row else row
 
@@ -107,10 +133,12 @@ def batched_loop(model, prompts, new_tokens, end_id, right_padding=False, mask=T
 
 NOTEBOOK_02 = [
     accepts(check_left_pad, "reference", reference_left_pad),
-    accepts(check_left_pad, "no-positions", lambda prompts, pad_id: reference_left_pad(prompts, pad_id)[:2]),
+    refuses(check_left_pad, "no-positions", "return the positions too",
+            lambda prompts, pad_id: reference_left_pad(prompts, pad_id)[:2]),
     accepts(check_left_pad, "a-padded-batch", lambda prompts, pad_id: padding.left_pad(prompts, pad_id)),
     accepts(check_left_pad, "a-0-1-mask", lambda prompts, pad_id: (reference_left_pad(prompts, pad_id)[0],
-                                                                  reference_left_pad(prompts, pad_id)[1].long())),
+                                                                  reference_left_pad(prompts, pad_id)[1].long(),
+                                                                  reference_left_pad(prompts, pad_id)[2])),
     accepts(check_left_pad, "with-the-notebooks-own-batch", reference_left_pad, [[1, 2, 7, 2, 9], [1, 2, 4]], 2),
     refuses(check_left_pad, "right-padding", "padding on the right", right_pad),
     refuses(check_left_pad, "inverted-mask", "mask inverted", inverted_mask),
@@ -152,4 +180,9 @@ NOTEBOOK_02 = [
     refuses(check_padding_waste, "only-the-shortest-row", "not only the shortest",
             lambda lengths: (max(lengths) - min(lengths)) / max(lengths)),
     refuses(check_padding_waste, "not-a-number", "return a float", lambda lengths: "a lot"),
+    refuses(check_batched_generation, "one-prompt-at-a-time", "a loop over the prompts is plain decoding",
+            lambda model, prompts, new_tokens, end_id: [batched_loop(model, [p], new_tokens, end_id)[0]
+                                                        for p in prompts]),
+    refuses(check_batched_generation, "recomputes-the-sequence-every-step", "throws the cache away",
+            lambda model, prompts, new_tokens, end_id: recomputing_loop(model, prompts, new_tokens, end_id)),
 ]

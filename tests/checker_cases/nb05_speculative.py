@@ -103,6 +103,21 @@ def step_accepting_after_a_miss(target, cache, pending, drafted):
     return drafted[:n] + [choice[n]]
 
 
+
+@torch.inference_mode()
+def step_one_pass_per_token(target, cache, pending, drafted):
+    """The right tokens and cache, by k + 1 one-token passes of the target: plain decoding."""
+    start, fed, choice = cache.length, [pending, *drafted], []
+    for token in fed:
+        logits = target.logits(target(torch.tensor([[token]], device=target.device), cache=cache))
+        choice.append(int(logits[0, -1].argmax()))
+    n = 0
+    while n < len(drafted) and drafted[n] == choice[n]:
+        n += 1
+    cache.truncate(start + 1 + n)
+    return drafted[:n] + [choice[n]]
+
+
 NOTEBOOK_05 = [
     accepts(check_accept_step, "reference", reference_accept_step),
     refuses(check_accept_step, "always-accept", "always accepting", always_accept),
@@ -127,4 +142,6 @@ NOTEBOOK_05 = [
     refuses(check_speculative_step, "rollback-one-short", "rollback off by one", step_rollback_one_short),
     refuses(check_speculative_step, "logits-off-by-one", "off by one in the logits alignment", step_shifted_logits),
     refuses(check_speculative_step, "accepting-after-a-miss", "accepting after a miss", step_accepting_after_a_miss),
+    refuses(check_speculative_step, "one-target-pass-per-token", "one pass per token is plain decoding",
+            step_one_pass_per_token),
 ]
