@@ -11,7 +11,7 @@ from labsupport.bench import BenchContext, BenchOptions
 from labsupport.bench.compile_options import CompileOptions
 from labsupport.bench import llamacpp
 from labsupport.bench.engines import HF, HF_ASSISTED, HF_LOOKUP, HF_STATIC, LLAMACPP, OURS, OURS_COMPILED, \
-    OURS_INT4, OURS_INT4_ATEN, OURS_INT8, EnginesOptions, _figures, section_engines
+    OURS_INT4, OURS_INT4_ATEN, OURS_INT4_COMPILED, OURS_INT8, EnginesOptions, _figures, section_engines
 from labsupport.bench.llamacpp import LlamaCppGreedy, llamacpp_unavailable
 from labsupport.bench.peers import hf_early_layers_draft
 from labsupport.errors import LabError
@@ -82,6 +82,7 @@ def test_engines_section_small_run(smollm, smollm_hf):
     for name in (HF, HF_LOOKUP, HF_ASSISTED):
         assert rows[name]["same_tokens_as_labsupport_fp32"], name
     assert "engines.compile=False" in section["absent"][OURS_COMPILED]
+    assert "engines.compile=False" in section["absent"][OURS_INT4_COMPILED]
     assert "engines.compile=False" in section["absent"][HF_STATIC]
     assert (LLAMACPP in rows) == HAS_LLAMACPP
     for row in rows.values():

@@ -8,6 +8,7 @@ from labsupport.lab.step_profile import KINDS, kind_of, profile_decode_step
 
 def test_operators_are_sorted_into_kinds():
     assert kind_of("aten::addmm") == kind_of("aten::_weight_int4pack_mm_for_cpu") == "matmuls"
+    assert kind_of("labsupport::w4a8_linear") == "matmuls"                    # our W4A8 kernel
     assert kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert kind_of("aten::argmax") == "sampling"
     assert kind_of("aten::rsqrt") == kind_of("aten::index_copy_") == "norms and elementwise"

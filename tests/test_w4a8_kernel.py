@@ -262,3 +262,15 @@ def test_a_nan_or_infinity_in_x_gives_nan_not_garbage(path):
 def test_openmp_only_with_a_compiler_that_shares_torchs_runtime():
     # clang's OpenMP runtime is not the libgomp torch's Linux wheels bring: one thread, not two pools
     assert w4a8._openmp_flags("clang++", "Debian clang version 14.0.6") == []
+
+
+def test_the_path_follows_the_forced_one_then_torchs_own_cap(monkeypatch):
+    monkeypatch.delenv("LABSUPPORT_W4A8_PATH", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert w4a8.default_path() == "auto"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")             # CI's AVX2-laptop simulation
+    assert w4a8.default_path() == "avx2"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert w4a8.default_path() == "portable"
+    monkeypatch.setenv("LABSUPPORT_W4A8_PATH", "avxvnni")         # the course's own switch wins
+    assert w4a8.default_path() == "avxvnni"

@@ -9,6 +9,8 @@ engine timed in the same interleaved rounds (`measure.time_side_by_side`):
 * labsupport int4, groups of 32 (notebook 04), the row to set beside llama.cpp: its default
   kernel (on a CPU where it builds, our W4A8 kernel, which multiplies int4 weights by int8
   activations as llama.cpp does), and the same weights through aten's bf16 kernel, as before;
+* labsupport int4 with its decode step compiled (half of an eager int4 step is Python and
+  the framework's dispatch: notebook 00's profile), the like-for-like row beside llama.cpp's C++;
 * labsupport int8 (absmax per row, aten's fused kernel);
 * Hugging Face generate() with its dynamic cache; its documented fast path (the static
   cache with torch.compile); its prompt-lookup decoding; its assisted generation with a
@@ -47,6 +49,7 @@ from .peers import hf_assisted_fn, hf_early_layers_draft, hf_generate_fn, hf_sta
 
 OURS, OURS_COMPILED, OURS_INT4 = "labsupport fp32", "labsupport fp32, compiled", "labsupport int4 g32"
 OURS_INT4_ATEN, OURS_INT8 = "labsupport int4 g32, aten kernel", "labsupport int8"
+OURS_INT4_COMPILED = "labsupport int4 g32, compiled"
 HF, HF_STATIC, HF_LOOKUP, HF_ASSISTED = ("HF generate() fp32", "HF static cache + torch.compile",
                                          "HF prompt lookup", "HF assisted generation")
 LLAMACPP = "llama.cpp Q4_1 (same GGUF)"
@@ -102,6 +105,16 @@ def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tupl
     int4 = ctx.variants.get("float32", "int4", group_size=32)          # the run's int4 variant
     engines[OURS_INT4] = (ours(int4), quantized_bytes(int4))
     kernels[OURS_INT4] = ctx.variants.handle("float32", "int4", group_size=32).describe()
+    if options.compile:                            # half of an eager int4 step is Python and dispatch
+        warm = generate(int4, ids, new_tokens, eos_token_ids=(), compile=True)
+        if warm.decode_path != "eager":
+            compile_s[OURS_INT4_COMPILED] = warm.warmup_seconds
+            engines[OURS_INT4_COMPILED] = (ours(int4, compiled=True), quantized_bytes(int4))
+            kernels[OURS_INT4_COMPILED] = kernels[OURS_INT4]
+        else:
+            absent[OURS_INT4_COMPILED] = warm.decode_note
+    else:
+        absent[OURS_INT4_COMPILED] = "switched off (engines.compile=False)"
     if "W4A8" in kernels[OURS_INT4]:               # the same weights through the kernel it replaced
         aten_int4 = copy.deepcopy(model)
         kernels[OURS_INT4_ATEN] = quantize_model(aten_int4, "int4", group_size=32, kernel="fast").describe()
@@ -217,6 +230,7 @@ def _figures(rows: dict, absent: dict, busy: str | None) -> list[dict]:
         _ratio_figure(rows, absent, OURS, HF_STATIC, "tokens_per_s", 1.0, busy, "tokens/s"),
         _ratio_figure(rows, absent, OURS_COMPILED, OURS, "decode_tokens_per_s", None, busy, "decode tokens/s"),
         _ratio_figure(rows, absent, OURS_INT4, LLAMACPP, "decode_tokens_per_s", 0.8, busy, "decode tokens/s"),
+        _ratio_figure(rows, absent, OURS_INT4_COMPILED, LLAMACPP, "decode_tokens_per_s", 0.8, busy, "decode tokens/s"),
         _ratio_figure(rows, absent, OURS_INT4, OURS_INT4_ATEN, "decode_tokens_per_s", None, busy, "decode tokens/s"),
     ]
     for name, row in rows.items():

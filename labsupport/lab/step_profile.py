@@ -41,7 +41,7 @@ KINDS = ("matmuls", "attention", "norms and elementwise", "sampling", "framework
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
               "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm", "aten::_weight_int4pack_mm_for_cpu",
-              "aten::baddbmm")
+              "aten::baddbmm", "labsupport::w4a8_linear")           # the last: our W4A8 int4 kernel
 VIEW_OPS = ("aten::as_strided", "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::transpose",
             "aten::t", "aten::slice", "aten::select", "aten::expand", "aten::unsqueeze", "aten::squeeze",
             "aten::permute", "aten::_unsafe_view", "aten::detach", "aten::alias", "aten::empty",

@@ -17,8 +17,9 @@ computation in plain torch (`w4a8_reference`) to check it against. Without a C++
 ninja, or if the build fails, `w4a8_unavailable()` says why in one sentence, and the caller keeps
 the older kernel.
 
-Environment variable:
+Environment variables:
   LABSUPPORT_W4A8_PATH  forces a path for `w4a8_linear(path=None)`: portable, avx2, avxvnni, avx512vnni
+  ATEN_CPU_CAPABILITY   torch's own cap (avx2, default) caps the path too, unless the first one is set
 """
 
 from __future__ import annotations
@@ -223,9 +224,14 @@ def unpack_q4_1(packed: torch.Tensor) -> torch.Tensor:
 # --- calling the kernel -------------------------------------------------------------------------
 
 def default_path() -> str:
-    """The path `w4a8_linear(path=None)` takes: $LABSUPPORT_W4A8_PATH, else "auto" (the fastest
-    this CPU runs). Notebook 04 (quantization)."""
-    return os.environ.get("LABSUPPORT_W4A8_PATH", "").strip() or "auto"
+    """The path `w4a8_linear(path=None)` and new int4 layers take: $LABSUPPORT_W4A8_PATH, else the
+    cap torch's own kernels are held to (ATEN_CPU_CAPABILITY=avx2: "avx2", =default: "portable";
+    CI's AVX2-laptop simulation sets it), else "auto" (the fastest this CPU runs). Notebook 04."""
+    forced = os.environ.get("LABSUPPORT_W4A8_PATH", "").strip()
+    if forced:
+        return forced
+    return {"avx2": "avx2", "default": "portable"}.get(os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower(),
+                                                       "auto")
 
 
 def w4a8_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
