@@ -143,7 +143,31 @@ class PassWriter:
         return self.cache.write(layer, k, v, self.start)
 
 
-class StaticKVCache(FilledLength):
+class LayerBuffers:
+    """What a cache with one keys buffer of shape (layers, batch, kv_heads, max_len, head_dim)
+    declares of itself from that buffer: `num_layers`, `num_kv_heads`, `head_dim`, `device`
+    (`StaticKVCache`, and notebook 08's `Int8KVCache`). Notebook 01 (KV cache)."""
+
+    keys: torch.Tensor
+
+    @property
+    def num_layers(self) -> int:
+        return self.keys.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.keys.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.keys.shape[4]
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+
+class StaticKVCache(LayerBuffers, FilledLength):
     """Preallocated keys and values for every layer of a model: the `KVCache` of
     notebook 01 (KV cache), with fixed-shape writes for a compiled step.
 
@@ -197,24 +221,9 @@ class StaticKVCache(FilledLength):
         return self.keys.nbytes + self.values.nbytes
 
     @property
-    def num_layers(self) -> int:
-        return self.keys.shape[0]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.keys.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.keys.shape[4]
-
-    @property
     def dtype(self) -> torch.dtype:
         return self.keys.dtype
 
-    @property
-    def device(self) -> torch.device:
-        return self.keys.device
 
 
 class FixedShapeWriter:

@@ -42,7 +42,7 @@ import torch
 from ..errors import LabError
 from ..inputs import whole_number
 from .hardware import as_dtype, pick_device
-from .kv_cache import FilledLength
+from .kv_cache import FilledLength, LayerBuffers
 from .models.config import ModelConfig
 
 INT8_MAX = 127                      # symmetric: -127..127, so that q = -q always fits
@@ -92,7 +92,7 @@ def int8_kv_cache_bytes(config: ModelConfig, length: int, batch_size: int = 1) -
             * (config.head_dim + scale_bytes))
 
 
-class Int8KVCache(FilledLength):
+class Int8KVCache(LayerBuffers, FilledLength):
     """A `KVCache` that keeps keys and values in int8 with a bfloat16 scale per token per head.
 
     Introduced in notebook 08 (long context). Storage, preallocated like `StaticKVCache`:
@@ -165,21 +165,6 @@ class Int8KVCache(FilledLength):
         return sum(t.nbytes for t in (self.keys, self.values, self.key_scales, self.value_scales))
 
     @property
-    def num_layers(self) -> int:
-        return self.keys.shape[0]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.keys.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.keys.shape[4]
-
-    @property
     def dtype(self) -> torch.dtype:
         return self._dtype
 
-    @property
-    def device(self) -> torch.device:
-        return self.keys.device
