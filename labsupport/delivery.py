@@ -144,8 +144,8 @@ def describe_runtime(device=None) -> str:
     where = "Google Colab" if "google.colab" in sys.modules else "this machine"
     bf16 = "yes" if bf16_supported(device) else "no"
     return (f"Running on {where}: device {device.type} ({device_name(device)}), models in float32 "
-            f"unless a cell says otherwise, bf16 in hardware: {bf16} | torch {torch.__version__}, "
-            f"labsupport {__version__}")
+            f"and decode steps eager unless a cell says otherwise (compile=True), bf16 in hardware: {bf16} "
+            f"| torch {torch.__version__}, labsupport {__version__}")
 
 
 def _strip_setup_lines(source: str) -> str:

@@ -52,6 +52,7 @@ def test_describe_runtime_names_the_gpu_and_its_bf16(gpu):
     line = describe_runtime()
     assert f"device cuda ({gpu.name})" in line
     assert f"bf16 in hardware: {'yes' if gpu.capability >= (8, 0) else 'no'}" in line
+    assert "decode steps eager unless a cell says otherwise" in line       # every figure's path, said once
 
 
 def test_the_sweeps_take_the_gpu_sizes(gpu):
