@@ -18,6 +18,6 @@ def test_explorer_redraws_when_a_control_changes(fresh_tiny_llama):
     assert explorer.status.value == ""
     assert before[0] != after[0]                                   # another error histogram
     assert len(after[1][0]["x"]) == len(before[1][0]["x"]) + 1    # one more setting measured
-    assert "int4 g32 ran the fused int4 kernel" in explorer.figures[2].figure.layout.title.text
+    assert "int4 g32 ran the W4A8 kernel of our own" in explorer.figures[2].figure.layout.title.text
     explorer.controls["group_size"].value = 64
     assert len(explorer.figures[1].figure.to_plotly_json()["data"][0]["x"]) == 4

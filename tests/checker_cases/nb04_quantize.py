@@ -3,7 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from labsupport.checks.quantize import check_int4_groupwise, check_int4_pack, check_int8_absmax, check_w4a8_matmul
+from labsupport.checks.quantize import check_int4_groupwise, check_int4_pack, check_int8_absmax
+from labsupport.checks.quantize_w4a8 import check_w4a8_matmul
 from labsupport.engine.quant import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                                      quantize_int8_absmax, unpack_int4)
 
