@@ -136,8 +136,12 @@ class _QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)                                  # (M, in)
-        kernel = {"fast": self._fast, "w4a8": getattr(self, "_w4a8", None)}.get(self.kernel, self._reference)
-        y = kernel(x2)                                                         # (M, out)
+        if self.kernel == "w4a8":                                          # Int4Linear only
+            y = self._w4a8(x2)                                                 # (M, out)
+        elif self.kernel == "fast":
+            y = self._fast(x2)
+        else:
+            y = self._reference(x2)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features)
