@@ -145,3 +145,70 @@ NOTEBOOK_05 = [
     refuses(check_speculative_step, "one-target-pass-per-token", "one pass per token is plain decoding",
             step_one_pass_per_token),
 ]
+
+
+# --- exercise 4: the sampling verify loop, written as a learner might --------------------------
+
+from labsupport.checks.speculative_sampling import check_verify_sampled, reference_verify_sampled  # noqa: E402
+
+
+def _verify_with(accept, replace, bonus=True):
+    """A verify loop made of accept(p_i, q_i, d, u) -> bool and replace(p_i, q_i, generator) -> token."""
+    def fn(p, q, drafted, generator):
+        for i, d in enumerate(drafted):
+            if accept(p[i], q[i], d, float(torch.rand((), generator=generator))):
+                continue
+            return drafted[:i] + [replace(p[i], q[i], generator)]
+        if not bonus:
+            return list(drafted)
+        return list(drafted) + [int(torch.multinomial(p[len(drafted)], 1, generator=generator))]
+    return fn
+
+
+by_ratio = lambda p, q, d, u: u < min(1.0, float(p[d] / q[d]))                                    # noqa: E731
+from_residual = lambda p, q, g: int(torch.multinomial(torch.relu(p - q), 1, generator=g))         # noqa: E731
+
+
+def _inverse_cdf(weights, generator):
+    """Sampling by the cumulative sum, right for a distribution, wrong for weights that add up to less."""
+    u = torch.rand((), generator=generator)
+    return min(int(torch.searchsorted(weights.cumsum(0), u, right=True)), len(weights) - 1)
+
+
+def verify_in_one_call(p, q, drafted, generator):
+    """Right: all k uniforms at once, vectorised."""
+    k = len(drafted)
+    idx = torch.arange(k)
+    ratio = p[idx, drafted] / q[idx, drafted] if k else p.new_zeros(0)
+    rejected = (torch.rand(k, generator=generator) >= ratio.clamp(max=1)).nonzero()
+    if len(rejected):
+        i = int(rejected[0])
+        residual = (p[i] - q[i]).clamp(min=0)
+        return drafted[:i] + [int(torch.multinomial(residual / residual.sum(), 1, generator=generator))]
+    return drafted + [int(torch.multinomial(p[k], 1, generator=generator))]
+
+
+verify_right_multinomial_unnormalised = _verify_with(by_ratio, from_residual)   # multinomial normalises: right
+verify_residual_from_p = _verify_with(by_ratio, lambda p, q, g: int(torch.multinomial(p, 1, generator=g)))
+verify_without_bonus = _verify_with(by_ratio, from_residual, bonus=False)
+verify_greedy_style = _verify_with(lambda p, q, d, u: float(p[d]) >= float(q[d]), from_residual)
+verify_q_over_p = _verify_with(lambda p, q, d, u: u < min(1.0, float(q[d] / p[d])), from_residual)
+verify_not_renormalised = _verify_with(by_ratio, lambda p, q, g: _inverse_cdf(torch.relu(p - q), g))
+
+
+def verify_sampling_p_directly(p, q, drafted, generator):
+    """The right first-token distribution by another method: ignores the drafts, samples p."""
+    return [int(torch.multinomial(p[0], 1, generator=generator))]
+
+
+NOTEBOOK_05 += [
+    accepts(check_verify_sampled, "reference", reference_verify_sampled),
+    accepts(check_verify_sampled, "vectorised", verify_in_one_call),
+    accepts(check_verify_sampled, "multinomial-of-the-unnormalised-residual", verify_right_multinomial_unnormalised),
+    refuses(check_verify_sampled, "residual-from-p", "drawing from p itself", verify_residual_from_p),
+    refuses(check_verify_sampled, "no-bonus-token", "no bonus token", verify_without_bonus),
+    refuses(check_verify_sampled, "greedy-style-acceptance", "only when p\\(d\\) >= q\\(d\\)", verify_greedy_style),
+    refuses(check_verify_sampled, "q-over-p", "not q/p", verify_q_over_p),
+    refuses(check_verify_sampled, "not-renormalised", "not divided by its sum", verify_not_renormalised),
+    refuses(check_verify_sampled, "sampling-p-directly", "always when p\\(d\\) >= q\\(d\\)", verify_sampling_p_directly),
+]
