@@ -17,7 +17,7 @@ import torch
 from ..engine.kv_cache import StaticKVCache
 from ..weights.fixtures import lively_model
 from ..engine.speculative import PromptLookupDraft
-from ..lab.speculative_math import expected_tokens_per_call
+from ..lab.speculative_math import expected_tokens_per_call, expected_tokens_per_pass
 from . import close_enough, fail, grades_quietly, passed
 from .kv_cache import CountingModel
 
@@ -28,11 +28,13 @@ STEP = "one greedy speculative step"
 
 # --- warm-up 1: the acceptance rule --------------------------------------------------------
 
-def reference_accept_step(p_target: torch.Tensor, p_draft: torch.Tensor, token: int,
+def reference_accept_step(p_target: torch.Tensor, p_draft: torch.Tensor | None, token: int,
                           u: float) -> tuple[bool, torch.Tensor | None]:
     """Accept `token` if u < min(1, p_t[x] / p_d[x]); otherwise return the residual
-    normalize(max(0, p_t - p_d)) that the replacement token is drawn from.
+    normalize(max(0, p_t - p_d)) that the replacement token is drawn from. p_draft None: a
+    draft that proposes its token with certainty (prompt lookup), q one-hot at `token`.
     Notebook 05 (speculative decoding)."""
+    p_draft = _point_mass(p_target, token) if p_draft is None else p_draft
     ratio = float(p_target[token]) / float(p_draft[token])
     if u < min(1.0, ratio):
         return True, None
@@ -40,9 +42,22 @@ def reference_accept_step(p_target: torch.Tensor, p_draft: torch.Tensor, token: 
     return False, residual / residual.sum()
 
 
-def _rule(accept, residual):
-    """An accept step made of an acceptance test accept(p_x, q_x, u) and a residual(p, q)."""
-    return lambda p, q, x, u: (True, None) if accept(float(p[x]), float(q[x]), u) else (False, residual(p, q))
+def _point_mass(p: torch.Tensor, token: int) -> torch.Tensor:
+    """The draft distribution of a draft that proposes `token` with certainty: one-hot."""
+    q = torch.zeros_like(p)
+    q[token] = 1.0
+    return q
+
+
+def _rule(accept, residual, point_mass=None):
+    """An accept step made of an acceptance test accept(p_x, q_x, u) and a residual(p, q);
+    `point_mass(p, x, u)` answers for p_draft None (default: the same rule on a one-hot q)."""
+    def step(p, q, x, u):
+        if q is None and point_mass is not None:
+            return point_mass(p, x, u)
+        q = _point_mass(p, x) if q is None else q
+        return (True, None) if accept(float(p[x]), float(q[x]), u) else (False, residual(p, q))
+    return step
 
 
 def _normalized(r):
@@ -72,6 +87,13 @@ ACCEPT_MISTAKES = {   # the typical wrong answers, each with the hint that names
     "a residual with negative entries": (_rule(_RIGHT_TEST, lambda p, q: (p - q) / (p - q).clamp_min(0).sum()),
                                          "clamp p_target - p_draft at 0 before normalizing: a distribution "
                                          "has no negative entries."),
+    "a point mass always accepted": (_rule(_RIGHT_TEST, _RIGHT_RESIDUAL, lambda p, x, u: (True, None)),
+                                     "p_draft None means the draft proposed the token with certainty, q is "
+                                     "one-hot at it: the test is u < min(1, p_target[x] / 1), not always true."),
+    "a point mass's residual still holding its token": (
+        _rule(_RIGHT_TEST, _RIGHT_RESIDUAL, lambda p, x, u: (True, None) if u < float(p[x]) else (False, p)),
+        "with q one-hot at the drafted token, max(0, p_target - q) is p_target with that token set to 0, "
+        "divided by its sum: the rejected token cannot be drawn again."),
 }
 
 
@@ -90,12 +112,21 @@ def _accept_cases() -> list[tuple[torch.Tensor, torch.Tensor, int, float]]:
         token = int(torch.argmax(pd / pt))                       # where the draft over-proposes most
         ratio = float(pt[token] / pd[token])
         cases += [(pt, pd, token, ratio * 0.5), (pt, pd, token, min(ratio * 1.5, 0.999))]
+    # prompt lookup: no distribution, the token proposed with certainty (p_draft None)
+    cases += [(p, None, 1, 0.1), (p, None, 1, 0.5), (p, None, 0, 0.4), (p, None, 3, 0.95)]
     return cases
 
 
 def _accept_answer(fn, p, q, token, u):
     """(accepted, residual as a float tensor or None), or a CheckFailed for a malformed answer."""
-    got = fn(p.clone(), q.clone(), token, u)
+    try:
+        got = fn(p.clone(), None if q is None else q.clone(), token, u)
+    except (TypeError, AttributeError, IndexError) as error:
+        if q is not None:
+            raise
+        fail(ACCEPT, f"an answer for p_draft None (token {token}, u = {u})", f"{type(error).__name__}: {error}",
+             "p_draft is None for a draft that proposes its token with certainty (prompt lookup): what is the "
+             "draft's distribution q then, and what do q[token] and max(0, p_target - q) become?")
     try:
         accepted, residual = got
     except (TypeError, ValueError):
@@ -114,92 +145,118 @@ def _same(a, b) -> bool:
 @grades_quietly
 def check_accept_step(fn) -> None:
     """Check `fn(p_target, p_draft, token, u) -> (accepted, residual)`: residual is the
-    normalized distribution to resample from after a rejection, or None when accepted.
+    normalized distribution to resample from after a rejection, or None when accepted; p_draft
+    None stands for a draft that proposed `token` with certainty (prompt lookup: q one-hot).
     Notebook 05 (speculative decoding)."""
-    cases = _accept_cases()
+    everything = _accept_cases()
+    for cases in ([c for c in everything if c[1] is not None], [c for c in everything if c[1] is None]):
+        _accept_group(fn, cases)       # a draft with a distribution first, then the point masses
+    passed(ACCEPT, "Accepting with min(1, p/q) and resampling from the residual gives exactly p_target; "
+                   "for a point mass q is one-hot, so the test is u < p_target[x] and x is left out of the residual.")
+
+
+def _accept_group(fn, cases) -> None:
+    """Refuse the first case of `cases` where fn differs from the reference, naming the mistake
+    that answers every one of them as fn does."""
     answers = [_accept_answer(fn, *case) for case in cases]
     wants = [_accept_answer(reference_accept_step, *case) for case in cases]
     wrong = [i for i, (a, w) in enumerate(zip(answers, wants)) if not _same(a, w)]
     if not wrong:
-        passed(ACCEPT, "Accepting with min(1, p/q) and resampling from the residual gives exactly p_target.")
         return
     (p, q, token, u), got, want = cases[wrong[0]], answers[wrong[0]], wants[wrong[0]]
     shown = lambda r: None if r is None else [round(v, 3) for v in r.tolist()][:6]      # noqa: E731
     if got[0] != want[0]:
         expected, answer = f"accepted={want[0]}", f"accepted={got[0]}"
-        hint = (f"with p_target[x] = {float(p[token]):.3f}, p_draft[x] = {float(q[token]):.3f} and u = {u:.3f}, "
+        q_x = 1.0 if q is None else float(q[token])
+        hint = (f"with p_target[x] = {float(p[token]):.3f}, p_draft[x] = {q_x:.3f} and u = {u:.3f}, "
                 f"the draft token is accepted when u < min(1, p_target[x] / p_draft[x]).")
     else:
         expected, answer = f"the residual {shown(want[1])}", shown(got[1])
         hint = "after a rejection return residual = (p_target - p_draft).clamp_min(0), divided by its sum."
-    for name, (mistake, mistake_hint) in ACCEPT_MISTAKES.items():
+    point_masses = q is None                        # then the point-mass mistakes are named first
+    for name, (mistake, mistake_hint) in sorted(ACCEPT_MISTAKES.items(),
+                                                key=lambda item: point_masses != item[0].startswith("a point")):
         if all(_same(a, _accept_answer(mistake, *case)) for a, case in zip(answers, cases)):
             hint = f"{name}: {mistake_hint}"
             break
     fail(ACCEPT, expected, answer, hint)
 
 
-# --- warm-up 2: expected tokens per pass ---------------------------------------------------
+# --- warm-up 2: expected tokens per pass, one acceptance rate per position -------------------
 
-def _geometric(alpha, first, last):
-    """alpha^first + ... + alpha^last."""
-    return sum(alpha ** i for i in range(first, last + 1))
+def _products(alphas):
+    """alpha_1, alpha_1 alpha_2, ..., alpha_1 ... alpha_k: the chance that drafts 1..i all pass."""
+    out, running = [], 1.0
+    for a in alphas:
+        running *= a
+        out.append(running)
+    return out
 
 
 EXPECTED_MISTAKES = {
-    "no bonus token": (lambda a, k: _geometric(a, 0, k - 1),
-                       "a step whose k drafts all pass also gets the target's bonus token, so the sum runs "
-                       "to alpha^k: (1 - alpha^(k+1)) / (1 - alpha)."),
-    "no token of the target's own": (lambda a, k: _geometric(a, 1, k),
-                                     "every pass adds one token of the target's own (a correction after a miss, "
-                                     "a bonus after k matches): start the sum at 1."),
-    "alpha^k off by one": (lambda a, k: _geometric(a, 0, k + 1),
-                           "the sum stops at alpha^k: k drafts give at most k + 1 tokens."),
-    "independent drafts": (lambda a, k: a * k + 1,
-                           "the i-th draft counts only if all before it were accepted too: "
-                           "1 + alpha + alpha^2 + ... + alpha^k."),
-    "no limit k": (lambda a, k: 1 / (1 - a) if a < 1 else math.nan,
-                   "the draft proposes only k tokens: the sum stops at alpha^k."),
-    "dividing at alpha = 1": (lambda a, k: expected_tokens_per_call(a, k) if a < 1 else math.nan,
-                              "at alpha = 1 every draft is accepted: return k + 1 without dividing by 1 - alpha."),
+    "the closed form with the mean rate": (
+        lambda al: expected_tokens_per_call(sum(al) / len(al), len(al)) if al else 1.0,
+        "(1 - alpha^(k+1)) / (1 - alpha) needs one alpha for every position; with a rate per position, "
+        "add up the chance that each draft is reached and passes: alpha_1, then alpha_1 alpha_2, ..."),
+    "independent drafts": (lambda al: 1 + sum(al),
+                           "draft i counts only if all drafts before it were accepted too: multiply their "
+                           "rates, 1 + alpha_1 + alpha_1 alpha_2 + ..."),
+    "no bonus token": (lambda al: 1 + sum(_products(al)[:-1]),
+                       "a step whose k drafts all pass also gets the target's bonus token: the sum runs to "
+                       "alpha_1 ... alpha_k."),
+    "no token of the target's own": (lambda al: sum(_products(al)),
+                                     "every pass adds one token of the target's own (a correction after a "
+                                     "miss, a bonus after k matches): start the sum at 1."),
+    "only the all-accepted case": (lambda al: 1 + (_products(al)[-1] * len(al) if al else 0.0),
+                                   "a step that stops at draft i still keeps the i - 1 before it: sum the "
+                                   "chance of reaching each draft, not only of passing all k."),
 }
-EXPECTED_CASES = [(0.0, 4), (0.5, 1), (0.5, 4), (0.8, 4), (0.9, 8), (0.3, 2), (0.99, 5), (1.0, 4), (1.0, 1),
-                  (0.7, 0)]
+EXPECTED_CASES = [[], [1.0], [0.5], [0.5, 0.5, 0.5, 0.5], [0.9, 0.8, 0.6, 0.3], [1.0, 1.0, 1.0],
+                  [0.0, 0.9], [0.7, 0.0, 0.9], [0.95, 0.9, 0.85, 0.8, 0.75, 0.7]]
 
 
-def _value(fn, alpha, k) -> float:
-    """fn(alpha, k) as a float; a division by zero or a non-number gives NaN."""
+def _value(fn, alphas) -> float:
+    """fn(alphas) as a float; a division by zero gives NaN."""
     try:
-        return float(fn(alpha, k))
+        got = fn(list(alphas))
     except (ZeroDivisionError, OverflowError):
         return math.nan
+    except (TypeError, ValueError, IndexError) as error:
+        fail(EXPECTED, f"a number for alphas = {list(alphas)}", f"{type(error).__name__}: {error}",
+             "alphas is a list of k rates (k may be 0); return one float.")
+    try:
+        return float(got)
     except (TypeError, ValueError):
-        fail(EXPECTED, "a number", repr(fn(alpha, k))[:60], "return a float.")
+        fail(EXPECTED, "a number", repr(got)[:60], "return a float.")
 
 
 def _close(got: float, want: float) -> bool:
-    if math.isnan(want) or math.isinf(want):
-        return math.isnan(got) if math.isnan(want) else got == want
     return math.isfinite(got) and close_enough(got, want, rel=1e-6)
 
 
 @grades_quietly
 def check_expected_tokens(fn) -> None:
-    """Check `fn(alpha, k) -> float`: (1 - alpha^(k+1)) / (1 - alpha), and k + 1 at alpha = 1.
+    """Check `fn(alphas) -> float`: the expected tokens of one target pass when draft i is
+    accepted with probability alphas[i - 1] given that all before it were:
+    1 + alpha_1 + alpha_1 alpha_2 + ... + alpha_1 ... alpha_k (`expected_tokens_per_pass`).
     Notebook 05 (speculative decoding)."""
-    got = [_value(fn, a, k) for a, k in EXPECTED_CASES]
-    want = [expected_tokens_per_call(a, k) for a, k in EXPECTED_CASES]
+    got = [_value(fn, alphas) for alphas in EXPECTED_CASES]
+    want = [expected_tokens_per_pass(alphas) for alphas in EXPECTED_CASES]
     wrong = [i for i, (g, w) in enumerate(zip(got, want)) if not _close(g, w)]
     if not wrong:
-        passed(EXPECTED, "At alpha = 0.8 and k = 4 a target pass yields 3.36 tokens on average.")
+        rates = [0.9, 0.8, 0.6, 0.3]
+        passed(EXPECTED, f"With rates {rates} a pass yields {expected_tokens_per_pass(rates):.2f} tokens; their mean, "
+                         f"{sum(rates) / 4:.3f}, in the closed form would promise "
+                         f"{expected_tokens_per_call(sum(rates) / 4, 4):.2f}.")
         return
-    (alpha, k), i = EXPECTED_CASES[wrong[0]], wrong[0]
-    hint = "1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha); k + 1 when alpha = 1."
+    i = wrong[0]
+    hint = "1 + alpha_1 + alpha_1 alpha_2 + ... + alpha_1 ... alpha_k: draft i counts if drafts 1..i all pass."
     for name, (mistake, mistake_hint) in EXPECTED_MISTAKES.items():
-        if all(_close(g, _value(mistake, a, kk)) for g, (a, kk) in zip(got, EXPECTED_CASES)):
+        if all(_close(g, _value(mistake, alphas)) or (math.isnan(g) and math.isnan(_value(mistake, alphas)))
+               for g, alphas in zip(got, EXPECTED_CASES)):
             hint = f"{name}: {mistake_hint}"
             break
-    fail(EXPECTED, f"{want[i]:.4f} for alpha={alpha}, k={k}", f"{got[i]:.4f}", hint)
+    fail(EXPECTED, f"{want[i]:.4f} for alphas = {EXPECTED_CASES[i]}", f"{got[i]:.4f}", hint)
 
 
 # --- exercise: one greedy speculative step -------------------------------------------------

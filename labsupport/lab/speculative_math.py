@@ -28,6 +28,19 @@ def expected_tokens_per_call(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def expected_tokens_per_pass(alphas) -> float:
+    """Mean tokens per target pass when draft i is accepted with probability alphas[i - 1]
+    given that drafts 1..i-1 were: 1 + alpha_1 + alpha_1 alpha_2 + ... + alpha_1 ... alpha_k
+    (with one alpha for all, `expected_tokens_per_call`). Notebook 05 (speculative decoding)."""
+    total, reached = 1.0, 1.0
+    for alpha in alphas:
+        if not 0 <= alpha <= 1:
+            raise LabError(f"each rate in alphas is a probability, between 0 and 1; got {alpha}.")
+        reached *= alpha                                  # drafts 1..i all accepted
+        total += reached
+    return total
+
+
 def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_cost: float = 1.0) -> float:
     """Expected speedup over plain decoding: (1 - alpha^(k+1)) / ((1 - alpha)(k c + v)),
     c = cost of one draft step / cost of one plain decode step, v = cost of the target's

@@ -4,12 +4,12 @@ import torch
 
 from labsupport.checks.speculative import (check_accept_step, check_expected_tokens, check_speculative_step,
                                            reference_accept_step, reference_speculative_step)
-from labsupport.lab.speculative_math import expected_tokens_per_call
+from labsupport.lab.speculative_math import expected_tokens_per_pass
 
 from checker_cases.common import accepts, refuses
 
 
-# --- exercise 1: the accept/reject step, written as a learner might -------------------------
+# --- exercise 1: the accept/reject step (p_draft None: a point mass, prompt lookup), written as a learner might -------------------------
 
 def _accept(test, residual):
     def fn(p, q, x, u):
@@ -32,22 +32,52 @@ reversed_residual = _accept(ratio_test, lambda p, q: torch.relu(q - p) / torch.r
 negative_residual = _accept(ratio_test, lambda p, q: (p - q) / torch.relu(p - q).sum())
 
 
-# --- exercise 2: expected tokens per pass ----------------------------------------------------
-
-def no_bonus(a, k):                    # counts the correction but not the bonus: 1 + ... + a^(k-1)
-    return (1 - a ** k) / (1 - a) if a < 1 else k
+def general_only(p, q, x, u):          # right for a draft with a distribution; q None crashes
+    return reference_accept_step(p, q, x, u) if q is not None else (u < float(p[x] / q[x]), None)
 
 
-def no_own_token(a, k):                # only the accepted drafts: a + ... + a^k
-    return sum(a ** i for i in range(1, k + 1))
+def point_mass_always_accepted(p, q, x, u):
+    return (True, None) if q is None else reference_accept_step(p, q, x, u)
 
 
-def one_too_many(a, k):                # 1 + ... + a^(k+1)
-    return (1 - a ** (k + 2)) / (1 - a) if a < 1 else k + 2
+def point_mass_residual_p(p, q, x, u):  # forgets that max(0, p - one-hot) drops the drafted token
+    if q is None:
+        return (True, None) if u < float(p[x]) else (False, p / p.sum())
+    return reference_accept_step(p, q, x, u)
 
 
-def unlimited(a, k):                   # forgets that only k tokens are drafted
-    return 1 / (1 - a)
+# --- exercise 2: expected tokens per pass, one rate per position -----------------------------
+
+def expected_right(alphas):
+    total, reached = 1.0, 1.0
+    for a in alphas:
+        reached *= a
+        total += reached
+    return total
+
+
+def mean_rate(alphas):                 # the closed form of section 6 with the mean rate
+    a, k = sum(alphas) / max(len(alphas), 1), len(alphas)
+    return (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1
+
+
+def independent(alphas):               # forgets that draft i needs all before it
+    return 1 + sum(alphas)
+
+
+def no_bonus(alphas):                  # stops one product short
+    return expected_right(alphas[:-1]) if alphas else 1.0
+
+
+def no_own_token(alphas):              # only the accepted drafts
+    return expected_right(alphas) - 1
+
+
+def all_or_nothing(alphas):            # only the all-accepted case
+    product = 1.0
+    for a in alphas:
+        product *= a
+    return 1 + len(alphas) * product if alphas else 1.0
 
 
 # --- exercise 3: one greedy speculative step --------------------------------------------------
@@ -128,14 +158,16 @@ NOTEBOOK_05 = [
     refuses(check_accept_step, "resample-the-target", "resampling from the target", from_target),
     refuses(check_accept_step, "residual-reversed", "the residual reversed", reversed_residual),
     refuses(check_accept_step, "negative-residual", "negative entries", negative_residual),
-    accepts(check_expected_tokens, "reference", expected_tokens_per_call),
+    refuses(check_accept_step, "point-mass-not-handled", "what is the draft's distribution q then", general_only),
+    refuses(check_accept_step, "point-mass-always-accepted", "not always true", point_mass_always_accepted),
+    refuses(check_accept_step, "point-mass-residual-keeps-the-token", "cannot be drawn again", point_mass_residual_p),
+    accepts(check_expected_tokens, "reference", expected_tokens_per_pass),
+    accepts(check_expected_tokens, "a-loop-of-products", expected_right),
+    refuses(check_expected_tokens, "closed-form-with-the-mean-rate", "the closed form with the mean rate", mean_rate),
+    refuses(check_expected_tokens, "independent-drafts", "independent drafts", independent),
     refuses(check_expected_tokens, "no-bonus-token", "no bonus token", no_bonus),
     refuses(check_expected_tokens, "no-token-of-the-target", "no token of the target's own", no_own_token),
-    refuses(check_expected_tokens, "alpha-k-off-by-one", "alpha\\^k off by one", one_too_many),
-    refuses(check_expected_tokens, "independent-drafts", "independent drafts", lambda a, k: a * k + 1),
-    refuses(check_expected_tokens, "no-limit-k", "no limit k", unlimited),
-    refuses(check_expected_tokens, "divides-at-alpha-1", "dividing at alpha = 1",
-            lambda a, k: (1 - a ** (k + 1)) / (1 - a)),
+    refuses(check_expected_tokens, "only-all-accepted", "only the all-accepted case", all_or_nothing),
     accepts(check_speculative_step, "reference", reference_speculative_step),
     refuses(check_speculative_step, "no-bonus-token", "no bonus token", step_without_bonus),
     refuses(check_speculative_step, "no-rollback", "no rollback", step_without_rollback),
