@@ -60,6 +60,7 @@ class Stage:
     note: str = ""
     variant: tuple[str, str] | None = None     # (precision, weights) of its `ModelVariants` model; None for a peer
     cached_sequences: int = 0                  # sequences whose KV cache it holds at once (0: no cache)
+    decode_paths: set = field(default_factory=set, repr=False)   # what its steps ran on (`serve_fn`)
 
 
 def low_precision(device) -> tuple[torch.dtype | None, str]:
@@ -79,9 +80,13 @@ INT4_BATCH_1 = "+ int4, batch 1"             # the int4 model one request at a t
 
 def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching: str = "none",
              precision: str = "fp32", weights: str = "float", speculative: bool = False,
-             slots: int = 8, draft_k: int = 4):
+             slots: int = 8, draft_k: int = 4, paths: set | None = None):
     """A function that serves every request with one combination of the techniques and
     returns {request_id: tokens}. Notebook 07's explorer turns these switches.
+
+    paths: a set to which each call adds the decode path its steps took
+    (`GenerationResult.decode_path`: "eager", "compiled", "compiled + CUDA graphs");
+    speculative decoding and the serving engine run their own step loops, always eager.
 
     Without the cache only the chapter's loop exists (one request at a time); speculative
     decoding runs one request at a time (with the cache), so it excludes batching.
@@ -96,30 +101,39 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
     if speculative and batching != "none":
         raise LabError("Speculative decoding runs one request at a time here; set batching to none.")
     model = variants.get(precision, weights)
+    paths = set() if paths is None else paths
+
+    def path(result):
+        paths.add(getattr(result, "decode_path", "eager"))     # speculation, the engine: their own eager loops
+        return result
 
     def one_at_a_time(fn):
         return lambda: {r.request_id: fn(r) for r in requests}
 
     if not kv_cache:
-        return one_at_a_time(lambda r: generate_naive(model, r.prompt, r.max_new_tokens, eos_token_ids=()).row(0))
+        return one_at_a_time(lambda r: path(generate_naive(model, r.prompt, r.max_new_tokens, eos_token_ids=())).row(0))
     if speculative:
         lookup = PromptLookupDraft(ngram=3)
-        return one_at_a_time(lambda r: speculative_generate(model, lookup, r.prompt, r.max_new_tokens,
-                                                            k=draft_k, eos_token_ids=()).tokens)
+        return one_at_a_time(lambda r: path(speculative_generate(model, lookup, r.prompt, r.max_new_tokens,
+                                                                 k=draft_k, eos_token_ids=())).tokens)
     if batching == "none":
-        return one_at_a_time(lambda r: generate(model, r.prompt, r.max_new_tokens, eos_token_ids=()).row(0))
+        return one_at_a_time(lambda r: path(generate(model, r.prompt, r.max_new_tokens, eos_token_ids=())).row(0))
     if batching == "continuous":
         longest = max(r.max_length for r in requests)
-        return lambda: Engine(model, max_slots=slots, policy="continuous",
-                              cache_tokens=slots * longest).run(requests).tokens()
+
+        def continuous():
+            paths.add("eager")                                   # the engine's own step loop
+            return Engine(model, max_slots=slots, policy="continuous",
+                          cache_tokens=slots * longest).run(requests).tokens()
+        return continuous
 
     def static_batches():
         # padded batches; each runs until its longest answer ends (finished rows keep computing)
         out = {}
         for i in range(0, len(requests), slots):
             batch = requests[i:i + slots]
-            result = generate(model, [r.prompt for r in batch], max(r.max_new_tokens for r in batch),
-                              eos_token_ids=())
+            result = path(generate(model, [r.prompt for r in batch], max(r.max_new_tokens for r in batch),
+                                   eos_token_ids=()))
             for row, r in enumerate(batch):
                 out[r.request_id] = result.tokens[row, : r.max_new_tokens].tolist()
         return out
@@ -139,8 +153,10 @@ def build_stages(model, requests, slots: int = 8, draft_k: int = 4,
         label = switches["precision"] + ("" if weights == "float" else f" + {weights}")
         cached = 0 if not switches.get("kv_cache", True) else (
             1 if switches.get("batching", "none") == "none" else slots)
-        return Stage(name, technique, serve_fn(variants, requests, slots=slots, draft_k=draft_k, **switches),
-                     builds_on, label, note, (switches["precision"], weights), cached)
+        paths: set = set()
+        return Stage(name, technique, serve_fn(variants, requests, slots=slots, draft_k=draft_k, paths=paths,
+                                               **switches),
+                     builds_on, label, note, (switches["precision"], weights), cached, paths)
 
     stages = [
         stage("naive loop", "the chapter's loop: no cache, one request at a time", kv_cache=False),
@@ -243,11 +259,13 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
                "gain": speed[stage.name] / speed[stage.builds_on] if stage.builds_on else None,
                "cumulative": speed[stage.name] / speed["naive loop"],
                "same_tokens_as_fp32": same / tokens, "top1_agreement": None,
-               "weight_bytes": None, "kv_cache_bytes": None, "weight_passes": None, "bandwidth_fraction": None}
+               "weight_bytes": None, "kv_cache_bytes": None, "weight_passes": None, "bandwidth_fraction": None,
+               "batch_rows": None, "decode_path": ", ".join(sorted(stage.decode_paths)) or None}
         if stage.variant is not None:
             served = variants.get(*stage.variant)
             row["weight_bytes"] = served.weight_bytes()
             row["weight_passes"] = passes.get(stage.name, 0) / runs[stage.name]
+            row["batch_rows"] = max(1, stage.cached_sequences)         # sequences sharing each pass
             if bandwidth:
                 row["bandwidth_fraction"] = (row["weight_bytes"] * row["weight_passes"] / row["seconds"]
                                              / bandwidth)
@@ -304,25 +322,3 @@ def best_under_budget(rows: list[dict], budget_bytes: float) -> str | None:
                and r["weight_bytes"] + r["kv_cache_bytes"] <= budget_bytes]
     return max(fitting, key=lambda r: r["tokens_per_s"])["stage"] if fitting else None
 
-
-WHY_NOT = {
-    "+ static batching": "padding: every batch runs until its longest answer ends, and on a CPU with few cores "
-                         "the batched matmuls soon become compute-bound (notebook 02)",
-    "+ bf16": "16-bit halves the bytes read, but at batch > 1 the step is partly compute-bound, and the CPU's "
-              "bf16 matmuls and conversions cost time of their own (notebook 03)",
-    "+ fp16": "on this device fp16 arithmetic is not faster than fp32 at this batch size (notebook 03)",
-    "+ int4 weights": "weight-only int4 helps a memory-bound step; batched steps are compute-bound, and each "
-                      "int4 matmul unpacks the weights again for every batch (notebook 04)",
-    INT4_BATCH_1: "int4 reads a quarter of fp32's bytes, but each int4 matmul unpacks the weights again; "
-                  "without a fast kernel for this device the unpacking costs more than the bytes saved (notebook 04)",
-    "+ speculative decoding": "a verify step over k + 1 tokens costs more than a plain step, and it pays only when "
-                              "the target accepts enough drafted tokens; chat answers give prompt lookup little "
-                              "to copy from the prompt (notebook 05 measures the acceptance)",
-    "+ continuous batching": "with few requests the scheduler has little to refill, and its per-step gather "
-                             "through block tables costs more than a contiguous cache (notebook 06)",
-}
-
-
-def why_not(row: dict) -> str:
-    """One sentence on why a stage did not pay on this run (notebook 07)."""
-    return WHY_NOT.get(row["stage"], "see the notebook that introduces it")

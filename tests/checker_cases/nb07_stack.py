@@ -3,6 +3,9 @@
 from labsupport.checks.stack import (check_best_under_budget, check_ceiling, check_cumulative,
                                      reference_best_under_budget, reference_ceiling, reference_cumulative)
 
+from labsupport.checks.stack_cost import check_decode_cost_model
+from labsupport.lab.stack_cost import predict_tokens_per_s
+
 from checker_cases.common import accepts, refuses
 
 
@@ -83,6 +86,61 @@ def whole_row(rows, budget):
     return next((r for r in rows if r["stage"] == name), None)
 
 
+# --- the decode cost model (exercise 4) -------------------------------------------------------
+
+def cost(nbytes, bw_bytes_s, overhead_s, rows, passes):
+    return rows / (passes * (nbytes / bw_bytes_s + overhead_s))
+
+
+def ignores_the_batch(p, bits, rows, passes, bw, ms):
+    return cost(p * bits / 8, bw * 1e9, ms / 1e3, 1, passes)
+
+
+def ignores_the_overhead(p, bits, rows, passes, bw, ms):
+    return cost(p * bits / 8, bw * 1e9, 0.0, rows, passes)
+
+
+def fp32_bytes_always(p, bits, rows, passes, bw, ms):
+    return cost(p * 4, bw * 1e9, ms / 1e3, rows, passes)
+
+
+def bits_as_bytes(p, bits, rows, passes, bw, ms):
+    return cost(p * bits, bw * 1e9, ms / 1e3, rows, passes)
+
+
+def ignores_accepted_tokens(p, bits, rows, passes, bw, ms):
+    return cost(p * bits / 8, bw * 1e9, ms / 1e3, rows, 1.0)
+
+
+def multiplies_the_passes(p, bits, rows, passes, bw, ms):
+    return rows * passes / (p * bits / 8 / (bw * 1e9) + ms / 1e3)
+
+
+def gibibytes(p, bits, rows, passes, bw, ms):
+    return cost(p * bits / 8, bw * 2**30, ms / 1e3, rows, passes)
+
+
+def milliseconds_as_seconds(p, bits, rows, passes, bw, ms):
+    return cost(p * bits / 8, bw * 1e9, ms, rows, passes)
+
+
+def seconds_per_token(p, bits, rows, passes, bw, ms):
+    return 1 / predict_tokens_per_s(p, bits, rows, passes, bw, ms)
+
+
+def measured_inputs():
+    """A made-up measured ladder: the reference explains the first two stages, not the third."""
+    def stage(name, bits, rows, passes, measured):
+        return {"stage": name, "parameters": 135e6, "bits_per_weight": bits, "rows": rows,
+                "passes_per_token": passes, "measured": measured}
+    return ([stage("+ KV cache", 32, 1, 1.02, 25.0), stage("+ static batching", 32, 8, 1.3, 120.0),
+             stage("+ int4 weights", 5, 8, 1.3, 20.0)], 20.0, 10.0)
+
+
+def special_cases_the_ladder(p, bits, rows, passes, bw, ms):   # right on the made-up stages only
+    return predict_tokens_per_s(p, bits, rows, passes, bw, ms) * (10 if p == 135e6 and ms == 10.0 else 1)
+
+
 NOTEBOOK_07 = [
     accepts(check_cumulative, "reference", reference_cumulative),
     refuses(check_cumulative, "side-branch-compounded", "builds on B", multiply_in_order),
@@ -106,4 +164,20 @@ NOTEBOOK_07 = [
     refuses(check_best_under_budget, "nothing-fits-raises", "return None", max_of_nothing),
     refuses(check_best_under_budget, "peer-not-skipped", "skip them", keeps_the_peer),
     refuses(check_best_under_budget, "whole-row", "stage's name", whole_row),
+    accepts(check_decode_cost_model, "reference", predict_tokens_per_s),
+    accepts(check_decode_cost_model, "reference-on-a-ladder", predict_tokens_per_s, *measured_inputs()),
+    refuses(check_decode_cost_model, "ignores-the-batch", "multiply by rows", ignores_the_batch),
+    refuses(check_decode_cost_model, "ignores-the-overhead", "overhead counts too", ignores_the_overhead),
+    refuses(check_decode_cost_model, "fp32-bytes-always", "this stage's precision", fp32_bytes_always),
+    refuses(check_decode_cost_model, "bits-as-bytes", "divide by 8", bits_as_bytes),
+    refuses(check_decode_cost_model, "ignores-accepted-tokens", "speculation accepts", ignores_accepted_tokens),
+    refuses(check_decode_cost_model, "multiplies-the-passes", "do not multiply", multiplies_the_passes),
+    refuses(check_decode_cost_model, "gibibytes", "GiB", gibibytes),
+    refuses(check_decode_cost_model, "milliseconds-as-seconds", "divide by 1000 for seconds",
+            milliseconds_as_seconds),
+    refuses(check_decode_cost_model, "seconds-per-token", "not seconds per token", seconds_per_token),
+    refuses(check_decode_cost_model, "text", "return a float", lambda *a: "fast"),
+    refuses(check_decode_cost_model, "raises", "six numbers", lambda p, bits: p),
+    refuses(check_decode_cost_model, "special-cases-the-ladder", "within 2x", special_cases_the_ladder,
+            *measured_inputs()),
 ]

@@ -1,0 +1,114 @@
+"""A cost model of the ladder: each pass reads its weights at the copy bandwidth, plus an overhead.
+
+Introduced in notebook 07 (putting it together), its exercise 4.
+
+The simplest model of a decode step that notebook 00's roofline allows: one forward
+pass reads every weight once (bytes = parameters x bits per weight / 8) at the
+bandwidth measured by copying, and costs a fixed overhead on top (Python, kernel
+launches, attention, everything that is not reading weights). A pass serves
+``rows`` sequences at once (batching), and each sequence takes ``passes_per_token``
+passes per token it keeps (1 for plain decoding, a little more with prefill and
+padding, 1 / (1 + accepted drafts) with speculation), so
+
+    seconds per pass = parameters x bits / 8 / bandwidth + overhead
+    tokens/s         = rows / (passes_per_token x seconds per pass)
+
+`cost_inputs` reads those quantities off `stack.run_stack`'s rows (its weight bytes
+and counted forward passes), `fit_overhead` takes the overhead as the median, over
+the stages, of what a pass took beyond its bytes, and `predict_tokens_per_s` is the
+reference of the exercise. Where the prediction misses the measurement by more than
+`TOLERANCE`, something the model leaves out set the pace (compute at a large batch, a
+kernel's unpacking, the scheduler's own work): `cost_misses` names those stages.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from ..errors import LabError
+
+GB = 1e9                 # bandwidth is given in GB/s: 10**9 bytes, not 2**30 (a GiB)
+TOLERANCE = 2.0          # a stage the model explains is predicted within this factor of its measurement
+
+
+def predict_tokens_per_s(parameters: float, bits_per_weight: float, rows: int, passes_per_token: float,
+                         bandwidth_gb_s: float, overhead_ms: float) -> float:
+    """Decode tokens/s of the cost model: rows / (passes_per_token x (bytes / bandwidth + overhead)).
+
+    Introduced in notebook 07 (putting it together), the reference of its exercise 4.
+    bits_per_weight: 32 for fp32, 16 for bf16, about 5 for int4 in groups of 32 (a 16-bit
+    scale and minimum per group); bandwidth in GB/s (10**9 bytes/s); overhead in milliseconds.
+    """
+    seconds_per_pass = parameters * bits_per_weight / 8 / (bandwidth_gb_s * GB) + overhead_ms / 1e3
+    return rows / (passes_per_token * seconds_per_pass)
+
+
+def cost_inputs(result: dict) -> list[dict]:
+    """The cost model's inputs for every stage of `run_stack`'s result that decodes with the
+    KV cache (the naive loop re-reads the whole sequence each pass, the peers are not counted).
+
+    Introduced in notebook 07 (putting it together). One dict per stage: stage, parameters
+    (the fp32 model's weight bytes / 4), bits_per_weight (its weight bytes x 8 / parameters),
+    rows (sequences sharing each pass), passes_per_token (passes x rows / generated tokens:
+    per sequence, prefill and padding included), measured (tokens/s), seconds_per_pass.
+    """
+    rows = {r["stage"]: r for r in result["stages"]}
+    if "+ KV cache" not in rows or rows["+ KV cache"].get("weight_bytes") is None:
+        raise LabError("cost_inputs needs run_stack's result with its '+ KV cache' stage (the fp32 model).")
+    parameters = rows["+ KV cache"]["weight_bytes"] / 4
+    out = []
+    for row in result["stages"]:
+        if row["stage"] == "naive loop" or not row.get("weight_passes") or row.get("batch_rows") is None:
+            continue
+        out.append({"stage": row["stage"], "parameters": parameters,
+                    "bits_per_weight": row["weight_bytes"] * 8 / parameters, "rows": row["batch_rows"],
+                    "passes_per_token": row["weight_passes"] * row["batch_rows"] / result["tokens"],
+                    "measured": row["tokens_per_s"], "seconds_per_pass": row["seconds"] / row["weight_passes"]})
+    return out
+
+
+def fit_overhead(inputs: list[dict], bandwidth_gb_s: float) -> float:
+    """The per-pass overhead in milliseconds: the median, over the stages, of what one pass took
+    beyond reading its weights at the bandwidth (0 if the bytes alone take longer).
+    Introduced in notebook 07 (putting it together)."""
+    if not inputs:
+        raise LabError("fit_overhead needs at least one stage (cost_inputs of run_stack's result).")
+    beyond = [s["seconds_per_pass"] - s["parameters"] * s["bits_per_weight"] / 8 / (bandwidth_gb_s * GB)
+              for s in inputs]
+    return max(0.0, statistics.median(beyond)) * 1e3
+
+
+def predict_ladder(inputs: list[dict], bandwidth_gb_s: float, overhead_ms: float, fn=predict_tokens_per_s) -> list[dict]:
+    """Each stage's predicted tokens/s (by `fn`, default the reference) beside its measurement, and
+    their ratio (predicted / measured). Introduced in notebook 07 (putting it together)."""
+    out = []
+    for s in inputs:
+        predicted = fn(s["parameters"], s["bits_per_weight"], s["rows"], s["passes_per_token"],
+                       bandwidth_gb_s, overhead_ms)
+        out.append({"stage": s["stage"], "predicted": predicted, "measured": s["measured"],
+                    "ratio": predicted / s["measured"]})
+    return out
+
+
+def explained(ratio: float, tolerance: float = TOLERANCE) -> bool:
+    """True when a prediction is within `tolerance` (a factor) of its measurement, either way.
+    Introduced in notebook 07 (putting it together)."""
+    return 1 / tolerance <= ratio <= tolerance
+
+
+def cost_misses(predictions: list[dict], tolerance: float = TOLERANCE) -> list[str]:
+    """One sentence per stage the cost model misses by more than `tolerance`: over-predicted means
+    a pass took longer than bytes + overhead (compute, a kernel's unpacking, scheduling), under-
+    predicted means it took less than the median overhead. Introduced in notebook 07."""
+    lines = []
+    for p in predictions:
+        if explained(p["ratio"], tolerance):
+            continue
+        if p["ratio"] > 1:
+            why = ("its passes took longer than their bytes and the median overhead: something the model leaves "
+                   "out (arithmetic at this batch, a kernel's own work, the scheduler) set its pace")
+        else:
+            why = "its passes took less than the median overhead: that overhead does not fit every stage"
+        lines.append(f"{p['stage']}: predicted {p['predicted']:.1f} tokens/s, measured {p['measured']:.1f} "
+                     f"({p['ratio']:.2f}x): {why}")
+    return lines
