@@ -19,7 +19,7 @@ from ..lab.decode_bytes import KV_PRECISIONS, decode_weight_bytes, predicted_ste
 from ..engine.hardware import dtype_name
 from ..lab.step_timing import filled_cache, step_runner
 from ..lab.measure import time_fn
-from ..plots.long_context import step_split_figure, time_per_token_curve_figure
+from ..plots.long_context_explorer import explorer_curve_figure, explorer_step_figure
 from ..lab.workloads import long_context_workload
 from .base import Explorer
 
@@ -86,8 +86,8 @@ def long_context_explorer(model, bandwidth: float, measured: dict | None = None,
         kind = {model_precision: "float", "int8": "int8"}.get(precision)
         measurable = heads == config.num_kv_heads and kind is not None and split["cache"] <= MEASURE_LIMIT_BYTES
         measured_s = steps.get(context, batch, kind) / batch if measurable else None
-        label = (f"{config.name}, {heads} kv-heads, {precision} cache, batch {batch}, context {context}"
-                 + ("" if measurable else " (computed only: not this model's shape or precision, or too large)"))
+        detail = f"{config.name}, {heads} kv-heads, {precision} cache, batch {batch}, context {context}"
+        note = "" if measurable else "computed only: not this model's shape or precision, or too large to allocate"
 
         def per_token_seconds(n: int) -> float:
             predicted = predicted_step_seconds(step_bytes(variant, weights, n, batch, precision), bandwidth)
@@ -97,10 +97,10 @@ def long_context_explorer(model, bandwidth: float, measured: dict | None = None,
         curve = [per_token_seconds(n) for n in contexts]
         points = sorted((c, s / b) for (c, b, k), s in steps.seconds.items() if b == batch and k == kind
                         and heads == config.num_kv_heads)
-        return [step_split_figure(split, seconds, label, measured_s),
-                time_per_token_curve_figure(contexts, curve, points, highlight=context,
-                                            label=f"{heads} kv-heads, {precision}, batch {batch}, "
-                                                  f"weights in {dtype_name(model.dtype)}")]
+        return [explorer_step_figure(split, seconds, detail, measured_s, note),
+                explorer_curve_figure(contexts, curve, points, highlight=context,
+                                      detail=f"{heads} kv-heads, {precision} cache, batch {batch}, "
+                                             f"weights in {dtype_name(model.dtype)}")]
 
     return Explorer(controls, render, title="Long context: what a decode step reads, per generated token",
                     use_widget=use_widget)

@@ -236,3 +236,57 @@ def window_perplexity(model, tokens: Sequence[int], windows: Sequence[int | None
                      "cache_bytes": window_cache_bytes(model.config, len(tokens), window, dtype=model.dtype),
                      "full_cache_bytes": kv_cache_bytes(model.config, len(tokens), 1, model.dtype)})
     return rows
+
+
+# --- decode attention's arithmetic intensity, and how keys and values quantize ---------------
+
+def decode_attention_intensity(config: ModelConfig, bytes_per_value: int = 2, latent_dim: int = 512,
+                               rope_dim: int = 64) -> dict[str, float]:
+    """FLOPs per byte of cache that one decode step's attention does, per layer and cached token,
+    for MHA, this config's GQA, MQA and MLA. Introduced in notebook 08 (long context).
+
+    With separate keys and values a query head does 2 x head_dim FLOPs on a key (q . k) and as
+    many on a value (p x v), so the heads that share one kv-head (heads / kv_heads of them) do
+    4 x head_dim x heads / kv_heads FLOPs on 2 x head_dim x bytes: 2 x heads / kv_heads / bytes.
+    MLA, with its up-projections folded into the query and output ones, lets every head attend
+    over the same latent (latent_dim + rope_dim numbers read once): each head does
+    2 x (latent_dim + rope_dim) FLOPs for the score and 2 x latent_dim for the output, on bytes
+    that all heads share, so the intensity grows with the number of heads."""
+    heads = config.num_heads
+    rows = {f"MHA ({heads} kv-heads)": 2 * heads / heads / bytes_per_value,
+            f"GQA ({config.num_kv_heads} kv-heads)": 2 * heads / config.num_kv_heads / bytes_per_value,
+            "MQA (1 kv-head)": 2 * heads / bytes_per_value}
+    flops = heads * (2 * (latent_dim + rope_dim) + 2 * latent_dim)
+    rows[f"MLA (latent {latent_dim} + rope {rope_dim})"] = flops / ((latent_dim + rope_dim) * bytes_per_value)
+    return rows
+
+
+def _round_trip(x: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Symmetric absmax quantization to `bits` with one scale per slice along `dim`, and back."""
+    levels = 2 ** (bits - 1) - 1
+    scales = x.abs().amax(dim=dim, keepdim=True) / levels
+    scales = scales.masked_fill(scales == 0, 1.0)
+    return torch.round(x / scales).clamp(-levels, levels) * scales
+
+
+def kv_grouping_errors(keys: torch.Tensor, values: torch.Tensor, bits: Sequence[int] = (8, 4, 2)) -> list[dict]:
+    """Mean relative rounding error of keys and values quantized per token (one scale for the
+    head_dim numbers of a token) and per channel (one scale for a channel over the tokens), at
+    each bit width. Introduced in notebook 08 (long context).
+
+    keys, values: (batch, kv_heads, T, head_dim) from the model's own cache. Rows: tensor
+    ("keys" or "values"), bits, per_token and per_channel (mean |x_hat - x| / mean |x|), and
+    outlier_ratio (the largest channel's max |x| over the median channel's, the median over
+    batch and heads). A scale per channel here spans all T tokens; KIVI's spans a group of them. KIVI (Liu et al.
+    2024) quantizes keys per channel, since a few key channels are large for every token, and
+    values per token; labsupport's `Int8KVCache` uses one scale per token for both."""
+    rows = []
+    for name, x in (("keys", keys.float()), ("values", values.float())):
+        channel_max = x.abs().amax(dim=2)                                              # (B, H, head_dim)
+        ratio = (channel_max.amax(dim=-1) / channel_max.median(dim=-1).values.clamp(min=1e-12)).median().item()
+        size = x.abs().mean().clamp(min=1e-12)
+        for b in bits:
+            rows.append({"tensor": name, "bits": b, "outlier_ratio": ratio,
+                         "per_token": ((_round_trip(x, b, -1) - x).abs().mean() / size).item(),
+                         "per_channel": ((_round_trip(x, b, 2) - x).abs().mean() / size).item()})
+    return rows

@@ -12,7 +12,9 @@ The fused kernel (FlashAttention and its CPU counterpart) cuts q into blocks of 
 into blocks of columns, and walks each row block along the columns, keeping per row only a
 running maximum, a running sum and the running output (the "online softmax"). It computes the
 same numbers, but holds one tile of scores at a time: memory O(T x d) instead of O(T^2).
-`plots.long_context.tiling_figure` draws the walk.
+`plots.long_context.tiling_figure` draws the walk, `tiled_attention` is that walk in plain torch
+(the reference of notebook 08's exercise), and `LargestTensor` records the largest tensor a
+function creates, which tells a tiled function from one that builds the whole score matrix.
 
 `prefill_attention_sweep` times both side by side at growing T, until the naive one's
 score matrices would exceed a stated memory budget. Memory: on CUDA each is measured
@@ -24,10 +26,11 @@ all-time peak, which a later, smaller block cannot move. Each row says which.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from ..errors import LabError
 from .measure import time_side_by_side, track_peak_memory
@@ -50,6 +53,92 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     """The same causal attention through `F.scaled_dot_product_attention` (a fused kernel
     where the device has one). Introduced in notebook 08 (long context)."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int,
+                    causal: bool = False) -> torch.Tensor:
+    """Attention one tile of keys and values at a time, with an online softmax (FlashAttention's
+    running max, running sum and rescale), never holding more than (queries x tile) scores.
+
+    Introduced in notebook 08 (long context): the reference of its exercise. q: (batch, heads,
+    Tq, d); k, v: (batch, kv_heads, Tk, d) with heads a multiple of kv_heads (query head h reads
+    kv-head h // (heads / kv_heads), as in GQA); causal: query i sees keys 0..i (Tq == Tk, as
+    in a prefill). Returns (batch, heads, Tq, d), what `F.scaled_dot_product_attention` gives."""
+    batch, heads, n_q, d = q.shape
+    group = heads // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)                                    # (B, H, Tk, d): GQA's sharing
+    v = v.repeat_interleave(group, dim=1)                                    # (B, H, Tk, d)
+    row_max = q.new_full((batch, heads, n_q, 1), float("-inf"))              # (B, H, Tq, 1): running max
+    row_sum = q.new_zeros(batch, heads, n_q, 1)                              # (B, H, Tq, 1): running sum
+    out = q.new_zeros(batch, heads, n_q, d)                                  # (B, H, Tq, d): running output
+    rows = torch.arange(n_q, device=q.device)[:, None]                       # (Tq, 1): query positions
+    for start in range(0, k.shape[2], tile):                                 # the last tile may be short
+        k_tile, v_tile = k[:, :, start:start + tile], v[:, :, start:start + tile]   # (B, H, t, d)
+        scores = q @ k_tile.transpose(-2, -1) / math.sqrt(d)                 # (B, H, Tq, t): one tile
+        if causal:
+            columns = torch.arange(start, start + k_tile.shape[2], device=q.device)[None, :]   # (1, t)
+            scores = scores.masked_fill(columns > rows, float("-inf"))       # the future of each query
+        new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))  # (B, H, Tq, 1)
+        safe_max = new_max.masked_fill(new_max == float("-inf"), 0.0)       # rows that saw no key yet
+        weights = torch.exp(scores - safe_max)                               # (B, H, Tq, t)
+        rescale = torch.exp(row_max - safe_max)                              # old sums in the new max's units
+        row_sum = row_sum * rescale + weights.sum(dim=-1, keepdim=True)
+        out = out * rescale + weights @ v_tile
+        row_max = new_max
+    return out / row_sum
+
+
+class LargestTensor(TorchFunctionMode):
+    """A context in which every torch call is recorded: `largest` holds the shape, dtype and
+    size in bytes of the largest tensor any call returned, and `calls` the names called.
+
+    Introduced in notebook 08 (long context): a tiled attention never makes a tensor of
+    (queries x keys) scores, a naive one does; the exercise's checker and `tiled_vs_fused`
+    read it. Torch calls made inside other torch calls (a kernel's own work) are not seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest: tuple[tuple[int, ...], torch.dtype, int] = ((), torch.float32, 0)
+        self.shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        self.calls.append(getattr(func, "__name__", str(func)))
+        for tensor in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(tensor, torch.Tensor):
+                self.shapes.append((tuple(tensor.shape), tensor.dtype))
+                nbytes = tensor.numel() * tensor.element_size()
+                if nbytes > self.largest[2]:
+                    self.largest = (tuple(tensor.shape), tensor.dtype, nbytes)
+        return result
+
+
+def tiled_vs_fused(tiled: Callable, config: ModelConfig, T: int, tile: int, device="cpu",
+                   repeats: int = 3) -> dict:
+    """A tiled attention (`tiled(q, k, v, tile, causal=True)`, the learner's or `tiled_attention`)
+    against naive and fused causal attention on one layer of `config` at T tokens, side by side.
+
+    Introduced in notebook 08 (long context). Returns tiled_s, naive_s, fused_s (medians), the
+    largest tensor each of tiled and naive created (tiled_largest_bytes, naive_largest_bytes,
+    recorded by `LargestTensor`; the inputs' own bytes as input_bytes), max_difference
+    (largest |tiled - fused|), and timings ({name: Timing.to_dict()})."""
+    q, k, v = attention_inputs(config, T, 1, device)
+    with torch.inference_mode():
+        timings = time_side_by_side({"tiled_s": lambda: tiled(q, k, v, tile, causal=True),
+                                     "naive_s": lambda: naive_attention(q, k, v),
+                                     "fused_s": lambda: fused_attention(q, k, v)}, device, repeats=repeats)
+        sizes = {}
+        for name, fn in (("tiled", lambda: tiled(q, k, v, tile, causal=True)), ("naive", lambda: naive_attention(q, k, v))):
+            with LargestTensor() as record:
+                result = fn()
+            sizes[name] = record.largest[2]
+            if name == "tiled":
+                difference = (result.float() - fused_attention(q, k, v).float()).abs().max().item()
+    return {"T": T, "tile": tile, **{name: t.median for name, t in timings.items()},
+            "tiled_largest_bytes": sizes["tiled"], "naive_largest_bytes": sizes["naive"],
+            "input_bytes": q.numel() * q.element_size(), "max_difference": difference,
+            "timings": {name: t.to_dict() for name, t in timings.items()}}
 
 
 def naive_attention_bytes(batch: int, heads: int, T: int, bytes_per_value: int) -> int:

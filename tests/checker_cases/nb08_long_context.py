@@ -1,13 +1,16 @@
 """Checker cases of notebook 08 (long context): the reference and each typical mistake."""
 
+import math
+
 import torch
 
-from labsupport.checks.long_context import check_crossover_context, check_kv_quantization
+from labsupport.checks.long_context import check_crossover_context
+from labsupport.checks.tiled_attention import check_tiled_attention
 
 from checker_cases.common import accepts, refuses
 
 
-# --- exercise 1 (warm-up): the crossover context -------------------------------------------------
+# --- exercise 2 (warm-up): the crossover context -------------------------------------------------
 
 def reference_crossover(weight_bytes, config, batch, bytes_per_value):
     per_token = config.num_layers * 2 * config.num_kv_heads * config.head_dim * bytes_per_value
@@ -39,69 +42,127 @@ def crossover_as_text(weight_bytes, config, batch, bytes_per_value):
     return f"{reference_crossover(weight_bytes, config, batch, bytes_per_value):.0f}"
 
 
-# --- exercise 2: int8 quantization per token per head -------------------------------------------
+# --- exercise 1: tiled attention with an online softmax -----------------------------------------
 
-def reference_quantize(x):
-    scales = x.abs().amax(dim=-1, keepdim=True) / 127                      # (B, H, T, 1)
-    q = torch.round(x / scales.masked_fill(scales == 0, 1)).clamp(-127, 127).to(torch.int8)
-    return q, scales
-
-
-def reference_dequantize(q, scales):
-    return q.float() * scales
-
-
-def bf16_scales(x):                                                          # the package's own storage
-    q, scales = reference_quantize(x)
-    scales = scales.to(torch.bfloat16)
-    q = torch.round(x / scales.float().masked_fill(scales == 0, 1)).clamp(-127, 127).to(torch.int8)
-    return q, scales
-
-
-def one_scale_for_all(x):
-    scale = x.abs().max() / 127
-    return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
-
-
-def scale_per_channel(x):
-    scales = x.abs().amax(dim=2, keepdim=True) / 127                        # (B, H, 1, D)
-    return torch.round(x / scales.masked_fill(scales == 0, 1)).clamp(-127, 127).to(torch.int8), scales
+def reference_tiled(q, k, v, tile, causal=False):                           # the notebook's solution
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)   # (B, H, Tk, d)
+    row_max = torch.full(q.shape[:-1] + (1,), float("-inf"))                  # (B, H, Tq, 1)
+    row_sum = torch.zeros(q.shape[:-1] + (1,))
+    out = torch.zeros_like(q)
+    for start in range(0, k.shape[2], tile):
+        scores = q @ k[:, :, start:start + tile].transpose(-2, -1) / math.sqrt(q.shape[-1])   # (B, H, Tq, t)
+        if causal:
+            keys = torch.arange(start, start + scores.shape[-1])
+            scores = scores.masked_fill(keys[None, :] > torch.arange(q.shape[2])[:, None], float("-inf"))
+        new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+        safe = torch.where(new_max == float("-inf"), 0.0, new_max)
+        weights = torch.exp(scores - safe)
+        rescale = torch.exp(row_max - safe)
+        row_sum = row_sum * rescale + weights.sum(dim=-1, keepdim=True)
+        out = out * rescale + weights @ v[:, :, start:start + tile]
+        row_max = new_max
+    return out / row_sum
 
 
-def no_keepdim(x):
-    q, scales = reference_quantize(x)
-    return q, scales[..., 0]
+def query_blocks(q, k, v, tile, causal=False):
+    """FlashAttention-2's order: a block of queries at a time, each walking the key tiles, the
+    tiles wholly in the block's future skipped."""
+    outs = []
+    for q_start in range(0, q.shape[2], tile):
+        block = q[:, :, q_start:q_start + tile]                               # (B, H, tq, d)
+        keys_end = min(k.shape[2], q_start + block.shape[2]) if causal else k.shape[2]
+        part = reference_tiled(block, k[:, :, :keys_end], v[:, :, :keys_end], tile, causal=False) if not causal \
+            else _causal_block(block, k[:, :, :keys_end], v[:, :, :keys_end], tile, q_start)
+        outs.append(part)
+    return torch.cat(outs, dim=2)                                             # (B, H, Tq, d)
 
 
-def divides_by_128(x):
-    scales = x.abs().amax(dim=-1, keepdim=True) / 128
-    return torch.round(x / scales.masked_fill(scales == 0, 1)).clamp(-127, 127).to(torch.int8), scales
+def _causal_block(block, k, v, tile, q_start):
+    padded = torch.cat([block.new_zeros(block.shape[0], block.shape[1], q_start, block.shape[3]), block], dim=2)
+    return reference_tiled(padded, k, v, tile, causal=True)[:, :, q_start:]   # (B, H, tq, d)
 
 
-def truncates(x):
-    scales = x.abs().amax(dim=-1, keepdim=True) / 127
-    return (x / scales.masked_fill(scales == 0, 1)).to(torch.int8), scales
+def _tiled_with(slip):
+    """The reference with one learner's slip."""
+    def tiled(q, k, v, tile, causal=False):
+        group = q.shape[1] // k.shape[1]
+        if slip == "gqa-repeat":
+            k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)         # (B, H, Tk, d), heads in the wrong order
+        else:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        row_max = torch.full(q.shape[:-1] + (1,), float("-inf"))
+        row_sum, out = torch.zeros(q.shape[:-1] + (1,)), torch.zeros_like(q)
+        scale = 1.0 if slip == "no-scale" else 1 / math.sqrt(q.shape[-1])
+        stop = (k.shape[2] // tile) * tile if slip == "floor-tiles" else k.shape[2]
+        for start in range(0, stop, tile):
+            scores = q @ k[:, :, start:start + tile].transpose(-2, -1) * scale
+            if causal or slip == "always-causal":
+                keys = torch.arange(start, start + scores.shape[-1])[None, :]
+                rows = torch.arange(q.shape[2])[:, None]
+                future = keys >= rows if slip == "strict-mask" else keys > rows + (1 if slip == "one-ahead" else 0)
+                scores = scores.masked_fill(future, float("-inf"))
+            new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+            safe = torch.where(new_max == float("-inf"), 0.0, new_max)
+            weights = torch.exp(scores - safe)
+            rescale = torch.exp(row_max - safe)
+            row_sum = (row_sum if slip == "sum-not-rescaled" else row_sum * rescale) + weights.sum(-1, keepdim=True)
+            out = (out if slip == "out-not-rescaled" else out * rescale) + weights @ v[:, :, start:start + tile]
+            row_max = new_max
+        return out if slip == "no-division" else out / row_sum
+    return tiled
 
 
-def zero_token_nan(x):
-    scales = x.abs().amax(dim=-1, keepdim=True) / 127
-    return torch.round(x / scales).clamp(-127, 127), scales                 # 0 / 0 = NaN, and still float
+def naive_scores(q, k, v, tile, causal=False):                              # right numbers, T x T scores
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])                 # (B, H, Tq, Tk)
+    if causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(dim=-1) @ v
 
 
-def keeps_float(x):
-    q, scales = reference_quantize(x)
-    return q.float(), scales
+def full_mask(q, k, v, tile, causal=False):                                 # tiles, but a T x T mask
+    mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()       # (Tq, Tk)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    row_max = torch.full(q.shape[:-1] + (1,), float("-inf"))
+    row_sum, out = torch.zeros(q.shape[:-1] + (1,)), torch.zeros_like(q)
+    for start in range(0, k.shape[2], tile):
+        scores = q @ k[:, :, start:start + tile].transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            scores = scores.masked_fill(~mask[:, start:start + tile], float("-inf"))
+        new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+        weights, rescale = torch.exp(scores - new_max), torch.exp(row_max - new_max)
+        row_sum = row_sum * rescale + weights.sum(-1, keepdim=True)
+        out = out * rescale + weights @ v[:, :, start:start + tile]
+        row_max = new_max
+    return out / row_sum
 
 
-def dequantize_divides(q, scales):
-    return q.float() / scales.masked_fill(scales == 0, 1)
+def row_by_row(q, k, v, tile, causal=False):                                # exact softmax, one query at a time
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    rows = []
+    for i in range(q.shape[2]):
+        scores = q[:, :, i:i + 1] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])   # (B, H, 1, Tk)
+        if causal:
+            scores[..., i + 1:] = float("-inf")
+        rows.append(scores.softmax(dim=-1) @ v)
+    return torch.cat(rows, dim=2)
 
 
-def dequantize_stays_int(q, scales):
-    return q
+def calls_sdpa(q, k, v, tile, causal=False):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
 
-REAL_KEYS = torch.randn(1, 3, 7, 64, generator=torch.Generator().manual_seed(1)) * 3
+def tiles_by_reshape(q, k, v, tile, causal=False):                          # assumes Tk % tile == 0
+    k.reshape(k.shape[0], k.shape[1], -1, tile, k.shape[3])                   # (B, kv, Tk / tile, tile, d)
+    return reference_tiled(q, k, v, tile, causal)
+
+
+def returns_pair(q, k, v, tile, causal=False):
+    return reference_tiled(q, k, v, tile, causal), None
 
 
 NOTEBOOK_08 = [
@@ -112,17 +173,22 @@ NOTEBOOK_08 = [
     refuses(check_crossover_context, "one-layer", "num_layers", crossover_one_layer),
     refuses(check_crossover_context, "times-batch", "not multiply", crossover_times_batch),
     refuses(check_crossover_context, "as-text", "return a number", crossover_as_text),
-    accepts(check_kv_quantization, "reference", reference_quantize, reference_dequantize),
-    accepts(check_kv_quantization, "bf16-scales", bf16_scales, reference_dequantize),
-    accepts(check_kv_quantization, "with-real-keys", reference_quantize, reference_dequantize, REAL_KEYS),
-    refuses(check_kv_quantization, "one-scale-for-all", "not one for the whole tensor", one_scale_for_all,
-            reference_dequantize),
-    refuses(check_kv_quantization, "scale-per-channel", "per channel", scale_per_channel, reference_dequantize),
-    refuses(check_kv_quantization, "no-keepdim", "keepdim", no_keepdim, reference_dequantize),
-    refuses(check_kv_quantization, "divides-by-128", "not 128", divides_by_128, reference_dequantize),
-    refuses(check_kv_quantization, "truncates", "torch.round", truncates, reference_dequantize),
-    refuses(check_kv_quantization, "zero-token-nan", "all-zero token", zero_token_nan, reference_dequantize),
-    refuses(check_kv_quantization, "keeps-float", "int8", keeps_float, reference_dequantize),
-    refuses(check_kv_quantization, "dequantize-divides", "multipl", reference_quantize, dequantize_divides),
-    refuses(check_kv_quantization, "dequantize-stays-int", "float", reference_quantize, dequantize_stays_int),
+    accepts(check_tiled_attention, "reference", reference_tiled),
+    accepts(check_tiled_attention, "query-blocks", query_blocks),
+    refuses(check_tiled_attention, "naive-scores", "every query's score against every key", naive_scores),
+    refuses(check_tiled_attention, "full-mask", "mask is as large", full_mask),
+    refuses(check_tiled_attention, "row-by-row", "spans all 203 keys", row_by_row),
+    refuses(check_tiled_attention, "calls-sdpa", "what this exercise rebuilds", calls_sdpa),
+    refuses(check_tiled_attention, "sum-not-rescaled", "running sum was not rescaled", _tiled_with("sum-not-rescaled")),
+    refuses(check_tiled_attention, "out-not-rescaled", "running output was not rescaled",
+            _tiled_with("out-not-rescaled")),
+    refuses(check_tiled_attention, "no-scale", "sqrt\\(head_dim\\)", _tiled_with("no-scale")),
+    refuses(check_tiled_attention, "strict-mask", "itself included", _tiled_with("strict-mask")),
+    refuses(check_tiled_attention, "one-ahead", "not i \\+ 1", _tiled_with("one-ahead")),
+    refuses(check_tiled_attention, "always-causal", "mask only when causal", _tiled_with("always-causal")),
+    refuses(check_tiled_attention, "gqa-repeat", "repeat_interleave", _tiled_with("gqa-repeat")),
+    refuses(check_tiled_attention, "floor-tiles", "last tile is shorter", _tiled_with("floor-tiles")),
+    refuses(check_tiled_attention, "no-division", "divide the output by the running sum", _tiled_with("no-division")),
+    refuses(check_tiled_attention, "tiles-by-reshape", "the last\\s+one may be shorter", tiles_by_reshape),
+    refuses(check_tiled_attention, "returns-pair", "a tensor", returns_pair),
 ]
