@@ -24,6 +24,7 @@ from ..engine.generation import decode_step, generate, prefill
 from ..engine.kv_cache import StaticKVCache
 from . import call_learner, close_enough, fail, grades_quietly, passed
 from .kv_cache import CountingModel, tiny_test_model
+from ..lab.batching import combined_waste
 
 # (prompts, pad_id): the longest prompt not first; a pad id that also occurs inside prompts
 # (a chat prompt ends every turn with the end token that pads it); equal lengths; one prompt
@@ -34,7 +35,8 @@ LEFT_PAD_CASES = (
     ([[3, 4], [5, 6]], 0),
     ([[42]], 0),
 )
-WASTE_CASES = ([3, 1], [10, 10, 10], [100, 5, 5, 5], [7], [64, 48, 32, 16, 8, 4, 2, 1])
+WASTE_CASES = (([3, 1], 2), ([10, 10, 10], 2), ([100, 5, 5, 5, 6], 2), ([7], 4),
+               ([64, 8, 48, 16, 32, 4, 2, 1, 40], 4), ([5, 50, 6, 60, 7], 3))
 
 
 def _as_tensor(value, name: str, exercise: str, expected_shape) -> torch.Tensor:
@@ -323,47 +325,59 @@ def check_batched_generation(fn, model=None, prompts=None, end_id: int | None = 
 
 # --- padding waste ---------------------------------------------------------------------------
 
-def _slots(lengths: list[int]) -> int:
-    return len(lengths) * max(lengths)
+def _groups(lengths: list[int], size: int) -> list[list[int]]:
+    return [lengths[i:i + size] for i in range(0, len(lengths), size)]     # in arrival order
+
+
+def _padding(batches) -> int:
+    return sum(len(b) * max(b) - sum(b) for b in batches)
 
 
 # The typical slips, each as the number it computes: their answers differ from each other on WASTE_CASES.
 WASTE_MISTAKES = [
-    (lambda ls: sum(ls) / _slots(ls), "that is the fraction of real tokens; the waste is the padding: 1 minus it."),
-    (lambda ls: 100 * padding_waste(ls), "return a fraction between 0 and 1, not a percentage."),
-    (lambda ls: _slots(ls) - sum(ls), "that is the number of padding slots; divide by all slots (batch x longest)."),
-    (lambda ls: (_slots(ls) - sum(ls)) / sum(ls),
-     "divide the padding by all token slots (batch x longest), not by the real tokens."),
-    (lambda ls: (max(ls) - min(ls)) / max(ls),
-     "every shorter row is padded, not only the shortest: add up the padding of all rows."),
+    (lambda ls, g: sum(padding_waste(b) for b in _groups(ls, g)) / len(_groups(ls, g)),
+     "the mean of the batches' fractions weighs a small batch like a big one: add up the padding slots of "
+     "all batches and divide by all their slots."),
+    (lambda ls, g: padding_waste(ls), "each batch is padded to its own longest prompt, not to the longest of all."),
+    (lambda ls, g: combined_waste(_groups(sorted(ls), g)), "cut the batches in the order the prompts come, unsorted."),
+    (lambda ls, g: 1 - combined_waste(_groups(ls, g)), "that is the fraction of real tokens; the waste is 1 minus it."),
+    (lambda ls, g: 100 * combined_waste(_groups(ls, g)), "return a fraction between 0 and 1, not a percentage."),
+    (lambda ls, g: float(_padding(_groups(ls, g))), "that is the number of padding slots; divide by all slots."),
+    (lambda ls, g: (_padding(_groups(ls, g)) + (-len(ls) % g) * max(_groups(ls, g)[-1])) / (
+        sum(g * max(b) for b in _groups(ls, g))),
+     "the last batch holds only the prompts that are left: its missing rows are not slots."),
 ]
 
 
 @grades_quietly
 def check_padding_waste(fn) -> None:
-    """Check `fn(lengths) -> fraction of a padded batch's token slots that are padding`.
+    """Check `fn(lengths, group_size) -> the padding share of all slots` when the prompts, in the order
+    they come, are cut into batches of `group_size` (the last one holds what is left), each padded to
+    its own longest prompt.
 
-    Introduced in notebook 02 (batching). A wrong answer is matched against every slip of
-    `WASTE_MISTAKES` on all the cases, to name the one it makes.
+    Introduced in notebook 02 (batching), exercise 3. The reference is `batching.combined_waste`;
+    a wrong answer is matched against every slip of `WASTE_MISTAKES` (the mean of the batches'
+    fractions first) on all the cases, to name the one it makes.
     """
     exercise = "padding waste"
     answers, first_wrong = [], None
-    for lengths in WASTE_CASES:
-        answer = call_learner(exercise, f"a fraction for lengths {lengths}",
-                              "waste = (batch x longest - sum of lengths) / (batch x longest).", fn, list(lengths))
+    for lengths, group in WASTE_CASES:
+        answer = call_learner(exercise, f"a fraction for lengths {lengths} in batches of {group}",
+                              "cut the list into batches of group_size in order; pad each to its own longest.",
+                              fn, list(lengths), group)
         try:
             got = float(answer)
         except (TypeError, ValueError):
-            fail(exercise, "a number between 0 and 1", repr(answer), "return a float.")
+            fail(exercise, "a number between 0 and 1", repr(answer)[:80], "return a float.")
         answers.append(got)
-        expected = padding_waste(lengths)
+        expected = combined_waste(_groups(list(lengths), group))
         if not (close_enough(got, expected, 1e-6) or abs(got - expected) < 1e-9) and first_wrong is None:
-            first_wrong = (lengths, expected, got)
+            first_wrong = (lengths, group, expected, got)
     if first_wrong is None:
-        passed(exercise, f"{len(WASTE_CASES)} batches, from no padding to mostly padding.")
+        passed(exercise, f"{len(WASTE_CASES)} arrivals, from no padding to mostly padding.")
         return
-    lengths, expected, got = first_wrong
+    lengths, group, expected, got = first_wrong
     hint = next((hint for formula, hint in WASTE_MISTAKES
-                 if all(abs(a - formula(case)) <= 1e-6 * max(1.0, abs(a)) for a, case in zip(answers, WASTE_CASES))),
-                "every row is padded to the longest prompt: slots = batch x max(lengths); waste = padding / slots.")
-    fail(exercise, f"{expected:.4f} for lengths {lengths}", f"{got:.4f}", hint)
+                 if all(abs(a - formula(list(ls), g)) <= 1e-6 * max(1.0, abs(a)) for a, (ls, g) in zip(answers, WASTE_CASES))),
+                "padding of all batches / slots of all batches, each batch padded to its own longest prompt.")
+    fail(exercise, f"{expected:.4f} for lengths {lengths} in batches of {group}", f"{got:.4f}", hint)

@@ -324,3 +324,49 @@ def check_cache_size(fn) -> None:
                     "layers x 2 (keys and values) x kv-heads x head-dim x length x batch x bytes per value.")
     fail(SIZE, f"{want:,} bytes for {config.name} (length {length}, batch {batch}, "
                f"{bytes_per_value} bytes per value)", f"{got!r}", hint)
+
+
+FIT = "KV cache: tokens that fit"
+# Budgets: an exact fit (the answer is the case's length) and one with half a token to spare (still the length).
+FIT_CASES = [(c, _formula(c, n, b, by) + extra * _formula(c, 1, b, by) // 2, b, by)
+             for (c, n, b, by) in SIZE_CASES for extra in (0, 1)]
+FIT_MISTAKES = [(lambda c, m, b, by, wrong=wrong: m // wrong(c, 1, b, by), hint)
+                for wrong, hint in SIZE_MISTAKES if "length" not in hint] + [
+    (lambda c, m, b, by: -(-m // _formula(c, 1, b, by)),
+     "round down: a token whose keys and values do not fit whole does not fit (the cache at your answer "
+     "must be at most the budget)."),
+    (lambda c, m, b, by: m // _formula(c, 1, b, by) - 1, "an exact fit counts: the cache may take the whole budget."),
+]
+
+
+@grades_quietly
+def check_tokens_that_fit(fn) -> None:
+    """Check fn(config, budget_bytes, batch, bytes_per_value) -> the longest length whose cache fits.
+
+    Introduced in notebook 01 (KV cache), exercise 3: the cache-size formula turned around, which
+    asks for the bytes of one token of the whole batch and a division rounded down. Budgets that
+    fit exactly and ones with half a token to spare tell rounding up and off-by-one apart; the
+    configurations of `check_cache_size` tell each slip of the formula apart.
+    """
+    answers, first_wrong = [], None
+    for config, budget, batch, bytes_per_value in FIT_CASES:
+        want = budget // _formula(config, 1, batch, bytes_per_value)
+        got = call_learner(FIT, f"a number of tokens for {config.name}",
+                           "use the config's fields num_layers, num_kv_heads and head_dim.",
+                           fn, config, budget, batch, bytes_per_value)
+        answers.append(got)
+        if got != want and first_wrong is None:
+            first_wrong = (config, budget, batch, bytes_per_value, want, got)
+    if first_wrong is None:
+        passed(FIT, f"{len(FIT_CASES)} budgets agree with the reference.")
+        return
+    config, budget, batch, bytes_per_value, want, got = first_wrong
+    if not isinstance(got, (int, float)) or isinstance(got, bool) or got < 0:
+        hint = "return a whole number of tokens (an int, at least 0)."
+    else:
+        hint = next((hint for formula, hint in FIT_MISTAKES
+                     if all(answer == formula(*case) for answer, case in zip(answers, FIT_CASES))),
+                    "bytes per token of the batch = layers x 2 x kv-heads x head-dim x batch x bytes per value; "
+                    "divide the budget by it, rounding down.")
+    fail(FIT, f"{want:,} tokens for {config.name} ({budget:,} bytes, batch {batch}, {bytes_per_value} bytes "
+              "per value)", f"{got!r}", hint)

@@ -14,6 +14,8 @@ value, GPT-2's learned position table, and an untied output layer.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..engine.hardware import dtype_name
@@ -153,15 +155,35 @@ def _ridge_mistakes(profile: HardwareProfile, config: ModelConfig, dtype) -> lis
     return mistakes
 
 
+def _cache_mistakes(profile: HardwareProfile, config: ModelConfig, dtype, context: int) -> list[tuple[str, float]]:
+    """(hint, the answer that mistake gives) for the ridge-batch exercise with a KV cache (context > 0)."""
+    ridge = profile.ridge(dtype)
+    one_row = decode_step_cost(config, 1, context, dtype)
+    attention = one_row.flops - 2 * matmul_params(config)
+    return [
+        ("that is (about) the empty-cache answer: with a context each row also reads its own keys and values; "
+         "the KV cache is not shared like the weights, so its bytes grow with the batch as its FLOPs do.",
+         ridge_batch(profile, config, dtype, 0)),
+        ("the KV cache is not shared: every row reads its own, so its bytes grow with the batch "
+         "(batch x kv_bytes of one row), unlike the weights.",
+         ridge * (one_row.weight_bytes + one_row.kv_bytes) / one_row.flops),
+        ("a row's FLOPs include attention over its cached tokens, not only 2 per weight.",
+         ridge * one_row.weight_bytes / (one_row.flops - attention - ridge * one_row.kv_bytes)),
+        ("that is the ridge point in FLOP/byte, not a batch size.", ridge),
+    ]
+
+
 @grades_quietly
 def check_ridge_batch(answer: float, profile: HardwareProfile, config: ModelConfig,
                       dtype=torch.float32, context: int = 0) -> None:
     """Check a learner's predicted ridge batch size against `roofline.ridge_batch` (within 5%).
 
     Introduced in notebook 00 (where the time goes). A wrong number gets the hint of the
-    mistake that gives it: the ridge point itself, multiplying instead of dividing, FLOPs
-    without the factor 2, the ridge taken from FLOP/s alone or upside down, bytes per
-    value left out or counted twice, another dtype's peak.
+    mistake that gives it: at context 0, the ridge point itself, multiplying instead of
+    dividing, FLOPs without the factor 2, the ridge taken from FLOP/s alone or upside down,
+    bytes per value left out or counted twice, another dtype's peak; with a cache (the
+    notebook asks at its CONTEXT), the empty-cache answer, one row's cache counted as if
+    shared, attention's FLOPs left out. A context past `roofline.ridge_context` expects inf.
     """
     exercise = "ridge batch size"
     expected = ridge_batch(profile, config, dtype, context)
@@ -170,12 +192,19 @@ def check_ridge_batch(answer: float, profile: HardwareProfile, config: ModelConf
         got = float(answer)
     except (TypeError, ValueError):
         fail(exercise, "a number", repr(answer)[:80], "assign a float, e.g. predicted_ridge_batch = 12.3")
+    if math.isinf(expected):
+        if math.isinf(got) and got > 0:
+            passed(exercise, f"no batch reaches the {name} ridge at context {context} on {profile.name}: right.")
+            return
+        fail(exercise, "about inf (no batch)", f"{got:.3g}",
+             f"at context {context} each row's cache adds more bytes than the {name} ridge allows for its FLOPs, "
+             "so no batch gets there: roofline.ridge_context says where that starts.")
     if not close_enough(got, expected, 0.05):
         hint = (f"ridge = FLOP/s / bandwidth = {profile.ridge(dtype):.2f} FLOP/byte for {name}; solve "
-                "2 x params x batch / weight_bytes = ridge for batch.")
-        if context == 0:
-            hint = next((h for h, value in _ridge_mistakes(profile, config, dtype)
-                         if close_enough(got, value, 0.05) and not close_enough(value, expected, 0.05)), hint)
+                "intensity(batch) = ridge for batch, with every byte the step reads.")
+        mistakes = _ridge_mistakes(profile, config, dtype) if context == 0 else _cache_mistakes(profile, config, dtype, context)
+        hint = next((h for h, value in mistakes
+                     if close_enough(got, value, 0.05) and not close_enough(value, expected, 0.05)), hint)
         fail(exercise, f"about {expected:.1f}", f"{got:.3g}", hint)
     passed(exercise, f"{got:.1f} rows; the reference says {expected:.1f} for {name} on {profile.name}.")
 

@@ -83,6 +83,10 @@ RIDGE = FAKE_PROFILE.ridge("float32")
 WEIGHT_BYTES = roofline.decode_step_cost(TINY, 1, 0).weight_bytes
 FLOPS_PER_ROW = 2 * roofline.matmul_params(TINY)
 RIGHT = roofline.ridge_batch(FAKE_PROFILE, TINY, torch.float32)
+CONTEXT = 16
+AT_CONTEXT = roofline.decode_step_cost(TINY, 1, CONTEXT)
+RIGHT_AT_CONTEXT = roofline.ridge_batch(FAKE_PROFILE, TINY, torch.float32, CONTEXT)
+PAST_RIDGE_CONTEXT = int(roofline.ridge_context(FAKE_PROFILE, TINY, torch.float32)) + 1
 
 
 # Exercise 3, what held back each step: the reference and one function per mistake.
@@ -175,6 +179,20 @@ NOTEBOOK_00 = [
     refuses(check_ridge_batch, "another-dtypes-peak", "use the float32 peak",
             roofline.ridge_batch(TWO_DTYPES, TINY, "float32") * 3, TWO_DTYPES, TINY, torch.float32),
     refuses(check_ridge_batch, "not-a-number", "a number", "many", FAKE_PROFILE, TINY, torch.float32),
+    # the notebook asks at a context (its CONTEXT): each row's own cache enters the answer
+    accepts(check_ridge_batch, "with-a-cache-reference", RIGHT_AT_CONTEXT, FAKE_PROFILE, TINY, torch.float32, CONTEXT),
+    refuses(check_ridge_batch, "with-a-cache-the-empty-cache-answer", "empty-cache answer",
+            RIGHT, FAKE_PROFILE, TINY, torch.float32, CONTEXT),
+    refuses(check_ridge_batch, "with-a-cache-shared-by-the-rows", "not shared",
+            RIDGE * (AT_CONTEXT.weight_bytes + AT_CONTEXT.kv_bytes) / AT_CONTEXT.flops,
+            FAKE_PROFILE, TINY, torch.float32, CONTEXT),
+    refuses(check_ridge_batch, "with-a-cache-without-attention-flops", "include attention",
+            RIDGE * AT_CONTEXT.weight_bytes / (FLOPS_PER_ROW - RIDGE * AT_CONTEXT.kv_bytes),
+            FAKE_PROFILE, TINY, torch.float32, CONTEXT),
+    accepts(check_ridge_batch, "past-the-ridge-context-inf", float("inf"), FAKE_PROFILE, TINY, torch.float32,
+            PAST_RIDGE_CONTEXT),
+    refuses(check_ridge_batch, "past-the-ridge-context-a-number", "about inf", 1e6, FAKE_PROFILE, TINY,
+            torch.float32, PAST_RIDGE_CONTEXT),
 
     accepts(check_step_bounds, "reference", roofline.step_bounds),
     accepts(check_step_bounds, "by-hand", bounds_by_hand),

@@ -3,7 +3,8 @@
 import torch
 
 import labsupport as ls
-from labsupport.checks.kv_cache import check_cache_size, check_cache_update, check_cached_generation
+from labsupport.checks.kv_cache import (check_cache_size, check_cache_update, check_cached_generation,
+                                        check_tokens_that_fit)
 
 from checker_cases.common import accepts, refuses
 
@@ -113,6 +114,15 @@ def size_formula(config, length, batch, bytes_per_value):
     return config.num_layers * 2 * config.num_kv_heads * config.head_dim * length * batch * bytes_per_value
 
 
+BYTES = {4: torch.float32, 2: torch.float16, 1: torch.int8}
+
+
+def tokens_that_fit(config, budget_bytes, batch, bytes_per_value):
+    # the notebook's solution: one token of the whole batch, then a division rounded down
+    per_token = config.num_layers * 2 * config.num_kv_heads * config.head_dim * batch * bytes_per_value
+    return budget_bytes // per_token
+
+
 NOTEBOOK_01 = [
     accepts(check_cache_update, "reference", reference_update),
     refuses(check_cache_update, "not-in-place", "in place", not_in_place),
@@ -140,6 +150,20 @@ NOTEBOOK_01 = [
             lambda m, p, n: cached_loop(m, p, n, softmax=True)),
     refuses(check_cached_generation, "prompt-one-token-at-a-time", "prefill", prompt_one_token_at_a_time),
     refuses(check_cached_generation, "no-pair", "pair", lambda m, p, n: cached_loop(m, p, n)[0]),
+    accepts(check_tokens_that_fit, "reference", tokens_that_fit),
+    accepts(check_tokens_that_fit, "via-the-package", lambda c, m, b, by: m // ls.kv_cache_bytes(c, 1, b, BYTES[by])),
+    refuses(check_tokens_that_fit, "copies-the-size-formula", "tokens",
+            lambda c, m, b, by: size_formula(c, m, b, by)),
+    refuses(check_tokens_that_fit, "rounds-up", "round down", lambda c, m, b, by: -(-m // size_formula(c, 1, b, by))),
+    refuses(check_tokens_that_fit, "rounds-to-nearest", "down",
+            lambda c, m, b, by: round(m / size_formula(c, 1, b, by))),
+    refuses(check_tokens_that_fit, "off-by-one", "exact fit", lambda c, m, b, by: m // size_formula(c, 1, b, by) - 1),
+    refuses(check_tokens_that_fit, "one-sequence", "own cache", lambda c, m, b, by: m // size_formula(c, 1, 1, by)),
+    refuses(check_tokens_that_fit, "query-heads", "num_kv_heads",
+            lambda c, m, b, by: m // (c.num_layers * 2 * c.num_heads * c.head_dim * b * by)),
+    refuses(check_tokens_that_fit, "keys-only", "multiply by 2", lambda c, m, b, by: m // (size_formula(c, 1, b, by) // 2)),
+    refuses(check_tokens_that_fit, "a-float", "tokens", lambda c, m, b, by: m / size_formula(c, 1, b, by)),
+    refuses(check_tokens_that_fit, "negative", "at least 0", lambda c, m, b, by: -1),
     accepts(check_cache_size, "reference", size_formula),
     refuses(check_cache_size, "keys-only", "multiply by 2", lambda c, n, b, by: size_formula(c, n, b, by) // 2),
     refuses(check_cache_size, "query-heads", "num_kv_heads",

@@ -12,6 +12,13 @@ from labsupport.engine.kv_cache import StaticKVCache
 from checker_cases.common import accepts, refuses
 
 
+def padding_waste_in_batches(lengths, group_size):
+    # the notebook's solution: all padding slots over all slots, each batch padded to its own longest
+    batches = [lengths[i:i + group_size] for i in range(0, len(lengths), group_size)]
+    slots = sum(len(b) * max(b) for b in batches)
+    return (slots - sum(lengths)) / slots
+
+
 # --- notebook 02 (batching): left padding (exercise 1) --------------------------------------
 
 def reference_left_pad(prompts, pad_id):
@@ -169,17 +176,21 @@ NOTEBOOK_02 = [
             lambda *args: batched_loop(*args, stop_at_first=True)),
     refuses(check_batched_generation, "a-tensor", "one list of new token ids per prompt",
             lambda *args: torch.zeros(3)),
-    accepts(check_padding_waste, "reference", padding.padding_waste),
+    accepts(check_padding_waste, "reference", padding_waste_in_batches),
+    accepts(check_padding_waste, "via-the-package",
+            lambda ls, g: batching.combined_waste([ls[i:i + g] for i in range(0, len(ls), g)])),
+    refuses(check_padding_waste, "mean-of-the-batches-fractions", "mean of the batches' fractions",
+            lambda ls, g: sum(padding.padding_waste(ls[i:i + g]) for i in range(0, len(ls), g))
+            / len(range(0, len(ls), g))),
+    refuses(check_padding_waste, "one-batch-of-all", "its own longest", lambda ls, g: padding.padding_waste(ls)),
+    refuses(check_padding_waste, "sorted-first", "unsorted", lambda ls, g: padding_waste_in_batches(sorted(ls), g)),
     refuses(check_padding_waste, "real-fraction", "fraction of real tokens",
-            lambda lengths: sum(lengths) / (len(lengths) * max(lengths))),
-    refuses(check_padding_waste, "percentage", "percentage", lambda lengths: 100 * padding.padding_waste(lengths)),
-    refuses(check_padding_waste, "over-real-tokens", "not by the real tokens",
-            lambda lengths: (len(lengths) * max(lengths) - sum(lengths)) / sum(lengths)),
-    refuses(check_padding_waste, "padding-slots-count", "divide by all slots",
-            lambda lengths: len(lengths) * max(lengths) - sum(lengths)),
-    refuses(check_padding_waste, "only-the-shortest-row", "not only the shortest",
-            lambda lengths: (max(lengths) - min(lengths)) / max(lengths)),
-    refuses(check_padding_waste, "not-a-number", "return a float", lambda lengths: "a lot"),
+            lambda ls, g: 1 - padding_waste_in_batches(ls, g)),
+    refuses(check_padding_waste, "percentage", "percentage", lambda ls, g: 100 * padding_waste_in_batches(ls, g)),
+    refuses(check_padding_waste, "last-batch-full", "missing rows are not slots",
+            lambda ls, g: padding_waste_in_batches(ls + [0] * (-len(ls) % g), g)),
+    refuses(check_padding_waste, "not-a-number", "return a float", lambda ls, g: "a lot"),
+    refuses(check_padding_waste, "old-signature", "group_size", lambda lengths: padding.padding_waste(lengths)),
     refuses(check_batched_generation, "one-prompt-at-a-time", "a loop over the prompts is plain decoding",
             lambda model, prompts, new_tokens, end_id: [batched_loop(model, [p], new_tokens, end_id)[0]
                                                         for p in prompts]),
