@@ -88,7 +88,7 @@ def check_decode_cost_model(fn, inputs: list[dict] | None = None, bandwidth_gb_s
         reference = predict_ladder(inputs, bandwidth_gb_s, overhead_ms)
         graded = [(mine, ref) for mine, ref in zip(learner, reference) if explained(ref["ratio"])]
         for mine, ref in graded:
-            if not explained(mine["ratio"]):
+            if not explained(mine["ratio"], TOLERANCE * (1 + 1e-6)):      # rounding never costs a right answer
                 fail(COST, f"{mine['stage']!r} within {TOLERANCE:g}x of its measured {mine['measured']:.1f} "
                            f"tokens/s (the reference predicts {ref['predicted']:.1f})",
                      f"{mine['predicted']:.4g}", "the made-up stages passed, so look at the units of this run's "
