@@ -3,7 +3,7 @@
 
 import pytest
 
-from labsupport.engine.padding import padding_waste
+from labsupport.lab.batching import combined_waste
 from labsupport.checks import CheckFailed
 from labsupport.checks.batching import (GENERATION_CASES, NEW_TOKENS, SLIPS, WASTE_CASES, WASTE_MISTAKES,
                                         check_batched_generation, slipped_rows)
@@ -12,8 +12,8 @@ from labsupport.engine.generation import generate
 
 
 def test_every_waste_slip_gives_its_own_answers_and_none_is_right():
-    right = [padding_waste(lengths) for lengths in WASTE_CASES]
-    answers = [[round(formula(lengths), 9) for lengths in WASTE_CASES] for formula, _ in WASTE_MISTAKES]
+    right = [combined_waste([ls[i:i + g] for i in range(0, len(ls), g)]) for ls, g in WASTE_CASES]
+    answers = [[round(formula(list(ls), g), 9) for ls, g in WASTE_CASES] for formula, _ in WASTE_MISTAKES]
     assert all(a != [round(r, 9) for r in right] for a in answers)
     assert len({tuple(a) for a in answers}) == len(WASTE_MISTAKES)
 

@@ -4,8 +4,8 @@
 import pytest
 import torch
 
-from labsupport.checks.kv_cache import (SIZE_CASES, SIZE_MISTAKES, CountingModel, check_cached_generation,
-                                        tiny_test_model)
+from labsupport.checks.kv_cache import (FIT_CASES, FIT_MISTAKES, SIZE_CASES, SIZE_MISTAKES, CountingModel,
+                                        check_cached_generation, tiny_test_model)
 from labsupport.engine.generation import generate
 from labsupport.engine.kv_cache import kv_cache_bytes
 
@@ -18,6 +18,13 @@ def test_every_size_slip_gives_its_own_answers_and_none_is_right():
     assert all(a != right for a in answers)
     assert len({tuple(a) for a in answers}) == len(SIZE_MISTAKES), "two slips give the same answers"
     assert len({hint for _, hint in SIZE_MISTAKES}) == len(SIZE_MISTAKES)
+
+
+def test_every_fit_slip_gives_its_own_answers_and_none_is_right():
+    right = [m // kv_cache_bytes(c, 1, b, BYTES[by]) for c, m, b, by in FIT_CASES]
+    answers = [[formula(*case) for case in FIT_CASES] for formula, _ in FIT_MISTAKES]
+    assert all(a != right for a in answers)
+    assert len({tuple(a) for a in answers}) == len(FIT_MISTAKES), "two slips give the same answers"
 
 
 def test_the_test_models_depend_on_their_context():
@@ -48,11 +55,11 @@ def test_the_cached_loop_is_also_checked_on_the_notebooks_model(tiny_gpt2, capsy
 
 def test_an_unanswered_exercise_shows_the_stubs_own_message():
     """A student version's stub raises NotImplementedError: the checker lets it through, unchanged."""
-    from labsupport.checks.kv_cache import check_cache_size, check_cache_update
+    from labsupport.checks.kv_cache import check_cache_size, check_cache_update, check_tokens_that_fit
 
     def stub(*args):
         raise NotImplementedError("Exercise: replace this line with your solution")
 
-    for checker in (check_cache_update, check_cached_generation, check_cache_size):
+    for checker in (check_cache_update, check_cached_generation, check_cache_size, check_tokens_that_fit):
         with pytest.raises(NotImplementedError, match="Exercise"):
             checker(stub)
