@@ -143,9 +143,14 @@ def describe_runtime(device=None) -> str:
     device = pick_device(device)
     where = "Google Colab" if "google.colab" in sys.modules else "this machine"
     bf16 = "yes" if bf16_supported(device) else "no"
+    fusion = ""
+    if device.type == "cpu":                  # the CPU's fused norm/RoPE kernels (engine/models/fused.py)
+        from .engine.models import fused
+        reason = fused.unavailable()
+        fusion = ", fused norm and RoPE kernels: " + ("yes" if reason is None else f"no ({reason})")
     return (f"Running on {where}: device {device.type} ({device_name(device)}), models in float32 "
-            f"and decode steps eager unless a cell says otherwise (compile=True), bf16 in hardware: {bf16} "
-            f"| torch {torch.__version__}, labsupport {__version__}")
+            f"and decode steps eager unless a cell says otherwise (compile=True), bf16 in hardware: {bf16}"
+            f"{fusion} | torch {torch.__version__}, labsupport {__version__}")
 
 
 def _strip_setup_lines(source: str) -> str:

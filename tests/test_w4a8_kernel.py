@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from labsupport.engine import cpp_build
 from labsupport.engine.quant import w4a8
 from labsupport.errors import LabError
 from labsupport.engine.quant.formats import dequantize_int4, quantize_int4_groupwise
@@ -233,11 +234,11 @@ def test_ninja_beside_this_python_is_found_without_an_activated_environment(monk
     ninja = tmp_path / "bin" / "ninja"
     ninja.write_text("#!/bin/sh\necho 1.11.1\n")
     ninja.chmod(0o755)
-    monkeypatch.setattr(w4a8.sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setattr(cpp_build.sys, "executable", str(tmp_path / "bin" / "python"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    w4a8._find_ninja()
+    cpp_build.find_ninja()
     assert shutil.which("ninja") == str(ninja)
-    w4a8._find_ninja()                                            # found on PATH now: PATH left alone
+    cpp_build.find_ninja()                                            # found on PATH now: PATH left alone
     assert os.environ["PATH"].count(str(tmp_path / "bin")) == 1
 
 
@@ -261,7 +262,7 @@ def test_a_nan_or_infinity_in_x_gives_nan_not_garbage(path):
 
 def test_openmp_only_with_a_compiler_that_shares_torchs_runtime():
     # clang's OpenMP runtime is not the libgomp torch's Linux wheels bring: one thread, not two pools
-    assert w4a8._openmp_flags("clang++", "Debian clang version 14.0.6") == []
+    assert cpp_build.openmp_flags("clang++", "Debian clang version 14.0.6") == []
 
 
 def test_the_path_follows_the_forced_one_then_torchs_own_cap(monkeypatch):

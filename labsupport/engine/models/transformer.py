@@ -27,7 +27,10 @@ Every matrix multiply is an ``nn.Linear``, so precision changes and
 quantization (notebooks 03 and 04) are a swap of those modules. The query, key
 and value projections are fused into one Linear (``qkv``), and so are the
 gate and up projections (``gate_up``): one bigger matmul instead of three or
-two small ones saves per-call overhead in the memory-bound decode step.
+two small ones saves per-call overhead in the memory-bound decode step. On a CPU
+the norms (with the residual add before the second one) and the rotation of the queries and
+keys are one call each as well (fused.py: C++ kernels doing the same arithmetic); the plain
+torch code below stays the reference, and the path everywhere else.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..kv_cache import KVCache
+from . import fused
 from .config import ModelConfig
 from .masks import causal_mask
 
@@ -53,9 +57,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused.active(x) and self.weight.dtype == x.dtype:
+            return torch.ops.labsupport.rms_norm(x.contiguous(), self.weight, self.eps)   # one call
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, its norm): the residual add and the norm after it, in one call on a CPU."""
+        if fused.active(x) and self.weight.dtype == x.dtype == delta.dtype:
+            return torch.ops.labsupport.add_rms_norm(x.contiguous(), delta.contiguous(), self.weight, self.eps)
+        x = x + delta
+        return x, self(x)
+
+
+class LayerNorm(nn.LayerNorm):
+    """GPT-2's norm (torch's own), with RMSNorm's `add_and_norm`. Notebook 00."""
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x + delta
+        return x, self(x)
 
 
 def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,13 +92,25 @@ def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each (first-half, second-half) pair of x by its position's angle.
 
-    x: (batch, heads, T, head_dim); cos, sin: (batch, 1, T, head_dim).
+    x: (batch, T, heads, head_dim); cos, sin: (batch, T, 1, head_dim).
 
     Notebook 00 (where the time goes).
     """
     first, second = x.chunk(2, dim=-1)
     rotated_half = torch.cat([-second, first], dim=-1)
     return x * cos + rotated_half * sin
+
+
+def rotate_queries_and_keys(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """RoPE on the first `heads` heads of qkv (the queries, then the keys); the values pass.
+
+    qkv: (batch, T, heads + kv_heads, head_dim); cos, sin: (batch, T, head_dim). One call on a
+    CPU (fused.py), else `apply_rope` and a concatenation. Notebook 00 (where the time goes).
+    """
+    if fused.active(qkv) and cos.dtype == qkv.dtype:
+        return torch.ops.labsupport.rope(qkv, cos, sin, heads)
+    rotated = apply_rope(qkv[:, :, :heads], cos.unsqueeze(2), sin.unsqueeze(2))   # (B, T, heads, D)
+    return torch.cat([rotated, qkv[:, :, heads:]], dim=2)
 
 
 class Attention(nn.Module):
@@ -99,14 +132,10 @@ class Attention(nn.Module):
     def forward(self, x, rope, cache, mask):
         batch, T, _ = x.shape
         qkv = self.qkv(x).view(batch, T, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        if rope is not None:       # (B, T, heads + 2 kv_heads, D): queries and keys are the first heads
+            qkv = rotate_queries_and_keys(qkv, *rope, self.num_heads + self.num_kv_heads)
         qkv = qkv.transpose(1, 2)                                   # (B, heads + 2 kv_heads, T, D)
-        if rope is not None:
-            # rotate queries and keys in one go: they are the first heads + kv_heads rows
-            qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], *rope)
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        else:
-            q, k = qkv[:, : self.num_heads], qkv[:, self.num_heads: self.num_heads + self.num_kv_heads]
-        v = qkv[:, self.num_heads + self.num_kv_heads:]               # (B, kv_heads, T, D)
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v)                         # (B, kv_heads, S, D)
         # F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -174,14 +203,14 @@ class Block(nn.Module):
             self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
             self.mlp = SwiGLU(config)
         else:
-            self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
-            self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+            self.attn_norm = LayerNorm(config.hidden_size, eps=config.norm_eps)
+            self.mlp_norm = LayerNorm(config.hidden_size, eps=config.norm_eps)
             self.mlp = GeluMLP(config)
         self.attn = Attention(config, layer_index)
 
     def forward(self, x, rope, cache, mask):
-        x = x + self.attn(self.attn_norm(x), rope, cache, mask)
-        return x + self.mlp(self.mlp_norm(x))
+        x, normed = self.mlp_norm.add_and_norm(x, self.attn(self.attn_norm(x), rope, cache, mask))
+        return x + self.mlp(normed)
 
 
 class Transformer(nn.Module):
@@ -191,6 +220,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
+        fused.load()                    # builds the CPU kernels once per cache; their absence is a reason
         self.config = config
         self.family = config.family
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -269,8 +299,7 @@ class Transformer(nn.Module):
         if self.family == "gpt2":
             x = x + self.position_embed(positions)
         else:
-            rope = (self.rope_cos[positions].unsqueeze(1),             # (B, 1, T, head_dim)
-                    self.rope_sin[positions].unsqueeze(1))
+            rope = (self.rope_cos[positions], self.rope_sin[positions])     # each (B, T, head_dim)
         for block in self.blocks:
             x = block(x, rope, writer, mask)
         return self.final_norm(x)

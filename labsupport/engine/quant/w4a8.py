@@ -25,21 +25,14 @@ Environment variables:
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import platform
-import re
-import shlex
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import torch
 
 from ...errors import LabError, first_line
 from ..cache_dir import cache_root
+from ..cpp_build import try_build
 
 SOURCE = Path(__file__).with_name("w4a8.cpp")
 BLOCK = 32                                   # input features per block, weights and activations
@@ -47,103 +40,11 @@ PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
 FP16_MAX = 65504.0
 
 
-# --- building the extension -------------------------------------------------------------------
-
-def _compiler() -> str:
-    """The C++ compiler cpp_extension will call: $CXX, else c++ (as torch does on Linux and macOS)."""
-    return os.environ.get("CXX", "").strip() or "c++"
-
-
-def _compiler_version(compiler: str) -> str | None:
-    """The compiler's first --version line, or None when it cannot be run."""
-    words = shlex.split(compiler)
-    if not words or shutil.which(words[0]) is None:
-        return None
-    try:
-        done = subprocess.run([*words, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (done.stdout.strip().splitlines() or [""])[0] if done.returncode == 0 else None
-
-
-def _first_error(message: str) -> str:
-    """The first compiler 'error' line of a failed build's output (or its first line)."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    found = next((line for line in lines if re.search(r"\berror\b", line, re.IGNORECASE)
-                  and not line.startswith("Error building extension")), None)
-    return (found or (lines[0] if lines else "no output"))[:200]
-
-
-def _openmp_flags(compiler: str, version: str) -> list[str]:
-    """["-fopenmp"] when the kernel can share torch's OpenMP threads, else [] (one thread).
-
-    at::parallel_for's threads are OpenMP pragmas in torch's headers, compiled into the kernel:
-    without -fopenmp it runs on one thread. With GCC the extension links libgomp, the runtime
-    torch's Linux wheels bring (same soname, loaded first: one thread pool). clang's OpenMP is a
-    different runtime (libomp), and Apple's clang has none: there the kernel is single-threaded.
-    """
-    if not torch.backends.openmp.is_available() or "clang" in version.lower():
-        return []
-    probe = "#include <omp.h>\nint threads() { return omp_get_max_threads(); }\n"
-    try:
-        done = subprocess.run([*shlex.split(compiler), "-fopenmp", "-x", "c++", "-c", "-", "-o", os.devnull],
-                              input=probe, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return ["-fopenmp"] if done.returncode == 0 else []
-
-
-def _find_ninja() -> None:
-    """cpp_extension runs `ninja` from PATH; the `ninja` package (a dependency) installs it beside
-    this Python, which is not on PATH in a virtual environment that was not activated: add it."""
-    beside = Path(sys.executable).parent
-    if shutil.which("ninja") is None and shutil.which("ninja", path=str(beside)) is not None:
-        os.environ["PATH"] = os.pathsep.join(filter(None, [str(beside), os.environ.get("PATH")]))
-
+# --- building the extension (cpp_build.py) ---------------------------------------------------
 
 def _try_build(source: Path, kernels_dir: Path) -> str | None:
-    """Build `source` into `kernels_dir`/w4a8-<hash> and load it; None when loaded, else the
-    reason in one sentence. The hash covers the source, torch, Python and the compiler, so a
-    change of any of them builds afresh beside the old build."""
-    compiler = _compiler()
-    version = _compiler_version(compiler)
-    if version is None:
-        return (f"no C++ compiler was found ({compiler!r}; set CXX or install g++ or clang), "
-                f"so the W4A8 kernel cannot be built")
-    openmp = _openmp_flags(compiler, version)
-    text = source.read_bytes()
-    key = hashlib.sha256(b"\0".join([text, torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
-                                     version.encode(), " ".join(openmp).encode()])).hexdigest()[:16]
-    build_dir = kernels_dir / f"w4a8-{key}"
-    name = f"labsupport_w4a8_{key}"
-    library = build_dir / f"{name}.so"
-    if library.is_file():                            # built before: load it (a read-only cache is fine)
-        try:
-            torch.ops.load_library(str(library))
-            return None
-        except OSError:                              # damaged (a build cut short): build it again
-            pass
-    try:
-        from torch.utils import cpp_extension
-    except Exception as error:                       # noqa: BLE001 - e.g. setuptools missing
-        return f"torch.utils.cpp_extension cannot be imported ({error}), so the W4A8 kernel cannot be built"
-    _find_ninja()
-    if not cpp_extension.is_ninja_available():
-        return "the ninja build tool is not installed (pip install ninja), so the W4A8 kernel cannot be built"
-    try:
-        build_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        return (f"the kernel cache {build_dir} cannot be written ({error.strerror}); "
-                f"set LABSUPPORT_CACHE to a writable folder")
-    start = time.perf_counter()
-    try:
-        cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O3", *openmp], extra_ldflags=openmp,
-                           build_directory=str(build_dir), is_python_module=False, verbose=False)
-    except Exception as error:                       # noqa: BLE001 - a compile or link error
-        return f"the W4A8 kernel did not build ({_first_error(str(error))}; build folder {build_dir})"
-    threads = "" if openmp else ", single-threaded: this compiler cannot use torch's OpenMP"
-    print(f"Built the W4A8 int4 kernel in {time.perf_counter() - start:.1f} s (cached in {build_dir}{threads}).")
-    return None
+    """Build and load the W4A8 kernel from `source`; None when loaded, else why (one sentence)."""
+    return try_build(source, kernels_dir, "the W4A8 kernel", "w4a8")
 
 
 def _fake_w4a8_linear(x, packed, scales, mins, path="auto"):

@@ -1,0 +1,91 @@
+"""Fewer operators per decode step: the norm, the residual add and the rotary embedding in one
+call each, on a CPU.
+
+Introduced in notebook 00 (where the time goes), whose profile shows a step before and after.
+
+A batch-1 decode step is mostly tiny operators: each costs a few microseconds of dispatch
+whatever its size, and one RMSNorm in plain torch is seven of them (a float cast, a square, a
+mean that is a sum and a divide, an add, a reciprocal square root, two multiplies). On a CPU,
+where nothing compiles a step unless asked, `fused_ops.cpp` (beside this file) does each in
+one call with the same arithmetic; `transformer.py` asks `active(x)` before taking it, and
+keeps its plain-torch code as the reference and as every other path:
+
+* a GPU (or any device but the CPU): torch.compile fuses these itself (compiled.py);
+* gradients enabled (training, or a learner's autograd experiment): the ops have no backward;
+* the kernels did not build (no compiler, no ninja): `unavailable()` says why;
+* switched off: LABSUPPORT_FUSED_OPS=0, or `switched(False)` around a block of code (notebook
+  00's before-and-after profile).
+
+The build happens once per cache (cpp_build.py) when the first model is built; torch.compile
+traces through the ops by their fake (shape-only) implementations below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+from ..cache_dir import cache_root
+from ..cpp_build import try_build
+
+SOURCE = Path(__file__).with_name("fused_ops.cpp")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ENABLED = os.environ.get("LABSUPPORT_FUSED_OPS", "1").strip() != "0"     # read once, at import
+LOADED = False                       # set by load(): the ops are registered in torch.ops.labsupport
+
+
+def _fake_rms_norm(x, weight, eps):
+    return torch.empty_like(x)
+
+
+def _fake_add_rms_norm(x, delta, weight, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def _fake_rope(qkv, cos, sin, heads):
+    return torch.empty_like(qkv)
+
+
+@functools.cache
+def load() -> str | None:
+    """Build (first time) and load the fused kernels once per process: None, or why not (one
+    sentence, no final period). Notebook 00 (where the time goes)."""
+    global LOADED
+    reason = try_build(SOURCE, cache_root() / "kernels", "the fused norm and rotary kernels", "fused",
+                       flags=("-ffp-contract=off",))
+    if reason is None:
+        torch.library.register_fake("labsupport::rms_norm")(_fake_rms_norm)
+        torch.library.register_fake("labsupport::add_rms_norm")(_fake_add_rms_norm)
+        torch.library.register_fake("labsupport::rope")(_fake_rope)
+        LOADED = True
+    return reason
+
+
+def unavailable() -> str | None:
+    """Why a CPU step runs the plain-torch norms and rotations (one sentence), or None when it
+    fuses them. Notebook 00 (where the time goes)."""
+    if not ENABLED:
+        return "the fused kernels are switched off (LABSUPPORT_FUSED_OPS=0 or fused.switched(False))"
+    return load()
+
+
+def active(x: torch.Tensor) -> bool:
+    """Whether the layers take the fused kernels for activations `x` (see the module's list).
+    Reads plain module globals, so torch.compile can guard on them. Notebook 00."""
+    return ENABLED and LOADED and x.device.type == "cpu" and x.dtype in DTYPES and not torch.is_grad_enabled()
+
+
+@contextlib.contextmanager
+def switched(on: bool):
+    """Fused kernels on (where `active`) or off inside the block; the setting before it comes
+    back after. Notebook 00 (where the time goes): the profile of one step, before and after."""
+    global ENABLED
+    before, ENABLED = ENABLED, bool(on)
+    try:
+        yield
+    finally:
+        ENABLED = before

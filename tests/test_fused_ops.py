@@ -1,0 +1,109 @@
+"""The fused CPU kernels (engine/models/fused.py): each equals the plain-torch reference it
+replaces, the model gives the same logits and tokens with and without them, they are taken
+only where they should be, and a decode step runs fewer operators with them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.profiler import profile
+
+from labsupport.engine.generation import generate
+from labsupport.engine.models import fused
+from labsupport.engine.models.transformer import RMSNorm, rotate_queries_and_keys
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    reason = fused.load()
+    if reason is not None:
+        pytest.skip(f"the fused kernels are not available here: {reason}")
+
+
+def norm_and_inputs(dtype, size=203, rows=(5, 7)):                  # 203: no vector width divides it
+    torch.manual_seed(0)
+    norm = RMSNorm(size, 1e-5).to(dtype)
+    norm.weight.data = torch.randn(size).to(dtype)
+    return norm, (3 * torch.randn(*rows, size)).to(dtype), torch.randn(*rows, size).to(dtype)
+
+
+def ulps(a, b):
+    """The largest difference of a and b in units of the last place of their dtype at 1.0."""
+    return ((a.float() - b.float()).abs() / (a.float().abs().clamp(min=1) * torch.finfo(a.dtype).eps)).max().item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_norm_and_the_add_then_norm_equal_the_reference(dtype):
+    norm, x, delta = norm_and_inputs(dtype)                           # 35 rows: two threads' worth
+    with torch.no_grad():
+        fast, (total, fast_after) = norm(x), norm.add_and_norm(x, delta)
+        with fused.switched(False):
+            slow, (slow_total, slow_after) = norm(x), norm.add_and_norm(x, delta)
+    assert torch.equal(total, slow_total)                             # the residual add: one rounding
+    assert ulps(fast, slow) <= 8 and ulps(fast_after, slow_after) <= 8   # sum of squares in another order
+    assert fast.dtype == dtype and fast.shape == x.shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads", [0, 9, 12, 15])
+def test_the_rotation_equals_the_reference_exactly(dtype, heads):
+    torch.manual_seed(1)
+    qkv = torch.randn(2, 17, 15, 64).to(dtype)                        # (B, T, heads + 2 kv, D)
+    cos, sin = torch.randn(2, 17, 64).to(dtype), torch.randn(2, 17, 64).to(dtype)
+    with torch.no_grad():
+        fast = rotate_queries_and_keys(qkv, cos, sin, heads)
+        with fused.switched(False):
+            slow = rotate_queries_and_keys(qkv, cos, sin, heads)
+    assert torch.equal(fast, slow)                                    # the same two roundings, then the add
+
+
+def test_taken_only_on_a_cpu_without_gradients_and_when_switched_on():
+    x = torch.ones(2, 8)
+    with torch.no_grad():
+        assert fused.active(x)
+        assert not fused.active(x.to(torch.float64))                  # a dtype the kernels do not take
+        assert not fused.active(torch.ones(2, 8, device="meta"))     # any device but the CPU
+        with fused.switched(False):
+            assert not fused.active(x)
+            assert "switched off" in fused.unavailable()
+        assert fused.active(x) and fused.unavailable() is None        # the setting before comes back
+    assert not fused.active(x)                                        # gradients on: no backward here
+
+
+def test_gradients_still_flow_through_the_reference_path():
+    norm, x, delta = norm_and_inputs(torch.float32)
+    x.requires_grad_(True)
+    total, normed = norm.add_and_norm(x, delta)
+    (normed.sum() + total.sum()).backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_the_model_gives_the_same_logits_and_tokens_with_and_without_them(tiny_llama):
+    ids = list(range(3, 40))
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        fast = tiny_llama.logits(tiny_llama(tokens))
+        with fused.switched(False):
+            slow = tiny_llama.logits(tiny_llama(tokens))
+    assert (fast - slow).abs().max() <= 1e-4 * slow.abs().max()
+    with fused.switched(False):
+        reference = generate(tiny_llama, ids, 24, eos_token_ids=()).row(0)
+    assert generate(tiny_llama, ids, 24, eos_token_ids=()).row(0) == reference
+
+
+def test_a_decode_step_runs_fewer_operators(tiny_llama):
+    ids = list(range(3, 20))
+
+    def operators_per_run():
+        generate(tiny_llama, ids, 4, eos_token_ids=())                # warm
+        with profile() as run:
+            generate(tiny_llama, ids, 4, eos_token_ids=())
+        return sum(1 for event in run.events() if event.name.startswith("aten::"))
+
+    fewer = operators_per_run()
+    with fused.switched(False):
+        more = operators_per_run()
+    layers, passes = tiny_llama.config.num_layers, 4
+    assert more - fewer >= 10 * layers * passes, (more, fewer)       # at least ten fewer per layer and pass
