@@ -66,7 +66,7 @@ def test_utilization_and_blocks_figures(runs):
 # --- the explorer ------------------------------------------------------------------
 
 def test_explorer_redraws_when_a_control_changes_and_opens_with_the_notebooks_runs(tiny_llama):
-    from labsupport.explorers.serving import serving_explorer, setting_label
+    from labsupport.explorers.serving import serving_explorer, setting_label, short_label
     from labsupport.lab.load_curve import at_rate
     torch.manual_seed(0)
     requests = make_workload([[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 10, 11]], count=5,
@@ -81,7 +81,8 @@ def test_explorer_redraws_when_a_control_changes_and_opens_with_the_notebooks_ru
     assert list(explorer.controls["budget"].options) == ["off", "4", "8"]
     before = [f.figure.to_plotly_json()["data"] for f in explorer.figures]
     assert len(before) == 2 and explorer.status.value == ""
-    assert list(before[1][0]["x"]) == [setting_label("50% of capacity", "continuous", 8, False)]   # not served again
+    assert list(before[1][0]["x"]) == [short_label("50% of capacity", "continuous", 8, False)]   # not served again
+    assert list(before[1][0]["customdata"]) == [setting_label("50% of capacity", "continuous", 8, False)]  # hover
     explorer.controls["prefix"].value = "on"
     after = [f.figure.to_plotly_json()["data"] for f in explorer.figures]
     assert explorer.status.value == "" and after != before and len(after[1][0]["x"]) == 2
@@ -146,3 +147,21 @@ def test_decode_cost_figure_shows_the_shares_and_both_paths():
     shares = [t for t in fig.data if t.orientation == "h"]
     assert [t.x[0] for t in shares] == [0.05, 0.25, 0.7] and [t.text[0] for t in shares] == ["5%", "25%", "70%"]
     assert list(fig.data[-1].y) == pytest.approx([20.0, 15.0]) and "8 rows at 128 positions" in fig.layout.title.text
+
+
+def test_settings_figure_labels_are_short_and_horizontal_and_the_legend_overlaps_nothing():
+    from labsupport.explorers.serving import setting_label, short_label
+    from labsupport.plots.serving_settings import settings_figure
+    keys = [("90% of capacity", "continuous", 32, True), ("all at once", "static", None, False)]
+    rows = [{"label": short_label(*k), "name": setting_label(*k), "policy": k[1], "throughput": 10.0 + i,
+             "ttft_p50": 0.1, "latency_p50": 0.2, "latency_p99": 0.4, "itl_p99": 0.05} for i, k in enumerate(keys)]
+    fig = settings_figure(rows, current=rows[0]["label"])
+    assert short_label(*keys[0]) == "continuous<br>budget 32<br>prefix cache<br>90%"
+    assert max(len(line) for r in rows for line in r["label"].split("<br>")) <= 12     # no line wider than a bar
+    assert fig.layout.xaxis2.tickangle == 0                                           # never rotated (cut off)
+    assert list(fig.data[0].customdata) == [setting_label(*k) for k in keys]          # the full name in the hover
+    legend = fig.layout.legend
+    assert legend.x >= 1 and legend.xanchor == "left" and fig.layout.margin.r >= 150  # beside the plots, in the margin
+    assert [t.name for t in fig.data[1:]] == ["time to first token p50", "latency p50", "latency p99",
+                                              "inter-token latency p99"]
+    assert list(fig.data[0].marker.opacity) == [1.0, 0.4]

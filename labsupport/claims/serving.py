@@ -219,3 +219,66 @@ def serving_section_claims(section: dict) -> list[dict]:
                           busy={"stall": busy("continuous"), "prefix": busy("continuous", "prefix caching"),
                                 "chunked": curve_busy, "curve": curve_busy})
     return rows
+
+
+def serving_losses(speed: Mapping[str, float], metrics: Mapping[str, dict], stall: Mapping[str, float],
+                   prefix: Mapping[str, dict], chunked: Mapping[str, dict], costs: Mapping[str, float] | None = None,
+                   sources: Mapping[str, int] | None = None, busy: Mapping[str, str | None] | None = None) -> list[str]:
+    """Where notebook 06's techniques did not pay on this machine, one sentence each, from this
+    run's measurements. Introduced in notebook 06 (continuous batching): its "where it loses
+    here" ledger.
+
+    speed, metrics: as for `serving_claims` ("static", "continuous", "hf"); stall, prefix,
+    chunked: as for `engine_claims`; costs: `decode_cost.decode_step_costs` (None: not run);
+    sources: `serving_metrics.prefix_cache_sources` of the prefix-caching run; busy: the busy
+    reason of "speed", "chunked", "prefix" and "costs", carried by the lines timed then.
+    Thresholds are `serving_claims`' and `engine_claims`' (FASTER, LATENCY_GAIN,
+    THROUGHPUT_KEPT); a decode step's gather "costs" from a tenth of the step."""
+    busy = busy or {}
+
+    def note(key):
+        return f" (timed while {busy[key]})" if busy.get(key) else ""
+    lines = []
+    static, continuous = metrics["static"], metrics["continuous"]
+    ratio = speed["continuous"] / speed["static"]
+    if compare_speed(ratio, FASTER) != "faster":
+        lines.append(f"Continuous batching ran at {ratio:.2f}x static batching's throughput{note('speed')}, with "
+                     f"{continuous['slot_utilization']:.0%} of the slots busy against {static['slot_utilization']:.0%} "
+                     f"in {continuous['steps']} steps against {static['steps']}: fuller steps pay only as much as one "
+                     "step of many rows is cheaper than several steps of few (notebook 02), which this device decides.")
+    versus_hf = speed["continuous"] / speed["hf"]
+    if versus_hf < 1 / FASTER:
+        lines.append(f"Our continuous engine ran at {versus_hf:.2f}x Hugging Face's manager{note('speed')}: "
+                     "transformers prefills in chunks and shares prefixes by default, and our paged step copies "
+                     "every row's context out of the pool in every layer.")
+    without, with_ = chunked["without"], chunked["with"]
+    gain, kept = without["itl_p99"] / with_["itl_p99"], with_["throughput"] / without["throughput"]
+    if kept < THROUGHPUT_KEPT:
+        lines.append(f"Chunked prefill kept {kept:.0%} of the throughput without it{note('chunked')}: a prompt split "
+                     "over several steps pays a step's fixed cost once per chunk, and where a forward pass costs in "
+                     "proportion to its tokens a smaller step is not cheaper per token.")
+    if gain < LATENCY_GAIN:
+        lines.append(f"Chunked prefill shortened the p99 inter-token latency only {gain:.2f}x{note('chunked')}: the "
+                     f"stalls it removes were short here, a step with a whole prefill lasting {stall['ratio']:.2f}x "
+                     "a decode-only one (section 5).")
+    plain, cached = prefix["without"], prefix["with"]
+    faster = plain["ttft_p50"] / cached["ttft_p50"]
+    if faster < LATENCY_GAIN:
+        lines.append(f"Prefix caching brought the first token only {faster:.2f}x sooner at p50{note('prefix')}, "
+                     f"computing {cached['prefill_tokens_computed'] / plain['prefill_tokens_computed']:.0%} of the "
+                     "prompt tokens: with every request arriving at once, most of the wait is the queue for a slot, "
+                     "which a cheaper prefill does not shorten.")
+    if sources and sources["total"] and sources["repeated_prompt"]:
+        lines.append(f"{sources['repeated_prompt'] / sources['total']:.0%} of the prompt tokens prefix caching saved "
+                     f"came from the {sources['repeated_requests']} requests that repeat an earlier prompt word for "
+                     f"word; with distinct prompts only the {sources['common_prefix']} tokens every prompt shares "
+                     "(the chat template's system prompt, in full blocks) would be saved.")
+    if costs is not None and costs["gather_share"] + costs["table_build_share"] >= 0.1:
+        lines.append(f"The paged decode step spent {costs['gather_share']:.0%} of its time gathering each row's "
+                     f"context out of the pool and {costs['table_build_share']:.0%} building block tables"
+                     f"{note('costs')}: without a kernel that reads the block table in place (vLLM's PagedAttention), "
+                     "paging costs a copy per layer and step.")
+    if not lines:
+        lines.append("Nothing measured here lost to its baseline: every speed ratio was above 1/1.05, chunked "
+                     "prefill kept its throughput and prefix caching shortened the first token 1.5x or more.")
+    return lines

@@ -20,7 +20,8 @@ from typing import Mapping, Sequence
 
 import ipywidgets as widgets
 
-from ..plots.serving import phase_timeline_figure, settings_figure
+from ..plots.serving import phase_timeline_figure
+from ..plots.serving_settings import settings_figure
 from ..engine.serving import Engine
 from ..lab.load_curve import at_rate
 from .base import Explorer
@@ -34,6 +35,15 @@ def setting_label(load: str, policy: str, budget: int | None, prefix: bool) -> s
     """The name of one explorer setting, as its figures show it. Introduced in notebook 06 (continuous batching)."""
     return (f"{policy}, {'no budget' if budget is None else f'budget {budget}'}, "
             f"{'prefix cache' if prefix else 'no prefix cache'}, {load}")
+
+
+def short_label(load: str, policy: str, budget: int | None, prefix: bool) -> str:
+    """The category label of one setting in the figure of every setting measured so far: four
+    short lines (policy, budget, prefix cache, arrival rate), so that it is read horizontally.
+    Introduced in notebook 06 (continuous batching)."""
+    rate = load.replace(" of capacity", "")
+    return "<br>".join([policy, "no budget" if budget is None else f"budget {budget}",
+                        "prefix cache" if prefix else "no prefix", rate])
 
 
 def serving_explorer(model, requests: Sequence, capacity: float, max_slots: int = 8, block_size: int = 16,
@@ -61,7 +71,8 @@ def serving_explorer(model, requests: Sequence, capacity: float, max_slots: int 
     def keep(key, run, seconds):
         m = summarize(run)
         results[key] = {"run": run, "seconds": seconds, "row": {
-            "label": setting_label(*key), "policy": key[1], "throughput": m["throughput_tokens_per_s"],
+            "label": short_label(*key), "name": setting_label(*key), "policy": key[1],
+            "throughput": m["throughput_tokens_per_s"],
             "ttft_p50": m["ttft_p50"], "latency_p50": m["latency_p50"], "latency_p99": m["latency_p99"],
             "itl_p99": m["itl_p99"], "tokens": m["tokens"], "computed": m["prefill_tokens_computed"],
             "cached": m["prefix_cached_tokens"]}}
@@ -84,10 +95,12 @@ def serving_explorer(model, requests: Sequence, capacity: float, max_slots: int 
         budget = None if values["budget"] == "off" else int(values["budget"])
         current = measure((values["load"], values["policy"], budget, values["prefix"] == "on"))
         row = current["row"]
-        title = (f"{row['label']}<br><sup>{row['tokens']} tokens at {row['throughput']:.1f} tokens/s; "
+        title = (f"{row['name']}<br><sup>{row['tokens']} tokens at {row['throughput']:.1f} tokens/s; "
                  f"{row['computed']} prompt tokens computed, {row['cached']} from the prefix cache; "
                  f"inter-token latency p99 {1e3 * row['itl_p99']:.0f} ms</sup>")
-        return [phase_timeline_figure(current["run"], title=title),
+        timeline = phase_timeline_figure(current["run"], title=title)
+        timeline.update_layout(margin=dict(t=105))           # room for the subtitle above the panel titles
+        return [timeline,
                 settings_figure([r["row"] for r in results.values()], current=row["label"])]
 
     first = next(iter(results), ("90% of capacity", "continuous", None, False))

@@ -93,3 +93,60 @@ def reserved_vs_used(result, max_length: int) -> dict:
     bytes_per_position = result.block_bytes / result.block_size
     reserved = result.max_slots * max_length * bytes_per_position
     return {"reserved_bytes": reserved, "used_bytes": result.peak_blocks * result.block_bytes}
+
+
+def _shared_full_blocks(a, b, block_size: int) -> int:
+    """Positions in the full blocks that token lists `a` and `b` begin with alike."""
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return same // block_size * block_size
+
+
+def prefix_cache_sources(result) -> dict:
+    """Where the prompt tokens a prefix-caching run took from the cache came from, request by
+    request: the prefix that every prompt of the workload shares (the chat template's system
+    prompt), an earlier request with the very same prompt (a workload that repeats its
+    questions), or another earlier prompt that begins alike beyond the shared prefix.
+
+    Introduced in notebook 06 (continuous batching). Rebuilt from the prompts and the order of
+    admission: a newcomer finds the full blocks of the prompts admitted in earlier steps (whole
+    prompts prefilled at admission, i.e. no token budget) and computes at least its last prompt
+    token. `matches_run` says whether the rebuilt total equals the run's own count (False when
+    the cache evicted blocks, or a budget split the prompts). Returns {"shared_prefix",
+    "repeated_prompt", "other_prefix", "total", "run_total", "repeated_requests", "requests",
+    "common_prefix", "matches_run"}."""
+    size = result.block_size
+    seqs = sorted((s for s in result.sequences if s.slot_spans), key=lambda s: s.slot_spans[0][1])
+    prompts = [list(s.request.prompt) for s in result.sequences]
+    common = min((_shared_full_blocks(prompts[0], p, 1) for p in prompts), default=0)
+    common_blocks = common // size * size
+    shares = {"shared_prefix": 0, "repeated_prompt": 0, "other_prefix": 0}
+    repeated = 0
+    for i, seq in enumerate(seqs):
+        prompt, admitted = list(seq.request.prompt), seq.slot_spans[0][1]
+        earlier = [list(q.request.prompt) for q in seqs[:i] if q.slot_spans[0][1] < admitted]
+        repeat = prompt in [list(s.request.prompt) for s in seqs[:i]]
+        repeated += repeat
+        hit = max((min(_shared_full_blocks(prompt[:-1], q, size), len(q) // size * size) for q in earlier),
+                  default=0)
+        shares["shared_prefix"] += min(hit, common_blocks)
+        shares["repeated_prompt" if prompt in earlier else "other_prefix"] += max(hit - common_blocks, 0)
+    total = sum(shares.values())
+    run_total = sum(r.cached_tokens for r in result.steps)
+    return {**shares, "total": total, "run_total": run_total, "repeated_requests": repeated,
+            "requests": len(seqs), "common_prefix": common, "matches_run": total == run_total}
+
+
+def side_by_side_rounds(timings) -> dict:
+    """How notebook 06's servers were timed side by side (`measure.time_side_by_side`): the
+    number of timed rounds, the order of each (the first server moves to the end from one
+    round to the next), each server's seconds per round and their relative spread (max - min
+    under 4 rounds, else the interquartile range, over the median).
+
+    Introduced in notebook 06 (continuous batching). timings: name -> `Timing`, in the order
+    the servers were given. Returns {"rounds", "orders", "seconds", "spread"}."""
+    from .busy import relative_spread
+    names = list(timings)
+    rounds = min((len(t.samples) for t in timings.values()), default=0)
+    orders = [names[i % len(names):] + names[:i % len(names)] for i in range(rounds)]
+    return {"rounds": rounds, "orders": orders, "seconds": {n: list(t.samples) for n, t in timings.items()},
+            "spread": {n: relative_spread(t) for n, t in timings.items()}}
