@@ -59,6 +59,21 @@ def test_the_rotation_equals_the_reference_exactly(dtype, heads):
     assert torch.equal(fast, slow)                                    # the same two roundings, then the add
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_swiglu_product_equals_the_reference(dtype, tiny_llama):
+    torch.manual_seed(2)
+    gate_up = (4 * torch.randn(3, 19, 2 * 75)).to(dtype)              # 57 rows, an odd width
+    fast = torch.ops.labsupport.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert ulps(fast, torch.nn.functional.silu(gate) * up) <= 4       # exp: libm's, not Sleef's
+    mlp = tiny_llama.blocks[0].mlp
+    x = torch.randn(2, 3, tiny_llama.config.hidden_size)
+    with torch.no_grad():
+        fused_out = mlp(x)
+        with fused.switched(False):
+            assert torch.allclose(fused_out, mlp(x), rtol=1e-5, atol=1e-6)
+
+
 def test_taken_only_on_a_cpu_without_gradients_and_when_switched_on():
     x = torch.ones(2, 8)
     with torch.no_grad():

@@ -190,6 +190,8 @@ class StaticKVCache(LayerBuffers, FilledLength):
         shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
+        # one view per layer, each (batch, kv_heads, max_len, head_dim): a write selects no layer
+        self.layer_keys, self.layer_values = self.keys.unbind(0), self.values.unbind(0)
         self.layer_ids = torch.arange(config.num_layers, device=device)     # the fixed-shape writer's index
         self.batch_size = batch_size
         self.max_len = max_len
@@ -205,9 +207,10 @@ class StaticKVCache(LayerBuffers, FilledLength):
         """Store one layer's new keys/values (batch, kv_heads, T, head_dim) at positions
         [start, start + T) and return all keys/values so far, each (batch, kv_heads, start + T, head_dim)."""
         end = start + k.shape[2]
-        self.keys[layer, :, :, start:end] = k
-        self.values[layer, :, :, start:end] = v
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        keys, values = self.layer_keys[layer], self.layer_values[layer]   # views of keys[layer], values[layer]
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        return keys[:, :, :end], values[:, :, :end]
 
     def fixed_shape_writer(self, start: int, n: int) -> "FixedShapeWriter":
         """The writer of positions [start, start + n) as a tensor, returning the whole buffer

@@ -10,6 +10,7 @@
 //   rms_norm(x, w, eps)          w * to_dtype(x * rsqrt(mean(x^2) + eps))        x in fp32
 //   add_rms_norm(x, d, w, eps)   h = x + d, then rms_norm(h): returns (h, normed)
 //   rope(qkv, cos, sin, heads)   rotates the first `heads` heads of each token: x*cos + rot(x)*sin
+//   silu_mul(gate_up)            silu(gate) * up, gate and up the two halves of the last dimension
 //
 // Every tensor is contiguous, rows are the last dimension; one row is tiny (576 numbers for
 // the 135M model), so threads split rows only when there are many of them (a prefill).
@@ -121,16 +122,43 @@ at::Tensor rope(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   return out;
 }
 
+// gate_up: (..., 2 I) -> (..., I): silu(g) = g / (1 + exp(-g)) rounded to the dtype, times u, rounded.
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.is_contiguous() && gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0,
+              "silu_mul: gate_up must be a contiguous CPU tensor with an even last dimension");
+  const int64_t width = gate_up.size(-1) / 2, rows = gate_up.numel() / gate_up.size(-1);
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() = width;
+  auto out = at::empty(sizes, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
+    const scalar_t* pg = gate_up.data_ptr<scalar_t>();
+    scalar_t* po = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t *g = pg + r * 2 * width, *u = g + width;
+        for (int64_t i = 0; i < width; ++i) {
+          const float x = static_cast<float>(g[i]);
+          const scalar_t silu = static_cast<scalar_t>(x / (1.f + std::exp(-x)));
+          po[r * width + i] = static_cast<scalar_t>(static_cast<float>(silu) * static_cast<float>(u[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(labsupport, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rope(Tensor qkv, Tensor cos, Tensor sin, int heads) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(labsupport, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("rope", &rope);
+  m.impl("silu_mul", &silu_mul);
 }

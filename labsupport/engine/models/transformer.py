@@ -28,9 +28,9 @@ quantization (notebooks 03 and 04) are a swap of those modules. The query, key
 and value projections are fused into one Linear (``qkv``), and so are the
 gate and up projections (``gate_up``): one bigger matmul instead of three or
 two small ones saves per-call overhead in the memory-bound decode step. On a CPU
-the norms (with the residual add before the second one) and the rotation of the queries and
-keys are one call each as well (fused.py: C++ kernels doing the same arithmetic); the plain
-torch code below stays the reference, and the path everywhere else.
+the norms (with the residual add before the second one), the rotation of the queries and
+keys and SwiGLU's silu(gate) * up are one call each as well (fused.py: C++ kernels doing the
+same arithmetic); the plain torch code below stays the reference, and the path everywhere else.
 """
 
 from __future__ import annotations
@@ -175,7 +175,10 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x):
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        gate_up = self.gate_up(x)                                   # (..., 2 * intermediate)
+        if fused.active(gate_up):
+            return self.down(torch.ops.labsupport.silu_mul(gate_up))    # one call on a CPU (fused.py)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
 
 

@@ -134,17 +134,15 @@ class _QuantizedLinear(nn.Module):
         self.fallback_reason: str | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.in_features)                                  # (M, in)
-        if self.kernel == "w4a8":                                          # Int4Linear only
-            y = self._w4a8(x2)                                                 # (M, out)
-        elif self.kernel == "fast":
-            y = self._fast(x2)
+        if self.kernel == "w4a8":               # Int4Linear only: the kernel takes (..., in) as it is
+            y = self._w4a8(x)                                                  # (..., out)
         else:
-            y = self._reference(x2)
+            x2 = x.reshape(-1, self.in_features)                               # (M, in)
+            y = self._fast(x2) if self.kernel == "fast" else self._reference(x2)
+            y = y.reshape(*x.shape[:-1], self.out_features)                    # (..., out)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        return y.reshape(*shape[:-1], self.out_features)
+        return y
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
@@ -327,12 +325,12 @@ class Int4Linear(_QuantizedLinear):
         return dequantize_int4(q, self.w4a8_scales, self.w4a8_mins)
 
     def _w4a8(self, x: torch.Tensor) -> torch.Tensor:
-        # torch.ops.labsupport.w4a8_linear(x (M, k) float, packed, scales, mins, path) -> (M, n) in x's dtype
+        # torch.ops.labsupport.w4a8_linear(x (..., k) float, packed, scales, mins, path) -> (..., n) in x's dtype
         return torch.ops.labsupport.w4a8_linear(self._pad(x), self.w4a8_packed, self.w4a8_scales,
                                                 self.w4a8_mins, self.w4a8_path)
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
-        """(M, in) -> (M, padded_in): zeros for the padding columns of the weight."""
+        """(..., in) -> (..., padded_in): zeros for the padding columns of the weight."""
         return x if self.padded_in == self.in_features else F.pad(x, (0, self.padded_in - self.in_features))
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:

@@ -471,17 +471,14 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
               "w4a8_linear needs the packed weight, scales and mins contiguous, as pack_q4_1 returns them.");
   const Path p = choose_path(path);
 
-  // x as a contiguous float32 (M, k) matrix: no copy (and no dispatcher call) when it is one already
-  const bool as_is = x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous();
-  const at::Tensor x2 = as_is ? x : x.reshape({-1, k}).to(at::kFloat).contiguous();   // (M, k)
-  const int64_t M = x2.size(0);
-  at::Tensor y = at::empty({M, n}, x2.options());                             // (M, n)
-  auto result = [&] {                                        // y in x's shape (..., n) and dtype
-    if (as_is) return y;
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape.back() = n;
-    return y.reshape(shape).to(x.scalar_type());
-  };
+  // x as contiguous float32 rows of k (M = all its leading dimensions): no copy, and no dispatcher
+  // call, when it is one already; y is allocated in x's shape (..., n) straight away
+  const at::Tensor x2 = x.scalar_type() == at::kFloat && x.is_contiguous() ? x : x.to(at::kFloat).contiguous();
+  const int64_t M = x2.numel() / k;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor y = at::empty(shape, x2.options());                            // (..., n) float32
+  auto result = [&] { return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type()); };
   if (M == 0 || n == 0) return result();
 
   // 1. quantize every activation row once (shared by all n output rows)
