@@ -121,18 +121,22 @@ def ridge_rows_sentence(config, dtype, context: int = 0, sheets=DATA_SHEETS) -> 
 
     Introduced in notebook 00 (where the time goes)."""
     name = dtype_name(dtype)
-    parts = []
-    for sheet in sheets:
-        if name in sheet.flops:
-            parts.append(f"{sheet.name} {sheet.ridge(name):.0f} FLOP/byte, batch "
-                         f"{ridge_batch(sheet.profile(), config, name, context):.0f}")
+
+    def rows(sheet, dtype_name_):
+        batch = ridge_batch(sheet.profile(), config, dtype_name_, context)
+        return "no batch at this context" if batch == float("inf") else f"batch {batch:.0f}"
+
+    parts = [f"{sheet.name} {sheet.ridge(name):.0f} FLOP/byte, {rows(sheet, name)}" for sheet in sheets if name in sheet.flops]
     text = f"In {name}, from the vendors' data sheets (context {context}): " + "; ".join(parts) + "."
-    if bytes_per_value(name) == 4:
-        half = [(s, sixteen_bit(s)) for s in sheets if s.kind == "cuda" and sixteen_bit(s)]
-        text += (" A GPU's fp32 ridge sits at tens of rows; its tensor cores' 16-bit rate puts it at "
-                 + ", ".join(f"batch {ridge_batch(s.profile(), config, h, context):.0f} ({s.name}, {h})"
-                             for s, h in half)
-                 + ": the 'hundreds of rows' of a GPU hold for 16-bit only.")
+    gpus = [s for s in sheets if s.kind == "cuda" and sixteen_bit(s)]
+    if bytes_per_value(name) == 4 and gpus:
+        fp32_rows = [ridge_batch(s.profile(), config, name, context) for s in gpus]
+        half_rows = [ridge_batch(s.profile(), config, sixteen_bit(s), context) for s in gpus]
+        verdict = (": the 'hundreds of rows' of a GPU hold for 16-bit only." if any(100 <= b < float("inf") for b in half_rows)
+                   else ": at this context each row's cache keeps a 16-bit step below most of those ridges at any batch.")
+        text += (f" The GPUs' fp32 ridges sit at batch {min(fp32_rows):.0f} to {max(fp32_rows):.0f}; their tensor cores' "
+                 "16-bit rate puts them at " + ", ".join(f"{rows(s, sixteen_bit(s))} ({s.name}, {sixteen_bit(s)})" for s in gpus)
+                 + verdict)
     return text
 
 
