@@ -14,6 +14,7 @@ status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "batching, precision and speculative; 1 to 3 for the others)")
     parser.add_argument("--kv-lengths", type=int, nargs="*", default=None,
                         help="new-token counts for the KV-cache comparison (default: 64 256 1024)")
+    parser.add_argument("--all-peers", action="store_true",
+                        help="the engines section's slow rows too: compiled decoding (ours and Hugging Face's "
+                             "static cache + torch.compile), Hugging Face's prompt lookup and assisted generation "
+                             "(minutes more on a 2-core CPU)")
 
 
 def _delivery_commands(sub) -> None:
@@ -132,6 +137,15 @@ def _loadgen(args) -> int:
     return 0
 
 
+def _previous_report(path: Path) -> dict | None:
+    """The report an earlier run wrote at `path` (its sections' seconds estimate this run's), or None."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser, every subcommand. Notebooks 00-09."""
     parser = argparse.ArgumentParser(prog="python -m labsupport", description=__doc__.splitlines()[0])
@@ -168,9 +182,10 @@ def main(argv=None) -> int:
             require_writable_report(args.out)
         device = pick_device(args.device)
         options = BenchOptions.from_cli(device, new_tokens=args.new_tokens, repeats=args.repeats,
-                                        kv_lengths=args.kv_lengths)
+                                        kv_lengths=args.kv_lengths, all_peers=args.all_peers)
+        previous = _previous_report(Path(args.out) / "report.json" if args.command == "tour" else Path(args.out))
         report = run(args.sections, device=device, model_name=args.model, options=options,
-                     progress=lambda m: print(m, flush=True))
+                     progress=lambda m: print(m, flush=True), bars=True, previous=previous)
     except LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

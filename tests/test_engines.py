@@ -37,8 +37,18 @@ def test_engine_options_are_validated():
     with pytest.raises(LabError, match="engines.compile must be True or False"):
         EnginesOptions(compile="yes")
     assert EnginesOptions(draft_layers=0).draft_layers == 0
-    with pytest.raises(LabError, match="engines.lookup must be at least 1"):
-        EnginesOptions(lookup=0)
+    with pytest.raises(LabError, match="engines.lookup must be at least 0"):
+        EnginesOptions(lookup=-1)
+
+
+def test_the_rows_that_only_cost_time_are_off_by_default_and_one_switch_away():
+    default = EnginesOptions()
+    assert (default.compile, default.lookup, default.draft_layers) == (False, 0, 0)
+    every = default.with_all_peers()
+    assert (every.compile, every.lookup, every.draft_layers) == (True, 10, 10)
+    assert EnginesOptions(lookup=4).with_all_peers().lookup == 4           # a chosen count is kept
+    assert BenchOptions.from_cli(torch.device("cpu"), all_peers=True).engines == every
+    assert BenchOptions.from_cli(torch.device("cpu")).engines == default
 
 
 def _row(tps, decode, agree=8):
@@ -76,7 +86,7 @@ def test_engines_section_small_run(smollm, smollm_hf):
     ctx = BenchContext(device=torch.device("cpu"))
     ctx._cache[("ours", torch.float32)] = smollm
     ctx._cache[("hf", torch.float32)] = smollm_hf
-    options = EnginesOptions(new_tokens=6, repeats=1, compile=False, draft_layers=4, llamacpp=HAS_LLAMACPP)
+    options = EnginesOptions(new_tokens=6, repeats=1, compile=False, lookup=10, draft_layers=4, llamacpp=HAS_LLAMACPP)
     section = section_engines(ctx, options)
     rows = section["rows"]
     for name in (HF, HF_LOOKUP, HF_ASSISTED):

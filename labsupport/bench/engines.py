@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -61,19 +61,27 @@ class EnginesOptions(SectionOptions):
     """The engines section's options (the same on a CPU and a GPU). Introduced in notebook 00.
 
     new_tokens: new tokens per generate() call (greedy, batch 1); repeats: timed repeats of
-    every engine, interleaved; compile: time the compiled rows (labsupport's compiled decode,
-    Hugging Face's static cache + torch.compile; each compiles on its first call, minutes on
-    a 2-core CPU); llamacpp: time llama.cpp where llama-cpp-python is installed (the `peers`
-    extra); lookup: tokens Hugging Face's prompt-lookup row drafts per step; draft_layers:
-    first layers of the model kept as the draft of its assisted-generation row (0: no such row)."""
+    every engine, interleaved; llamacpp: time llama.cpp where llama-cpp-python is installed
+    (the `peers` extra). The rows that only cost time are off by default, one switch away
+    (`with_all_peers`, ``--all-peers``): compile: the compiled rows (labsupport's compiled
+    decode, Hugging Face's static cache + torch.compile; each compiles on its first call,
+    minutes on a 2-core CPU); lookup: tokens Hugging Face's prompt-lookup row drafts per step
+    (0: no such row); draft_layers: first layers of the model kept as the draft of its
+    assisted-generation row (0: no such row; on the course's prompt its drafts are almost
+    never accepted, so it measures the cost of drafting)."""
 
     SECTION = "engines"
     new_tokens: int = count(128)
-    repeats: int = count(5)
-    compile: bool = switch(True)
+    repeats: int = count(3)
+    compile: bool = switch(False)
     llamacpp: bool = switch(True)
-    lookup: int = count(10)
-    draft_layers: int = count(10, minimum=0)
+    lookup: int = count(0, minimum=0)
+    draft_layers: int = count(0, minimum=0)
+
+    def with_all_peers(self) -> "EnginesOptions":
+        """These options with every slow row on: compiled rows, prompt lookup (10 tokens) and
+        assisted generation (a 10-layer draft). Notebook 00; ``--all-peers``."""
+        return replace(self, compile=True, lookup=self.lookup or 10, draft_layers=self.draft_layers or 10)
 
 
 def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tuple[dict, dict, dict, dict]:
@@ -101,7 +109,7 @@ def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tupl
         else:
             absent[OURS_COMPILED] = warm.decode_note
     else:
-        absent[OURS_COMPILED] = "switched off (engines.compile=False)"
+        absent[OURS_COMPILED] = "switched off (engines.compile=False; --all-peers turns it on)"
     int4 = ctx.variants.get("float32", "int4", group_size=32)          # the run's int4 variant
     engines[OURS_INT4] = (ours(int4), quantized_bytes(int4))
     kernels[OURS_INT4] = ctx.variants.handle("float32", "int4", group_size=32).describe()
@@ -114,7 +122,7 @@ def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tupl
         else:
             absent[OURS_INT4_COMPILED] = warm.decode_note
     else:
-        absent[OURS_INT4_COMPILED] = "switched off (engines.compile=False)"
+        absent[OURS_INT4_COMPILED] = "switched off (engines.compile=False; --all-peers turns it on)"
     if "W4A8" in kernels[OURS_INT4]:               # the same weights through the kernel it replaced
         aten_int4 = copy.deepcopy(model)
         kernels[OURS_INT4_ATEN] = quantize_model(aten_int4, "int4", group_size=32, kernel="fast").describe()
@@ -135,14 +143,17 @@ def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tupl
         compile_s[HF_STATIC] = max(0.0, first - (time.perf_counter() - start))
         engines[HF_STATIC] = (static, model.weight_bytes())
     else:
-        absent[HF_STATIC] = "switched off (engines.compile=False)"
-    engines[HF_LOOKUP] = (theirs(lambda n: hf_generate_fn(hf, ids, n, prompt_lookup=options.lookup)),
-                          model.weight_bytes())
+        absent[HF_STATIC] = "switched off (engines.compile=False; --all-peers turns it on)"
+    if options.lookup:
+        engines[HF_LOOKUP] = (theirs(lambda n: hf_generate_fn(hf, ids, n, prompt_lookup=options.lookup)),
+                              model.weight_bytes())
+    else:
+        absent[HF_LOOKUP] = "switched off (engines.lookup=0; --all-peers turns it on)"
     if options.draft_layers:
         draft = hf_early_layers_draft(hf, options.draft_layers)
         engines[HF_ASSISTED] = (theirs(lambda n: hf_assisted_fn(hf, draft, ids, n)), model.weight_bytes())
     else:
-        absent[HF_ASSISTED] = "switched off (engines.draft_layers=0)"
+        absent[HF_ASSISTED] = "switched off (engines.draft_layers=0; --all-peers turns it on)"
 
     gguf = find_gguf() if options.llamacpp and ctx.device.type == "cpu" else None
     reason = (llamacpp_unavailable(gguf) if gguf is not None else

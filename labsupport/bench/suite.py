@@ -19,6 +19,7 @@ from ..engine.hardware import pick_device
 from ..errors import LabError
 from ..inputs import whole_number
 from ..lab.busy import busy_reason, load_per_core
+from ..lab.progress import section_bar
 from ..plots import sections as plots
 from . import (baseline, batching, compiled_decode, engines, http_serving, kv_cache, long_context, precision,
                quantization, roofline, serving, speculative, stack)
@@ -79,6 +80,13 @@ SECTIONS: dict[str, Section] = {
                             http_serving.HttpServingOptions, None, plots.http_serving_figures,
                             in_default_run=False),
 }
+
+
+# Seconds each section took on the course's reference machine (a quiet 2-core AMD EPYC, CPU
+# preset, the tour of 2026-12-02): the progress bars' estimate where this machine has no report yet.
+REFERENCE_SECONDS = {"baseline": 83, "engines": 120, "roofline": 8, "kv_cache": 108, "batching": 154,
+                     "precision": 24, "quantization": 64, "speculative": 231, "serving": 107, "stack": 65,
+                     "compile": 300, "long_context": 90, "http_serving": 150}
 
 
 @dataclass(frozen=True)
@@ -160,13 +168,14 @@ class BenchOptions:
 
     @classmethod
     def from_cli(cls, device, new_tokens: int | None = None, repeats: int | None = None,
-                 kv_lengths=None) -> BenchOptions:
+                 kv_lengths=None, all_peers: bool = False) -> BenchOptions:
         """The preset for `device` with the command line's flags spread over every section.
 
         Introduced in notebook 00. ``--new-tokens`` sets each section's ``new_tokens``
         (`SectionOptions.with_counts`; quantization's at least 2, its slow rows never above
         it); ``--repeats`` every field ending in ``repeats``; ``--kv-lengths`` the KV-cache
-        section's ``lengths``. None leaves the preset.
+        section's ``lengths``. None leaves the preset. ``--all-peers``: the engines
+        section's slow rows too (`engines.EnginesOptions.with_all_peers`).
         """
         if new_tokens is not None:
             whole_number(new_tokens, "new_tokens")
@@ -176,6 +185,8 @@ class BenchOptions:
         sections = {name: o.with_counts(new_tokens, repeats) for name, o in options.sections.items()}
         if kv_lengths is not None:
             sections["kv_cache"] = replace(sections["kv_cache"], lengths=kv_lengths)
+        if all_peers:
+            sections["engines"] = sections["engines"].with_all_peers()
         return cls(sections)
 
     def to_dict(self) -> dict:
@@ -184,14 +195,16 @@ class BenchOptions:
 
 
 def run(sections=None, device=None, model_name: str = "smollm2-135m", options: BenchOptions | None = None,
-        progress=print) -> dict:
+        progress=print, bars: bool = False, previous: dict | None = None) -> dict:
     """Run the named sections (default: all but those marked not `in_default_run`, in the course's
     order) and return one report dict: created, model, options, machine, and each section's dict
     (with the seconds it took, the load after it, and its ``"claims"``: the rows of its claims
     function, `Section.claims`, computed from that dict).
 
     Introduced in notebook 00 (where the time goes). options: default, the preset for
-    the device (`BenchOptions.for_device`). An unknown section name is one sentence.
+    the device (`BenchOptions.for_device`). An unknown section name is one sentence. bars: a
+    progress bar per section (`lab.progress`), estimated from `previous` (an earlier report of
+    this machine, its sections' seconds) or else `REFERENCE_SECONDS`.
     """
     unknown = sorted(set(sections or ()) - set(SECTIONS))
     if unknown:
@@ -201,15 +214,27 @@ def run(sections=None, device=None, model_name: str = "smollm2-135m", options: B
     report = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "model": model_name,
               "options": options.to_dict(), "machine": machine_info(ctx), "sections": {}}
     for name in sections or [name for name, section in SECTIONS.items() if section.in_default_run]:
-        progress(f"[bench] {name} ...")
         start = time.perf_counter()
-        section = report["sections"][name] = SECTIONS[name](ctx, options[name])
+        if bars:
+            with section_bar(name, *_estimate(name, previous)):
+                section = report["sections"][name] = SECTIONS[name](ctx, options[name])
+        else:
+            progress(f"[bench] {name} ...")
+            section = report["sections"][name] = SECTIONS[name](ctx, options[name])
         section["seconds"] = time.perf_counter() - start
         section["load_per_core"] = load_per_core()
         mark_busy(section, busy_reason(load=section["load_per_core"]))
         if SECTIONS[name].claims is not None:
             section["claims"] = SECTIONS[name].claims(section)
     return report
+
+
+def _estimate(name: str, previous: dict | None) -> tuple[float, str]:
+    """(seconds, where the figure comes from) that section `name` should take here."""
+    seconds = ((previous or {}).get("sections", {}).get(name) or {}).get("seconds")
+    if isinstance(seconds, (int, float)) and seconds > 0:
+        return float(seconds), "estimate: its last run here"
+    return float(REFERENCE_SECONDS.get(name, 60)), "estimate: a 2-core CPU"
 
 
 def mark_busy(section: dict, reason: str | None) -> None:

@@ -25,6 +25,7 @@ import torch
 
 from labsupport.errors import LabError
 from labsupport.engine.hardware import pick_device, synchronize
+from labsupport.lab import progress
 
 try:
     import resource  # Linux and macOS only
@@ -150,6 +151,7 @@ def time_side_by_side(
     warmup = _warmup_calls(warmup, repeats, device)
     names = list(fns)
     for name in names:
+        progress.timing(f"{name} (warm-up)")        # named beside the tour's bar (progress.py)
         for _ in range(warmup):
             fns[name]()
     synchronize(device)
@@ -158,6 +160,7 @@ def time_side_by_side(
     for round_index in range(repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
+            progress.timing(f"{name} ({round_index + 1}/{repeats})")
             samples[name].append(_time_once(fns[name], device))
     return {name: Timing(samples[name]) for name in names}
 
