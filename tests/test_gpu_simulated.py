@@ -180,3 +180,20 @@ def test_timing_on_a_gpu_always_warms_up_once(gpu):
     calls.clear()
     time_fn(lambda: calls.append(1), "cpu", warmup=0, repeats=3)
     assert len(calls) == 3
+
+
+def test_big_gpus_time_their_sweeps_on_a_model_at_17b_shape_and_a_t4_on_the_courses(gpu):
+    from labsupport.lab.workloads import TIMING_MODEL, timing_model_name
+    expected = TIMING_MODEL if gpu.total_memory >= 40 * 2**30 else None
+    assert timing_model_name(CUDA) == expected
+    assert (expected is None) == (gpu.name == "Tesla T4")           # the T4 keeps the 135M model (15 GiB)
+    assert timing_model_name("cpu") is None
+    big = MODELS[TIMING_MODEL]
+    assert big.num_layers == 24 and big.hidden_size == 2048        # SmolLM2-1.7B's shape
+
+
+def test_the_bench_context_times_the_courses_model_on_a_cpu():
+    from labsupport.bench.core import BenchContext
+    ctx = BenchContext(device=torch.device("cpu"), model_name="tiny-llama")
+    model, name = ctx.timing_model(torch.float32)
+    assert model is ctx.model(torch.float32)[0] and name == "tiny-llama"

@@ -73,12 +73,13 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
     (the sweep, the pair, the padding and the roofline's predicted ridge batch).
     """
     model, tok = ctx.model(torch.float32)
+    timed, timed_name = ctx.timing_model(torch.float32)      # the sweep's model: at 1.7B's shape on a big GPU
     new_tokens = options.new_tokens
     sizes = list(options.sizes)
     prompt = tok.encode(chat_prompt(tok, STORY_PROMPT))
 
     def run(batch):
-        return lambda: generate(model, [prompt] * batch, new_tokens, eos_token_ids=())
+        return lambda: generate(timed, [prompt] * batch, new_tokens, eos_token_ids=())
 
     sweep = []
     for batch in sizes:
@@ -86,13 +87,13 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
         sweep.append({"batch": batch, "seconds": seconds, "tokens_per_s": batch * new_tokens / seconds,
                       "ms_per_step": 1e3 * seconds / new_tokens,
                       # every weight read once per step (the prompt's prefill counted in the time)
-                      "bandwidth_fraction": model.weight_bytes() * new_tokens / seconds / ctx.hardware.bandwidth})
+                      "bandwidth_fraction": timed.weight_bytes() * new_tokens / seconds / ctx.hardware.bandwidth})
     # the headline ratio: batch 16 against batch 1, interleaved; in fp32, and in bf16
     # where the hardware has it (16-bit matrix units make the compute-bound side cheaper)
-    ratio, pair = batch_speedup(model, prompt, 16, new_tokens, warmup=1, repeats=options.repeats)
+    ratio, pair = batch_speedup(timed, prompt, 16, new_tokens, warmup=1, repeats=options.repeats)
     bf16_ratio, bf16_skipped, bf16_pair = None, None, {}
     if bf16_supported(ctx.device):
-        bf16_ratio, bf16_pair = batch_speedup(ctx.model(torch.bfloat16)[0], prompt, 16, new_tokens,
+        bf16_ratio, bf16_pair = batch_speedup(ctx.timing_model(torch.bfloat16)[0], prompt, 16, new_tokens,
                                               warmup=1, repeats=options.repeats)
     else:
         bf16_skipped = ("bf16 not timed: this device has no bf16 hardware, and emulated 16-bit "
@@ -110,9 +111,10 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
     side, tokens = versus_huggingface(model, hf, prompts, padded, new_tokens, repeats=options.repeats)
     same = tokens["labsupport"].tolist() == tokens["huggingface"].tolist()
     vs_hf = side["huggingface"].median / side["labsupport"].median
-    ridge = ridge_batch(ctx.hardware, model.config, model.dtype, context=len(prompt) + new_tokens // 2)
+    ridge = ridge_batch(ctx.hardware, timed.config, timed.dtype, context=len(prompt) + new_tokens // 2)
     return {
         "new_tokens": new_tokens, "sweep": sweep, "ridge_batch": ridge, "device_type": ctx.device.type,
+        "timed_model": timed_name,
         "batch16_over_batch1": ratio, "batch16_over_batch1_bf16": bf16_ratio,
         "bf16_skipped": bf16_skipped, "timings_s": {k: v.to_dict() for k, v in pair.items()},
         "padding": {"lengths": [len(p) for p in prompts], "waste": waste, "sorted_waste": sorted_waste},

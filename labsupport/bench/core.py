@@ -25,6 +25,8 @@ import torch
 from ..errors import LabError, first_line
 from ..lab.roofs import HardwareProfile, probe
 from ..lab.variants import ModelVariants
+from ..lab.workloads import timing_model_name
+from ..weights.fixtures import random_model
 from ..weights.loading import load_hf_model, load_model
 
 
@@ -76,6 +78,18 @@ class BenchContext:
         """labsupport's model in `dtype` (fp32 as loaded, any other precision cast from it by
         `variants`) and the tokenizer."""
         return self.variants.get(dtype), self._fp32()[1]
+
+    def timing_model(self, dtype=torch.float32):
+        """(model, its name) for a sweep that measures speed only: the course's model in `dtype`,
+        except on a big GPU, where it is `workloads.timing_model_name`'s random-weight model at
+        SmolLM2-1.7B's shape (built once per dtype on the device). Notebooks 00 and 02."""
+        name = timing_model_name(self.device)
+        if name is None:
+            return self.model(dtype)[0], self.model_name
+        key = ("timing", name, dtype)
+        if key not in self._cache:
+            self._cache[key] = random_model(name, seed=0, device=self.device, dtype=dtype)
+        return self._cache[key], f"{name} (random weights)"
 
     def hf_model(self, dtype=torch.float32):
         """The same weights as a Hugging Face transformers model, loaded on first use."""

@@ -47,7 +47,7 @@ def section_roofline(ctx: BenchContext, options: RooflineOptions) -> dict:
     sweeps, figures = {}, []
     for name in supported_dtypes(profile):
         dtype = getattr(torch, name)
-        model, _ = ctx.model(dtype)
+        model, timed = ctx.timing_model(dtype)        # on a big GPU, a model at 1.7B's shape
         rows = sweep_decode(model, batches, context, repeats)
         sweeps[name] = rows
         predicted = ridge_batch(profile, model.config, dtype, context)
@@ -60,11 +60,12 @@ def section_roofline(ctx: BenchContext, options: RooflineOptions) -> dict:
             reported(f"batch where the decode step time passes 1.5x batch 1 ({name})",
                      float(grows_at) if grows_at else float("nan"), "batch", busy=busy,
                      note=f"predicted ridge batch {predicted:.1f} (context {context}); "
-                          f"swept {batches[0]}..{batches[-1]}"),
+                          f"swept {batches[0]}..{batches[-1]}; model {timed}"),
             reported(f"decode tokens/s at batch {last['batch']} / batch 1 ({name})",
                      last["tokens_per_s"] / first["tokens_per_s"], "x", busy=busy,
                      note=f"{first['tokens_per_s']:.0f} -> {last['tokens_per_s']:.0f} tokens/s; "
                           f"step {1e3 * first['seconds']:.1f} -> {1e3 * last['seconds']:.1f} ms"),
         ]
     return {"context": context, "batches": list(batches), "hardware": profile.to_dict(),
+            "timed_model": ctx.timing_model(torch.float32)[1] if sweeps else ctx.model_name,
             "sweeps": sweeps, "figures": figures}

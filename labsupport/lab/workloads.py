@@ -222,6 +222,29 @@ def device_class(device) -> str:
     return "gpu" if torch.device(device).type == "cuda" else "cpu"
 
 
+# A GPU with this much memory or more (an A100, H100, H200) runs the 135M model's decode step in
+# a few dozen microseconds of launches: timed sweeps there use a model at SmolLM2-1.7B's shape.
+TIMING_MODEL = "smollm2-1.7b-shape"
+TIMING_MODEL_MIN_GIB = 40
+
+
+def timing_model_name(device) -> str | None:
+    """The model a timed sweep uses instead of the course's own on `device`, or None (the course's).
+
+    Introduced in notebook 00 (where the time goes). On a big GPU (`TIMING_MODEL_MIN_GIB` or more)
+    the 135M model's batch-1 step is launch-bound: a few percent of the memory bandwidth, int4 and
+    int8 no faster than 16-bit, a batch sweep that never bends. `TIMING_MODEL` (random weights at
+    SmolLM2-1.7B's shape, built on the device: no download) reads 13x the bytes per step. A T4
+    (15 GiB) and every CPU keep the course's model, whose sweeps fit and show the lesson there.
+    Only speed is measured on it: its tokens mean nothing.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    return TIMING_MODEL if total >= TIMING_MODEL_MIN_GIB * 2**30 else None
+
+
 def preset(device) -> DevicePreset:
     """The workload sizes for `device` (`PRESETS`). Introduced in notebook 00 (where the time goes)."""
     return PRESETS[device_class(device)]
