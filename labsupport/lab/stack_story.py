@@ -75,8 +75,10 @@ def why_not(row: dict, result: dict) -> str:
     longer = 1 / (row["gain"] * p)                 # this stage's seconds per pass over its base's
     removed = [f"{b:.2f}x the weight bytes per pass" if b < 0.95 else "",
                f"{p:.2f}x the passes per token" if abs(p - 1) >= 0.05 else ""]
-    said = " and ".join(x for x in removed if x) or "the same bytes and passes"
-    text = f"it read {said} of {base['stage']}, but each of its passes took {longer:.2f}x as long"
+    said = " and ".join(x for x in removed if x)
+    text = (f"it read {said} of {base['stage']}" if said else
+            f"it read the same bytes per pass and took the same passes per token as {base['stage']}")
+    text += f", but each of its passes took {longer:.2f}x as long"
     fraction = base.get("bandwidth_fraction")
     if b < 0.95 and fraction is not None and fraction < 0.5:
         text += (f"; {base['stage']} ran at {fraction:.0%} of the copy bandwidth, so bytes were not what "
