@@ -30,7 +30,7 @@ class BaselineOptions(SectionOptions):
 
     SECTION = "baseline"
     new_tokens: int = count(128)
-    repeats: int = count(5)
+    repeats: int = count(3)
 
 
 def section_baseline(ctx: BenchContext, options: BaselineOptions) -> dict:

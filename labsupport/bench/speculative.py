@@ -33,7 +33,7 @@ class SpeculativeOptions(SectionOptions):
 
     SECTION = "speculative"
     new_tokens: int = count(128)
-    repeats: int = count(5)
+    repeats: int = count(3)
     k: int = count(4)
 
 
