@@ -16,8 +16,8 @@ keeps its plain-torch code as the reference and as every other path:
 * switched off: LABSUPPORT_FUSED_OPS=0, or `switched(False)` around a block of code (notebook
   00's before-and-after profile).
 
-The build happens once per cache (cpp_build.py) when the first model is built; torch.compile
-traces through the ops by their fake (shape-only) implementations below.
+The build happens once per cache (cpp_build.py), before the first forward pass on a CPU
+(`prepare`); torch.compile traces through the ops by their fake (shape-only) implementations.
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ def load() -> str | None:
         torch.library.register_fake("labsupport::silu_mul")(_fake_silu_mul)
         LOADED = True
     return reason
+
+
+def prepare(device: torch.device) -> None:
+    """Build and load the kernels before the first pass on a CPU (never while torch.compile
+    traces, and never for a GPU model: Colab builds nothing it will not use). Notebook 00."""
+    if ENABLED and not LOADED and device.type == "cpu" and not torch.compiler.is_compiling():
+        load()
 
 
 def unavailable() -> str | None:

@@ -223,7 +223,6 @@ class Transformer(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        fused.load()                    # builds the CPU kernels once per cache; their absence is a reason
         self.config = config
         self.family = config.family
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -265,6 +264,7 @@ class Transformer(nn.Module):
             `config.attention_window`); default: causal after what the cache holds, windowed.
         """
         batch, T = tokens.shape
+        fused.prepare(tokens.device)                # the first CPU pass builds the fused kernels (once per cache)
         start, writer = 0, cache
         if isinstance(cache, KVCache):
             start = cache.length
