@@ -191,7 +191,8 @@ class StaticKVCache(LayerBuffers, FilledLength):
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         # one view per layer, each (batch, kv_heads, max_len, head_dim): a write selects no layer
-        self.layer_keys, self.layer_values = self.keys.unbind(0), self.values.unbind(0)
+        self.layer_keys = [self.keys[i] for i in range(config.num_layers)]
+        self.layer_values = [self.values[i] for i in range(config.num_layers)]
         self.layer_ids = torch.arange(config.num_layers, device=device)     # the fixed-shape writer's index
         self.batch_size = batch_size
         self.max_len = max_len
