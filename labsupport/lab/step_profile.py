@@ -110,7 +110,8 @@ def profile_decode_step(model, batch: int = 1, context: int = 64, steps: int = 5
     step_seconds (the step's median time, measured without the profiler), seconds (one
     step's seconds per kind, under the profiler, in the order of KINDS), share (the same
     as fractions of the profiled step), and top (the 8 operators with the most self time:
-    name, kind, seconds per step, calls per step). step_fn(model, cache, next_tokens), the
+    name, kind, seconds per step, calls per step), operators_per_step (the operators the step
+    called, not counting those nested inside another). step_fn(model, cache, next_tokens), the
     work of one step, defaults to the eager decode step and its argmax; pass
     `compiled_greedy_step` for the compiled step (its first calls compile: a minute or two
     on a 2-core CPU for the embedded model, untimed warm-up).
@@ -127,7 +128,11 @@ def profile_decode_step(model, batch: int = 1, context: int = 64, steps: int = 5
             one_step()
         synchronize(model.device)
         wall = (time.perf_counter() - start) / steps
-    return _split(prof.key_averages(), wall, steps, step_seconds, model.device.type == "cuda")
+    result = _split(prof.key_averages(), wall, steps, step_seconds, model.device.type == "cuda")
+    # operators the step called itself (nested calls inside an operator not counted)
+    result["operators_per_step"] = sum(1 for event in prof.events()
+                                       if event.cpu_parent is None and "::" in event.name) / steps
+    return result
 
 
 def _split(events, wall: float, steps: int, step_seconds: float, on_gpu: bool) -> dict:
