@@ -83,10 +83,11 @@ SECTIONS: dict[str, Section] = {
 
 
 # Seconds each section took on the course's reference machine (a quiet 2-core AMD EPYC, CPU
-# preset, the tour of 2026-12-02): the progress bars' estimate where this machine has no report yet.
-REFERENCE_SECONDS = {"baseline": 83, "engines": 120, "roofline": 8, "kv_cache": 108, "batching": 154,
-                     "precision": 24, "quantization": 64, "speculative": 231, "serving": 107, "stack": 65,
-                     "compile": 300, "long_context": 90, "http_serving": 150}
+# preset, the tour of 2026-12-02; compile: a rough figure): the progress bars' estimate where this
+# machine has no report yet.
+REFERENCE_SECONDS = {"baseline": 58, "engines": 83, "roofline": 6, "kv_cache": 117, "batching": 127,
+                     "precision": 20, "quantization": 34, "speculative": 131, "serving": 126, "stack": 60,
+                     "long_context": 8, "compile": 300, "http_serving": 149}
 
 
 @dataclass(frozen=True)
