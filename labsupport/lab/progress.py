@@ -63,7 +63,6 @@ def section_bar(name: str, expected_s: float, label: str = "estimated"):
         done.set()
         ticker.join()
         _bar = None
-        bar.total = max(1, round(time.perf_counter() - start))
+        bar.total = bar.n = max(1, round(time.perf_counter() - start))
         bar.set_postfix_str("done", refresh=False)
-        bar.update(bar.total - bar.n)
-        bar.close()
+        bar.close()                                  # draws the finished bar once
