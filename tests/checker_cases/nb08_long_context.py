@@ -4,42 +4,63 @@ import math
 
 import torch
 
-from labsupport.checks.long_context import check_crossover_context
+from labsupport.checks.long_context import check_int8_crossover
 from labsupport.checks.tiled_attention import check_tiled_attention
 
 from checker_cases.common import accepts, refuses
 
 
-# --- exercise 2 (warm-up): the crossover context -------------------------------------------------
+# --- exercise 2 (warm-up): the crossover context of the int8 cache ------------------------------
 
-def reference_crossover(weight_bytes, config, batch, bytes_per_value):
-    per_token = config.num_layers * 2 * config.num_kv_heads * config.head_dim * bytes_per_value
+def position_bytes(config, values=1, scale=2, kv=None, per_value=False):
+    kv = config.num_kv_heads if kv is None else kv
+    per_head = config.head_dim * (values + scale) if per_value else config.head_dim * values + scale
+    return config.num_layers * 2 * kv * per_head
+
+
+def reference_crossover(weight_bytes, config, batch):
+    return weight_bytes / (batch * position_bytes(config))
+
+
+def crossover_without_scales(weight_bytes, config, batch):
+    return weight_bytes / (batch * position_bytes(config, scale=0))
+
+
+def crossover_scale_per_value(weight_bytes, config, batch):
+    return weight_bytes / (batch * position_bytes(config, per_value=True))
+
+
+def crossover_fp32_scale(weight_bytes, config, batch):
+    return weight_bytes / (batch * position_bytes(config, scale=4))
+
+
+def crossover_one_scale_per_token(weight_bytes, config, batch):
+    per_token = config.num_layers * 2 * (config.num_kv_heads * config.head_dim + 2)
     return weight_bytes / (batch * per_token)
 
 
-def crossover_without_batch(weight_bytes, config, batch, bytes_per_value):
-    return reference_crossover(weight_bytes, config, 1, bytes_per_value)
+def crossover_query_heads(weight_bytes, config, batch):
+    return weight_bytes / (batch * position_bytes(config, kv=config.num_heads))
 
 
-def crossover_keys_only(weight_bytes, config, batch, bytes_per_value):
-    return 2 * reference_crossover(weight_bytes, config, batch, bytes_per_value)
+def crossover_fp16_formula(weight_bytes, config, batch):      # the cell above's 16-bit cache, unchanged
+    return weight_bytes / (batch * position_bytes(config, values=2, scale=0))
 
 
-def crossover_query_heads(weight_bytes, config, batch, bytes_per_value):
-    per_token = config.num_layers * 2 * config.hidden_size * bytes_per_value
-    return weight_bytes / (batch * per_token)
+def crossover_without_batch(weight_bytes, config, batch):
+    return reference_crossover(weight_bytes, config, 1)
 
 
-def crossover_one_layer(weight_bytes, config, batch, bytes_per_value):
-    return config.num_layers * reference_crossover(weight_bytes, config, batch, bytes_per_value)
+def crossover_times_batch(weight_bytes, config, batch):
+    return reference_crossover(weight_bytes, config, 1) * batch
 
 
-def crossover_times_batch(weight_bytes, config, batch, bytes_per_value):
-    return reference_crossover(weight_bytes, config, 1, bytes_per_value) * batch
+def crossover_one_layer(weight_bytes, config, batch):
+    return config.num_layers * reference_crossover(weight_bytes, config, batch)
 
 
-def crossover_as_text(weight_bytes, config, batch, bytes_per_value):
-    return f"{reference_crossover(weight_bytes, config, batch, bytes_per_value):.0f}"
+def crossover_as_text(weight_bytes, config, batch):
+    return f"{reference_crossover(weight_bytes, config, batch):.0f}"
 
 
 # --- exercise 1: tiled attention with an online softmax -----------------------------------------
@@ -166,13 +187,17 @@ def returns_pair(q, k, v, tile, causal=False):
 
 
 NOTEBOOK_08 = [
-    accepts(check_crossover_context, "reference", reference_crossover),
-    refuses(check_crossover_context, "without-batch", "its own cache", crossover_without_batch),
-    refuses(check_crossover_context, "keys-only", "AND a value", crossover_keys_only),
-    refuses(check_crossover_context, "query-heads", "num_kv_heads", crossover_query_heads),
-    refuses(check_crossover_context, "one-layer", "num_layers", crossover_one_layer),
-    refuses(check_crossover_context, "times-batch", "not multiply", crossover_times_batch),
-    refuses(check_crossover_context, "as-text", "return a number", crossover_as_text),
+    accepts(check_int8_crossover, "reference", reference_crossover),
+    refuses(check_int8_crossover, "without-scales", "scales are cached too", crossover_without_scales),
+    refuses(check_int8_crossover, "scale-per-value", "not 3 bytes a value", crossover_scale_per_value),
+    refuses(check_int8_crossover, "fp32-scale", "2 bytes, not 4", crossover_fp32_scale),
+    refuses(check_int8_crossover, "one-scale-per-token", "own scale", crossover_one_scale_per_token),
+    refuses(check_int8_crossover, "query-heads", "num_kv_heads", crossover_query_heads),
+    refuses(check_int8_crossover, "fp16-formula", "one byte, not two", crossover_fp16_formula),
+    refuses(check_int8_crossover, "without-batch", "its own cache", crossover_without_batch),
+    refuses(check_int8_crossover, "times-batch", "not multiply", crossover_times_batch),
+    refuses(check_int8_crossover, "one-layer", "num_layers", crossover_one_layer),
+    refuses(check_int8_crossover, "as-text", "return a number", crossover_as_text),
     accepts(check_tiled_attention, "reference", reference_tiled),
     accepts(check_tiled_attention, "query-blocks", query_blocks),
     refuses(check_tiled_attention, "naive-scores", "every query's score against every key", naive_scores),
