@@ -67,5 +67,5 @@ def section_roofline(ctx: BenchContext, options: RooflineOptions) -> dict:
                           f"step {1e3 * first['seconds']:.1f} -> {1e3 * last['seconds']:.1f} ms"),
         ]
     return {"context": context, "batches": list(batches), "hardware": profile.to_dict(),
-            "timed_model": ctx.timing_model(torch.float32)[1] if sweeps else ctx.model_name,
+            "timed_model": timed if sweeps else ctx.model_name,     # the last sweep's model (one per run)
             "sweeps": sweeps, "figures": figures}
