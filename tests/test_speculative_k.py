@@ -59,3 +59,12 @@ def test_the_ledger_names_what_lost_and_why():
     assert len(lines) == 2 and lines[0].startswith("int4, creative task: 0.33x")
     assert "few drafts accepted" in lines[0] and "verify pass" in lines[0] and "drafting cost" in lines[0]
     assert "Hugging Face" in lines[1]
+
+
+def test_the_origin_prose_follows_the_gguf_file_not_the_name(monkeypatch):
+    embedded = SimpleNamespace(name="smollm2-135m")
+    monkeypatch.setenv("LABSUPPORT_GGUF", "/models/SmolLM2-135M-Instruct-Q8_0.gguf")
+    assert not weights_were_4bit(embedded)
+    assert "Q8_0" in self_draft_origin_note(embedded, 0.08, 0.09) and "special case" not in summary_origin_line(embedded)
+    monkeypatch.setenv("LABSUPPORT_GGUF", "/models/SmolLM2-135M-Instruct-Q4_0.gguf")
+    assert weights_were_4bit(embedded) and "Q4_0" in summary_origin_line(embedded)

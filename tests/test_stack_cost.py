@@ -84,3 +84,9 @@ def test_why_not_and_the_ledger_are_computed_from_the_rows():
     ledger = losses_ledger(result, [{"stage": "x", "predicted": 1.0, "measured": 10.0, "ratio": 0.1}])
     assert any(line.startswith("+ int4 weights: 0.67x") for line in ledger)
     assert any("Hugging Face" in line for line in ledger) and ledger[-1].startswith("cost model, x")
+
+
+def test_the_origin_note_follows_the_gguf_file(monkeypatch):
+    monkeypatch.setenv("LABSUPPORT_GGUF", "/models/SmolLM2-135M-Instruct-Q8_0.gguf")
+    note = model_origin_note(EMBEDDED)
+    assert "GGUF file in Q8_0" in note and "not on a 4-bit grid" in note

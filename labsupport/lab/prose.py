@@ -75,6 +75,10 @@ class WeightsOrigin:
     def was_4bit(self) -> bool:
         return self.stored.upper().startswith("Q4")
 
+    @property
+    def from_gguf(self) -> bool:
+        return ".gguf" in self.where.lower()
+
 
 GGUF_BLOCKS = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32}    # ggml's block sizes
 

@@ -7,16 +7,14 @@ Introduced in notebook 05 (speculative decoding). The formulas are in speculativ
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
-from ..engine.hardware import synchronize
 from ..engine.kv_cache import StaticKVCache
 from ..errors import LabError
-from ..weights.loading import EMBEDDED
+from .measure import time_side_by_side
+from .prose import weights_origin
 from .speculative_math import expected_tokens_per_call, pass_costs
 
 
@@ -30,19 +28,19 @@ def verify_pass_seconds(model, prompt: list[int], ks=range(0, 9), repeats: int =
         raise LabError("verify_pass_seconds needs k >= 0 and a prompt of at least 2 tokens.")
     cache = StaticKVCache.for_model(model, 1, len(prompt) + ks[-1] + 1)
     model(torch.tensor([prompt], device=model.device), cache=cache)              # the context, once
-    start, times = cache.length, {k: [] for k in ks}
+    start = cache.length
     fed = torch.tensor([prompt[-1:] * (ks[-1] + 1)], device=model.device)      # (1, k_max + 1)
-    for round_ in range(repeats + 1):                  # round-robin: a slow moment hits every k alike
-        for k in ks:
-            synchronize(model.device)
-            t0 = time.perf_counter()
+
+    def verify(k: int):
+        def one_pass():
             model.logits(model(fed[:, : k + 1], cache=cache))
-            synchronize(model.device)
-            if round_:                                 # round 0 warms up
-                times[k].append(time.perf_counter() - t0)
-            cache.truncate(start)
-    seconds = {k: statistics.median(t) for k, t in times.items()}
-    return seconds
+            cache.truncate(start)                      # every pass starts from the same context
+        return one_pass
+
+    # Side by side (notebook 00): each round runs every k, the first k rotating, so a slow
+    # moment of the machine lands on every k alike.
+    timings = time_side_by_side({k: verify(k) for k in ks}, model.device, warmup=1, repeats=repeats)
+    return {k: t.median for k, t in timings.items()}
 
 
 @dataclass(frozen=True)
@@ -73,9 +71,10 @@ def k_curve(alpha: float, draft_per_token: float, verify_seconds: dict[int, floa
 
 
 def weights_were_4bit(config) -> bool:
-    """True for the embedded model, read from a Q4_1 GGUF file: its weights sit on a 4-bit grid in
-    blocks of 32 (weights/embedded.py). Hub checkpoints arrive in 16 or 32 bits. Notebook 05."""
-    return getattr(config, "name", None) == EMBEDDED
+    """True where the model was read from a 4-bit GGUF file (the embedded model's Q4_1: its weights
+    sit on a 4-bit grid in blocks of 32; `prose.weights_origin`). Hub checkpoints arrive in 16 or
+    32 bits. Notebook 05."""
+    return weights_origin(getattr(config, "name", "")).was_4bit
 
 
 def self_draft_origin_note(config, error_32: float, random_error_32: float) -> str:
@@ -85,12 +84,13 @@ def self_draft_origin_note(config, error_32: float, random_error_32: float) -> s
     measured = (f"int4 in groups of 32 reproduces one of its matrices with a relative error of {error_32:.2%}, "
                 f"a random matrix of the same shape with {random_error_32:.2%}")
     if weights_were_4bit(config):
-        return (f"**{config.name} is a special case.** It reached the course as a Q4_1 GGUF file (notebook 04, "
+        stored = weights_origin(config.name).stored
+        return (f"**{config.name} is a special case.** It reached the course as a {stored} GGUF file (notebook 04, "
                 f"section 3): its weights already sit on a 4-bit grid in blocks of 32, so int4 with groups of 32 "
                 f"finds the same grid again ({measured}). Read the self-draft's acceptance as a property of this "
                 f"4-bit-born model, not of int4 drafts in general: a model shipped in 16 bits loses about what the "
                 f"random matrix loses, and its int4 copy disagrees with it more often.")
-    return (f"**{config.name} came from a 16- or 32-bit checkpoint**, so int4 is an approximation of it "
+    return (f"**{config.name} was not stored in 4 bits** ({weights_origin(config.name).stored}), so int4 is an approximation of it "
             f"({measured}). The self-draft's acceptance above is what int4 costs a model of this kind; the "
             f"course's default model, read from a 4-bit GGUF file, would show a near-perfect int4 copy instead.")
 
@@ -98,9 +98,10 @@ def self_draft_origin_note(config, error_32: float, random_error_32: float) -> s
 def summary_origin_line(config) -> str:
     """The summary's line on the int4 self-draft, for this model's origin. Notebook 05."""
     if weights_were_4bit(config):
-        return (f"{config.name}'s int4 copy is a special case: the model was 4-bit before (Q4_1), so int4 with "
+        stored = weights_origin(config.name).stored
+        return (f"{config.name}'s int4 copy is a special case: the model was 4-bit before ({stored}), so int4 with "
                 f"groups of 32 finds its grid again and the self-draft agrees with it unusually often.")
-    return (f"{config.name} arrived in 16 or 32 bits, so its int4 copy is an approximation and its acceptance "
+    return (f"{config.name} arrived as {weights_origin(config.name).stored}, not in 4 bits, so its int4 copy is an approximation and its acceptance "
             f"is what a self-draft usually gets.")
 
 

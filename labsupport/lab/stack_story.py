@@ -17,7 +17,7 @@ from __future__ import annotations
 from .roofline import ridge_batch
 from .stack import HF_PEER, removed_work
 from .stack_cost import cost_misses
-from ..weights.loading import EMBEDDED
+from .prose import weights_origin
 
 NOTEBOOK = {"+ KV cache": "01", "+ static batching": "02", "+ bf16": "03", "+ fp16": "03", "+ int4 weights": "04",
             "+ int4, batch 1": "04", "+ speculative decoding": "05", "+ continuous batching": "06"}
@@ -31,11 +31,15 @@ def model_origin_note(config) -> str:
     so the course's int4 in groups of 32 meets those very blocks; any other model came as
     float weights (safetensors from the hub or a directory), so its int4 is a first quantization.
     """
-    if config.name == EMBEDDED:
-        return (f"This run's model ({config.name}, embedded) came as a llama.cpp GGUF file in Q4_1: 4 bits in "
+    origin = weights_origin(config.name)
+    if origin.was_4bit:
+        return (f"This run's model ({config.name}, embedded) came as a llama.cpp GGUF file in {origin.stored}: 4 bits in "
                 "blocks of 32 with a scale and a minimum each, the very layout of the course's int4 in groups of 32, "
                 "so that int4 finds those layers' values already on its grid (the file kept the output layer at a "
                 "finer precision, and the stack's int4 quantizes that layer too: notebook 04).")
+    if origin.from_gguf:
+        return (f"This run's model ({config.name}) came as a llama.cpp GGUF file in {origin.stored} ({origin.where}), "
+                "not on a 4-bit grid: the stack's int4 is a new, coarser quantization of it.")
     return (f"This run's model ({config.name}) came as float weights (safetensors, from the Hugging Face hub or a "
             "directory), not from a GGUF file: the stack's int4 is its first quantization. llama.cpp would convert "
             "it (convert_hf_to_gguf.py) and quantize it (llama-quantize, e.g. to Q4_1 or Q4_K) before running it.")
