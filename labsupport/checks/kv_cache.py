@@ -294,6 +294,30 @@ SIZE_MISTAKES = [
 ]
 
 
+def _grade_formula(name, fn, cases, reference, mistakes, *, asked, bad_answer, fallback, describe) -> None:
+    """Grade fn on every case against reference(*case); a wrong answer is matched against each
+    slip of `mistakes` ([(formula, hint)]) over all the cases, to name the slip. asked(config)
+    says what fn should return; bad_answer: (test, hint) for an answer of the wrong kind;
+    describe(case, want) words the expected answer. Shared by the two checkers below."""
+    answers, first_wrong = [], None
+    for case in cases:
+        want = reference(*case)
+        got = call_learner(name, asked(case[0]), "use the config's fields num_layers, num_kv_heads and head_dim.",
+                           fn, *case)
+        answers.append(got)
+        if got != want and first_wrong is None:
+            first_wrong = (case, want, got)
+    if first_wrong is None:
+        passed(name, f"{len(cases)} cases agree with the reference.")
+        return
+    case, want, got = first_wrong
+    is_bad, bad_hint = bad_answer
+    hint = bad_hint if is_bad(got) else next(
+        (hint for formula, hint in mistakes if all(answer == formula(*c) for answer, c in zip(answers, cases))),
+        fallback)
+    fail(name, describe(case, want), f"{got!r}", hint)
+
+
 @grades_quietly
 def check_cache_size(fn) -> None:
     """Check fn(config, length, batch, bytes_per_value) -> bytes against kv_cache_bytes.
@@ -303,27 +327,14 @@ def check_cache_size(fn) -> None:
     num_heads, batches and byte sizes that differ) give each slip of `SIZE_MISTAKES` its own
     answers; a wrong answer is matched against them all to name the slip.
     """
-    answers, first_wrong = [], None
-    for config, length, batch, bytes_per_value in SIZE_CASES:
-        want = kv_cache_bytes(config, length, batch, BYTES_TO_DTYPE[bytes_per_value])
-        got = call_learner(SIZE, f"a number of bytes for {config.name}",
-                           "use the config's fields num_layers, num_kv_heads and head_dim.",
-                           fn, config, length, batch, bytes_per_value)
-        answers.append(got)
-        if got != want and first_wrong is None:
-            first_wrong = (config, length, batch, bytes_per_value, want, got)
-    if first_wrong is None:
-        passed(SIZE, f"{len(SIZE_CASES)} configurations agree with kv_cache_bytes.")
-        return
-    config, length, batch, bytes_per_value, want, got = first_wrong
-    if not isinstance(got, (int, float)) or got <= 0:
-        hint = "return a positive number of bytes (an int)."
-    else:
-        hint = next((hint for formula, hint in SIZE_MISTAKES
-                     if all(answer == formula(*case) for answer, case in zip(answers, SIZE_CASES))),
-                    "layers x 2 (keys and values) x kv-heads x head-dim x length x batch x bytes per value.")
-    fail(SIZE, f"{want:,} bytes for {config.name} (length {length}, batch {batch}, "
-               f"{bytes_per_value} bytes per value)", f"{got!r}", hint)
+    _grade_formula(
+        SIZE, fn, SIZE_CASES, lambda c, n, b, by: kv_cache_bytes(c, n, b, BYTES_TO_DTYPE[by]), SIZE_MISTAKES,
+        asked=lambda config: f"a number of bytes for {config.name}",
+        bad_answer=(lambda got: not isinstance(got, (int, float)) or got <= 0,
+                    "return a positive number of bytes (an int)."),
+        fallback="layers x 2 (keys and values) x kv-heads x head-dim x length x batch x bytes per value.",
+        describe=lambda case, want: (f"{want:,} bytes for {case[0].name} (length {case[1]}, batch {case[2]}, "
+                                     f"{case[3]} bytes per value)"))
 
 
 FIT = "KV cache: tokens that fit"
@@ -348,25 +359,12 @@ def check_tokens_that_fit(fn) -> None:
     fit exactly and ones with half a token to spare tell rounding up and off-by-one apart; the
     configurations of `check_cache_size` tell each slip of the formula apart.
     """
-    answers, first_wrong = [], None
-    for config, budget, batch, bytes_per_value in FIT_CASES:
-        want = budget // _formula(config, 1, batch, bytes_per_value)
-        got = call_learner(FIT, f"a number of tokens for {config.name}",
-                           "use the config's fields num_layers, num_kv_heads and head_dim.",
-                           fn, config, budget, batch, bytes_per_value)
-        answers.append(got)
-        if got != want and first_wrong is None:
-            first_wrong = (config, budget, batch, bytes_per_value, want, got)
-    if first_wrong is None:
-        passed(FIT, f"{len(FIT_CASES)} budgets agree with the reference.")
-        return
-    config, budget, batch, bytes_per_value, want, got = first_wrong
-    if not isinstance(got, (int, float)) or isinstance(got, bool) or got < 0:
-        hint = "return a whole number of tokens (an int, at least 0)."
-    else:
-        hint = next((hint for formula, hint in FIT_MISTAKES
-                     if all(answer == formula(*case) for answer, case in zip(answers, FIT_CASES))),
-                    "bytes per token of the batch = layers x 2 x kv-heads x head-dim x batch x bytes per value; "
-                    "divide the budget by it, rounding down.")
-    fail(FIT, f"{want:,} tokens for {config.name} ({budget:,} bytes, batch {batch}, {bytes_per_value} bytes "
-              "per value)", f"{got!r}", hint)
+    _grade_formula(
+        FIT, fn, FIT_CASES, lambda c, m, b, by: m // _formula(c, 1, b, by), FIT_MISTAKES,
+        asked=lambda config: f"a number of tokens for {config.name}",
+        bad_answer=(lambda got: not isinstance(got, (int, float)) or isinstance(got, bool) or got < 0,
+                    "return a whole number of tokens (an int, at least 0)."),
+        fallback=("bytes per token of the batch = layers x 2 x kv-heads x head-dim x batch x bytes per value; "
+                  "divide the budget by it, rounding down."),
+        describe=lambda case, want: (f"{want:,} tokens for {case[0].name} ({case[1]:,} bytes, batch {case[2]}, "
+                                     f"{case[3]} bytes per value)"))
