@@ -208,42 +208,6 @@ def blocks_figure(results: Mapping[str, object], reserved_blocks: float | None =
     return fig
 
 
-def settings_figure(rows: Sequence[dict], current: str | None = None, clock: str = "wall") -> go.Figure:
-    """Throughput and latency percentiles of every setting measured so far.
-
-    Introduced in notebook 06 (continuous batching).
-    rows: dicts with "label", "policy", "throughput" (tokens per second, or per step with
-    clock="steps"), "ttft_p50", "latency_p50", "latency_p99" and optionally "itl_p99" (seconds,
-    or steps); the bars
-    of `current` (a label) are drawn solid, the others faded.
-    """
-    per, unit = ("step", "engine steps") if clock == "steps" else ("s", "seconds")
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
-                        subplot_titles=(f"throughput (tokens per {per})", f"latency ({unit})"))
-    labels = [r["label"] for r in rows]
-    opacity = [1.0 if r["label"] == current else 0.4 for r in rows]
-    colors = [POLICY_COLORS.get(r.get("policy"), "#1f77b4") for r in rows]
-    fig.add_trace(go.Bar(x=labels, y=[r["throughput"] for r in rows], marker=dict(color=colors, opacity=opacity),
-                         text=[f"{r['throughput']:.2f}" for r in rows], name="throughput", showlegend=False,
-                         hovertemplate="%{x}: %{y:.2f} tokens per " + per + "<extra></extra>"),
-                  row=1, col=1)
-    latencies = [("ttft_p50", "time to first token p50", "#9467bd"), ("latency_p50", "latency p50", "#1f77b4"),
-                 ("latency_p99", "latency p99", "#ff7f0e")]
-    if rows and all("itl_p99" in r for r in rows):
-        latencies.append(("itl_p99", "inter-token latency p99", "#8c564b"))
-    for key, name, color in latencies:
-        fig.add_trace(go.Bar(x=labels, y=[r[key] for r in rows], name=name,
-                             marker=dict(color=color, opacity=opacity),
-                             hovertemplate="%{x}: %{y:.2f} " + unit + "<extra></extra>"),
-                      row=1, col=2)
-    fig.update_yaxes(title_text=f"tokens / {per}", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=2)
-    fig.update_layout(barmode="group", height=420, margin=dict(t=70, b=120, l=60, r=20),
-                      title="every setting measured so far (the current one solid)",
-                      legend=dict(LEGEND_BELOW, y=-0.22))
-    return fig
-
-
 # --- chunked prefill, prefix caching, the load curve, the decode step's cost (the engine's second half) ---
 
 PHASE_COLORS = {"decode": "#1f77b4", "prefill": "#ff7f0e", "cached": "#2ca02c"}
