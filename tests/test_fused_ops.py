@@ -122,3 +122,39 @@ def test_a_decode_step_runs_fewer_operators(tiny_llama):
         more = operators_per_run()
     layers, passes = tiny_llama.config.num_layers, 4
     assert more - fewer >= 10 * layers * passes, (more, fewer)       # at least ten fewer per layer and pass
+
+
+def bad_calls():
+    """(name, call) of every op given what its checks refuse: one RuntimeError each, no crash."""
+    ops = torch.ops.labsupport
+    x, w = torch.randn(3, 8), torch.randn(8)
+    qkv, cs = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 4)
+    return [
+        ("norm: non-contiguous x", lambda: ops.rms_norm(torch.randn(8, 3).t(), torch.randn(3), 1e-5)),
+        ("norm: weight of the wrong width", lambda: ops.rms_norm(x, torch.randn(7), 1e-5)),
+        ("norm: weight of another dtype", lambda: ops.rms_norm(x, w.double(), 1e-5)),
+        ("norm: an empty last dimension", lambda: ops.rms_norm(torch.randn(3, 0), torch.randn(0), 1e-5)),
+        ("norm: integers", lambda: ops.rms_norm(x.int(), w.int(), 1e-5)),
+        ("add+norm: delta of another shape", lambda: ops.add_rms_norm(x, torch.randn(2, 8), w, 1e-5)),
+        ("add+norm: delta of another dtype", lambda: ops.add_rms_norm(x, x.bfloat16(), w, 1e-5)),
+        ("rope: qkv not 4-D", lambda: ops.rope(qkv[0], cs, cs, 3)),
+        ("rope: an odd head_dim", lambda: ops.rope(torch.randn(1, 2, 5, 3), torch.randn(1, 2, 3),
+                                                   torch.randn(1, 2, 3), 3)),
+        ("rope: more rotated heads than heads", lambda: ops.rope(qkv, cs, cs, 6)),
+        ("rope: negative heads", lambda: ops.rope(qkv, cs, cs, -1)),
+        ("rope: cos of the wrong shape", lambda: ops.rope(qkv, cs[:, :1], cs[:, :1], 3)),
+        ("rope: cos of another dtype", lambda: ops.rope(qkv, cs.bfloat16(), cs.bfloat16(), 3)),
+        ("swiglu: an odd last dimension", lambda: ops.silu_mul(torch.randn(2, 7))),
+        ("swiglu: an empty last dimension", lambda: ops.silu_mul(torch.randn(2, 0))),
+        ("swiglu: non-contiguous", lambda: ops.silu_mul(torch.randn(8, 2).t())),
+    ]
+
+
+@pytest.mark.parametrize("name, call", bad_calls(), ids=[name for name, _ in bad_calls()])
+def test_each_op_refuses_bad_arguments_with_one_sentence(name, call):
+    with pytest.raises(RuntimeError) as error:
+        call()
+    first_line = str(error.value).strip().splitlines()[0]
+    assert any(first_line.startswith(op + ":") for op in ("rms_norm", "add_rms_norm", "rope", "silu_mul")) \
+        or "expected scalar type" in first_line or "not implemented for" in first_line, first_line
+    assert "must" in first_line or "only" in first_line or "not implemented for" in first_line, first_line

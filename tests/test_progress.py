@@ -28,3 +28,11 @@ def test_the_estimate_is_this_machines_last_run_else_the_reference():
     assert _estimate("stack", previous) == (REFERENCE_SECONDS["stack"], "estimate: a 2-core CPU")
     assert _estimate("serving", None)[0] == REFERENCE_SECONDS["serving"]
     assert set(REFERENCE_SECONDS) == set(SECTIONS)        # every section has a reference figure
+
+
+def test_an_estimate_that_is_not_a_positive_number_starts_at_one_second(capsys):
+    for expected in (0, -5, float("nan"), float("inf")):
+        with progress.section_bar("roofline", expected) as bar:
+            assert bar.total == 1
+    for seconds in (0, -3.0, float("nan"), float("inf"), True, "12"):
+        assert _estimate("batching", {"sections": {"batching": {"seconds": seconds}}})[1] == "estimate: a 2-core CPU"

@@ -233,7 +233,7 @@ def run(sections=None, device=None, model_name: str = "smollm2-135m", options: B
 def _estimate(name: str, previous: dict | None) -> tuple[float, str]:
     """(seconds, where the figure comes from) that section `name` should take here."""
     seconds = ((previous or {}).get("sections", {}).get(name) or {}).get("seconds")
-    if isinstance(seconds, (int, float)) and seconds > 0:
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 < seconds < float("inf"):
         return float(seconds), "estimate: its last run here"
     return float(REFERENCE_SECONDS.get(name, 60)), "estimate: a 2-core CPU"
 

@@ -44,9 +44,11 @@ def section_bar(name: str, expected_s: float, label: str = "estimated"):
 
     Notebook 00 (where the time goes). label: where the estimate comes from, shown in the bar
     ("last run here", "2-core reference"). The bar ends full, at the seconds actually taken.
+    An estimate that is not a positive, finite number of seconds starts the bar at 1 s.
     """
     global _bar
-    bar = tqdm(total=max(1, round(expected_s)), desc=f"{name} ({label})", unit="s", leave=True, file=sys.stdout,
+    expected = expected_s if isinstance(expected_s, (int, float)) and 0 < expected_s < float("inf") else 1
+    bar = tqdm(total=max(1, round(expected)), desc=f"{name} ({label})", unit="s", leave=True, file=sys.stdout,
                bar_format="{desc}: {percentage:3.0f}%|{bar:20}| {n}/{total} s, about {remaining} left{postfix}")
     start, done = time.perf_counter(), threading.Event()
 

@@ -32,6 +32,7 @@ constexpr int64_t kRowsPerThread = 16;   // fewer rows than this run on the call
 void check_rows(const at::Tensor& x, const at::Tensor& weight, const char* op) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), op, ": CPU tensors only");
   TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), op, ": contiguous tensors only");
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0, op, ": x must have a last dimension of at least 1");
   TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), op, ": weight must be (", x.size(-1), ",)");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), op, ": weight and x must share a dtype");
 }
@@ -124,8 +125,9 @@ at::Tensor rope(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
 
 // gate_up: (..., 2 I) -> (..., I): silu(g) = g / (1 + exp(-g)) rounded to the dtype, times u, rounded.
 at::Tensor silu_mul(const at::Tensor& gate_up) {
-  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.is_contiguous() && gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0,
-              "silu_mul: gate_up must be a contiguous CPU tensor with an even last dimension");
+  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.is_contiguous() && gate_up.dim() >= 1 && gate_up.size(-1) > 0 &&
+              gate_up.size(-1) % 2 == 0,
+              "silu_mul: gate_up must be a contiguous CPU tensor with an even, non-zero last dimension");
   const int64_t width = gate_up.size(-1) / 2, rows = gate_up.numel() / gate_up.size(-1);
   auto sizes = gate_up.sizes().vec();
   sizes.back() = width;
