@@ -81,11 +81,11 @@ def test_explorer_redraws_when_a_control_changes_and_opens_with_the_notebooks_ru
     assert list(explorer.controls["budget"].options) == ["off", "4", "8"]
     before = [f.figure.to_plotly_json()["data"] for f in explorer.figures]
     assert len(before) == 2 and explorer.status.value == ""
-    assert list(before[1][0]["x"]) == [short_label("50% of capacity", "continuous", 8, False)]   # not served again
+    assert list(before[1][0]["y"]) == [short_label("50% of capacity", "continuous", 8, False)]   # not served again
     assert list(before[1][0]["customdata"]) == [setting_label("50% of capacity", "continuous", 8, False)]  # hover
     explorer.controls["prefix"].value = "on"
     after = [f.figure.to_plotly_json()["data"] for f in explorer.figures]
-    assert explorer.status.value == "" and after != before and len(after[1][0]["x"]) == 2
+    assert explorer.status.value == "" and after != before and len(after[1][0]["y"]) == 2
     cached = next(t for t in after[0] if t["name"] == "prompt tokens from the prefix cache")
     assert sum(cached["y"]) > 0                                          # the shared 8-token prefix: two blocks
     explorer.controls["budget"].value = "off"
@@ -112,9 +112,12 @@ def test_phase_timeline_shows_prefill_chunks_decodes_and_cached_tokens(chunked_c
     run = chunked_cached
     fig = phase_timeline_figure(run, clock="steps")
     by_name = {t.name: t for t in fig.data}
-    assert set(by_name) == {"decoding", "prefilling (prompt chunks)", "decode tokens", "prompt tokens computed",
-                            "prompt tokens from the prefix cache"}
-    assert by_name["decoding"].marker.color != by_name["prefilling (prompt chunks)"].marker.color
+    assert set(by_name) == {"decoding / decode tokens", "prefilling / prompt tokens computed", "decode tokens",
+                            "prompt tokens computed", "prompt tokens from the prefix cache"}
+    assert by_name["decoding / decode tokens"].marker.color != by_name["prefilling / prompt tokens computed"].marker.color
+    shown = [t.name for t in fig.data if t.showlegend is not False]      # one legend entry per colour
+    assert shown == ["decoding / decode tokens", "prefilling / prompt tokens computed",
+                     "prompt tokens from the prefix cache"]
     assert list(by_name["prompt tokens computed"].y) == [r.prefill_tokens for r in run.steps]
     assert sum(by_name["prompt tokens from the prefix cache"].y) == summarize(run)["prefix_cached_tokens"] > 0
     assert by_name["prompt tokens from the prefix cache"].marker.pattern.shape == "/"
@@ -149,19 +152,20 @@ def test_decode_cost_figure_shows_the_shares_and_both_paths():
     assert list(fig.data[-1].y) == pytest.approx([20.0, 15.0]) and "8 rows at 128 positions" in fig.layout.title.text
 
 
-def test_settings_figure_labels_are_short_and_horizontal_and_the_legend_overlaps_nothing():
+def test_settings_figure_has_a_row_per_setting_named_in_one_line():
     from labsupport.explorers.serving import setting_label, short_label
-    from labsupport.plots.serving_settings import settings_figure
+    from labsupport.plots.serving_settings import ROW_PX, settings_figure
     keys = [("90% of capacity", "continuous", 32, True), ("all at once", "static", None, False)]
     rows = [{"label": short_label(*k), "name": setting_label(*k), "policy": k[1], "throughput": 10.0 + i,
              "ttft_p50": 0.1, "latency_p50": 0.2, "latency_p99": 0.4, "itl_p99": 0.05} for i, k in enumerate(keys)]
     fig = settings_figure(rows, current=rows[0]["label"])
-    assert short_label(*keys[0]) == "continuous<br>budget 32<br>prefix cache<br>90%"
-    assert max(len(line) for r in rows for line in r["label"].split("<br>")) <= 12     # no line wider than a bar
-    assert fig.layout.xaxis2.tickangle == 0                                           # never rotated (cut off)
+    assert short_label(*keys[0]) == "continuous · budget 32 · prefix cache · 90%"
+    assert all(t.orientation == "h" for t in fig.data)                               # names on the rows
+    assert list(fig.data[0].y) == [r["label"] for r in rows]
     assert list(fig.data[0].customdata) == [setting_label(*k) for k in keys]          # the full name in the hover
-    legend = fig.layout.legend
-    assert legend.x >= 1 and legend.xanchor == "left" and fig.layout.margin.r >= 150  # beside the plots, in the margin
+    assert fig.layout.legend.yref == "container"                                     # under the plots (layout.py)
     assert [t.name for t in fig.data[1:]] == ["time to first token p50", "latency p50", "latency p99",
                                               "inter-token latency p99"]
     assert list(fig.data[0].marker.opacity) == [1.0, 0.4]
+    taller = settings_figure(rows * 6, current=rows[0]["label"])
+    assert taller.layout.height - fig.layout.height == 10 * ROW_PX                   # grows with the settings

@@ -115,7 +115,7 @@ def test_stack_explorer_measures_quality_teacher_forced(tiny_llama, requests_):
     explorer = stack_explorer(tiny_llama, requests_[:2], slots=2, variants=variants,
                               agreement_tokens=list(range(30)), use_widget=False)
     figure = explorer.figures[0].figure                                   # the opening setting: int4 weights
-    assert figure.layout.annotations[1].text == "top-1 agreement with fp32"
+    assert figure.layout.annotations[1].text == "agreement with fp32"
     want = top1_agreement(tiny_llama, variants.get(explorer.controls["precision"].value, "int4"), list(range(30)))
     assert figure.data[1].x[0] == pytest.approx(100 * want)
 

@@ -38,12 +38,11 @@ def setting_label(load: str, policy: str, budget: int | None, prefix: bool) -> s
 
 
 def short_label(load: str, policy: str, budget: int | None, prefix: bool) -> str:
-    """The category label of one setting in the figure of every setting measured so far: four
-    short lines (policy, budget, prefix cache, arrival rate), so that it is read horizontally.
-    Introduced in notebook 06 (continuous batching)."""
+    """The row label of one setting in the figure of every setting measured so far: policy,
+    budget, prefix cache and arrival rate on one line. Introduced in notebook 06 (continuous batching)."""
     rate = load.replace(" of capacity", "")
-    return "<br>".join([policy, "no budget" if budget is None else f"budget {budget}",
-                        "prefix cache" if prefix else "no prefix", rate])
+    return " · ".join([policy, "no budget" if budget is None else f"budget {budget}",
+                       "prefix cache" if prefix else "no prefix", rate])
 
 
 def serving_explorer(model, requests: Sequence, capacity: float, max_slots: int = 8, block_size: int = 16,
@@ -95,11 +94,10 @@ def serving_explorer(model, requests: Sequence, capacity: float, max_slots: int 
         budget = None if values["budget"] == "off" else int(values["budget"])
         current = measure((values["load"], values["policy"], budget, values["prefix"] == "on"))
         row = current["row"]
-        title = (f"{row['name']}<br><sup>{row['tokens']} tokens at {row['throughput']:.1f} tokens/s; "
-                 f"{row['computed']} prompt tokens computed, {row['cached']} from the prefix cache; "
-                 f"inter-token latency p99 {1e3 * row['itl_p99']:.0f} ms</sup>")
+        title = (f"{row['name']}<br><sup>{row['tokens']} tokens at {row['throughput']:.1f} tokens/s; inter-token "
+                 f"latency p99 {1e3 * row['itl_p99']:.0f} ms<br>{row['computed']} prompt tokens computed, "
+                 f"{row['cached']} from the prefix cache</sup>")
         timeline = phase_timeline_figure(current["run"], title=title)
-        timeline.update_layout(margin=dict(t=105))           # room for the subtitle above the panel titles
         return [timeline,
                 settings_figure([r["row"] for r in results.values()], current=row["label"])]
 

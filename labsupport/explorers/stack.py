@@ -39,9 +39,9 @@ def stack_explorer(model, requests, slots: int = 4, variants: ModelVariants | No
     reference: dict = {}
     agreement: dict = {}
     if agreement_tokens is not None:
-        quality_title, quality_axis = "top-1 agreement with fp32", "teacher-forced agreement [%]"
+        quality_title, quality_axis = "agreement with fp32", "top-1, teacher-forced [%]"
     else:
-        quality_title, quality_axis = "generated tokens equal to fp32's", "same tokens [%]"
+        quality_title, quality_axis = "same tokens as fp32", "generated tokens [%]"
 
     def label(v):
         parts = ["cache" if v["kv_cache"] else "no cache", f"batching {v['batching']}", v["precision"]]
@@ -74,7 +74,7 @@ def stack_explorer(model, requests, slots: int = 4, variants: ModelVariants | No
         colors = ["#d62728" if n == name else "#1f77b4" for n in names]
         fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.06, column_widths=[0.62, 0.38],
                             shared_yaxes=True,
-                            subplot_titles=("speedup over plain cached fp32", quality_title))
+                            subplot_titles=("speedup", quality_title))
         fig.add_trace(go.Bar(y=names, x=[results[n]["speedup"] for n in names], orientation="h",
                              marker_color=colors, text=[f"{results[n]['speedup']:.2f}x" for n in names],
                              hovertext=[f"{results[n]['tokens_per_s']:.1f} tokens/s" for n in names],
@@ -83,7 +83,7 @@ def stack_explorer(model, requests, slots: int = 4, variants: ModelVariants | No
                              marker_color=colors, text=[f"{results[n]['same']:.0%}" for n in names],
                              showlegend=False), row=1, col=2)
         fig.add_vline(x=1.0, line_dash="dot", row=1, col=1)
-        fig.update_xaxes(title_text="speedup [x]", row=1, col=1)
+        fig.update_xaxes(title_text="over plain cached fp32 [x]", row=1, col=1)
         fig.update_xaxes(title_text=quality_axis, range=[0, 105], row=1, col=2)
         fig.update_yaxes(automargin=True, autorange="reversed")
         fig.update_layout(height=max(260, 70 + 40 * len(names)), margin=dict(t=50, b=50, l=10, r=20),

@@ -7,12 +7,14 @@ Introduced in notebook 08 (long context). Pure functions: data in, plotly figure
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..errors import LabError
+from .layout import legend_below
 
 MIB = 2 ** 20
 WIDTH, HEIGHT = 900, 420
@@ -20,9 +22,27 @@ COLORS = {"naive": "#d62728", "fused": "#1f77b4", "weights": "#7f7f7f", "cache":
 
 
 def _layout(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
-    fig.update_layout(title=title, width=WIDTH, height=height, template="plotly_white", font=dict(size=13),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
+    """Title, size and the legend under the plots (layout.py); `height`: the plots' own, the
+    legend's lines are added to it."""
+    fig.update_layout(title=title, width=WIDTH, template="plotly_white", font=dict(size=13), margin=dict(t=70))
+    legend_below(fig)
+    fig.update_layout(height=height + fig.layout.margin.b - 80)          # 80: plotly's default bottom margin
     return fig
+
+
+def _log_ticks(values) -> dict:
+    """Tick values and labels of a log axis holding `values` (all > 0): 1, 2 and 5 of each decade
+    in range, or every decade where those would crowd (more than 8), each labelled in full
+    (plotly's own labels a short range's every digit, and a minor tick with its digit only)."""
+    values = [v for v in values if v and v > 0]
+    if not values:
+        return {}
+    low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
+    steps = [m * 10.0 ** e for e in range(low, high + 1) for m in (1, 2, 5)]
+    shown = [t for t in steps if min(values) / 1.5 <= t <= max(values) * 1.5]
+    if len(shown) > 8:
+        shown = [10.0 ** e for e in range(low, high + 1)]
+    return dict(tickvals=shown, ticktext=[f"{t:g}" for t in shown])
 
 
 def prefill_attention_figure(rows: Sequence[Mapping], budget_bytes: int) -> go.Figure:
@@ -39,11 +59,15 @@ def prefill_attention_figure(rows: Sequence[Mapping], budget_bytes: int) -> go.F
                                  name=f"{kind} attention", legendgroup=kind, **style), 1, 1)
         fig.add_trace(go.Scatter(x=[r["T"] for r in shown], y=[1e3 * r[f"{kind}_s"] for r in shown],
                                  name=f"{kind} attention", legendgroup=kind, showlegend=False, **style), 1, 2)
-    fig.add_hline(y=budget_bytes / MIB, line=dict(dash="dash", color="black"), row=1, col=1,
-                  annotation_text=f"budget {budget_bytes / MIB:.0f} MiB")
-    fig.update_xaxes(type="log", title="prompt length T (tokens)")
-    fig.update_yaxes(type="log", title="MiB", row=1, col=1)
-    fig.update_yaxes(type="log", title="ms", row=1, col=2)
+    # the budget as a line of its own: add_hline's label would sit at 10^budget on a log axis
+    fig.add_trace(go.Scatter(x=[rows[0]["T"], rows[-1]["T"]], y=[budget_bytes / MIB] * 2, mode="lines",
+                             line=dict(dash="dash", color="black"), name=f"budget {budget_bytes / MIB:.0f} MiB"), 1, 1)
+    lengths = [r["T"] for r in rows]                      # the measured lengths label the axis, nothing between
+    fig.update_xaxes(type="log", title="prompt length T (tokens)", tickvals=lengths, ticktext=[str(t) for t in lengths])
+    mib = [r[f"{k}_bytes"] / MIB for r in rows for k in ("naive", "fused")] + [budget_bytes / MIB]
+    ms = [1e3 * r[f"{k}_s"] for r in rows for k in ("naive", "fused") if r[f"{k}_s"] is not None]
+    fig.update_yaxes(type="log", title="MiB", row=1, col=1, **_log_ticks(mib))
+    fig.update_yaxes(type="log", title="ms", row=1, col=2, **_log_ticks(ms))
     return _layout(fig, "Prefill attention: naive (T x T scores) vs fused (scaled_dot_product_attention)")
 
 

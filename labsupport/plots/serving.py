@@ -13,6 +13,8 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .layout import legend_below
+
 from ..lab.serving_metrics import slot_bars, utilization_timeline
 
 HEIGHT = 420
@@ -242,13 +244,15 @@ def phase_timeline_figure(result, clock: str = "wall", title: str | None = None)
                         subplot_titles=("who is in which slot: prefilling or decoding", "tokens of each engine step"))
     bars = slot_bars(result)
     fig.add_trace(go.Bar(y=[f"slot {b['slot']}" for b in bars], x=[b["end"] - b["start"] for b in bars],
-                         base=[b["start"] for b in bars], orientation="h", name="decoding",
+                         base=[b["start"] for b in bars], orientation="h", name="decoding / decode tokens",
+                         legendgroup="decode",
                          marker=dict(color=PHASE_COLORS["decode"], line=dict(color="white", width=1)),
                          text=[str(b["request"]) for b in bars], textposition="inside", insidetextanchor="end",
                          hovertemplate="request %{text}: in its slot from %{base:.2f}<extra></extra>"), row=1, col=1)
     spans = [s for s in prefill_spans(result) if s["end"] > s["start"]]
     fig.add_trace(go.Bar(y=[f"slot {s['slot']}" for s in spans], x=[s["end"] - s["start"] for s in spans],
-                         base=[s["start"] for s in spans], orientation="h", name="prefilling (prompt chunks)",
+                         base=[s["start"] for s in spans], orientation="h", name="prefilling / prompt tokens computed",
+                         legendgroup="prefill",
                          marker=dict(color=PHASE_COLORS["prefill"], line=dict(color="white", width=1)),
                          customdata=[s["request"] for s in spans],
                          hovertemplate="request %{customdata}: prefilling until %{x:.2f} after %{base:.2f}"
@@ -263,7 +267,8 @@ def phase_timeline_figure(result, clock: str = "wall", title: str | None = None)
                               ("prefill", "prompt tokens computed", [r.prefill_tokens for r in steps]),
                               ("cached", "prompt tokens from the prefix cache", [r.cached_tokens for r in steps])):
         base, below = below, [b + v for b, v in zip(below, values)]
-        fig.add_trace(go.Bar(x=mid, y=values, base=base, width=width, name=name,
+        fig.add_trace(go.Bar(x=mid, y=values, base=base, width=width, name=name, legendgroup=key,
+                             showlegend=key == "cached",          # the other two share the slots' entries
                              marker=dict(color=PHASE_COLORS[key], line=dict(width=0),
                                          pattern=dict(shape="/" if key == "cached" else "")),
                              hovertemplate=name + ": %{y}<extra></extra>"), row=2, col=1)
@@ -272,8 +277,13 @@ def phase_timeline_figure(result, clock: str = "wall", title: str | None = None)
                       annotation_text=f"token budget {result.token_budget}")
     fig.update_yaxes(title_text="tokens", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text=_time_unit(clock), row=2, col=1)
-    fig.update_layout(barmode="overlay", height=560, margin=MARGIN, legend=dict(LEGEND_BELOW, y=-0.15),
-                      title=title or "prefill chunks and decode steps, and what the prefix cache saved")
+    # title: one line, or a line and a subtitle of lines after "<br>" (plotly's title.subtitle)
+    title, _, subtitle = (title or "prefill chunks and decode steps, and what the prefix cache saved").partition("<br>")
+    subtitle = subtitle.replace("<sup>", "").replace("</sup>", "")
+    lines = subtitle.count("<br>") + 1 if subtitle else 0
+    fig.update_layout(barmode="overlay", height=520 + 24 * lines, margin=dict(MARGIN, t=90 + 24 * lines),
+                      title=dict(text=title, subtitle=dict(text=subtitle, font=dict(size=12))))
+    legend_below(fig)
     return fig
 
 

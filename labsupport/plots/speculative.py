@@ -12,19 +12,21 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..errors import LabError
+from .layout import legend_below
 
 HEIGHT = 320
 COLORS = {"context": "#dddddd", "pending": "#bbbbbb", "drafted": "#fdd49e", "accepted": "#2ca02c",
           "rejected": "#d62728", "unchecked": "#999999", "corrected": "#ff7f0e", "resampled": "#ff7f0e",
           "bonus": "#1f77b4", "cache": "#9ecae1", "rolled back": "#ffffff"}
 CURRENT, OTHER = "#d62728", "#1f77b4"
-LEGEND = dict(orientation="h", yanchor="bottom", y=1.02, x=0)
 
 
 def _layout(fig: go.Figure, title: str, height: int = HEIGHT, right: int = 30) -> go.Figure:
-    """Title, size and legend; `right`: the margin for a reference line's label."""
-    fig.update_layout(title=title, height=height, template="plotly_white", legend=LEGEND,
-                      margin=dict(t=80, b=40, l=60, r=right))
+    """Title, size and legend (under the plots: layout.py); `right`: the margin for a reference
+    line's label. The height given is the plots' own: the legend's lines are added to it."""
+    fig.update_layout(title=title, template="plotly_white", margin=dict(t=60, l=60, r=right))
+    legend_below(fig)
+    fig.update_layout(height=height + fig.layout.margin.b)
     return fig
 
 

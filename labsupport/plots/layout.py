@@ -1,0 +1,29 @@
+"""Where a figure's legend goes so that it never sits on a title, an axis title or a tick label.
+
+Introduced in notebook 00 (where the time goes); used by every notebook's figures. A legend
+above the plot (plotly's y=1.02 in paper units) climbs into the title as soon as its entries
+wrap onto a second line, which they do at a laptop's width; one below the plot in paper units
+lands on the axis titles of a short figure. So the legend goes in the bottom margin, placed
+from the bottom of the whole figure (yref "container"), one entry per line, and the margin is
+made tall enough for it: nothing else is ever drawn there. tests/figure_layout.py checks the
+result in a real browser at 700 and 960 px.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+LINE_PX = 26         # one legend entry and the gap after it, at plotly's default font (measured: 29 apart)
+AXIS_PX = 62         # below the plot: the tick labels and the axis title
+
+
+def legend_below(fig: go.Figure, extra_px: int = 0) -> go.Figure:
+    """Put `fig`'s legend under its plots, one entry per line, and size the bottom margin for it.
+
+    Notebook 00 (where the time goes). extra_px: more room between the plots and the legend
+    (tick labels of two lines, say). Returns the figure."""
+    entries = sum(1 for trace in fig.data if trace.showlegend is not False and trace.name)
+    fig.update_layout(legend=dict(orientation="v", yref="container", yanchor="bottom", y=0, xanchor="left", x=0,
+                                  bgcolor="rgba(0,0,0,0)"),
+                      margin=dict(b=AXIS_PX + extra_px + LINE_PX * entries + 8))
+    return fig
