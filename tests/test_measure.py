@@ -186,3 +186,24 @@ def test_on_cuda_each_call_is_timed_by_cuda_events_not_the_host_clock(monkeypatc
     calls = []
     seconds = measure._time_once(lambda: calls.append(1), torch.device("cuda"))
     assert calls == [1] and len(recorded) == 2 and seconds == pytest.approx(2.5e-3)
+
+
+def test_a_warmup_fn_runs_instead_of_the_timed_one_on_a_cpu():
+    calls = []
+    timings = time_side_by_side({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, "cpu",
+                                warmup=2, repeats=1, warmup_fns={"a": lambda: calls.append("short a")})
+    assert calls[:4] == ["short a", "short a", "b", "b"] and sorted(calls[4:]) == ["a", "b"]
+    assert set(timings) == {"a", "b"}
+    with pytest.raises(LabError, match="warmup_fns names"):
+        time_side_by_side({"a": lambda: None}, "cpu", warmup_fns={"c": lambda: None})
+    calls.clear()
+    time_fn(lambda: calls.append("long"), "cpu", warmup=1, repeats=1, warmup_fn=lambda: calls.append("short"))
+    assert calls == ["short", "long"]
+
+
+def test_a_gpu_warms_up_with_the_timed_function_itself(monkeypatch):
+    from labsupport.lab import measure
+    fn, short = object(), object()
+    assert measure._warmup_fn(fn, short, torch.device("cuda")) is fn         # it compiles the timed shapes
+    assert measure._warmup_fn(fn, short, torch.device("cpu")) is short
+    assert measure._warmup_fn(fn, None, torch.device("cpu")) is fn

@@ -13,7 +13,7 @@ import torch
 from ..lab.busy import busy_reason
 from ..engine.generation import chat_prompt, generate
 from ..engine.kv_cache import kv_cache_bytes
-from ..lab.measure import time_side_by_side, track_peak_memory
+from ..lab.measure import WARMUP_TOKENS, time_side_by_side, track_peak_memory
 from ..lab.roofs import copy_bandwidth, copy_timing
 from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
@@ -61,9 +61,12 @@ def section_baseline(ctx: BenchContext, options: BaselineOptions) -> dict:
     source = torch.ones(nbytes, dtype=torch.uint8, device=ctx.device)
     destination = torch.empty_like(source)
     with track_peak_memory(ctx.device) as memory:
+        hf_warmup = hf_generate_fn(hf, ids, WARMUP_TOKENS)
         timings = time_side_by_side({"labsupport": ours, "huggingface": theirs,
                                      "copy": lambda: destination.copy_(source)}, ctx.device,
-                                    warmup=1, repeats=repeats)
+                                    warmup=1, repeats=repeats,
+                                    warmup_fns={"labsupport": lambda: generate(model, ids, WARMUP_TOKENS, eos_token_ids=()),
+                                                "huggingface": hf_warmup})
     busy = busy_reason(timings)                 # the load probe is the suite's (mark_busy)
     result = ours_out["result"]
     same_tokens = result.row(0) == hf_out["tokens"]

@@ -16,7 +16,7 @@ from ..lab.batching import sorted_batches
 from ..lab.busy import busy_reason
 from ..engine.generation import chat_prompt, generate
 from ..engine.hardware import bf16_supported
-from ..lab.measure import time_fn, time_side_by_side
+from ..lab.measure import WARMUP_TOKENS, time_fn, time_side_by_side
 from ..lab.roofline import ridge_batch
 from ..lab.workloads import BATCHING_PROMPTS, PRESETS, STORY_PROMPT
 from .core import BenchContext, reported
@@ -53,14 +53,17 @@ def versus_huggingface(model, hf_model, prompts: list[list[int]], padded, new_to
     tokens = {}
     hf_run = hf_padded_generate_fn(hf_model, padded, new_tokens)
 
+    hf_warmup = hf_padded_generate_fn(hf_model, padded, WARMUP_TOKENS)
+
     def ours():
         tokens["labsupport"] = generate(model, prompts, new_tokens, eos_token_ids=()).tokens
 
     def huggingface():
         tokens["huggingface"] = hf_run()
 
+    warmups = {"labsupport": lambda: generate(model, prompts, WARMUP_TOKENS, eos_token_ids=()), "huggingface": hf_warmup}
     timings = time_side_by_side({"labsupport": ours, "huggingface": huggingface}, model.device, warmup=1,
-                                repeats=repeats)
+                                repeats=repeats, warmup_fns=warmups)
     return timings, tokens
 
 
@@ -78,12 +81,13 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
     sizes = list(options.sizes)
     prompt = tok.encode(chat_prompt(tok, STORY_PROMPT))
 
-    def run(batch):
-        return lambda: generate(timed, [prompt] * batch, new_tokens, eos_token_ids=())
+    def run(batch, n=new_tokens):
+        return lambda: generate(timed, [prompt] * batch, n, eos_token_ids=())
 
     sweep = []
     for batch in sizes:
-        seconds = time_fn(run(batch), ctx.device, warmup=1 if batch <= 16 else 0, repeats=1).median
+        seconds = time_fn(run(batch), ctx.device, warmup=1 if batch <= 16 else 0, repeats=1,
+                          warmup_fn=run(batch, WARMUP_TOKENS)).median
         sweep.append({"batch": batch, "seconds": seconds, "tokens_per_s": batch * new_tokens / seconds,
                       "ms_per_step": 1e3 * seconds / new_tokens,
                       # every weight read once per step (the prompt's prefill counted in the time)

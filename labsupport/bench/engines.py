@@ -37,7 +37,7 @@ from ..lab.busy import busy_reason
 from ..engine.generation import chat_prompt, generate
 from ..engine.kv_cache import kv_cache_bytes
 from ..engine.quant import quantize_model
-from ..lab.measure import time_side_by_side
+from ..lab.measure import WARMUP_TOKENS, time_side_by_side
 from ..weights.embedded import find_gguf
 from ..lab.quality import quantized_bytes
 from ..lab.roofs import copy_bandwidth, copy_timing
@@ -185,8 +185,10 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
             outputs[name] = engines[name][0](new_tokens)
         return run
 
+    short = {name: (lambda name=name: engines[name][0](WARMUP_TOKENS)) for name in engines}
     whole = time_side_by_side({**{name: full(name) for name in engines},
-                               COPY: lambda: destination.copy_(source)}, ctx.device, warmup=1, repeats=repeats)
+                               COPY: lambda: destination.copy_(source)}, ctx.device, warmup=1, repeats=repeats,
+                              warmup_fns=short)
     first = time_side_by_side({name: (lambda name=name: engines[name][0](1)) for name in engines},
                               ctx.device, warmup=1, repeats=repeats)
     busy = busy_reason(whole) or busy_reason(first)

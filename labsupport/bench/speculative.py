@@ -13,7 +13,7 @@ import torch
 from ..lab.busy import busy_reason
 from ..errors import LabError
 from ..engine.generation import chat_prompt, generate
-from ..lab.measure import time_side_by_side
+from ..lab.measure import WARMUP_TOKENS, time_side_by_side
 from ..engine.speculative import ModelDraft, PromptLookupDraft, SpeculativeResult, speculative_generate
 from ..lab.speculative_math import expected_speedup, pass_costs
 from .core import BenchContext, reported
@@ -67,30 +67,37 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
     figures = []
     for task, message in tasks.items():
         ids = tok.encode(chat_prompt(tok, message))
-        hf_runs = {"hf": hf_generate_fn(hf, ids, new_tokens),              # prompt lookup: same k and n-gram
-                   "hf lookup": hf_generate_fn(hf, ids, new_tokens, prompt_lookup=k, lookup_ngram=lookup.ngram)}
         out: dict = {}
 
-        def plain():
-            out["plain result"] = generate(model, ids, new_tokens, eos_token_ids=())
-            out["plain"] = out["plain result"].row(0)
+        def methods(n: int) -> dict:
+            """Each method generating n tokens: n = new_tokens is timed, a few tokens warm up."""
+            hf_runs = {"hf": hf_generate_fn(hf, ids, n),                    # prompt lookup: same k and n-gram
+                       "hf lookup": hf_generate_fn(hf, ids, n, prompt_lookup=k, lookup_ngram=lookup.ngram)}
 
-        def run_draft(name, draft):
-            def fn():
-                out[name] = speculative_generate(model, draft, ids, new_tokens, k=k, eos_token_ids=())
-            return fn
+            def plain():
+                out["plain result"] = generate(model, ids, n, eos_token_ids=())
+                out["plain"] = out["plain result"].row(0)
 
-        def run_hf(name):
-            def fn():
-                out[name] = hf_runs[name]()[0, len(ids):].tolist()
-            return fn
+            def run_draft(name, draft):
+                def fn():
+                    out[name] = speculative_generate(model, draft, ids, n, k=k, eos_token_ids=())
+                return fn
 
-        fns = {"plain": plain, "lookup": run_draft("lookup", lookup)}
-        if self_draft is not None:
-            fns["int4 self-draft"] = run_draft("int4 self-draft", self_draft)
-        if task == "grounded":
-            fns.update({"hf": run_hf("hf"), "hf lookup": run_hf("hf lookup")})
-        timings = time_side_by_side(fns, ctx.device, warmup=1, repeats=repeats)
+            def run_hf(name):
+                def fn():
+                    out[name] = hf_runs[name]()[0, len(ids):].tolist()
+                return fn
+
+            fns = {"plain": plain, "lookup": run_draft("lookup", lookup)}
+            if self_draft is not None:
+                fns["int4 self-draft"] = run_draft("int4 self-draft", self_draft)
+            if task == "grounded":
+                fns.update({"hf": run_hf("hf"), "hf lookup": run_hf("hf lookup")})
+            return fns
+
+        fns = methods(new_tokens)
+        timings = time_side_by_side(fns, ctx.device, warmup=1, repeats=repeats,
+                                    warmup_fns=methods(WARMUP_TOKENS))   # the timed runs write `out` last
         busy = busy_reason(timings)                 # the load probe is the suite's (mark_busy)
         speed = {name: new_tokens / t.median for name, t in timings.items()}
         plain_result = out["plain result"]
@@ -109,7 +116,7 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
                                                                               plain_step).__dict__
         if task == "grounded":                      # one more run, untimed: what HF's passes were
             with ForwardPasses(hf) as passes:
-                hf_runs["hf lookup"]()
+                hf_generate_fn(hf, ids, new_tokens, prompt_lookup=k, lookup_ngram=lookup.ngram)()
             row["hf_lookup_passes"] = {"tokens_fed": passes.tokens, "seconds": passes.seconds}
         result["tasks"][task] = row
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..engine.padding import padding_waste
 from ..engine.generation import generate
-from .measure import time_fn, time_side_by_side
+from .measure import WARMUP_TOKENS, time_fn, time_side_by_side
 
 
 def measure_batch(model, prompts, new_tokens: int = 16, repeats: int = 1, warmup: int = 1) -> dict:
@@ -56,7 +56,8 @@ def batch_speedup(model, prompt: list[int], batch: int = 16, new_tokens: int = 1
     Introduced in notebook 02 (batching): the chapter's "batch 1 -> 16" question. Returns
     (batch x median of "batch 1" / median of "batch {batch}", the `Timing` of each by name).
     """
-    runs = {f"batch {b}": (lambda b=b: generate(model, [prompt] * b, new_tokens, eos_token_ids=()))
-            for b in (1, batch)}
-    timings = time_side_by_side(runs, model.device, warmup=warmup, repeats=repeats)
+    def runs(n: int) -> dict:
+        return {f"batch {b}": (lambda b=b: generate(model, [prompt] * b, n, eos_token_ids=())) for b in (1, batch)}
+    timings = time_side_by_side(runs(new_tokens), model.device, warmup=warmup, repeats=repeats,
+                                warmup_fns=runs(min(new_tokens, WARMUP_TOKENS)))
     return batch * timings["batch 1"].median / timings[f"batch {batch}"].median, timings

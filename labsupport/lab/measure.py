@@ -120,22 +120,38 @@ def _time_once(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def time_fn(fn: Callable[[], object], device, warmup: int = 1, repeats: int = 5) -> Timing:
+# A CPU warm-up of a generation makes this many tokens, not the timed run's hundred (`_warmup_fn`).
+WARMUP_TOKENS = 8
+
+
+def _warmup_fn(fn: Callable[[], object], short: Callable[[], object] | None, device: torch.device):
+    """What a warm-up call runs: `short` (the same code on a smaller job: a few new tokens instead
+    of a hundred) on a CPU, where a warm-up only has to touch the memory and start the threads a
+    timed call will use; the timed function itself on a GPU, whose warm-up must compile and record
+    the very shapes that are timed (`engine.compiled`)."""
+    return short if short is not None and device.type != "cuda" else fn
+
+
+def time_fn(fn: Callable[[], object], device, warmup: int = 1, repeats: int = 5,
+            warmup_fn: Callable[[], object] | None = None) -> Timing:
     """Time `fn()`: `warmup` untimed calls, then `repeats` timed calls.
 
     Introduced in notebook 00 (where the time goes). The device is
     synchronized before and after every call, and the clock is
-    `time.perf_counter`.
+    `time.perf_counter`. warmup_fn: a cheaper call of the same code for the warm-up
+    (`_warmup_fn` says where it is used).
     """
     device = pick_device(device)
+    warm = _warmup_fn(fn, warmup_fn, device)
     for _ in range(_warmup_calls(warmup, repeats, device)):
-        fn()
+        warm()
     synchronize(device)
     return Timing([_time_once(fn, device) for _ in range(repeats)])
 
 
 def time_side_by_side(
-    fns: dict[str, Callable[[], object]], device, warmup: int = 1, repeats: int = 5
+    fns: dict[str, Callable[[], object]], device, warmup: int = 1, repeats: int = 5,
+    warmup_fns: dict[str, Callable[[], object]] | None = None,
 ) -> dict[str, Timing]:
     """Time several candidates fairly against each other; returns a Timing per name.
 
@@ -144,16 +160,22 @@ def time_side_by_side(
     starting candidate rotates from round to round (A B C, then B C A, then
     C A B, ...). A slow moment of the machine then lands on all candidates
     alike, which is how every speed ratio in the course is measured.
+    warmup_fns: {name: a cheaper call of the same code} for the warm-up (`_warmup_fn`).
     """
     if not fns:
         raise LabError("time_side_by_side got no functions; pass a dict such as {'name': fn}.")
+    unknown = set(warmup_fns or {}) - set(fns)
+    if unknown:
+        raise LabError(f"warmup_fns names {sorted(unknown)}, which fns does not time; give a warm-up only "
+                       f"for the names of fns ({sorted(fns)}).")
     device = pick_device(device)
     warmup = _warmup_calls(warmup, repeats, device)
     names = list(fns)
     for name in names:
         progress.timing(f"{name} (warm-up)")        # named beside the tour's bar (progress.py)
+        warm = _warmup_fn(fns[name], (warmup_fns or {}).get(name), device)
         for _ in range(warmup):
-            fns[name]()
+            warm()
     synchronize(device)
 
     samples: dict[str, list[float]] = {name: [] for name in names}
