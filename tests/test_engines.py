@@ -155,29 +155,43 @@ def test_inductor_options_belong_to_their_decoder_and_compile_apart(fresh_tiny_l
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_LLAMACPP, reason="llama.cpp is not installed (the peers extra)")
-def test_our_int4_follows_llama_cpp_on_its_own_gguf_at_least_as_long_as_fp32_does(smollm):
-    """The same Q4_1 weights, greedy, 32 tokens: both our int4 kernels give llama.cpp's first tokens
-    at least as long as our fp32 model does (measured: 12 for both int4 kernels, 8 for fp32, on the
-    course's chat prompt; llama.cpp also rounds its KV cache to fp16 and its activations' block
-    scales to fp16, so the tokens part after a while)."""
+def test_our_models_predict_llama_cpps_greedy_tokens_on_its_own_gguf(smollm):
+    """The same Q4_1 file, two prompts, 64 greedy tokens from llama.cpp; our models read them
+    teacher-forced (one pass over prompt + llama.cpp's tokens) and predict each next one. fp32
+    holds the file's very weights (dequantized), so it agrees nearly everywhere (measured 124/128;
+    llama.cpp rounds its KV cache and its activations' block scales to fp16); int4 in groups of 32
+    finds the layers' Q4_1 grid again but requantizes the tied output layer, which the file kept
+    finer (measured 113-116/128 for the three kernels). A broken kernel agrees almost nowhere.
+    The greedy prefix each model shares with llama.cpp is no measure: one near-tie splits it at a
+    point that moves with the CPU's kernels (6 to 12 tokens for the same int4 model)."""
     import copy
 
-    from labsupport.engine.generation import chat_prompt, generate
+    from labsupport.engine.generation import chat_prompt
     from labsupport.engine.quant import quantize_model
-    from labsupport.lab.workloads import DEFAULT_PROMPT
+    from labsupport.lab.workloads import CREATIVE_PROMPT, DEFAULT_PROMPT
     from labsupport.weights.embedded import find_gguf
     model, tok = smollm
     gguf = find_gguf()
     if gguf is None or llamacpp_unavailable(gguf) is not None:
         pytest.skip(f"llama.cpp cannot run the GGUF here: {gguf and llamacpp_unavailable(gguf)}")
-    ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
-    theirs = LlamaCppGreedy(gguf, threads=torch.get_num_threads(), context=len(ids) + 40).generate(ids, 32)
+    cases = []
+    for prompt in (DEFAULT_PROMPT, CREATIVE_PROMPT):
+        ids = tok.encode(chat_prompt(tok, prompt))
+        theirs = LlamaCppGreedy(gguf, threads=torch.get_num_threads(), context=len(ids) + 72).generate(ids, 64)
+        cases.append((ids, theirs))
 
-    def agreeing(m):
-        ours = generate(m, ids, 32, eos_token_ids=()).row(0)
-        return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
-    fp32 = agreeing(model)
-    for kernel in ("w4a8", "fast"):
+    @torch.inference_mode()
+    def agreement(m) -> float:
+        hits = total = 0
+        for ids, theirs in cases:
+            hidden = m(torch.tensor([ids + theirs[:-1]]))                  # (1, prompt + 63, hidden)
+            predicted = m.logits(hidden)[0, len(ids) - 1:].argmax(-1)      # (64,): the next token at each
+            hits += (predicted == torch.tensor(theirs)).sum().item()
+            total += len(theirs)
+        return hits / total
+
+    assert agreement(model) >= 0.9
+    for kernel in ("w4a8", "fast", "reference"):
         quantized = copy.deepcopy(model)
         quantize_model(quantized, "int4", group_size=32, kernel=kernel)
-        assert agreeing(quantized) >= fp32, kernel
+        assert agreement(quantized) >= 0.8, kernel
