@@ -197,3 +197,101 @@ def test_the_bench_context_times_the_courses_model_on_a_cpu():
     ctx = BenchContext(device=torch.device("cpu"), model_name="tiny-llama")
     model, name = ctx.timing_model(torch.float32)
     assert model is ctx.model(torch.float32)[0] and name == "tiny-llama"
+
+
+def _timing_choice(machine):
+    """What the real `workloads.timing_model_name` answers on `machine` (a `GPUS` key, simulated, or "CPU")."""
+    from labsupport.lab.workloads import timing_model_name
+    if machine == "CPU":
+        return timing_model_name("cpu")
+    with simulated(GPUS[machine]):
+        return timing_model_name(CUDA)
+
+
+def _bench_as_on(machine, monkeypatch):
+    """A CPU `BenchContext` on tiny-llama that picks its timed model as `machine` would
+    (`_timing_choice`); the model it asks for is built as a wider tiny-llama ("stand-in"), since
+    no 1.7B model is built in a test. Returns the context and the names `random_model` was asked for."""
+    from labsupport.bench import core
+    from labsupport.weights.fixtures import random_model
+    choice = _timing_choice(machine)
+    asked = []
+    stand_in = MODELS["tiny-llama"].with_(hidden_size=128, intermediate_size=256, name="stand-in")
+    monkeypatch.setattr(core, "timing_model_name", lambda device: choice)
+    monkeypatch.setattr(core, "random_model", lambda name, **kw: asked.append(name) or random_model(stand_in, **kw))
+    return core.BenchContext(torch.device("cpu"), model_name="tiny-llama"), asked
+
+
+def _spy(monkeypatch, module, name, seen):
+    """Replace `module.name` with a wrapper that records the model it is called with first."""
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda model, *a, **k: seen.append(model.config.name) or real(model, *a, **k))
+
+
+@pytest.mark.parametrize("machine", ["A100", "H100", "T4", "CPU"])
+def test_quantization_and_precision_time_speed_on_the_timing_model_and_quality_on_the_courses(machine, monkeypatch):
+    """On a big GPU the speed rows of notebooks 03's and 04's sections time variants of the model at
+    SmolLM2-1.7B's shape (named in ``timed_model`` and in every speed figure's note); perplexity,
+    agreement and bytes stay the course's model's. A T4 and a CPU time the course's model."""
+    import labsupport.bench.precision as bench_precision
+    import labsupport.bench.quantization as bench_quantization
+    from labsupport.bench.precision import PrecisionOptions
+    from labsupport.bench.quantization import QuantizationOptions
+    from labsupport.lab.quality import resident_bytes
+    from labsupport.lab.workloads import TIMING_MODEL
+    ctx, asked = _bench_as_on(machine, monkeypatch)
+    big = machine in ("A100", "H100")
+    expected, timed_config = (f"{TIMING_MODEL} (random weights)", "stand-in") if big else ("tiny-llama", "tiny-llama")
+    timed, scored = [], []
+    _spy(monkeypatch, bench_quantization, "generate", timed)
+    _spy(monkeypatch, bench_quantization, "logits_of", scored)
+    _spy(monkeypatch, bench_precision, "decode_run", timed)
+    _spy(monkeypatch, bench_precision, "prefill_run", timed)
+    _spy(monkeypatch, bench_precision, "logit_agreement", scored)
+
+    quantization = bench_quantization.section_quantization(
+        ctx, QuantizationOptions(new_tokens=3, slow_new_tokens=2, repeats=1, eval_tokens=16))
+    precision = bench_precision.section_precision(ctx, PrecisionOptions(new_tokens=2, prefill_tokens=8, repeats=1))
+    for section in (quantization, precision):
+        assert section["timed_model"] == expected
+        speeds = [f for f in section["figures"] if "speed" in f["name"]]
+        assert speeds and all(f"model {expected}" in f["note"] for f in speeds)
+        assert (f"not {ctx.model_name}" in section["note"]) is big          # the note says why, on a big GPU
+    assert set(timed) == {timed_config} and set(scored) == {"tiny-llama"}
+    assert set(asked) == ({TIMING_MODEL} if big else set())
+    int8 = quantization["rows"]["int8"]
+    assert int8["tensor_bytes"] == resident_bytes(ctx.variants.get("fp32", "int8"))   # the course's bytes
+    assert int8["kernels"] == ctx.timing_variants.handle("fp32", "int8").kernels     # the timed layers' kernel
+    assert (ctx.timing_variants is ctx.variants) is not big
+
+
+@pytest.mark.parametrize("machine", ["A100", "H100", "T4", "CPU"])
+def test_notebooks_00_and_02_sweep_the_timing_model_on_a_big_gpu(machine, monkeypatch):
+    """`timing_model.timing_model`, which notebooks 00 and 02 call before their sweeps: on a big GPU
+    a model at SmolLM2-1.7B's shape (built in the course model's dtype and named with the reason),
+    on a T4 or a CPU the course's model itself."""
+    import json
+    from pathlib import Path
+
+    from labsupport.lab import timing_model as timing
+    from labsupport.lab.workloads import TIMING_MODEL
+    from labsupport.weights.fixtures import random_model
+    choice = _timing_choice(machine)
+    asked = []
+    monkeypatch.setattr(timing, "timing_model_name", lambda device: choice)
+    monkeypatch.setattr(timing, "random_model", lambda name, **kw: asked.append((name, kw["dtype"]))
+                        or random_model("tiny-gpt2", **kw))
+    course = random_model("tiny-llama").to(torch.bfloat16)
+    model, name = timing.timing_model(course)
+    if machine in ("A100", "H100"):
+        assert model is not course and asked == [(TIMING_MODEL, torch.bfloat16)]
+        assert name == f"{TIMING_MODEL} (random weights)"
+        assert "launch-bound" in timing.timed_model_sentence(name, "tiny-llama")
+    else:
+        assert model is course and name == "tiny-llama" and not asked
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+    for notebook, sweep in (("00_where_the_time_goes", "roofline.sweep_decode(model"),
+                            ("02_batching", "sweep_batch_sizes(sweep_model")):
+        code = "\n".join("".join(c["source"]) for c in json.loads((notebooks / f"{notebook}.ipynb").read_text())["cells"]
+                         if c["cell_type"] == "code")
+        assert "timing_model(" in code and sweep in code and "timed_model_sentence(" in code

@@ -24,6 +24,7 @@ import torch
 
 from ..errors import LabError, first_line
 from ..lab.roofs import HardwareProfile, probe
+from ..lab.timing_model import RANDOM, timed_model_sentence
 from ..lab.variants import ModelVariants
 from ..lab.workloads import timing_model_name
 from ..weights.fixtures import random_model
@@ -79,17 +80,38 @@ class BenchContext:
         `variants`) and the tokenizer."""
         return self.variants.get(dtype), self._fp32()[1]
 
-    def timing_model(self, dtype=torch.float32):
-        """(model, its name) for a sweep that measures speed only: the course's model in `dtype`,
-        except on a big GPU, where it is `workloads.timing_model_name`'s random-weight model at
-        SmolLM2-1.7B's shape (built once per dtype on the device). Notebooks 00 and 02."""
+    @property
+    def timing_variants(self) -> ModelVariants:
+        """The variants that speed-only rows time: `variants` itself, except on a big GPU, where they
+        are variants of `workloads.timing_model_name`'s random-weight model at SmolLM2-1.7B's shape
+        (each precision built once on the device, each quantized copy made once from its fp32 one).
+        Notebooks 00, 02, 03 and 04: sweeps and speed rows time these, quality rows `variants`."""
         name = timing_model_name(self.device)
         if name is None:
-            return self.model(dtype)[0], self.model_name
-        key = ("timing", name, dtype)
-        if key not in self._cache:
-            self._cache[key] = random_model(name, seed=0, device=self.device, dtype=dtype)
-        return self._cache[key], f"{name} (random weights)"
+            return self.variants
+        if "timing_variants" not in self._cache:
+            self._cache["timing_variants"] = ModelVariants(
+                factory=lambda dtype: random_model(name, seed=0, device=self.device, dtype=dtype))
+        return self._cache["timing_variants"]
+
+    @property
+    def timed_model(self) -> str:
+        """The name of the model `timing_variants` holds, as a section's ``timed_model`` reports it."""
+        name = timing_model_name(self.device)
+        return self.model_name if name is None else name + RANDOM
+
+    def timed_note(self) -> str:
+        """`timing_model.timed_model_sentence` for this run: which model the speed rows timed, and
+        why; where it is not the course's, that memory and quality rows are the course's model's."""
+        sentence = timed_model_sentence(self.timed_model, self.model_name)
+        if self.timed_model == self.model_name:
+            return sentence
+        return sentence + f" Memory and quality rows are measured on {self.model_name}."
+
+    def timing_model(self, dtype=torch.float32):
+        """(model, its name) for a sweep that measures speed only: `timing_variants`' model in
+        `dtype` (the course's model on a CPU or a T4). Notebooks 00 and 02."""
+        return self.timing_variants.get(dtype), self.timed_model
 
     def hf_model(self, dtype=torch.float32):
         """The same weights as a Hugging Face transformers model, loaded on first use."""

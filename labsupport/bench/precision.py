@@ -38,8 +38,10 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
     """Memory per dtype; fp32 against 16-bit in decode (batch 1) and prefill; agreement.
 
     Introduced in notebook 03 (mixed precision). Every precision is the run's variant
-    (`BenchContext.variants`), cast from the one fp32 model. Its claims:
-    `claims.precision.precision_section_claims`.
+    (`BenchContext.variants`), cast from the one fp32 model; the decode and prefill timings run
+    the same precisions of `BenchContext.timing_variants` (the course's model but on a big GPU,
+    where they are random weights at SmolLM2-1.7B's shape: ``timed_model``), while memory and
+    agreement stay the course's model's. Its claims: `claims.precision.precision_section_claims`.
     """
     model, tok = ctx.model(torch.float32)
     # bf16 where the hardware has it, and emulated on a CPU without it (labelled so);
@@ -48,6 +50,7 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
     if ctx.device.type == "cuda" or fp16_fast(ctx.device):
         half.append(torch.float16)
     models = {name: ctx.variants.get(name) for name in ["float32"] + [dtype_name(d) for d in half]}
+    timed = {name: ctx.timing_variants.get(name) for name in models}       # what the speed rows time
 
     gpt2 = PRESETS["gpt2"].num_parameters
     memory = {name: tensor_bytes(m) for name, m in models.items()}
@@ -67,8 +70,8 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
         return prefill_run(m, long_prompt)
 
     repeats = options.repeats
-    decode_t = time_side_by_side({n: decode(m) for n, m in models.items()}, ctx.device, repeats=repeats)
-    prefill_t = time_side_by_side({n: prefill_once(m) for n, m in models.items()}, ctx.device, repeats=repeats)
+    decode_t = time_side_by_side({n: decode(m) for n, m in timed.items()}, ctx.device, repeats=repeats)
+    prefill_t = time_side_by_side({n: prefill_once(m) for n, m in timed.items()}, ctx.device, repeats=repeats)
     probe_tokens = torch.tensor([long_prompt[:128]], device=ctx.device)
     rows = {}
     for name, m in models.items():
@@ -76,7 +79,7 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
                       "decode_speedup": decode_t["float32"].median / decode_t[name].median,
                       "prefill_speedup": prefill_t["float32"].median / prefill_t[name].median,
                       # weights read per token x tokens/s (the short prompt's prefill counted in the time)
-                      "bandwidth_fraction": m.weight_bytes() * new_tokens / decode_t[name].median
+                      "bandwidth_fraction": timed[name].weight_bytes() * new_tokens / decode_t[name].median
                       / ctx.hardware.bandwidth,
                       **(logit_agreement(model, m, probe_tokens) if name != "float32" else {})}
         if name != "float32":
@@ -89,10 +92,12 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
                 reported(f"{label} / fp32 decode speed (batch 1)", rows[name]["decode_speedup"], "x",
                          note="; ".join(filter(None, [
                              f"{new_tokens} new tokens", f"{rows[name]['bandwidth_fraction']:.0%} of copy bandwidth "
-                             f"(fp32: {rows['float32']['bandwidth_fraction']:.0%})", emulated])),
+                             f"(fp32: {rows['float32']['bandwidth_fraction']:.0%})", emulated,
+                             f"model {ctx.timed_model}"])),
                          busy=decode_busy),
                 reported(f"{label} / fp32 prefill speed ({len(long_prompt)}-token prompt)",
-                         rows[name]["prefill_speedup"], "x", note=emulated, busy=prefill_busy),
+                         rows[name]["prefill_speedup"], "x", busy=prefill_busy,
+                         note="; ".join(filter(None, [emulated, f"model {ctx.timed_model}"]))),
                 reported(f"{name} top-1 agreement with fp32", rows[name]["top1_agreement"], "fraction",
                          note=f"max |logit difference| {rows[name]['max_abs_diff']:.3f}"),
             ]
@@ -102,7 +107,8 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
                        for name in models if name != "float32"}
               for regime, t in (("decode", decode_t), ("prefill", prefill_t))}
     return {"models": rows, "memory_bytes": memory, "bf16": bf16_report(ctx.device), "speeds": speeds,
-            "device": str(ctx.device), "model_name": model.config.name,
+            "device": str(ctx.device), "model_name": model.config.name, "timed_model": ctx.timed_model,
+            "note": ctx.timed_note(),
             "gpt2_mib": {d: parameter_bytes(gpt2, d) / MIB for d in ("float32", "float16")},
             "timings_s": {"decode": {k: v.to_dict() for k, v in decode_t.items()},
                           "prefill": {k: v.to_dict() for k, v in prefill_t.items()}},

@@ -5,7 +5,11 @@ Introduced in notebook 04 (quantization); ``python -m labsupport bench --section
 Rows: fp32, bf16, fp16, int8 (absmax, fast kernel), int4 groups of 32 and 128,
 bitsandbytes LLM.int8() and NF4. Every row is the run's variant (`BenchContext.variants`:
 the 16-bit rows cast from the one fp32 model, the quantized ones copied from it and
-quantized once), the same models the other sections and the self-draft use.
+quantized once), the same models the other sections and the self-draft use. Its speed is
+timed on the same variant of `BenchContext.timing_variants`: the course's model on a CPU or
+a T4; on a big GPU, where the 135M model's step is launch-bound, random weights at
+SmolLM2-1.7B's shape (``timed_model`` says which), while memory and quality stay the
+course's model's.
 
 * memory: bytes resident in the model (`quality.resident_bytes`, the footprint
   the chapter's claim is about; with a tied output layer, quantizing it keeps the
@@ -104,17 +108,20 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
     eval_ids = eval_tokens(tok, max_tokens=options.eval_tokens)
     fp16_runs = ctx.device.type == "cuda" or fp16_fast(ctx.device)
 
-    # Every row is a variant of the run: made once from the fp32 model, shared with the other sections.
-    variants, rows = {}, {}
+    # Every row is a variant of the run: made once from the fp32 model, shared with the other sections;
+    # its speed is timed on the same variant of the timing model (the course's model but on a big GPU).
+    variants, speed, rows = {}, {}, {}
     for name, (precision, weights, group_size) in ROWS.items():
         row = rows[name] = {"kind": "cast" if weights == "float" else weights}
         try:
             variants[name] = ctx.variants.get(precision, weights, group_size=group_size or 32)
-            if weights != "float":
-                handle = ctx.variants.handle(precision, weights, group_size=group_size or 32)
+            speed[name] = ctx.timing_variants.get(precision, weights, group_size=group_size or 32)
+            if weights != "float":              # the kernel of the layers timed
+                handle = ctx.timing_variants.handle(precision, weights, group_size=group_size or 32)
                 row["kernels"], row["kernel"] = handle.kernels, handle.describe()
         except LabError as error:                  # e.g. bitsandbytes missing or not on this device
             row["error"] = str(error)
+            variants.pop(name, None)
 
     # Memory and quality, one row at a time.
     fp32_logits = logits_of(model, eval_ids)
@@ -139,7 +146,7 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
     decode_s: dict[str, list[float]] = {}
 
     def decode(name, tokens):
-        m = variants[name]
+        m = speed[name]
 
         def run():
             result = generate(m, ids, tokens, eos_token_ids=())
@@ -161,12 +168,12 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
         timings[f"{name} (pair)"] = pair[name]
     for name in timed:
         tokens = new_tokens if name in fast_rows else slow_tokens
-        step = _median(decode_s[f"{name}@{tokens}"])
+        step, read = _median(decode_s[f"{name}@{tokens}"]), quantized_bytes(speed[name])   # the timed model's bytes
         rows[name].update(decode_tokens_per_s=1 / step,
                           decode_speedup=_median(decode_s[f"fp32@{tokens}"]) / step,
                           timed_on_new_tokens=tokens,
-                          bandwidth_bytes_per_s=rows[name]["weight_bytes"] / step,
-                          bandwidth_fraction=rows[name]["weight_bytes"] / step / ctx.hardware.bandwidth,
+                          bandwidth_bytes_per_s=read / step,
+                          bandwidth_fraction=read / step / ctx.hardware.bandwidth,
                           timing=Timing(decode_s[f"{name}@{tokens}"]).to_dict(),
                           busy=busy_reason({"fp32": Timing(decode_s[f"fp32@{tokens}"]),
                                             name: Timing(decode_s[f"{name}@{tokens}"])}))
@@ -200,18 +207,21 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
                                     target=TARGETS.get(name),
                                     note=f"{row['decode_tokens_per_s']:.1f} tokens/s, "
                                          f"{row['bandwidth_fraction']:.0%} of copy bandwidth; {how}; "
-                                         f"{row.get('kernel', 'dense matmul')}", busy=row["busy"]))
+                                         f"{row.get('kernel', 'dense matmul')}; model {ctx.timed_model}",
+                                    busy=row["busy"]))
         if row.get("decode_speedup_bf16") is not None:
             figures.append(reported(f"{name} / bf16 decode speed (batch 1)", row["decode_speedup_bf16"], "x",
                                     note=f"{row.get('kernel')}: where the kernel computes in bf16, this ratio "
-                                         "is what the smaller weights add over a bf16 model", busy=row["busy_bf16"]))
+                                         f"is what the smaller weights add over a bf16 model; model {ctx.timed_model}",
+                                    busy=row["busy_bf16"]))
         figures.append(reported(f"{name} perplexity increase over fp32", row["perplexity_increase"], "fraction",
                                 higher_is_better=False,
                                 note=f"perplexity {row['perplexity']:.2f} vs {fp32_ppl:.2f} on "
                                      f"{len(eval_ids)} tokens of the evaluation text ({row['quality_from']})"))
         figures.append(reported(f"{name} top-1 agreement with fp32", row["top1_agreement"], "fraction"))
     return {"rows": rows, "fp32_weight_bytes": fp32_bytes, "eval_tokens": len(eval_ids),
-            "prompt_tokens": len(ids), "new_tokens": new_tokens,
+            "prompt_tokens": len(ids), "new_tokens": new_tokens, "timed_model": ctx.timed_model,
             "timings_s": {k: v.to_dict() for k, v in timings.items()},
-            "note": "weight-only quantization; activations stay fp32 (bf16 inside the fast kernels)",
+            "note": "weight-only quantization; activations stay fp32 (bf16 inside the fast kernels). "
+                    + ctx.timed_note(),
             "figures": figures}
