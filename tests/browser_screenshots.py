@@ -8,7 +8,8 @@ touches the committed one), run top to bottom in headless Chromium (see
 tests/browser_support.py), and its last output, the explorer, is photographed
 at a 1366 px wide viewport. Runs the notebooks one after the other: on a 2-core
 CPU the six take about ten minutes. Prints each notebook's run time and any
-cell or widget error.
+cell or widget error, and every figure of the notebook that has text cut off or drawn over other
+text (tests/figure_layout.py); exits 1 if any notebook had one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from figure_layout import every_plot_problems  # noqa: E402
 from browser_support import (NOTEBOOKS, ROOT, Lab, explorer_cell, launch_browser, missing_reason,  # noqa: E402
                              close_notebook, notebook_problems, open_notebook, run_all, wait_plots_rendered)
 
@@ -70,6 +72,7 @@ def main(argv=None) -> int:
                 target = out / f"{path.name[:2]}_explorer.png"
                 area.screenshot(path=str(target))
                 page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
+                problems += [f"layout: {p}" for p in every_plot_problems(page)]     # every figure of the notebook
                 print(f"{path.name}: ran in {seconds:.0f} s (open + run {time.monotonic() - start:.0f} s) "
                       f"-> {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}"
                       + "".join(f"\n    PROBLEM: {p}" for p in problems), flush=True)

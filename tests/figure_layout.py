@@ -23,7 +23,8 @@ EXPLORER_WIDTH, OUTPUT_WIDTH = 700, 960
 _MEASURE = """(scope) => {
   const root = scope || document;
   const out = [];
-  root.querySelectorAll('.js-plotly-plot').forEach((plot, index) => {
+  const plots = root.matches && root.matches('.js-plotly-plot') ? [root] : root.querySelectorAll('.js-plotly-plot');
+  plots.forEach((plot, index) => {
     const box = plot.querySelector('.main-svg').getBoundingClientRect();
     const items = [];
     const add = (kind, el) => {
@@ -78,6 +79,21 @@ def problems(page, scope=None) -> list[str]:
             for b in items[i + 1:]:
                 if _overlap(a, b):
                     found.append(f"{name}: the {a['kind']} {a['text']!r} overlaps the {b['kind']} {b['text']!r}")
+    return found
+
+
+def every_plot_problems(page, settle_ms: int = 300) -> list[str]:
+    """`problems` of every plot on the page (a notebook in JupyterLab), each scrolled into view
+    first so that JupyterLab lays it out; each sentence names the plot's title."""
+    found = []
+    plots = page.locator(".js-plotly-plot")
+    for i in range(plots.count()):
+        plot = plots.nth(i)
+        plot.scroll_into_view_if_needed()
+        page.wait_for_timeout(settle_ms)
+        title = plot.locator(".gtitle").first
+        name = title.text_content() if title.count() else f"untitled plot {i}"
+        found += [f"{name[:60]!r}: " + p.split(": ", 1)[1] for p in problems(page, plot.element_handle())]
     return found
 
 

@@ -39,6 +39,19 @@ def speculative_speedup():
     return speedup_figure(["prompt lookup, k=4, T=0.0 (grounded)"], [1.55], [2.33], [4.47], current=0)
 
 
+def verify_pass():
+    from labsupport.plots.speculative import verify_pass_figure
+    return verify_pass_figure([" The", " light", "house", " keeper"], [" climbed", " the", " narrow", " hill"],
+                              [" climbed", " the", " narrow", " stairs", " every"], 3)
+
+
+def k_curve():
+    from labsupport.plots.speculative_k import k_curve_figure
+    curves = {"prompt lookup, grounded task": {k: 1 + 0.3 * k - 0.03 * k * k for k in range(9)},
+              "int4 self-draft, creative task": {k: 1 + 0.1 * k - 0.02 * k * k for k in range(9)}}
+    return k_curve_figure(curves, {name: max(c, key=c.get) for name, c in curves.items()}, used_k=4)
+
+
 def twelve_serving_settings():
     from labsupport.explorers.serving import setting_label, short_label
     from labsupport.plots.serving_settings import settings_figure
@@ -81,6 +94,8 @@ def prefill_attention():
 
 
 CASES = {"05 speedup": (speculative_speedup, EXPLORER_WIDTH),
+         "05 one verify pass": (verify_pass, OUTPUT_WIDTH),
+         "05 expected speedup against k": (k_curve, OUTPUT_WIDTH),
          "06 every setting so far (12)": (twelve_serving_settings, EXPLORER_WIDTH),
          "06 timeline with its subtitle": (serving_timeline, EXPLORER_WIDTH),
          "07 stack explorer": (stack_explorer_figure, EXPLORER_WIDTH),
@@ -102,10 +117,10 @@ def test_the_check_sees_a_legend_on_a_title_and_labels_that_run_together(page):
     long horizontal category labels on narrow bars."""
     import plotly.graph_objects as go
     figure = go.Figure([go.Bar(x=[f"a long category name {i}" for i in range(8)], y=list(range(8)),
-                               name=f"a long legend entry {j}") for j in range(4)])
-    figure.update_layout(title="a title", legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+                               name=f"a rather long legend entry, number {j}") for j in range(6)])
+    figure.update_layout(title="a title as long as the notebooks' titles are, under the legend", legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
                          xaxis_tickangle=0)
     render(page, figure, EXPLORER_WIDTH)
     found = problems(page)
-    assert any("title 'a title' overlaps the legend" in p for p in found)
+    assert any("a title as long" in p and "overlaps the legend" in p for p in found)
     assert any("tick label of xtick 'a long category name 0' overlaps" in p for p in found)

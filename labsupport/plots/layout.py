@@ -27,3 +27,13 @@ def legend_below(fig: go.Figure, extra_px: int = 0) -> go.Figure:
                                   bgcolor="rgba(0,0,0,0)"),
                       margin=dict(b=AXIS_PX + extra_px + LINE_PX * entries + 8))
     return fig
+
+
+def title_lines(fig: go.Figure, title: str, subtitle_size: int = 12) -> int:
+    """Set `fig`'s title from "line<br>more lines": the first line is the title, the rest plotly's
+    subtitle (its own line height: a "<br><sup>" title runs into what is under it). Returns the
+    subtitle's line count, for the caller's top margin. Notebook 00 (where the time goes)."""
+    head, _, rest = title.partition("<br>")
+    rest = rest.replace("<sup>", "").replace("</sup>", "")
+    fig.update_layout(title=dict(text=head, subtitle=dict(text=rest, font=dict(size=subtitle_size))))
+    return rest.count("<br>") + 1 if rest else 0

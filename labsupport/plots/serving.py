@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .layout import legend_below
+from .layout import legend_below, title_lines
 
 from ..lab.serving_metrics import slot_bars, utilization_timeline
 
@@ -277,12 +277,8 @@ def phase_timeline_figure(result, clock: str = "wall", title: str | None = None)
                       annotation_text=f"token budget {result.token_budget}")
     fig.update_yaxes(title_text="tokens", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text=_time_unit(clock), row=2, col=1)
-    # title: one line, or a line and a subtitle of lines after "<br>" (plotly's title.subtitle)
-    title, _, subtitle = (title or "prefill chunks and decode steps, and what the prefix cache saved").partition("<br>")
-    subtitle = subtitle.replace("<sup>", "").replace("</sup>", "")
-    lines = subtitle.count("<br>") + 1 if subtitle else 0
-    fig.update_layout(barmode="overlay", height=520 + 24 * lines, margin=dict(MARGIN, t=90 + 24 * lines),
-                      title=dict(text=title, subtitle=dict(text=subtitle, font=dict(size=12))))
+    lines = title_lines(fig, title or "prefill chunks and decode steps, and what the prefix cache saved")
+    fig.update_layout(barmode="overlay", height=520 + 24 * lines, margin=dict(MARGIN, t=90 + 24 * lines))
     legend_below(fig)
     return fig
 

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..errors import LabError
-from .layout import legend_below
+from .layout import legend_below, title_lines
 
 HEIGHT = 320
 COLORS = {"context": "#dddddd", "pending": "#bbbbbb", "drafted": "#fdd49e", "accepted": "#2ca02c",
@@ -24,9 +24,10 @@ CURRENT, OTHER = "#d62728", "#1f77b4"
 def _layout(fig: go.Figure, title: str, height: int = HEIGHT, right: int = 30) -> go.Figure:
     """Title, size and legend (under the plots: layout.py); `right`: the margin for a reference
     line's label. The height given is the plots' own: the legend's lines are added to it."""
-    fig.update_layout(title=title, template="plotly_white", margin=dict(t=60, l=60, r=right))
+    lines = title_lines(fig, title)                 # "<br>" starts a subtitle (layout.py)
+    fig.update_layout(template="plotly_white", margin=dict(t=60 + 22 * lines, l=60, r=right))
     legend_below(fig)
-    fig.update_layout(height=height + fig.layout.margin.b)
+    fig.update_layout(height=height + fig.layout.margin.b + 22 * lines)
     return fig
 
 
@@ -98,10 +99,10 @@ def verify_pass_figure(context: Sequence[str], drafted: Sequence[str], target_ch
                                             "with the next pass", showarrow=False, xanchor="left", font=dict(size=11))
     fig.update_xaxes(visible=False, range=[x0 - 4.5, k + 4.5])
     fig.update_yaxes(visible=False, range=[-0.6, 4.6])
-    return _layout(fig, f"One verify pass: k = {k} drafts, one target pass over k + 1 positions, "
-                        f"{n_accepted} accepted + 1 {kind}<br><sup>green: the target's choice matches the draft; "
-                        "red: the first miss; orange: the target's correction; blue box: bonus; grey dashed: "
-                        "never used; light blue: in the KV cache</sup>", height=420)
+    return _layout(fig, f"One verify pass: k = {k} drafts, one target pass, {n_accepted} accepted + 1 {kind}"
+                        "<br>the target reads k + 1 positions at once. green: its choice matches the draft; "
+                        "red: the first miss;<br>orange: its correction; blue box: bonus; grey dashed: never used; "
+                        "light blue: in the KV cache", height=420)
 
 
 # --- measurements ---------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from typing import Mapping
 
 import plotly.graph_objects as go
 
+from .layout import legend_below
+
 from ..errors import LabError
 
 
@@ -31,6 +33,7 @@ def k_curve_figure(curves: Mapping[str, Mapping[int, float]], best: Mapping[str,
     fig.add_vline(x=used_k, line_dash="dot", line_color="#999999", annotation_text=f"k = {used_k} above")
     fig.update_layout(title=title or "expected speedup against k, from this run's alpha, c and v(k)",
                       xaxis_title="k, tokens drafted per step", yaxis_title="expected speedup (x)",
-                      height=360, template="plotly_white", margin=dict(t=80, b=50, l=60, r=30),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
+                      template="plotly_white", margin=dict(t=60, l=60, r=30))
+    legend_below(fig)                                       # under the plot: never on the title (layout.py)
+    fig.update_layout(height=320 + fig.layout.margin.b)
     return fig
