@@ -198,3 +198,43 @@ def test_serve_side_by_side_times_every_server_on_the_same_requests(tiny_llama):
     assert all(runs[name].tokens() == runs["continuous"].tokens() for name in OURS)
     timings, runs = serve_side_by_side(tiny_llama, None, requests, slots=2)
     assert list(timings) == ["static", "continuous"]
+
+
+@pytest.mark.parametrize("has_switch", [True, False], ids=["auto_switch_to_flash field", "older transformers"])
+def test_the_hf_server_never_switches_to_flash_attention(monkeypatch, has_switch):
+    """transformers turns a model to FlashAttention by itself (fp32 included) where flash_attn is
+    installed: with the config field it is switched off and SDPA kept unprefixed ("paged|sdpa"
+    goes away in 5.23); without it the model gets paged SDPA, which it leaves alone."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from labsupport.bench import serving_peers
+
+    fields = [("page_size", int, 16), ("max_requests_per_batch", int, 8), ("num_blocks", int, 1),
+              ("max_batch_tokens", object, None), ("allow_block_sharing", bool, True), ("use_cuda_graph", bool, True)]
+    if has_switch:
+        fields.append(("auto_switch_to_flash", bool, True))
+    Config = dataclasses.make_dataclass("Config", [(n, t, dataclasses.field(default=d)) for n, t, d in fields])
+    monkeypatch.setattr(serving_peers, "_continuous_batching_config_class", lambda: Config)
+    seen = {}
+
+    class Model:
+        config = SimpleNamespace(_attn_implementation="sdpa")
+        generation_config = SimpleNamespace(eos_token_id=2, pad_token_id=None, max_new_tokens=1, do_sample=False)
+        device = torch.device("cpu")
+
+        def set_attn_implementation(self, name):
+            seen.setdefault("attention", []).append(name)
+            self.config._attn_implementation = name
+
+        def init_continuous_batching(self, generation_config, continuous_batching_config):
+            seen["config"] = continuous_batching_config
+            raise RuntimeError("stop here")
+
+    requests = make_workload([[1, 2, 3]], count=1, median_new_tokens=2, max_new_tokens=2, seed=0)
+    with pytest.raises(RuntimeError, match="stop here"):
+        hf_serve(Model(), requests, max_slots=2)
+    if has_switch:
+        assert seen["config"].auto_switch_to_flash is False and "attention" not in seen
+    else:
+        assert seen["attention"] == ["paged|sdpa", "sdpa"]              # for the run, then put back

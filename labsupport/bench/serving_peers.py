@@ -55,23 +55,27 @@ def hf_serve(hf_model, requests: list[Request], max_slots: int = 8, block_size: 
     if cache_tokens is None:
         cache_tokens = max_slots * max(r.max_length for r in requests)
     page_field = _page_field(ContinuousBatchingConfig)
+    # transformers switches a model to FlashAttention by itself when flash_attn is installed, also
+    # for fp32, which FlashAttention does not take: newer versions read `auto_switch_to_flash`
+    # (set off here); older ones leave a model on a paged implementation alone (paged SDPA below).
+    no_switch = {"auto_switch_to_flash": False} if "auto_switch_to_flash" in _fields(ContinuousBatchingConfig) else {}
     if defaults:
         page = getattr(ContinuousBatchingConfig(), page_field)
-        cb_config = ContinuousBatchingConfig(max_requests_per_batch=max_slots, num_blocks=-(-cache_tokens // page))
+        cb_config = ContinuousBatchingConfig(max_requests_per_batch=max_slots, num_blocks=-(-cache_tokens // page),
+                                             **no_switch)
         described = f"transformers' defaults, at most {max_slots} requests per batch"
     else:
         cb_config = ContinuousBatchingConfig(**{page_field: block_size}, max_requests_per_batch=max_slots,
                                              num_blocks=-(-cache_tokens // block_size),
                                              max_batch_tokens=token_budget, allow_block_sharing=prefix_sharing,
-                                             use_cuda_graph=False)
+                                             use_cuda_graph=False, **no_switch)
         described = (f"pages of {block_size}, at most {max_slots} requests per batch, token budget "
                      f"{token_budget or 'transformers’ own'}, prefix sharing {'on' if prefix_sharing else 'off'}")
-    # transformers switches a model to FlashAttention by itself when flash_attn is installed (a
-    # field `auto_switch_to_flash` in recent versions, always in 5.17), also for fp32, which
-    # FlashAttention does not take: a model already on a paged implementation is left alone, in
-    # every version, so give it paged SDPA (or paged eager) for this run and put it back after.
+    # Without that field: paged SDPA (or paged eager) for this run, put back after. With it, SDPA
+    # needs no prefix (transformers 5.2x warns that "paged|sdpa" goes away in 5.23) and eager
+    # becomes "paged|eager" by itself.
     original_attention = hf_model.config._attn_implementation
-    if "paged|" not in str(original_attention):
+    if not no_switch and "paged|" not in str(original_attention):
         hf_model.set_attn_implementation(f"paged|{'eager' if original_attention == 'eager' else 'sdpa'}")
     manager = None
     ordered = sorted(requests, key=lambda r: r.arrival)
@@ -133,12 +137,16 @@ def _continuous_batching_config_class():
     return ContinuousBatchingConfig
 
 
+def _fields(config_class) -> set[str]:
+    """The field names of a transformers config dataclass (they change between versions)."""
+    import dataclasses
+    return {f.name for f in dataclasses.fields(config_class)}
+
+
 def _page_field(config_class) -> str:
     """The name of the cache page size in `ContinuousBatchingConfig`: "block_size" up to
     transformers 5.17 or so, "page_size" later (both read from the dataclass's own fields)."""
-    import dataclasses
-    names = {f.name for f in dataclasses.fields(config_class)}
-    return "page_size" if "page_size" in names else "block_size"
+    return "page_size" if "page_size" in _fields(config_class) else "block_size"
 
 
 def _warm_up(manager, request: Request, timeout: float) -> None:
