@@ -52,6 +52,18 @@ def k_curve():
     return k_curve_figure(curves, {name: max(c, key=c.get) for name, c in curves.items()}, used_k=4)
 
 
+def kv_cache_memory():
+    from labsupport.engine.models.config import PRESETS
+    from labsupport.plots.kv_cache import cache_memory_figure
+    return cache_memory_figure(PRESETS["smollm2-135m"], [64, 256, 1024, 4096], measured=[(256, 6 * 2 ** 20)],
+                               highlight_length=1024)
+
+
+def int4_packing():
+    from labsupport.explorers.quantize import packing_figure
+    return packing_figure(torch.linspace(-0.5, 1.0, 32), shown=8)
+
+
 def twelve_serving_settings():
     from labsupport.explorers.serving import setting_label, short_label
     from labsupport.plots.serving_settings import settings_figure
@@ -86,6 +98,16 @@ def stack_explorer_figure(tiny_llama):
     return explorer.figures[0].figure
 
 
+def stack_ladder():
+    from labsupport.plots.stack import cumulative_figure
+    names = ["naive loop", "+ KV cache", "+ static batching", "+ bf16", "+ int4 weights", "+ int4, batch 1",
+             "+ speculative decoding", "+ continuous batching", "Hugging Face generate()"]
+    stages = [{"stage": n, "cumulative": 1.0 + 2 * i, "tokens_per_s": 5.0 * (1 + i), "precision": "float32",
+               "gain": None if i == 0 else 1.3, "builds_on": None if i == 0 else names[i - 1], "kept": True}
+              for i, n in enumerate(names)]
+    return cumulative_figure({"stages": stages, "requests": 8, "tokens": 186, "device": "cpu"})
+
+
 def prefill_attention():
     from labsupport.plots.long_context import prefill_attention_figure
     rows = [{"T": t, "memory": "computed", "naive_bytes": 4 * t * t, "fused_bytes": 64 * t,
@@ -93,12 +115,15 @@ def prefill_attention():
     return prefill_attention_figure(rows, budget_bytes=2 ** 26)
 
 
-CASES = {"05 speedup": (speculative_speedup, EXPLORER_WIDTH),
+CASES = {"01 KV cache memory": (kv_cache_memory, OUTPUT_WIDTH),
+         "04 int4 packing": (int4_packing, EXPLORER_WIDTH),
+         "05 speedup": (speculative_speedup, EXPLORER_WIDTH),
          "05 one verify pass": (verify_pass, OUTPUT_WIDTH),
          "05 expected speedup against k": (k_curve, OUTPUT_WIDTH),
          "06 every setting so far (12)": (twelve_serving_settings, EXPLORER_WIDTH),
          "06 timeline with its subtitle": (serving_timeline, EXPLORER_WIDTH),
          "07 stack explorer": (stack_explorer_figure, EXPLORER_WIDTH),
+         "07 the ladder": (stack_ladder, OUTPUT_WIDTH),
          "08 prefill attention": (prefill_attention, OUTPUT_WIDTH)}
 
 

@@ -52,7 +52,7 @@ def test_run_stack_rows_figure_and_claims(tiny_llama, requests_):
         assert row["kept"] == (row["gain"] > 1)
     assert rows["+ static batching"]["same_tokens_as_fp32"] == 1.0
     fig = cumulative_figure(result)
-    assert len(fig.data) == 2 and list(fig.data[0].x) == list(rows)
+    assert len(fig.data) == 2 and list(fig.data[0].y) == list(rows) and fig.data[0].orientation == "h"
     table = stack_claims(result, tiny_llama)
     assert len(table) == 9 and all(r["measured here"] and r["verdict"] for r in table)
 

@@ -19,6 +19,7 @@ from ..engine.hardware import dtype_name
 from ..engine.kv_cache import kv_cache_bytes
 from ..lab.kv_timing import estimated_step_seconds
 from ..engine.models.config import ModelConfig
+from .layout import legend_below
 
 MIB = 2 ** 20
 COLORS = {"naive_s": "#d62728", "cached_s": "#1f77b4"}
@@ -27,9 +28,11 @@ WIDTH, HEIGHT = 900, 420
 
 
 def _layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
+    """Titles, size, and the legend under the plot (layout.py), its lines added to HEIGHT."""
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, width=WIDTH,
-                      height=HEIGHT, template="plotly_white", font=dict(size=14),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
+                      template="plotly_white", font=dict(size=14), margin=dict(t=60))
+    legend_below(fig, extra_px=6)                              # font 14: a little more room for the axis
+    fig.update_layout(height=HEIGHT + fig.layout.margin.b - 80)
     return fig
 
 

@@ -11,6 +11,8 @@ result in a real browser at 700 and 960 px.
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 
 LINE_PX = 26         # one legend entry and the gap after it, at plotly's default font (measured: 29 apart)
@@ -37,3 +39,19 @@ def title_lines(fig: go.Figure, title: str, subtitle_size: int = 12) -> int:
     rest = rest.replace("<sup>", "").replace("</sup>", "")
     fig.update_layout(title=dict(text=head, subtitle=dict(text=rest, font=dict(size=subtitle_size))))
     return rest.count("<br>") + 1 if rest else 0
+
+
+def log_ticks(values) -> dict:
+    """Tick values and labels of a log axis holding `values` (all > 0): 1, 2 and 5 of each decade
+    in range, or every decade where those would crowd (more than 8), each labelled in full
+    (plotly's own labels a short range's every digit, and a minor tick with its digit only).
+    Notebook 00 (where the time goes); pass as `fig.update_xaxes(type="log", **log_ticks(values))`."""
+    values = [v for v in values if v and v > 0]
+    if not values:
+        return {}
+    low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
+    steps = [m * 10.0 ** e for e in range(low, high + 1) for m in (1, 2, 5)]
+    shown = [t for t in steps if min(values) / 1.5 <= t <= max(values) * 1.5]
+    if len(shown) > 8:
+        shown = [10.0 ** e for e in range(low, high + 1)]
+    return dict(tickvals=shown, ticktext=[f"{t:g}" for t in shown])

@@ -7,14 +7,13 @@ Introduced in notebook 08 (long context). Pure functions: data in, plotly figure
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..errors import LabError
-from .layout import legend_below
+from .layout import legend_below, log_ticks
 
 MIB = 2 ** 20
 WIDTH, HEIGHT = 900, 420
@@ -28,21 +27,6 @@ def _layout(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
     legend_below(fig)
     fig.update_layout(height=height + fig.layout.margin.b - 80)          # 80: plotly's default bottom margin
     return fig
-
-
-def _log_ticks(values) -> dict:
-    """Tick values and labels of a log axis holding `values` (all > 0): 1, 2 and 5 of each decade
-    in range, or every decade where those would crowd (more than 8), each labelled in full
-    (plotly's own labels a short range's every digit, and a minor tick with its digit only)."""
-    values = [v for v in values if v and v > 0]
-    if not values:
-        return {}
-    low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
-    steps = [m * 10.0 ** e for e in range(low, high + 1) for m in (1, 2, 5)]
-    shown = [t for t in steps if min(values) / 1.5 <= t <= max(values) * 1.5]
-    if len(shown) > 8:
-        shown = [10.0 ** e for e in range(low, high + 1)]
-    return dict(tickvals=shown, ticktext=[f"{t:g}" for t in shown])
 
 
 def prefill_attention_figure(rows: Sequence[Mapping], budget_bytes: int) -> go.Figure:
@@ -66,8 +50,8 @@ def prefill_attention_figure(rows: Sequence[Mapping], budget_bytes: int) -> go.F
     fig.update_xaxes(type="log", title="prompt length T (tokens)", tickvals=lengths, ticktext=[str(t) for t in lengths])
     mib = [r[f"{k}_bytes"] / MIB for r in rows for k in ("naive", "fused")] + [budget_bytes / MIB]
     ms = [1e3 * r[f"{k}_s"] for r in rows for k in ("naive", "fused") if r[f"{k}_s"] is not None]
-    fig.update_yaxes(type="log", title="MiB", row=1, col=1, **_log_ticks(mib))
-    fig.update_yaxes(type="log", title="ms", row=1, col=2, **_log_ticks(ms))
+    fig.update_yaxes(type="log", title="MiB", row=1, col=1, **log_ticks(mib))
+    fig.update_yaxes(type="log", title="ms", row=1, col=2, **log_ticks(ms))
     return _layout(fig, "Prefill attention: naive (T x T scores) vs fused (scaled_dot_product_attention)")
 
 

@@ -23,8 +23,6 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 IDLE = "#d9d9d9"
 POLICY_COLORS = {"static": "#d62728", "continuous": "#2ca02c"}
 MARGIN = dict(t=70, b=90, l=60, r=20)
-# legends sit under the plot, so that they never run into a (long) title
-LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0)
 
 
 def _time_unit(clock: str) -> str:
@@ -160,10 +158,8 @@ def slot_timeline_figure(results: Mapping[str, object], clock: str = "wall", tit
                          title_text="batch slot", row=row, col=1)
     fig.update_xaxes(title_text=_time_unit(clock), row=len(names), col=1)
     fig.update_layout(barmode="overlay", height=height or max(HEIGHT, 190 * len(names)),
-                      title=title or "who sits in which batch slot, and when", margin=MARGIN,
-                      legend=dict(LEGEND_BELOW, y=-0.12 if len(names) > 1 else -0.25),
-                      bargap=0.15)
-    return fig
+                      title=title or "who sits in which batch slot, and when", margin=MARGIN, bargap=0.15)
+    return legend_below(fig)
 
 
 def utilization_figure(results: Mapping[str, object], clock: str = "wall") -> go.Figure:
@@ -205,9 +201,8 @@ def blocks_figure(results: Mapping[str, object], reserved_blocks: float | None =
         fig.add_hline(y=reserved_blocks, line_dash="dash", line_color="#7f7f7f",
                       annotation_text=f"reserved per slot for the longest request: {reserved_blocks:.0f} blocks")
     fig.update_layout(title="KV-cache blocks in use over the run", height=360, xaxis_title=_time_unit(clock),
-                      yaxis_title="blocks in use", margin=MARGIN, yaxis_rangemode="tozero",
-                      legend=LEGEND_BELOW)
-    return fig
+                      yaxis_title="blocks in use", margin=MARGIN, yaxis_rangemode="tozero")
+    return legend_below(fig)
 
 
 # --- chunked prefill, prefix caching, the load curve, the decode step's cost (the engine's second half) ---
@@ -303,9 +298,9 @@ def load_curve_figure(rows: Sequence[dict], title: str | None = None) -> go.Figu
     for col in (1, 2):
         fig.update_xaxes(title_text="throughput (tokens/s)", rangemode="tozero", row=1, col=col)
         fig.update_yaxes(rangemode="tozero", row=1, col=col)
-    fig.update_layout(height=420, margin=MARGIN, legend=LEGEND_BELOW,
+    fig.update_layout(height=420, margin=MARGIN,
                       title=title or "the load curve: each point one arrival rate, rising to the right")
-    return fig
+    return legend_below(fig)
 
 
 def decode_cost_figure(costs: Mapping[str, float], title: str | None = None) -> go.Figure:
@@ -327,7 +322,7 @@ def decode_cost_figure(costs: Mapping[str, float], title: str | None = None) -> 
                          textposition="outside", showlegend=False, cliponaxis=False), row=1, col=2)
     fig.update_xaxes(tickformat=".0%", range=[0, 1], row=1, col=1)
     fig.update_yaxes(rangemode="tozero", title_text="ms", row=1, col=2)
-    fig.update_layout(barmode="stack", height=340, margin=MARGIN, legend=LEGEND_BELOW,
+    fig.update_layout(barmode="stack", height=340, margin=MARGIN,
                       title=title or (f"a decode step of {costs.get('batch_size', '?')} rows at "
                                       f"{costs.get('context', '?')} positions"))
-    return fig
+    return legend_below(fig)

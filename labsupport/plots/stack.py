@@ -9,6 +9,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .layout import log_ticks
+
 KEPT, NOT_KEPT, PEER, BASE = "#2ca02c", "#d62728", "#7f7f7f", "#1f77b4"
 
 
@@ -21,29 +23,33 @@ def _color(row: dict) -> str:
 
 
 def cumulative_figure(result: dict) -> go.Figure:
-    """Left: throughput of every stage over the naive loop (log y). Right: each stage's gain
+    """Left: throughput of every stage over the naive loop (log x). Right: each stage's gain
     over the stage it builds on (green: kept; red: does not pay here; grey: Hugging Face).
+    One row per stage, top to bottom in the ladder's order, named on the row (long names
+    stay readable at a laptop's width; rotated ones ran into each other).
 
     Introduced in notebook 07 (putting it together). result: `stack.run_stack`'s dict.
     """
     rows = result["stages"]
     names = [r["stage"] for r in rows]
     colors = [_color(r) for r in rows]
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.16,
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, shared_yaxes=True,
                         subplot_titles=("throughput over the naive loop", "gain over the stage it builds on"))
-    fig.add_trace(go.Bar(x=names, y=[r["cumulative"] for r in rows], marker_color=colors,
-                         text=[f"{r['cumulative']:.1f}x" for r in rows], textposition="outside",
+    fig.add_trace(go.Bar(y=names, x=[r["cumulative"] for r in rows], orientation="h", marker_color=colors,
+                         text=[f"{r['cumulative']:.1f}x" for r in rows], textposition="outside", cliponaxis=False,
                          hovertext=[f"{r['tokens_per_s']:.1f} tokens/s, {r['precision']}" for r in rows],
                          showlegend=False), row=1, col=1)
-    gains = [r for r in rows if r["gain"] is not None]
-    fig.add_trace(go.Bar(x=[r["stage"] for r in gains], y=[r["gain"] for r in gains],
-                         marker_color=[_color(r) for r in gains],
-                         text=[f"{r['gain']:.2f}x" for r in gains], textposition="outside",
-                         hovertext=[f"over {r['builds_on']}" for r in gains], showlegend=False), row=1, col=2)
-    fig.add_hline(y=1.0, line_dash="dash", line_color=PEER, row=1, col=2)
-    fig.update_yaxes(type="log", title_text="speedup over the naive loop [x, log scale]", row=1, col=1)
-    fig.update_yaxes(title_text="speedup over the previous kept stage [x]", row=1, col=2)
-    fig.update_xaxes(tickangle=-35)
-    fig.update_layout(height=480, margin=dict(t=60, b=140, l=70, r=20),
+    gains = {r["stage"]: r for r in rows if r["gain"] is not None}           # the naive loop has none
+    fig.add_trace(go.Bar(y=list(gains), x=[r["gain"] for r in gains.values()], orientation="h",
+                         marker_color=[_color(r) for r in gains.values()],
+                         text=[f"{r['gain']:.2f}x" for r in gains.values()], textposition="outside",
+                         cliponaxis=False, hovertext=[f"over {r['builds_on']}" for r in gains.values()],
+                         showlegend=False), row=1, col=2)
+    fig.add_vline(x=1.0, line_dash="dash", line_color=PEER, row=1, col=2)
+    fig.update_xaxes(type="log", title_text="x over the naive loop (log scale)", row=1, col=1,
+                     **log_ticks([r["cumulative"] for r in rows]))
+    fig.update_xaxes(title_text="x over the stage it builds on", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(categoryorder="array", categoryarray=names, autorange="reversed", automargin=True)
+    fig.update_layout(height=140 + 34 * len(rows), margin=dict(t=70, b=60, l=10, r=50),
                       title=f"{result['requests']} requests, {result['tokens']} tokens, {result['device']}")
     return fig
