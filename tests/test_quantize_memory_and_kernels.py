@@ -73,8 +73,8 @@ def test_packing_figure_shows_weights_integers_and_bytes():
     texts = [a.text for a in fig.layout.annotations]
     assert "<b>0</b><br>0000" in texts                                    # the minimum is level 0
     assert sum("= " in t for t in texts) == 4                              # 8 values in 4 bytes
-    subtitle = fig.layout.title.subtitle.text
-    assert "scale" in subtitle and "zero" in subtitle and "32 weights" in fig.layout.title.text
+    title = fig.layout.title.text
+    assert "scale" in title and "zero" in title and "32 weights" in title
 
 
 def test_the_explorer_times_against_fp32_and_bf16_and_names_the_kernel(fresh_tiny_llama):

@@ -29,6 +29,7 @@ from ..lab.precision import precision_choices
 from ..engine.quant import pack_int4, quantize_int4_groupwise, quantize_model, weight_error_stats
 from ..lab.quality import perplexity, quantized_bytes, resident_bytes
 from .base import Explorer
+from ..plots.layout import title_lines
 
 MIB = 2**20
 HEIGHT = 300
@@ -128,10 +129,9 @@ def packing_figure(group: torch.Tensor, shown: int = 8) -> go.Figure:
         fig.add_annotation(x=-0.15, y=y, text=label, showarrow=False, xanchor="right", font=dict(size=12))
     fig.update_xaxes(visible=False, range=[-3.2, shown + 0.1])
     fig.update_yaxes(visible=False, range=[-0.1, 2.9])
-    fig.update_layout(height=280, template="plotly_white", margin=dict(t=80, b=10, l=10, r=10),
-                      title=dict(text=f"One group of {group.numel()} weights (the first {shown} drawn)",
-                                 subtitle=dict(text=f"scale {scales.item():.3g}, zero {zeros.item():+.4f}; "
-                                                    "w ≈ q × scale + zero; byte = q[2j] + 16 × q[2j+1]")))
+    title_lines(fig, f"One group of {group.numel()} weights (the first {shown} drawn)<br>scale "
+                     f"{scales.item():.3g}, zero {zeros.item():+.4f}; w ≈ q × scale + zero; byte = q[2j] + 16 × q[2j+1]")
+    fig.update_layout(height=280, template="plotly_white", margin=dict(t=80, b=10, l=10, r=10))
     return fig
 
 

@@ -32,13 +32,16 @@ def legend_below(fig: go.Figure, extra_px: int = 0) -> go.Figure:
 
 
 def title_lines(fig: go.Figure, title: str, subtitle_size: int = 12) -> int:
-    """Set `fig`'s title from "line<br>more lines": the first line is the title, the rest plotly's
-    subtitle (its own line height: a "<br><sup>" title runs into what is under it). Returns the
-    subtitle's line count, for the caller's top margin. Notebook 00 (where the time goes)."""
+    """Set `fig`'s title from "line<br>more lines": the first line at the title's size, the rest
+    smaller, all in one title (plotly's own `title.subtitle` lands above the title in some
+    front ends' plotly.js). Returns the smaller lines' count: the caller makes the top margin
+    tall enough (plotly centres the title in it). Notebook 00 (where the time goes)."""
     head, _, rest = title.partition("<br>")
     rest = rest.replace("<sup>", "").replace("</sup>", "")
-    fig.update_layout(title=dict(text=head, subtitle=dict(text=rest, font=dict(size=subtitle_size))))
-    return rest.count("<br>") + 1 if rest else 0
+    lines = rest.split("<br>") if rest else []
+    small = "".join(f"<br><span style='font-size:{subtitle_size}px'>{line}</span>" for line in lines)
+    fig.update_layout(title=dict(text=head + small))
+    return len(lines)
 
 
 def log_ticks(values) -> dict:
