@@ -155,10 +155,14 @@ class Attention(nn.Module):
         # masks, fp32 and bf16 (torch._fused_sdp_choice answers FLASH_ATTENTION for all four on
         # 2.13). No path repeats the key/value heads by hand: pyproject asks for torch >= 2.5, which
         # has enable_gqa.
+        # The mask is a tensor or the string "causal"; `mask == "causal"` on a tensor is a tensor
+        # comparison that torch < 2.13's Dynamo cannot trace ("torch.* op returned non-Tensor"),
+        # so the type is asked first and the comparison is a plain Python one.
+        causal = isinstance(mask, str) and mask == "causal"
         y = F.scaled_dot_product_attention(
             q, k, v,
-            attn_mask=mask if isinstance(mask, torch.Tensor) else None,
-            is_causal=mask == "causal",
+            attn_mask=None if causal else mask,
+            is_causal=causal,
             enable_gqa=self.num_kv_heads != self.num_heads,
         )                                                                        # (B, heads, T, D)
         y = y.transpose(1, 2).reshape(batch, T, self.num_heads * self.head_dim)  # (B, T, heads*D)
