@@ -182,11 +182,18 @@ def test_timing_on_a_gpu_always_warms_up_once(gpu):
     assert len(calls) == 3
 
 
-def test_big_gpus_time_their_sweeps_on_a_model_at_17b_shape_and_a_t4_on_the_courses(gpu):
+def test_a_gpu_times_the_17b_shape_where_its_memory_holds_it_and_a_t4_in_16_bit(gpu):
+    """The 1.7B shape is timed where its weights take at most a quarter of the GPU: in 16-bit on
+    every GPU here (a T4's 15 GiB holds 3.4 GB), in fp32 only from 26 GiB (not a T4: fp16 there)."""
+    from labsupport.lab.timing_model import timed_dtype
     from labsupport.lab.workloads import TIMING_MODEL, timing_model_name
-    expected = TIMING_MODEL if gpu.total_memory >= 40 * 2**30 else None
-    assert timing_model_name(CUDA) == expected
-    assert (expected is None) == (gpu.name == "Tesla T4")           # the T4 keeps the 135M model (15 GiB)
+    sixteen = pick_dtype(CUDA)
+    assert timing_model_name(CUDA, sixteen) == TIMING_MODEL
+    fp32_fits = 4 * MODELS[TIMING_MODEL].num_parameters * 4 <= gpu.total_memory
+    assert timing_model_name(CUDA) == (TIMING_MODEL if fp32_fits else None)
+    assert fp32_fits is (gpu.name != "Tesla T4")
+    assert timed_dtype(CUDA, torch.float32) == (torch.float32 if fp32_fits else torch.float16)
+    assert timed_dtype(CUDA, sixteen) == sixteen
     assert timing_model_name("cpu") is None
     big = MODELS[TIMING_MODEL]
     assert big.num_layers == 24 and big.hidden_size == 2048        # SmolLM2-1.7B's shape
@@ -266,32 +273,47 @@ def test_quantization_and_precision_time_speed_on_the_timing_model_and_quality_o
 
 
 @pytest.mark.parametrize("machine", ["A100", "H100", "T4", "CPU"])
-def test_notebooks_00_and_02_sweep_the_timing_model_on_a_big_gpu(machine, monkeypatch):
-    """`timing_model.timing_model`, which notebooks 00 and 02 call before their sweeps: on a big GPU
-    a model at SmolLM2-1.7B's shape (built in the course model's dtype and named with the reason),
-    on a T4 or a CPU the course's model itself."""
+def test_notebooks_00_and_02_sweep_the_timing_model_on_a_gpu(machine, monkeypatch):
+    """`timing_model.timing_model`, which notebooks 00 and 02 call before their sweeps: on a GPU a
+    model at SmolLM2-1.7B's shape (in the course model's dtype where it fits, fp16 on a T4, one model
+    for both; named with the reason), on a CPU the course's model itself."""
     import json
     from pathlib import Path
 
+    from labsupport.engine import hardware
     from labsupport.lab import timing_model as timing
-    from labsupport.lab.workloads import TIMING_MODEL
+    from labsupport.lab.workloads import TIMING_MODEL, timing_model_name
     from labsupport.weights.fixtures import random_model
-    choice = _timing_choice(machine)
+
+    def as_on(function):                     # answers as `machine` would (a test model lives on the CPU)
+        if machine == "CPU":
+            return lambda device, *args: function("cpu", *args)
+        return lambda device, *args: _simulated_call(machine, function, *args)
     asked = []
-    monkeypatch.setattr(timing, "timing_model_name", lambda device: choice)
+    monkeypatch.setattr(timing, "timing_model_name", as_on(timing_model_name))
+    monkeypatch.setattr(timing, "pick_dtype", as_on(hardware.pick_dtype))
     monkeypatch.setattr(timing, "random_model", lambda name, **kw: asked.append((name, kw["dtype"]))
-                        or random_model("tiny-gpt2", **kw))
-    course = random_model("tiny-llama").to(torch.bfloat16)
+                        or random_model("tiny-gpt2", **kw).to(kw["dtype"]))
+    course = random_model("tiny-llama")                                   # fp32, as notebook 02 loads it
     model, name = timing.timing_model(course)
-    if machine in ("A100", "H100"):
-        assert model is not course and asked == [(TIMING_MODEL, torch.bfloat16)]
+    sixteen, _ = timing.timing_model(course.to(torch.float16))           # notebook 00's second sweep on a T4
+    if machine == "CPU":
+        assert model is course and name == "tiny-llama" and not asked
+    else:
+        expected = torch.float16 if machine == "T4" else torch.float32
+        assert model is not course and model.dtype == expected and asked[0] == (TIMING_MODEL, expected)
         assert name == f"{TIMING_MODEL} (random weights)"
         assert "launch-bound" in timing.timed_model_sentence(name, "tiny-llama")
-    else:
-        assert model is course and name == "tiny-llama" and not asked
+        assert (sixteen is model) is (machine == "T4")                     # a T4 builds one fp16 model
     notebooks = Path(__file__).resolve().parent.parent / "notebooks"
     for notebook, sweep in (("00_where_the_time_goes", "roofline.sweep_decode(model"),
                             ("02_batching", "sweep_batch_sizes(sweep_model")):
         code = "\n".join("".join(c["source"]) for c in json.loads((notebooks / f"{notebook}.ipynb").read_text())["cells"]
                          if c["cell_type"] == "code")
         assert "timing_model(" in code and sweep in code and "timed_model_sentence(" in code
+
+
+def _simulated_call(machine, function, *args):
+    """`function(CUDA, *args)` answered as on the simulated `machine`."""
+    with simulated(GPUS[machine]):
+        return function(CUDA, *args)

@@ -18,6 +18,7 @@ from ..engine.generation import chat_prompt, generate
 from ..engine.hardware import bf16_supported
 from ..lab.measure import WARMUP_TOKENS, time_fn, time_side_by_side
 from ..lab.roofline import ridge_batch
+from ..lab.timing_model import batches_that_fit
 from ..lab.workloads import BATCHING_PROMPTS, PRESETS, STORY_PROMPT
 from .core import BenchContext, reported
 from .options import SectionOptions, count, counts
@@ -84,6 +85,9 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
     def run(batch, n=new_tokens):
         return lambda: generate(timed, [prompt] * batch, n, eos_token_ids=())
 
+    # on a GPU, the batch sizes whose cache and prefill fit the free memory (the rest said in "capped")
+    sizes, capped = batches_that_fit(timed.config, sizes, len(prompt) + new_tokens, timed.dtype, ctx.device,
+                                     tokens=len(prompt))
     sweep = []
     for batch in sizes:
         seconds = time_fn(run(batch), ctx.device, warmup=1 if batch <= 16 else 0, repeats=1,
@@ -117,7 +121,8 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
     vs_hf = side["huggingface"].median / side["labsupport"].median
     ridge = ridge_batch(ctx.hardware, timed.config, timed.dtype, context=len(prompt) + new_tokens // 2)
     return {
-        "new_tokens": new_tokens, "sweep": sweep, "ridge_batch": ridge, "device_type": ctx.device.type,
+        "new_tokens": new_tokens, "sweep": sweep, "capped": capped, "ridge_batch": ridge,
+        "device_type": ctx.device.type,
         "timed_model": timed_name,
         "batch16_over_batch1": ratio, "batch16_over_batch1_bf16": bf16_ratio,
         "bf16_skipped": bf16_skipped, "timings_s": {k: v.to_dict() for k, v in pair.items()},

@@ -60,12 +60,14 @@ def section_roofline(ctx: BenchContext, options: RooflineOptions) -> dict:
             reported(f"batch where the decode step time passes 1.5x batch 1 ({name})",
                      float(grows_at) if grows_at else float("nan"), "batch", busy=busy,
                      note=f"predicted ridge batch {predicted:.1f} (context {context}); "
-                          f"swept {batches[0]}..{batches[-1]}; model {timed}"),
+                          f"swept {rows[0]['batch']}..{rows[-1]['batch']}; model {timed}"
+                          + (f"; {rows.note}" if rows.note else "")),
             reported(f"decode tokens/s at batch {last['batch']} / batch 1 ({name})",
                      last["tokens_per_s"] / first["tokens_per_s"], "x", busy=busy,
                      note=f"{first['tokens_per_s']:.0f} -> {last['tokens_per_s']:.0f} tokens/s; "
                           f"step {1e3 * first['seconds']:.1f} -> {1e3 * last['seconds']:.1f} ms"),
         ]
     return {"context": context, "batches": list(batches), "hardware": profile.to_dict(),
+            "capped": {name: rows.note for name, rows in sweeps.items() if rows.note},   # points left out to fit
             "timed_model": timed if sweeps else ctx.model_name,     # the last sweep's model (one per run)
             "sweeps": sweeps, "figures": figures}

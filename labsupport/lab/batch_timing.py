@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..engine.padding import padding_waste
 from ..engine.generation import generate
 from .measure import WARMUP_TOKENS, time_fn, time_side_by_side
+from .timing_model import batches_that_fit, capped
 
 
 def measure_batch(model, prompts, new_tokens: int = 16, repeats: int = 1, warmup: int = 1) -> dict:
@@ -38,15 +39,19 @@ def sweep_batch_sizes(model, prompt: list[int], batches, new_tokens: int = 16, r
     """`measure_batch` for the same prompt repeated `batch` times, at each batch size.
 
     Introduced in notebook 02 (batching). Small batches get a warm-up call;
-    larger ones are timed once as they come on a CPU (slow there; warmed up on a GPU).
+    larger ones are timed once as they come on a CPU (slow there; warmed up on a GPU). On a GPU
+    the batches whose cache and prefill would not fit the free memory are left out, and the
+    returned `timing_model.Sweep`'s ``note`` says which (`timing_model.batches_that_fit`).
     """
+    batches, note = batches_that_fit(model.config, batches, len(prompt) + new_tokens, model.dtype,
+                                     model.device, tokens=len(prompt))
     rows = []
     for batch in batches:
         if progress is not None:
             progress(f"batch {batch}...")
         rows.append(measure_batch(model, [prompt] * batch, new_tokens, repeats=repeats,
                                   warmup=1 if batch <= 4 or model.device.type != "cpu" else 0))
-    return rows
+    return capped(rows, note)
 
 
 def batch_speedup(model, prompt: list[int], batch: int = 16, new_tokens: int = 16, warmup: int = 1,

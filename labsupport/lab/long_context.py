@@ -38,6 +38,8 @@ from ..engine.models.config import ModelConfig
 from ..weights.fixtures import random_model
 from ..engine.models.transformer import Transformer
 from .step_timing import CACHE_KINDS, filled_cache, step_runner
+from .timing_model import capped, sweep_budget
+from .workloads import LONG_CONTEXT_PRESETS
 
 
 # --- building blocks ------------------------------------------------------------------------
@@ -66,19 +68,46 @@ def _attention_only(model, cache, batch: int):
 
 # --- where a decode step's time goes ------------------------------------------------------------
 
+def contexts_that_fit(config, contexts: Sequence[int], batch: int, dtype, budget_bytes: int) -> list[int]:
+    """`contexts`, each capped at the longest context (a power of two) whose cache of `batch` rows
+    fits `budget_bytes` with room for one more position; sorted, without repeats.
+    Introduced in notebook 08 (long context)."""
+    per_position = kv_cache_bytes(config, 1, batch, dtype)
+    longest = budget_bytes // per_position - 1                   # positions that fit, less the step's own
+    if longest < 1:
+        raise LabError(f"A cache of {batch} rows of {config.name} needs {per_position / 2**20:.1f} MiB per "
+                       f"position: not even one fits the {budget_bytes / 2**20:.0f} MiB budget.")
+    cap = 1 << (longest.bit_length() - 1)                        # the largest power of two <= longest
+    return sorted({min(context, cap) for context in contexts})
+
+
+def share_budget(device) -> int:
+    """The bytes `decode_attention_share`'s caches may take: `timing_model.sweep_budget` on a GPU (a
+    share of the free memory), the CPU preset's ``cache_budget_bytes`` elsewhere (768 MiB: Binder's
+    2 GiB holds it beside the model). Introduced in notebook 08 (long context)."""
+    budget = sweep_budget(device)
+    return LONG_CONTEXT_PRESETS["cpu"].cache_budget_bytes if budget is None else budget
+
+
 def decode_attention_share(model, contexts: Sequence[int], batches: Sequence[int] = (1, 16),
-                           repeats: int = 3) -> list[dict]:
+                           repeats: int = 3, budget_bytes: int | None = None) -> list[dict]:
     """Time one decode step and its attention alone, side by side, at each (batch, context).
 
     Introduced in notebook 08 (long context). The cache holds random values (see the module
     docstring). Rows: batch, context, step_s, attention_s (medians), attention_share
     (attention_s / step_s), weight_bytes and cache_bytes (what the step reads), and timings
-    ({"step_s", "attention_s": Timing.to_dict()}).
+    ({"step_s", "attention_s": Timing.to_dict()}). Each cache fits `budget_bytes` (None:
+    `share_budget`): a context too long for it at a batch is cut to one that fits
+    (`contexts_that_fit`), and the returned `timing_model.Sweep`'s ``note`` says which.
     """
-    rows = []
+    rows, cut = [], []
     weight_bytes = model.weight_bytes()
+    budget = share_budget(model.device) if budget_bytes is None else budget_bytes
     for batch in sorted(set(batches)):
-        for context in sorted(set(contexts)):
+        fitting = contexts_that_fit(model.config, contexts, batch, model.dtype, budget)
+        if max(fitting) < max(contexts):
+            cut.append(f"batch {batch}: contexts over {max(fitting)} cut to {max(fitting)}")
+        for context in fitting:
             cache = filled_cache(model, batch, context)
             steps = {"step_s": step_runner(model, cache),
                      "attention_s": _attention_only(model, cache, batch)}
@@ -90,7 +119,8 @@ def decode_attention_share(model, contexts: Sequence[int], batches: Sequence[int
                          "cache_bytes": kv_cache_bytes(model.config, context, batch, model.dtype),
                          "timings": {name: t.to_dict() for name, t in timings.items()}})
             del cache
-    return rows
+    note = (f"Contexts cut to fit {budget / 2**20:,.0f} MiB of cache: " + ", ".join(cut) + ".") if cut else None
+    return capped(rows, note)
 
 
 def batch_that_fits(configs: Sequence[ModelConfig], context: int, device, largest: int = 16,

@@ -39,6 +39,7 @@ from .roofs import HardwareProfile
 from .step_timing import filled_cache, step_runner
 from ..engine.models.config import ModelConfig
 from .tables import records_table
+from .timing_model import batches_that_fit, capped
 from .workloads import preset
 
 # The batch sizes swept by default are the device's preset (`workloads.PRESETS`): a CPU
@@ -255,10 +256,12 @@ def sweep_decode(model, batches=None, context: int = 64, repeats: int = 3) -> li
     achieved, intensity (FLOP/byte), flops and bytes of the step, and timing
     (`measure.Timing.to_dict()`: every repeat, median and spread, which
     `busy.busy_reason` reads before a verdict). `batches` defaults to
-    `decode_batches(model.device)`.
+    `decode_batches(model.device)`; on a GPU those whose cache would not fit the free memory are
+    left out, and the returned `timing_model.Sweep`'s ``note`` says which (`batches_that_fit`).
     """
-    batches = batches or decode_batches(model.device)
-    return [measure_decode_point(model, batch, context, repeats) for batch in batches]
+    batches, note = batches_that_fit(model.config, batches or decode_batches(model.device), context + 1,
+                                     model.dtype, model.device)
+    return capped([measure_decode_point(model, batch, context, repeats) for batch in batches], note)
 
 
 def sweep_linear(out_features: int, in_features: int, batches=None, dtype=torch.float32,

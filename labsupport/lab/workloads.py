@@ -10,7 +10,8 @@ large enough to be timed above a GPU's launch overhead and to reach the batch si
 where its decode step stops being memory-bound. `device_class` says which preset a
 device gets: a CUDA device is a "gpu"; any other device, the never-tested Apple GPU
 included, gets the CPU's sizes. The prompts are plain constants. This module is pure
-data at the bottom of lab/: it imports no other module of the package, and every other
+data at the bottom of lab/: it imports no other module of the package but the engine's model
+shapes (`timing_model_name`), and every other
 one reads its prompts and sizes here (`serving_workload.serving_workload` and
 `stack_workload` turn the chat questions into the requests of notebooks 06 and 07).
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from ..engine.models.config import PRESETS as MODEL_SHAPES      # the one import: the timing model's shape
 
 # --- prompts --------------------------------------------------------------------------------
 
@@ -222,27 +225,29 @@ def device_class(device) -> str:
     return "gpu" if torch.device(device).type == "cuda" else "cpu"
 
 
-# A GPU with this much memory or more (an A100, H100, H200) runs the 135M model's decode step in
-# a few dozen microseconds of launches: timed sweeps there use a model at SmolLM2-1.7B's shape.
+# Random weights at SmolLM2-1.7B's shape: the model speed sweeps time on a GPU whose memory holds it.
 TIMING_MODEL = "smollm2-1.7b-shape"
-TIMING_MODEL_MIN_GIB = 40
+TIMING_MODEL_WEIGHT_SHARE = 4      # its weights may take a quarter of the GPU; caches and activations, the rest
 
 
-def timing_model_name(device) -> str | None:
-    """The model a timed sweep uses instead of the course's own on `device`, or None (the course's).
+def timing_model_name(device, dtype=torch.float32) -> str | None:
+    """The model a timed sweep in `dtype` uses instead of the course's on `device`, or None (the course's).
 
-    Introduced in notebook 00 (where the time goes). On a big GPU (`TIMING_MODEL_MIN_GIB` or more)
-    the 135M model's batch-1 step is launch-bound: a few percent of the memory bandwidth, int4 and
-    int8 no faster than 16-bit, a batch sweep that never bends. `TIMING_MODEL` (random weights at
-    SmolLM2-1.7B's shape, built on the device: no download) reads 13x the bytes per step. A T4
-    (15 GiB) and every CPU keep the course's model, whose sweeps fit and show the lesson there.
-    Only speed is measured on it: its tokens mean nothing.
+    Introduced in notebook 00 (where the time goes). On a GPU the 135M model's batch-1 step is
+    launch-bound: a few percent of the memory bandwidth, int4 and int8 no faster than 16-bit,
+    a batch sweep that never bends. `TIMING_MODEL` (random weights at SmolLM2-1.7B's shape,
+    built on the device: no download) reads 13x the bytes per step. It is used where its weights
+    in `dtype` take at most a quarter of the GPU's memory (`TIMING_MODEL_WEIGHT_SHARE`), so that
+    the sweeps' caches fit beside it: in 16-bit (3.4 GB) a GPU of 13 GiB or more (a T4) holds
+    it, in fp32 (6.8 GB) only a GPU of 26 GiB or more. Every CPU keeps the course's model. Only speed is measured on
+    it: its tokens mean nothing.
     """
     device = torch.device(device)
     if device.type != "cuda":
         return None
     total = torch.cuda.get_device_properties(device).total_memory
-    return TIMING_MODEL if total >= TIMING_MODEL_MIN_GIB * 2**30 else None
+    weights = MODEL_SHAPES[TIMING_MODEL].num_parameters * torch.empty((), dtype=dtype).element_size()
+    return TIMING_MODEL if weights * TIMING_MODEL_WEIGHT_SHARE <= total else None
 
 
 def preset(device) -> DevicePreset:
