@@ -38,14 +38,17 @@ Exit status: 0 when every gate passed and no item failed, 1 otherwise, 3 for a m
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import signal
-import sys
 import time
-import traceback
-from pathlib import Path
+
+STARTED = time.monotonic()                    # the budget counts from here, torch's import included
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))                 # labsupport from this tree, installed or not
@@ -53,38 +56,101 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_items  # noqa: E402  (after the path is set)
 
-DEFAULT_BUDGET = 480                          # seconds: 8 minutes, inside a 10-minute command
+# Seconds for the whole run, from the process's start: 7 minutes, inside the lent machine's
+# 10-minute command, leaving 3 for what a cap cannot stop (a signal is handled only between
+# two Python bytecodes, so a long call into C++ or a CUDA sync finishes first) and the exit.
+DEFAULT_BUDGET = 420
+STARTUP_ALLOWANCE = 30                        # torch's import and CUDA's start, before the first item
+GRACE_S = 5.0                                 # after a cap, the alarm fires again every GRACE_S seconds
 
 
-class ItemTimeout(Exception):
-    """An item ran past its cap (raised by the alarm, between two Python bytecodes)."""
+class ItemTimeout(BaseException):
+    """An item ran past its cap (raised by the alarm, between two Python bytecodes). A
+    BaseException, like KeyboardInterrupt, so that library code's ``except Exception`` (the
+    compiled decoder's warm-up falls back to eager on any Exception) cannot swallow it."""
 
 
-def _alarm(signum, frame):
-    raise ItemTimeout()
+class Alarm:
+    """Raise ItemTimeout `cap` seconds after entering, and again every `grace` seconds until
+    the block is left: code that catches the first one and carries on is stopped by the next.
+    signal.setitimer(ITIMER_REAL, first, interval) is the re-arming timer (SIGALRM, Unix)."""
+
+    def __init__(self, cap: float, grace: float = GRACE_S):
+        self.cap, self.grace, self.armed, self.fired = max(cap, 0.001), grace, False, 0
+
+    def _ring(self, signum, frame):
+        if self.armed:                                # a signal already on its way after disarm(): ignored
+            self.fired += 1
+            raise ItemTimeout()
+
+    def __enter__(self) -> "Alarm":
+        self.previous = signal.signal(signal.SIGALRM, self._ring)
+        self.armed = True
+        signal.setitimer(signal.ITIMER_REAL, self.cap, self.grace)
+        return self
+
+    def disarm(self) -> None:
+        """Stop the timer (twice is harmless: run_item calls it again if the alarm rang in here)."""
+        self.armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.previous or signal.SIG_DFL)
+
+    def __exit__(self, *exc) -> None:
+        self.disarm()
 
 
-def run_item(item: gpu_items.Item, ctx: gpu_items.Context, cap: float) -> dict:
-    """Run one item under its time cap; its result, status and seconds, never an exception."""
+def reset_after_timeout(ctx: gpu_items.Context) -> str:
+    """Forget the compile state an item stopped midway may have left half-built: Dynamo's caches
+    (torch._dynamo.reset(), torch/_dynamo/__init__.py; in torch 2.11 it also resets the CUDA
+    graph trees where CUDA is available), the CUDA graph trees themselves where torch has them
+    (torch/_inductor/cudagraph_trees.py: reset_cudagraph_trees), and the models built so far
+    (the next item builds its own). Returns what was done, for the record."""
+    import torch
+    done = []
+    try:
+        torch._dynamo.reset()
+        done.append("torch._dynamo.reset()")
+        try:
+            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+        except ImportError:
+            reset_cudagraph_trees = None
+        if reset_cudagraph_trees is not None:
+            reset_cudagraph_trees()
+            done.append("reset_cudagraph_trees()")
+        ctx.free()
+        done.append("models freed")
+    except Exception as error:                         # noqa: BLE001 - said in the record, the run goes on
+        done.append(f"reset failed: {type(error).__name__}: {error}"[:300])
+    return "; ".join(done)
+
+
+def run_item(item: gpu_items.Item, ctx: gpu_items.Context, cap: float, grace: float = GRACE_S) -> dict:
+    """Run one item under its time cap, with cuDNN attention off; its result, status, seconds
+    and the rows it finished (``rows``, filled as it goes, kept when it is stopped), never an
+    exception."""
     start = time.perf_counter()
-    record = {"item": item.name, "kind": item.kind, "cap_s": round(cap)}
+    record = {"item": item.name, "kind": item.kind, "cap_s": round(cap, 1)}
     if cap < item.minimum_s:
         return {**record, "status": "skipped", "ok": item.kind != "gate",
                 "reason": f"no time left in the budget ({cap:.0f} s left, needs {item.minimum_s:.0f})"}
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(max(1, int(cap)))
+    ctx.rows = record["rows"] = {}                     # the same dict: rows land in the record as measured
+    alarm = Alarm(cap, grace)
     try:
-        result = item.run(ctx)
+        with gpu_items.cudnn_attention(False), alarm:
+            result = item.run(ctx)
+        if alarm.fired:                                # the item caught ItemTimeout and returned anyway
+            raise ItemTimeout()
         status = result.pop("status", "ok")
         ok = result.pop("ok", True)
         record.update(status=status, ok=bool(ok), result=result)
     except ItemTimeout:
-        record.update(status="timeout", ok=False, reason=f"stopped after its cap of {cap:.0f} s")
-    except Exception as error:                 # noqa: BLE001 - every failure is reported, the run goes on
+        alarm.disarm()                                 # it may have rung again inside __exit__
+        record.update(status="timeout", ok=False,
+                      reason=f"stopped after its cap of {cap:.0f} s, {len(record['rows'])} row(s) finished",
+                      reset=reset_after_timeout(ctx))
+    except Exception as error:                         # noqa: BLE001 - every failure is reported, the run goes on
         record.update(status="error", ok=False, reason=f"{type(error).__name__}: {error}".splitlines()[0][:300],
                       traceback=traceback.format_exc()[-3000:])
-    finally:
-        signal.alarm(0)
     record["seconds"] = round(time.perf_counter() - start, 1)
     return record
 
@@ -124,7 +190,6 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "gpu-check.json"
-    start = time.time()
     machine = gpu_items.machine()
     if args.require_gpu and not machine["gpu"]:
         print(f"A CUDA GPU was expected and none was found (torch {machine['torch']}, CUDA build "
@@ -133,19 +198,20 @@ def main(argv=None) -> int:
         return 3
     ctx = gpu_items.Context.for_machine(machine)
     report = {"machine": machine, "budget_s": args.budget, "rehearsal": not machine["gpu"],
-              "json": str(json_path), "items": []}
+              "startup_s": round(time.monotonic() - STARTED, 1), "cudnn_attention": "off in every item "
+              "(sdpa_backends profiles one shape with it on too)", "json": str(json_path), "items": []}
     items = [i for i in gpu_items.ITEMS if not args.only or i.name in args.only]
     for index, item in enumerate(items):
-        left = start + args.budget - time.time()
+        left = STARTED + args.budget - time.monotonic()
         # each item may take its own cap, but never the time the items after it need at least
         reserve = sum(i.minimum_s for i in items[index + 1:])
         cap = min(item.cap_s if machine["gpu"] else item.rehearsal_cap_s, left - reserve)
         record = run_item(item, ctx, cap)
         report["items"].append(record)
-        report["seconds"] = round(time.time() - start, 1)
+        report["seconds"] = round(time.monotonic() - STARTED, 1)
         json_path.write_text(json.dumps(report, indent=1, default=str))        # after every item
         print(f"[gpu-check] {record['item']}: {record['status']} in {record.get('seconds', 0)} s", flush=True)
-    report["seconds"] = round(time.time() - start, 1)
+    report["seconds"] = round(time.monotonic() - STARTED, 1)
     json_path.write_text(json.dumps(report, indent=1, default=str))
     print(summary(report))
     return 0 if all(r["ok"] for r in report["items"]) else 1

@@ -11,12 +11,13 @@ from __future__ import annotations
 import platform
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from labsupport.engine.compiled import CUDA_GRAPHS, bucket_rows
+from labsupport.engine.compiled import COMPILED, CUDA_GRAPHS, bucket_rows
 from labsupport.engine.generation import generate
 from labsupport.engine.hardware import bf16_supported, device_name, dtype_name
 from labsupport.engine.kv_cache import kv_cache_bytes
@@ -60,7 +61,10 @@ def random_weights(config: ModelConfig, device: torch.device, dtype: torch.dtype
 @dataclass
 class Context:
     """Shared by the items: the device, the two model shapes, the 16-bit dtype, sizes, and what
-    earlier items measured (the bandwidth, the models built so far)."""
+    earlier items measured (the bandwidth, the models built so far). `rows` belongs to the
+    item running now (gpu_check.run_item empties it before each item and keeps it in the
+    item's record): an item puts each row there as soon as it is measured, so a record of an
+    item stopped at its cap still carries the rows it finished."""
 
     device: torch.device
     gpu: bool
@@ -71,13 +75,14 @@ class Context:
     batches: tuple[int, ...]
     bandwidth: float | None = None
     models: dict = field(default_factory=dict)
+    rows: dict = field(default_factory=dict)
 
     @classmethod
     def for_machine(cls, info: dict) -> "Context":
         if info["gpu"]:
             return cls(torch.device("cuda"), True, PRESETS["smollm2-135m"], PRESETS["smollm2-1.7b-shape"],
                        torch.bfloat16 if info.get("bf16") else torch.float16, new_tokens=128,
-                       batches=(1, 4, 16, 64, 128, 256, 512))
+                       batches=(1, 4, 16, 64, 128, 192, 256, 384, 512))
         tiny = PRESETS["tiny-llama"]
         return cls(torch.device("cpu"), False, tiny, tiny, torch.float32, new_tokens=12, batches=(1, 4, 16))
 
@@ -119,52 +124,143 @@ def runtime(ctx: Context) -> dict:
     return {"headline": line, "device_name": device_name(ctx.device), "half": dtype_name(ctx.half)}
 
 
-def _sdpa_kernels(fn) -> list[str]:
-    """The names of the device kernels one call of `fn` launched (the profiler's events)."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    wanted = "cuda" if torch.cuda.is_available() else "cpu"
-    return sorted({e.name for e in prof.events()
-                   if (e.device_type.name.lower() == wanted) and ("attention" in e.name.lower() or "fmha"
-                       in e.name.lower() or "flash" in e.name.lower() or "softmax" in e.name.lower())})
+# --- which SDPA backend ran: from the aten op names ----------------------------------------
+#
+# F.scaled_dot_product_attention (aten::scaled_dot_product_attention) picks a backend and calls
+# that backend's own aten op (torch 2.11, aten/src/ATen/native/transformers/attention.cpp:
+# scaled_dot_product_attention, a switch on _fused_sdp_choice). The profiler records every
+# dispatcher op by name, so the op under it says which backend ran. Kernel names would not:
+# cuDNN's attention kernels have "flash" in their names, and an older version of this check
+# called them flash.
+
+SDPA_OPS = (                              # (op name or prefix, backend): the first match wins
+    ("aten::_scaled_dot_product_cudnn_attention", "cudnn"),
+    ("aten::_cudnn_attention_forward", "cudnn"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "flash (cpu)"),
+    ("aten::_scaled_dot_product_flash_attention", "flash"),   # and its _for_* variants not listed above
+    ("aten::_flash_attention_forward", "flash"),
+    ("aten::_scaled_dot_product_efficient_attention", "memory-efficient"),
+    ("aten::_efficient_attention_forward", "memory-efficient"),
+    ("aten::_scaled_dot_product_fused_attention_overrideable", "overrideable"),
+    ("aten::_scaled_dot_product_attention_math", "math"),      # and _math_for_mps
+)
+FUSED = ("flash", "memory-efficient", "cudnn", "flash (cpu)")
 
 
-def backend_of(kernels: list[str]) -> str:
-    """flash / efficient / cudnn / math (a softmax kernel and no fused one), from kernel names."""
-    text = " ".join(kernels).lower()
-    for name, marks in (("flash", ("flash",)), ("cudnn", ("cudnn",)), ("efficient", ("fmha", "efficient", "mem_eff")),
-                        ("math", ("softmax",))):
-        if any(m in text for m in marks):
-            return name
+def sdpa_backend(op_names: list[str]) -> str:
+    """The SDPA backend that ran, from the aten op names one call recorded: "cudnn", "flash",
+    "flash (cpu)", "memory-efficient", "overrideable", "math", or "unknown" when none of
+    `SDPA_OPS` is among them. A pure function (tests/test_gpu_check.py gives it name lists)."""
+    for prefix, backend in SDPA_OPS:
+        if any(name.startswith(prefix) for name in op_names):
+            return backend
     return "unknown"
 
 
-def sdpa_backends(ctx: Context) -> dict:
-    """The SDPA backend the model's attention gets for each shape it uses. The gate: a 16-bit
-    prompt without padding (the common prefill) must get a fused kernel, not the math path."""
-    model = ctx.model("small")
-    heads, kv, dim = model.config.num_heads, model.config.num_kv_heads, model.config.head_dim
-    shapes = {"prefill, causal, no padding": (1, 128, 128, "causal"),
-              "prefill, padded (boolean mask)": (4, 128, 128, "mask"),
-              "decode over a fixed-shape cache (boolean mask)": (1, 1, 1024, "mask"),
-              "decode, batch 64, no mask": (64, 1, 1024, None)}
+# the attention shapes the model's steps use: (batch, query positions, key positions, mask)
+SDPA_SHAPES = {"prefill, causal, no padding": (1, 128, 128, "causal"),
+               "prefill, padded (boolean mask)": (4, 128, 128, "mask"),
+               "decode over a fixed-shape cache (boolean mask)": (1, 1, 1024, "mask"),
+               "decode, batch 64, no mask": (64, 1, 1024, None)}
+CUDNN_ROW = "prefill, causal, no padding"         # the one row also profiled with cuDNN left on
+
+
+def cudnn_attention(enabled: bool):
+    """A context that sets cuDNN attention on or off for SDPA and restores what it was.
+    torch 2.11 prefers cuDNN attention on an H100/H200, and cuDNN builds a plan for every new
+    shape (tens to hundreds of ms; an eager generation of 128 tokens meets ~128 new shapes):
+    the timed items run with it off (run_item in gpu_check.py)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def switched():
+        before = torch.backends.cuda.cudnn_sdp_enabled()
+        torch.backends.cuda.enable_cudnn_sdp(enabled)
+        try:
+            yield
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(before)
+    return switched()
+
+
+def sdpa_op_names(heads: int, kv_heads: int, head_dim: int, shape: tuple, device: torch.device,
+                  dtype: torch.dtype) -> list[str]:
+    """The attention op names one SDPA call of `shape` records (CPU activity only: op names are
+    recorded on the host, no kernel trace is needed)."""
+    from torch.profiler import ProfilerActivity, profile
+    batch, T, S, kind = shape
+    q = torch.randn(batch, heads, T, head_dim, device=device, dtype=dtype)
+    k, v = (torch.randn(batch, kv_heads, S, head_dim, device=device, dtype=dtype) for _ in range(2))
+    mask = torch.ones(batch, 1, T, S, dtype=torch.bool, device=device).tril(S - T) if kind == "mask" else None
+
+    def call():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kind == "causal",
+                                                                enable_gqa=kv_heads != heads)
+    call()                                        # a first call outside the trace (cuDNN builds its plan)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if "attention" in e.name})
+
+
+def sdpa_child(request: str) -> None:
+    """In a child process: profile each shape of `request` (JSON: the model's heads and the
+    device) with cuDNN attention off, and the `CUDNN_ROW` shape once more with it on; print
+    the op names as JSON. `sdpa_backends` runs this in a child process so that the profiler
+    never runs in the process that times: on CUDA the profiler attaches NVIDIA's CUPTI
+    (kineto, libkineto/src/CuptiActivityApi.cpp), and on leaving the profiler kineto only
+    disables its activity records; it detaches CUPTI (cuptiFinalize) only when the environment
+    says TEARDOWN_CUPTI=1, which torch does not set (torch/profiler/profiler.py sets it to "0"
+    with CUDA graphs; pytorch/pytorch issue 144455: launches stay slower after profiling)."""
+    import json
+    spec = json.loads(request)
+    device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])
+    heads = (spec["heads"], spec["kv_heads"], spec["head_dim"])
     found = {}
-    for label, (batch, T, S, kind) in shapes.items():
-        q = torch.randn(batch, heads, T, dim, device=ctx.device, dtype=ctx.half)
-        k, v = (torch.randn(batch, kv, S, dim, device=ctx.device, dtype=ctx.half) for _ in range(2))
-        mask = torch.ones(batch, 1, T, S, dtype=torch.bool, device=ctx.device).tril(S - T) if kind == "mask" else None
-        call = lambda: torch.nn.functional.scaled_dot_product_attention(      # noqa: E731
-            q, k, v, attn_mask=mask, is_causal=kind == "causal", enable_gqa=kv != heads)
-        kernels = _sdpa_kernels(call)
-        found[label] = {"backend": backend_of(kernels), "kernels": kernels[:6]}
-    fused = found["prefill, causal, no padding"]["backend"] not in ("math", "unknown")
-    ok = fused or not ctx.gpu
-    return {"ok": ok, "backends": found,
-            "headline": "; ".join(f"{k}: {v['backend']}" for k, v in found.items())}
+    with cudnn_attention(False):
+        for label, shape in SDPA_SHAPES.items():
+            found[label] = sdpa_op_names(*heads, tuple(shape), device, dtype)
+    with cudnn_attention(True):
+        found[f"{CUDNN_ROW} (cuDNN left on: torch's default)"] = sdpa_op_names(*heads, SDPA_SHAPES[CUDNN_ROW],
+                                                                              device, dtype)
+    print(json.dumps(found))
+
+
+def _sdpa_in_child(ctx: Context, timeout: float) -> dict:
+    """`sdpa_child` run in a fresh interpreter; its {label: op names}."""
+    import json
+    import subprocess
+    from pathlib import Path
+    config = ctx.small
+    request = json.dumps({"device": ctx.device.type, "dtype": dtype_name(ctx.half), "heads": config.num_heads,
+                          "kv_heads": config.num_kv_heads, "head_dim": config.head_dim})
+    here = Path(__file__).resolve().parent
+    code = (f"import sys; sys.path[:0] = [{str(here.parent)!r}, {str(here)!r}]; import gpu_items; "
+            f"gpu_items.sdpa_child(sys.argv[1])")
+    done = subprocess.run([sys.executable, "-c", code, request], capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"the SDPA profiling process failed: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sdpa_backends(ctx: Context) -> dict:
+    """The SDPA backend the model's attention gets for each shape it uses, cuDNN attention off
+    (as in every timed item), from the op names a profiled call records (in a child process:
+    `sdpa_child`); one more row, informational, with cuDNN left on. The gate: a 16-bit prompt
+    without padding (the common prefill) gets a fused kernel, not the math path, and no row
+    with cuDNN off ran cuDNN."""
+    found = _sdpa_in_child(ctx, timeout=120)
+    failures = []
+    for label, ops in found.items():
+        backend = sdpa_backend(ops)
+        ctx.rows[label] = {"backend": backend, "ops": ops, "cudnn_enabled": "cuDNN left on" in label}
+        if backend == "cudnn" and "cuDNN left on" not in label:
+            failures.append(f"{label}: cuDNN ran although it was switched off")
+    if ctx.gpu and ctx.rows[CUDNN_ROW]["backend"] not in FUSED:
+        failures.append(f"{CUDNN_ROW}: {ctx.rows[CUDNN_ROW]['backend']}, not a fused kernel")
+    return {"ok": not failures, "failures": failures,
+            "headline": "; ".join(failures) or "; ".join(f"{k}: {v['backend']}" for k, v in ctx.rows.items())}
 
 
 def compiled_decode(ctx: Context) -> dict:
@@ -174,34 +270,39 @@ def compiled_decode(ctx: Context) -> dict:
     buckets, rows 1 and 4, two shapes each: two compiles in all)."""
     model = ctx.model("small", torch.float32)
     shapes = [(PROMPT[:7], 1), (PROMPT, 1), (PROMPT[:9], 3), (PROMPT[:5], 4)]
-    rows, failures, seen_buckets = [], [], set()
+    failures, seen_buckets = [], set()
     for prompt, batch in shapes:
         prompts = [prompt[: len(prompt) - i % 3] for i in range(batch)] if batch > 1 else prompt
         eager = generate(model, prompts, ctx.new_tokens, eos_token_ids=(), compile=False)
         compiled = generate(model, prompts, ctx.new_tokens, eos_token_ids=(), compile=True)
         same = torch.equal(eager.tokens, compiled.tokens)
         bucket = bucket_rows(batch)
-        row = {"batch": batch, "prompt": len(prompt), "rows_bucket": bucket, "same_tokens": same,
-               "path": compiled.decode_path, "warmup_s": round(compiled.warmup_seconds, 2),
-               "compiles": compiled.compiles, "cudagraph_skips": compiled.cudagraph_skips,
-               "note": compiled.decode_note}
-        rows.append(row)
+        ctx.rows[f"batch {batch}, prompt {len(prompt)}"] = {
+            "batch": batch, "prompt": len(prompt), "rows_bucket": bucket, "same_tokens": same,
+            "path": compiled.decode_path, "warmup_s": round(compiled.warmup_seconds, 2),
+            "compiles": compiled.compiles, "cudagraph_skips": compiled.cudagraph_skips, "note": compiled.decode_note}
         if not same:
             failures.append(f"batch {batch}: compiled tokens differ from eager")
-        if compiled.decode_path == "eager":
-            failures.append(f"batch {batch}: compiling did not happen ({compiled.decode_note})")
-        elif ctx.gpu and compiled.decode_path != CUDA_GRAPHS:
-            failures.append(f"batch {batch}: the step did not replay as a CUDA graph ({compiled.decode_note})")
+        if compiled.decode_path != expected_path(ctx):
+            failures.append(f"batch {batch}: the step ran {compiled.decode_path!r}, not {expected_path(ctx)!r} "
+                            f"({compiled.decode_note})")
         if compiled.cudagraph_skips:
             failures.append(f"batch {batch}: torch skipped {compiled.cudagraph_skips} CUDA graph(s)")
         if bucket in seen_buckets and compiled.compiles:
             failures.append(f"batch {batch}: compiled {compiled.compiles} graph(s) again inside a bucket already warm")
         seen_buckets.add(bucket)
+    rows = ctx.rows.values()
     compiles = sum(r["compiles"] for r in rows)
-    return {"ok": not failures, "rows": rows, "failures": failures, "compiles": compiles,
+    return {"ok": not failures, "failures": failures, "compiles": compiles,
             "headline": ("; ".join(failures) if failures else
                          f"{len(rows)} shapes in {len(seen_buckets)} buckets: same tokens as eager, "
                          f"paths {sorted({r['path'] for r in rows})}, {compiles} graphs compiled")}
+
+
+def expected_path(ctx: Context) -> str:
+    """The decode path a compiled generation must report: with CUDA graphs on a GPU, compiled
+    (inductor's CPU code, no graphs) in a CPU rehearsal."""
+    return CUDA_GRAPHS if ctx.gpu else COMPILED
 
 
 def quant_kernels(ctx: Context) -> dict:
@@ -210,7 +311,7 @@ def quant_kernels(ctx: Context) -> dict:
     n, k = (2048, 2048) if ctx.gpu else (256, 256)
     linear = torch.nn.Linear(k, n, bias=False).to(ctx.device)
     x = torch.randn(8, k, device=ctx.device)
-    rows, failures = {}, []
+    rows, failures = ctx.rows, []
     for name, build in (("int4 g32", lambda: Int4Linear.from_linear(linear, group_size=32, warn=False)),
                         ("int8", lambda: Int8Linear.from_linear(linear, warn=False))):
         layer = build()
@@ -224,7 +325,7 @@ def quant_kernels(ctx: Context) -> dict:
             failures.append(f"{name}: the fast kernel was expected and not chosen ({described})")
         if error > 0.02:
             failures.append(f"{name}: error {error:.3g} against its own dequantized weight")
-    return {"ok": not failures, "layers": rows, "failures": failures,
+    return {"ok": not failures, "failures": failures,
             "headline": "; ".join(failures) or "; ".join(f"{k}: {v['kernel']} (error {v['relative_error']:.1e})"
                                                         for k, v in rows.items())}
 
@@ -236,17 +337,44 @@ def bandwidth(ctx: Context) -> dict:
     from labsupport.lab.roofs import copy_bandwidth, copy_timing
     nbytes, timing = copy_timing(ctx.device)
     ctx.bandwidth = copy_bandwidth(nbytes, timing.median)
-    return {"bytes": nbytes, "bandwidth_bytes_per_s": ctx.bandwidth, "spread": timing.spread / timing.median,
-            "headline": f"{ctx.bandwidth / 1e9:.0f} GB/s copying {nbytes / 2**30:.1f} GiB"}
+    ctx.rows["copy"] = {"bytes": nbytes, "bandwidth_bytes_per_s": ctx.bandwidth,
+                        "spread": timing.spread / timing.median}
+    return {"headline": f"{ctx.bandwidth / 1e9:.0f} GB/s copying {nbytes / 2**30:.1f} GiB"}
 
 
-def _decode_rate(model, batch: int, new_tokens: int, compile: bool, repeats: int = 3) -> dict:
-    """Median decode tokens/s of `repeats` warm runs (the first, warming run is not counted)."""
-    prompts = [PROMPT] * batch if batch > 1 else PROMPT
-    first = generate(model, prompts, new_tokens, eos_token_ids=(), compile=compile)
-    runs = [generate(model, prompts, new_tokens, eos_token_ids=(), compile=compile) for _ in range(repeats)]
+def decode_row(ctx: Context, model, compile: bool, repeats: int = 3) -> dict:
+    """Batch-1 decode of `model`: tokens/s, the median of `repeats` warm runs, and what ran. The
+    first run compiles and records (on a GPU) and is not timed: its seconds are kept apart
+    (``warmup_s``: compiling and recording; ``first_run_s``: that whole run) from the timed
+    runs' decode seconds (``timed_s``). A compiled row is ok only on `expected_path`, with no
+    cudagraph skip and nothing compiled during the timed runs; ``note`` says why not."""
+    start = time.perf_counter()
+    first = generate(model, PROMPT, ctx.new_tokens, eos_token_ids=(), compile=compile)
+    first_s = time.perf_counter() - start
+    runs = [generate(model, PROMPT, ctx.new_tokens, eos_token_ids=(), compile=compile) for _ in range(repeats)]
     rate = statistics.median(r.decode_tokens_per_s for r in runs)
-    return {"tokens_per_s": rate, "path": runs[-1].decode_path, "warmup_s": round(first.warmup_seconds, 2)}
+    row = {"tokens_per_s": rate, "path": runs[-1].decode_path, "compiles": first.compiles,
+           "timed_compiles": sum(r.compiles for r in runs),
+           "cudagraph_skips": first.cudagraph_skips + sum(r.cudagraph_skips for r in runs),
+           "warmup_s": round(first.warmup_seconds, 2), "first_run_s": round(first_s, 2),
+           "timed_s": round(sum(r.decode_seconds for r in runs), 3),
+           "fraction_of_bandwidth": _fraction(ctx, model, rate),
+           "ok": True, "note": first.decode_note}
+    if compile:
+        row["ok"], row["note"] = _path_verdict(ctx, row, first.decode_note)
+    return row
+
+
+def _path_verdict(ctx: Context, row: dict, note: str | None) -> tuple[bool, str | None]:
+    """(ok, note) for a compiled row: the expected path, no cudagraph skip, no compile while timed."""
+    problems = []
+    if row["path"] != expected_path(ctx):
+        problems.append(f"ran {row['path']!r}, not {expected_path(ctx)!r}" + (f" ({note})" if note else ""))
+    if row["cudagraph_skips"]:
+        problems.append(f"torch skipped {row['cudagraph_skips']} CUDA graph(s)")
+    if row["timed_compiles"]:
+        problems.append(f"{row['timed_compiles']} graph(s) compiled during the timed runs")
+    return not problems, "; ".join(problems) or note
 
 
 def _fraction(ctx: Context, model, rate: float, batch: int = 1) -> float | None:
@@ -259,66 +387,97 @@ def _fraction(ctx: Context, model, rate: float, batch: int = 1) -> float | None:
     return step_bytes * rate / batch / ctx.bandwidth
 
 
+def _rate_text(label: str, row: dict) -> str:
+    fraction = f", {row['fraction_of_bandwidth']:.0%} of copy bandwidth" if row["fraction_of_bandwidth"] else ""
+    failed = "" if row["ok"] else f" FAILED: {row['note']}"
+    return f"{label}: {row['tokens_per_s']:.0f} tok/s ({row['path']}{fraction}){failed}"
+
+
 def decode_bs1(ctx: Context) -> dict:
     """Batch-1 decode, eager against compiled + CUDA graphs, on both shapes, in 16 bits."""
-    rows = {}
     for which in ("small", "large"):
         model = ctx.model(which)
         for compile in (False, True):
-            r = _decode_rate(model, 1, ctx.new_tokens, compile)
-            r["fraction_of_bandwidth"] = _fraction(ctx, model, r["tokens_per_s"])
-            rows[f"{which} ({getattr(ctx, which).name}) {'compiled' if compile else 'eager'}"] = r
-    names = list(rows)
-    speedups = {names[i + 1]: rows[names[i + 1]]["tokens_per_s"] / rows[names[i]]["tokens_per_s"] for i in (0, 2)}
-    return {"rows": rows, "compiled_over_eager": speedups,
-            "headline": "; ".join(f"{k}: {v['tokens_per_s']:.0f} tok/s ({v['path']}"
-                                  + (f", {v['fraction_of_bandwidth']:.0%} of copy bandwidth)" if v["fraction_of_bandwidth"]
-                                     else ")") for k, v in rows.items())}
+            label = f"{which} ({getattr(ctx, which).name}) {'compiled' if compile else 'eager'}"
+            ctx.rows[label] = decode_row(ctx, model, compile)
+    names = list(ctx.rows)
+    speedups = {names[i + 1]: ctx.rows[names[i + 1]]["tokens_per_s"] / ctx.rows[names[i]]["tokens_per_s"]
+                for i in (0, 2)}
+    return {"ok": all(r["ok"] for r in ctx.rows.values()), "compiled_over_eager": speedups,
+            "headline": "; ".join(_rate_text(k, v) for k, v in ctx.rows.items())}
 
 
 def quant_decode(ctx: Context) -> dict:
-    """int4 and int8 against 16 bits on the large shape, batch 1, every row compiled (like with like)."""
+    """int4 and int8 against 16 bits on the large shape, batch 1, every row compiled (like with
+    like), and every row must be on the expected path (CUDA graphs on a GPU)."""
     import copy
-    rows = {}
     base = ctx.model("large")
     for name in ("16-bit", "int8", "int4 g32"):
         model = base if name == "16-bit" else copy.deepcopy(base)
         if name != "16-bit":
             quantize_model(model, "int8" if name == "int8" else "int4", group_size=32)
-        r = _decode_rate(model, 1, ctx.new_tokens, compile=True)
-        r["kernel"] = kernel_description(model.blocks[0].mlp.down if hasattr(model.blocks[0].mlp, "down")
-                                         else model.blocks[0].attn.out)
-        r["fraction_of_bandwidth"] = _fraction(ctx, model, r["tokens_per_s"])
-        rows[name] = r
+        row = decode_row(ctx, model, compile=True)
+        row["kernel"] = kernel_description(model.blocks[0].mlp.down if hasattr(model.blocks[0].mlp, "down")
+                                           else model.blocks[0].attn.out)
+        ctx.rows[name] = row
         if model is not base:
             del model
             if ctx.gpu:
                 torch.cuda.empty_cache()
-    ref = rows["16-bit"]["tokens_per_s"]
-    return {"rows": rows, "over_16_bit": {k: v["tokens_per_s"] / ref for k, v in rows.items()},
-            "headline": "; ".join(f"{k}: {v['tokens_per_s']:.0f} tok/s ({v['tokens_per_s'] / ref:.2f}x, {v['path']})"
-                                  for k, v in rows.items())}
+    ref = ctx.rows["16-bit"]["tokens_per_s"]
+    return {"ok": all(r["ok"] for r in ctx.rows.values()),
+            "over_16_bit": {k: v["tokens_per_s"] / ref for k, v in ctx.rows.items()},
+            "headline": "; ".join(_rate_text(k, v) + f" {v['tokens_per_s'] / ref:.2f}x" for k, v in ctx.rows.items())}
+
+
+# The batching knee's context. SmolLM2-1.7B has no grouped-query attention: 24 layers x 32
+# key-value heads x 64 x 2 (keys, values) x 2 bytes = 192 KiB of cache per position per row,
+# read at every step. Past about 70-105 positions (`roofline.ridge_context` for an H100 or
+# H200's measured roofs) each row adds more cache bytes than its FLOPs can pay for, so no
+# batch reaches the ridge; at 16 positions the predicted ridge is near batch 200-300.
+KNEE_CONTEXT = 16
 
 
 def batching_knee(ctx: Context) -> dict:
-    """Decode-step time against the batch on the large shape, each step replayed as a CUDA graph
-    (eager launches would hide the knee under their own cost), against the ridge predicted from
-    this machine's bandwidth and 16-bit matmul speed."""
-    from labsupport.lab.roofline import growth_batch, ridge_batch
+    """Decode-step time against the batch on the large shape at a short context, each step
+    replayed as a CUDA graph (eager launches would hide the knee under their own cost), each
+    against its roofline time (max(weight and cache bytes / the copy bandwidth measured by
+    `bandwidth`, FLOPs / the 16-bit matmul peak measured here)), and the measured knee
+    against the predicted ridge."""
+    from labsupport.lab.roofline import decode_step_cost, growth_batch, ridge_batch, ridge_context
     from labsupport.lab.roofs import HardwareProfile, measure_matmul_flops
     from labsupport.lab.step_timing import graphed_decode_seconds
     model = ctx.model("large")
-    rows = []
-    for batch in ctx.batches:
-        seconds = graphed_decode_seconds(model, batch, context=128)
-        rows.append({"batch": batch, "seconds": seconds, "tokens_per_s": batch / seconds})
     flops = measure_matmul_flops(ctx.device, ctx.half)
-    profile = HardwareProfile(ctx.device.type, device_name(ctx.device), ctx.bandwidth or 1.0,
-                              {dtype_name(ctx.half): flops})
-    predicted = ridge_batch(profile, model.config, ctx.half, context=128)
+    bandwidth = ctx.bandwidth or measure_bandwidth_now(ctx)
+    profile = HardwareProfile(ctx.device.type, device_name(ctx.device), bandwidth, {dtype_name(ctx.half): flops})
+    for batch in ctx.batches:
+        seconds = graphed_decode_seconds(model, batch, context=KNEE_CONTEXT)
+        # the step writes one position and attends over KNEE_CONTEXT + 1
+        cost = decode_step_cost(model.config, batch, KNEE_CONTEXT + 1, ctx.half)
+        memory_s, compute_s = cost.bytes / bandwidth, cost.flops / flops
+        roofline = max(memory_s, compute_s)
+        ctx.rows[f"batch {batch}"] = {"batch": batch, "seconds": seconds, "tokens_per_s": batch / seconds,
+                                      "roofline_s": roofline, "measured_over_roofline": seconds / roofline,
+                                      "bound": "memory" if memory_s >= compute_s else "compute",
+                                      "weight_bytes": cost.weight_bytes, "kv_bytes": cost.kv_bytes,
+                                      "flops": cost.flops}
+    rows = list(ctx.rows.values())
+    predicted = ridge_batch(profile, model.config, ctx.half, context=KNEE_CONTEXT + 1)
     knee = growth_batch(rows)
-    return {"rows": rows, "matmul_flops": flops, "predicted_ridge_batch": predicted, "measured_knee_batch": knee,
-            "headline": f"predicted ridge at batch {predicted:.0f}, step time 1.5x batch 1's at batch {knee}"}
+    ratios = ", ".join(f"{r['batch']}: {r['measured_over_roofline']:.1f}x" for r in rows)
+    return {"context": KNEE_CONTEXT, "matmul_flops": flops, "bandwidth": bandwidth,
+            "predicted_ridge_batch": predicted, "measured_knee_batch": knee,
+            "no_ridge_past_context": ridge_context(profile, model.config, ctx.half),
+            "headline": f"context {KNEE_CONTEXT}: predicted ridge at batch {predicted:.0f}, step time 1.5x "
+                        f"batch 1's at batch {knee}; measured / roofline per batch {ratios}"}
+
+
+def measure_bandwidth_now(ctx: Context) -> float:
+    """The copy bandwidth, measured here when the `bandwidth` item did not run (--only)."""
+    from labsupport.lab.roofs import measure_bandwidth
+    ctx.bandwidth = measure_bandwidth(ctx.device)
+    return ctx.bandwidth
 
 
 def serving(ctx: Context) -> dict:
@@ -331,7 +490,7 @@ def serving(ctx: Context) -> dict:
     count = 48 if ctx.gpu else 8
     requests = make_workload(prompts, count=count, median_new_tokens=32 if ctx.gpu else 6,
                              max_new_tokens=128 if ctx.gpu else 12, seed=0)
-    rows = {}
+    rows = ctx.rows
     for policy in ("static", "continuous"):
         engine = Engine(model, max_slots=16 if ctx.gpu else 4, policy=policy)
         result = engine.run(requests)
@@ -339,7 +498,7 @@ def serving(ctx: Context) -> dict:
         m = summarize(result)
         rows[policy] = {"throughput": m["throughput_tokens_per_s"], "ttft_p50": m["ttft_p50"], "duration": m["duration"]}
     ratio = rows["continuous"]["throughput"] / rows["static"]["throughput"]
-    return {"rows": rows, "continuous_over_static": ratio,
+    return {"continuous_over_static": ratio,
             "headline": f"continuous / static throughput {ratio:.2f}x ({count} requests, both eager)"}
 
 
@@ -353,11 +512,15 @@ def vllm(ctx: Context) -> dict:
             "headline": "vLLM imports; its serving row runs in the bench's serving section (not in this short check)"}
 
 
+# Caps and minimums in seconds, sized for gpu_check.DEFAULT_BUDGET (420 s from the process's
+# start): the minimums of all items together, with the start-up, fit in it with room
+# (tests/test_gpu_check.py checks that); a cap is the most an item may take on a GPU, and
+# gpu_check gives an item less when the items after it would lose their minimums.
 ITEMS = [
-    Item("runtime", "info", runtime, cap_s=30, rehearsal_cap_s=30, minimum_s=2),
-    Item("sdpa_backends", "gate", sdpa_backends, cap_s=40, rehearsal_cap_s=30),
+    Item("runtime", "info", runtime, cap_s=20, rehearsal_cap_s=30, minimum_s=2),
+    Item("sdpa_backends", "gate", sdpa_backends, cap_s=60, rehearsal_cap_s=60, minimum_s=20),
     Item("compiled_decode", "gate", compiled_decode, cap_s=150, rehearsal_cap_s=240, minimum_s=60),
-    Item("quant_kernels", "gate", quant_kernels, cap_s=40, rehearsal_cap_s=30),
+    Item("quant_kernels", "gate", quant_kernels, cap_s=30, rehearsal_cap_s=30, minimum_s=5),
     Item("bandwidth", "measure", bandwidth, cap_s=20, rehearsal_cap_s=20, minimum_s=5),
     Item("decode_bs1", "measure", decode_bs1, cap_s=120, rehearsal_cap_s=240, minimum_s=40),
     Item("quant_decode", "measure", quant_decode, cap_s=150, rehearsal_cap_s=240, minimum_s=60),
