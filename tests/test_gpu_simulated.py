@@ -5,6 +5,9 @@ A T4 (compute capability 7.5, 15 GB) is what most learners get on Colab: no bf16
 so fp16 is offered instead of bf16, and every GPU workload must fit in its memory.
 """
 
+import warnings
+from unittest import mock
+
 import pytest
 import torch
 
@@ -186,7 +189,8 @@ def test_a_gpu_times_the_17b_shape_where_its_memory_holds_it_and_a_t4_in_16_bit(
     """The 1.7B shape is timed where its weights take at most a quarter of the GPU: in 16-bit on
     every GPU here (a T4's 15 GiB holds 3.4 GB), in fp32 only from 26 GiB (not a T4: fp16 there)."""
     from labsupport.lab.timing_model import timed_dtype
-    from labsupport.lab.workloads import TIMING_MODEL, timing_model_name
+    from labsupport.lab.workloads import TIMING_MODEL, TIMING_MODEL_PARAMETERS, timing_model_name
+    assert TIMING_MODEL_PARAMETERS == MODELS[TIMING_MODEL].num_parameters
     sixteen = pick_dtype(CUDA)
     assert timing_model_name(CUDA, sixteen) == TIMING_MODEL
     fp32_fits = 4 * MODELS[TIMING_MODEL].num_parameters * 4 <= gpu.total_memory
@@ -317,3 +321,119 @@ def _simulated_call(machine, function, *args):
     """`function(CUDA, *args)` answered as on the simulated `machine`."""
     with simulated(GPUS[machine]):
         return function(CUDA, *args)
+
+
+# --- every GPU workload fits the GPU's memory, for every model shape ---------------------------
+
+SHAPES = {"smollm2-135m": MODELS["smollm2-135m"],
+          "smollm2-360m": MODELS["smollm2-135m"].with_(hidden_size=960, num_layers=32, num_heads=15, num_kv_heads=5,
+                                                       intermediate_size=2560, name="smollm2-360m"),
+          "smollm2-1.7b": MODELS["smollm2-1.7b-shape"].with_(name="smollm2-1.7b")}   # the hub model's shape
+CUDA_CONTEXT = 2**29            # what the CUDA context and the allocator take before any tensor (0.5 GiB)
+
+
+def _size(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _need(resident: int, config, batch: int, positions: int, dtype, tokens: int = 1) -> int:
+    """This test's own count of one run's memory: resident weights, the CUDA context, the KV cache,
+    and an activations margin (fp32 logits and the MLP's three intermediates per new token, twice)."""
+    size = _size(dtype)
+    activations = 2 * batch * (config.vocab_size * 4 + tokens * 3 * config.intermediate_size * size)
+    return resident + CUDA_CONTEXT + kv_cache_bytes(config, positions, batch, dtype) + activations
+
+
+def _batches_swept(monkeypatch, module, measure: str, sweep, resident: int, gpu):
+    """The batch sizes a sweep of `module` really times with `resident` bytes of weights loaded:
+    torch.cuda reports the rest free, and `measure` (the per-point timer) only records its batch."""
+    seen = []
+    monkeypatch.setattr(module, measure, lambda model, batch_or_prompts, *a, **k: seen.append(
+        batch_or_prompts if isinstance(batch_or_prompts, int) else len(batch_or_prompts)) or {})
+    free = gpu.total_memory - CUDA_CONTEXT - resident
+    with mock.patch.object(torch.cuda, "mem_get_info", return_value=(free, gpu.total_memory)), \
+            warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        rows = sweep()
+    assert bool(rows.note) == bool(said)                   # a sweep that left points out says so
+    return seen, rows.note
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_gpu_sweep_fits_the_gpus_memory(gpu, shape, monkeypatch):
+    """Notebooks 00, 02 and 08 load the course model (fp32, and every 16-bit dtype in 00) and, where it
+    is smaller than 1.7B, a timing model; their sweeps then size batch and context from the free
+    memory. Weights + the largest cache each sweep times + an activations margin fit the GPU."""
+    from types import SimpleNamespace
+
+    from labsupport.lab import batch_timing
+    from labsupport.lab.long_context import batch_that_fits, contexts_that_fit, share_budget
+    from labsupport.lab.timing_model import timed_dtype
+    from labsupport.lab.workloads import LONG_CONTEXT_PRESETS, TIMING_MODEL, timing_model_name
+    config, total = SHAPES[shape], gpu.total_memory
+
+    def weights(cfg, dtype):
+        return cfg.num_parameters * _size(dtype)
+
+    def timed(dtype):                       # (config, dtype) a sweep in `dtype` times: `timing_model`'s rule
+        if timing_model_name(CUDA, pick_dtype(CUDA)) and config.num_parameters < MODELS[TIMING_MODEL].num_parameters:
+            return MODELS[TIMING_MODEL], timed_dtype(CUDA, dtype)
+        return config, dtype
+
+    # notebook 00: the course model in every dtype the probe offers, and their timing models (one per dtype)
+    dtypes = [torch.float32] + ([torch.bfloat16] if gpu.capability >= (8, 0) else []) + [torch.float16]
+    sweeps = {timed(d) for d in dtypes}
+    resident = sum(weights(config, d) for d in dtypes) + sum(weights(c, d) for c, d in sweeps if c is not config)
+    for cfg, dtype in sweeps:
+        model = SimpleNamespace(config=cfg, dtype=dtype, device=CUDA)
+        batches, _ = _batches_swept(monkeypatch, roofline, "measure_decode_point",
+                                    lambda: roofline.sweep_decode(model, context=64), resident, gpu)
+        assert batches and _need(resident, cfg, max(batches), 65, dtype) <= total, (cfg.name, dtype, batches)
+
+    # notebook 02: the course model in fp32, the sweep on its timing model, a prompt of 40 tokens + 64 new ones
+    cfg, dtype = timed(torch.float32)
+    resident = weights(config, torch.float32) + (weights(cfg, dtype) if cfg is not config else 0)
+    model = SimpleNamespace(config=cfg, dtype=dtype, device=CUDA)
+    batches, _ = _batches_swept(monkeypatch, batch_timing, "measure_batch", lambda: batch_timing.sweep_batch_sizes(
+        model, [1] * 40, batching.batch_sizes(CUDA), 64), resident, gpu)
+    assert batches and _need(resident, cfg, max(batches), 104, dtype, tokens=40) <= total, (cfg.name, batches)
+
+    # notebook 08: the course model in fp32; the decode-share sweep's caches, and the float/int8 pair's two
+    work, resident = LONG_CONTEXT_PRESETS["gpu"], weights(config, torch.float32)
+    free = total - CUDA_CONTEXT - resident
+    with mock.patch.object(torch.cuda, "mem_get_info", return_value=(free, total)):
+        for batch in work.decode_batches:
+            longest = max(contexts_that_fit(config, work.decode_contexts, batch, torch.float32, share_budget(CUDA)))
+            assert _need(resident, config, batch, longest + 1, torch.float32) <= total, (batch, longest)
+        pair = batch_that_fits([config, config], work.long_context, CUDA, largest=max(work.decode_batches))
+    assert resident + CUDA_CONTEXT + 2 * kv_cache_bytes(config, work.long_context + 1, pair) <= total
+
+    if gpu.name == "Tesla T4" and shape == "smollm2-1.7b":      # the old sizing, uncapped, does not fit: this test can fail
+        assert _need(weights(config, torch.float32), config, max(PRESETS["gpu"].roofline_batches), 65,
+                     torch.float32) > total
+        assert _need(resident, config, max(work.decode_batches), max(work.decode_contexts) + 1, torch.float32) > total
+
+
+def test_a_capped_sweep_says_what_it_left_out():
+    """A sweep that leaves points out returns a `Sweep` whose note names them, and warns; on a CPU
+    08's decode-share sweep keeps its caches within the CPU budget (768 MiB beside the model)."""
+    from labsupport.lab.long_context import contexts_that_fit, share_budget
+    from labsupport.lab.timing_model import SweepCapped, batches_that_fit, capped
+    from labsupport.lab.workloads import LONG_CONTEXT_PRESETS
+    config = SHAPES["smollm2-1.7b"]
+    kept, note = batches_that_fit(config, [1, 4, 512], 65, torch.float16, "cpu",
+                                  budget_bytes=kv_cache_bytes(config, 65, 8, torch.float16) + 2**28)
+    assert kept == [1, 4] and "Batches [512] left out" in note
+    assert batches_that_fit(config, [1, 512], 65, torch.float16, "cpu") == ([1, 512], None)   # a CPU: uncapped
+    with pytest.warns(SweepCapped, match="left out"):
+        assert capped([{"batch": 1}], note).note == note
+    budget = share_budget("cpu")
+    assert budget == LONG_CONTEXT_PRESETS["cpu"].cache_budget_bytes and budget <= 2**30
+    work = LONG_CONTEXT_PRESETS["cpu"]
+    for shape, cfg in SHAPES.items():
+        for batch in work.decode_batches:
+            longest = max(contexts_that_fit(cfg, work.decode_contexts, batch, torch.float32, budget))
+            assert kv_cache_bytes(cfg, longest + 1, batch) <= budget, (shape, batch, longest)
+    from labsupport.errors import LabError
+    with pytest.raises(LabError, match="not even one fits"):
+        contexts_that_fit(config, [64], 16, torch.float32, 2**20)

@@ -10,8 +10,7 @@ large enough to be timed above a GPU's launch overhead and to reach the batch si
 where its decode step stops being memory-bound. `device_class` says which preset a
 device gets: a CUDA device is a "gpu"; any other device, the never-tested Apple GPU
 included, gets the CPU's sizes. The prompts are plain constants. This module is pure
-data at the bottom of lab/: it imports no other module of the package but the engine's model
-shapes (`timing_model_name`), and every other
+data at the bottom of lab/: it imports no other module of the package, and every other
 one reads its prompts and sizes here (`serving_workload.serving_workload` and
 `stack_workload` turn the chat questions into the requests of notebooks 06 and 07).
 """
@@ -21,8 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from ..engine.models.config import PRESETS as MODEL_SHAPES      # the one import: the timing model's shape
 
 # --- prompts --------------------------------------------------------------------------------
 
@@ -227,6 +224,7 @@ def device_class(device) -> str:
 
 # Random weights at SmolLM2-1.7B's shape: the model speed sweeps time on a GPU whose memory holds it.
 TIMING_MODEL = "smollm2-1.7b-shape"
+TIMING_MODEL_PARAMETERS = 1_711_376_384   # that shape's num_parameters (checked in tests/test_gpu_simulated.py)
 TIMING_MODEL_WEIGHT_SHARE = 4      # its weights may take a quarter of the GPU; caches and activations, the rest
 
 
@@ -246,7 +244,7 @@ def timing_model_name(device, dtype=torch.float32) -> str | None:
     if device.type != "cuda":
         return None
     total = torch.cuda.get_device_properties(device).total_memory
-    weights = MODEL_SHAPES[TIMING_MODEL].num_parameters * torch.empty((), dtype=dtype).element_size()
+    weights = TIMING_MODEL_PARAMETERS * torch.empty((), dtype=dtype).element_size()
     return TIMING_MODEL if weights * TIMING_MODEL_WEIGHT_SHARE <= total else None
 
 
