@@ -6,9 +6,11 @@ and a rehearsal says that its figures do not count."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,17 @@ def _check(tmp_path, *args, timeout=900):
     return done, json.loads(report_path.read_text())
 
 
+@pytest.fixture(scope="module")
+def gpu_check():
+    """scripts/gpu_check.py as a module (it puts the tree and scripts/ on sys.path; undone after)."""
+    before = list(sys.path)
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.path[:] = before
+
+
 def _items():
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
@@ -65,10 +78,22 @@ def test_the_rehearsal_runs_every_item_without_the_notebook_packages(tmp_path):
     for record in report["items"]:
         _assert_ran(record)
     by_name = {r["item"]: r for r in report["items"]}
-    compiled = by_name["compiled_decode"]["result"]
-    assert {r["path"] for r in compiled["rows"]} == {"compiled"}           # a CPU compiles, without graphs
-    assert all(r["same_tokens"] for r in compiled["rows"])
-    assert [r["compiles"] > 0 for r in compiled["rows"]] == [True, False, True, False]   # one per bucket
+    compiled = list(by_name["compiled_decode"]["rows"].values())
+    assert {r["path"] for r in compiled} == {"compiled"}                    # a CPU compiles, without graphs
+    assert all(r["same_tokens"] for r in compiled)
+    assert [r["compiles"] > 0 for r in compiled] == [True, False, True, False]   # one per bucket
+    sdpa = by_name["sdpa_backends"]["rows"]
+    assert {r["backend"] for r in sdpa.values()} == {"flash (cpu)"} and len(sdpa) == 5
+    assert [r["cudnn_enabled"] for r in sdpa.values()] == [False] * 4 + [True]
+    for item in ("decode_bs1", "quant_decode"):                             # compiled rows: the path, apart
+        for label, row in by_name[item]["rows"].items():
+            assert row["ok"], (label, row["note"])
+            assert {"path", "compiles", "cudagraph_skips", "warmup_s", "timed_s"} <= set(row)
+            if "eager" not in label:
+                assert row["path"] == "compiled" and row["timed_compiles"] == 0
+    knee = by_name["batching_knee"]
+    assert knee["result"]["context"] == 16 and len(knee["rows"]) == 3
+    assert all(r["roofline_s"] > 0 and r["measured_over_roofline"] > 0 for r in knee["rows"].values())
     assert "no GPU found" in done.stdout and "gates passed: 3/3" in done.stdout
 
 
@@ -78,7 +103,7 @@ def test_a_short_rehearsal_writes_its_json_item_by_item(tmp_path):
     assert [r["item"] for r in report["items"]] == ["runtime", "bandwidth"]
     for record in report["items"]:
         _assert_ran(record)
-    assert report["items"][1]["result"]["bandwidth_bytes_per_s"] > 0
+    assert report["items"][1]["rows"]["copy"]["bandwidth_bytes_per_s"] > 0
 
 
 def test_an_item_past_the_budget_is_skipped_and_said(tmp_path):
@@ -94,3 +119,122 @@ def test_no_gpu_is_an_error_when_one_is_required(tmp_path):
     assert done.returncode == 3
     assert "A CUDA GPU was expected" in done.stdout
     assert report["error"] == "no GPU"
+
+
+# --- the pieces, in this process ----------------------------------------------------------
+
+@pytest.mark.parametrize("ops, backend", [
+    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
+      "aten::_flash_attention_forward"], "flash"),
+    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_efficient_attention",
+      "aten::_efficient_attention_forward"], "memory-efficient"),
+    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_cudnn_attention"], "cudnn"),
+    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"], "flash (cpu)"),
+    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math"], "math"),
+    (["aten::_flash_attention_forward"], "flash"),
+    (["aten::scaled_dot_product_attention"], "unknown"),
+    ([], "unknown"),
+])
+def test_the_sdpa_backend_comes_from_the_op_that_ran(gpu_check, ops, backend):
+    assert gpu_check.gpu_items.sdpa_backend(ops) == backend
+
+
+def test_the_caps_and_minimums_fit_the_budget(gpu_check):
+    items = gpu_check.gpu_items.ITEMS
+    assert gpu_check.DEFAULT_BUDGET <= 450                                   # a 10-minute command, with room
+    assert sum(i.minimum_s for i in items) + gpu_check.STARTUP_ALLOWANCE < 0.8 * gpu_check.DEFAULT_BUDGET
+    for item in items:
+        assert 0 < item.minimum_s <= item.cap_s <= gpu_check.DEFAULT_BUDGET, item.name
+
+
+def _context(gpu_check):
+    gpu_items = gpu_check.gpu_items
+    return gpu_items.Context.for_machine({"gpu": False})
+
+
+def _run(gpu_check, run, cap=0.5, grace=0.3):
+    item = gpu_check.gpu_items.Item("fake", "measure", run, cap_s=cap, minimum_s=0)
+    start = time.monotonic()
+    record = gpu_check.run_item(item, _context(gpu_check), cap, grace=grace)
+    return record, time.monotonic() - start
+
+
+def test_an_item_that_swallows_exception_is_still_stopped(gpu_check):
+    def swallows(ctx):
+        while True:
+            try:
+                time.sleep(0.01)
+            except Exception:                                  # what library code does: ItemTimeout passes
+                pass
+    record, seconds = _run(gpu_check, swallows)
+    assert record["status"] == "timeout" and not record["ok"] and seconds < 10   # the reset imports inductor
+
+
+def test_the_alarm_rings_again_for_an_item_that_catches_it(gpu_check):
+    caught = []
+
+    def catches_once(ctx):
+        try:
+            while True:
+                time.sleep(0.01)
+        except BaseException as error:                        # catches even ItemTimeout, once
+            caught.append(type(error).__name__)
+        while True:
+            time.sleep(0.01)
+    record, seconds = _run(gpu_check, catches_once)
+    assert caught == ["ItemTimeout"] and record["status"] == "timeout" and seconds < 10
+
+
+def test_an_item_that_returns_after_catching_the_alarm_is_a_timeout(gpu_check):
+    def returns(ctx):
+        try:
+            time.sleep(5)
+        except BaseException:
+            return {"headline": "finished anyway"}
+    record, _ = _run(gpu_check, returns)
+    assert record["status"] == "timeout" and not record["ok"]
+
+
+def test_a_stopped_item_keeps_its_finished_rows_and_dynamo_is_reset(gpu_check):
+    import torch
+    from torch._dynamo.utils import counters
+
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
+    compiled(torch.ones(3))
+    graphs = counters["stats"]["unique_graphs"]
+
+    def two_rows_then_hangs(ctx):
+        for batch in (1, 2):
+            ctx.rows[f"batch {batch}"] = {"batch": batch, "seconds": 0.1 * batch}
+        while True:
+            time.sleep(0.01)
+    record, _ = _run(gpu_check, two_rows_then_hangs)
+    assert record["status"] == "timeout"
+    assert record["rows"] == {"batch 1": {"batch": 1, "seconds": 0.1}, "batch 2": {"batch": 2, "seconds": 0.2}}
+    assert "torch._dynamo.reset()" in record["reset"] and "2 row(s) finished" in record["reason"]
+    compiled(torch.ones(3))                                    # Dynamo forgot it: compiled again
+    assert counters["stats"]["unique_graphs"] == graphs + 1
+
+
+def test_every_item_runs_with_cudnn_attention_off_and_it_is_restored(gpu_check):
+    import torch
+    seen = []
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    record, _ = _run(gpu_check, lambda ctx: seen.append(torch.backends.cuda.cudnn_sdp_enabled()) or {"headline": "x"})
+    assert record["status"] == "ok" and seen == [False]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+@pytest.mark.parametrize("gpu, path, skips, ok", [
+    (True, "compiled + CUDA graphs", 0, True),
+    (True, "compiled", 0, False),                              # compiled without graphs: not the fast path
+    (True, "compiled + CUDA graphs", 2, False),
+    (False, "compiled", 0, True),                              # the CPU rehearsal's expected path
+    (False, "eager", 0, False),
+])
+def test_a_compiled_row_counts_only_on_the_expected_path(gpu_check, gpu, path, skips, ok):
+    ctx = _context(gpu_check)
+    ctx.gpu = gpu
+    row = {"path": path, "cudagraph_skips": skips, "timed_compiles": 0}
+    verdict, note = gpu_check.gpu_items._path_verdict(ctx, row, "torch said why")
+    assert verdict is ok and (ok or note)
