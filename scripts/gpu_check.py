@@ -27,6 +27,10 @@ Then the measurements, side by side in the same process:
 * continuous against static batching in the serving engine;
 * vLLM, only where it imports.
 
+Every item runs with cuDNN attention off (see `gpu_items.cudnn_attention`) and under its cap:
+past it, an alarm raises `ItemTimeout` (again every few seconds if the item catches it), the
+compile state is reset, and the item's record keeps the rows it finished.
+
 Without a GPU it rehearses: every item runs on the CPU with the tiny model (or says why it
 cannot), so the code paths, the start-up and the JSON are checked; CI runs that. With
 ``--require-gpu`` a missing GPU is an error (exit 3), for the machine where one is expected.
@@ -60,7 +64,7 @@ import gpu_items  # noqa: E402  (after the path is set)
 # 10-minute command, leaving 3 for what a cap cannot stop (a signal is handled only between
 # two Python bytecodes, so a long call into C++ or a CUDA sync finishes first) and the exit.
 DEFAULT_BUDGET = 420
-STARTUP_ALLOWANCE = 30                        # torch's import and CUDA's start, before the first item
+STARTUP_ALLOWANCE = 30                        # torch's import and CUDA's start: the test of the caps counts it
 GRACE_S = 5.0                                 # after a cap, the alarm fires again every GRACE_S seconds
 
 
