@@ -85,7 +85,8 @@ def binder_badge(repo: str = REPO, branch: str = BRANCH) -> str:
 def install_spec(repo: str = REPO, branch: str = BRANCH) -> str:
     """What the Colab setup cell gives pip: the package straight from the repository.
 
-    pyproject leaves torch unpinned (torch>=2.5), so pip keeps Colab's own CUDA build.
+    pyproject asks only for torch>=2.11 (the oldest torch CI tests), so pip keeps Colab's own
+    CUDA build where it is 2.11 or newer.
     Notebooks 00-07: their setup cell.
     """
     return f"labsupport @ git+https://github.com/{repo}@{branch}"

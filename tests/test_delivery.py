@@ -240,7 +240,7 @@ def test_environment_names_the_pyproject_dependencies(path):
 def test_binder_gets_the_cpu_build_and_root_lets_conda_choose():
     binder = yaml.safe_load((ROOT / "binder/environment.yml").read_text())["dependencies"]
     root = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
-    assert "pytorch=*=cpu*" in binder
+    assert "pytorch[version='>=2.11',build='cpu*']" in binder           # the CPU build, pyproject's floor
     torch_root = next(d for d in root if isinstance(d, str) and _name(d) == "pytorch")
     assert "cpu" not in torch_root and "cuda" not in torch_root      # __cuda decides
     env_text = (ROOT / "environment.yml").read_text()
@@ -435,3 +435,14 @@ def test_student_notebook_runs_to_its_first_exercise_then_stops_there(tmp_path):
               if c.cell_type == "code" and any(o.output_type == "error" for o in c.outputs)]
     assert failed and failed[0] in (first, first + 1)                # at the exercise, not before
     assert all(c.execution_count for c in student.cells[:failed[0]] if c.cell_type == "code")
+
+
+def test_the_torch_floor_is_the_oldest_torch_ci_tests():
+    """pyproject's torch floor is the torch that .ci/run's matrix installs as its oldest, so the
+    promise is a tested one (issue 35: the GPU machine's torch 2.11)."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    oldest = re.search(r"^TORCH_OLDEST=(\S+)$", ci, re.M).group(1)
+    torch_spec = next(d for d in _pyproject()["dependencies"] if re.match(r"torch\b", d))
+    floor = re.search(r">=\s*([\d.]+)", torch_spec).group(1)
+    assert oldest.split(".")[:2] == floor.split(".")[:2], (torch_spec, oldest)
+    assert re.search(r"^TORCH_NEWEST=\S+$", ci, re.M)
