@@ -19,7 +19,7 @@ test: install          ## unit tests + every notebook under nbval
 bench: install         ## every benchmark, as JSON
 	$(PY) -m labsupport bench --out reports/bench.json
 
-gpu-check: install     ## on a GPU: the fast paths gated, then measured (8 min, unattended); a CPU rehearsal without one
+gpu-check: install     ## on a GPU: the fast paths gated, then measured (7 min, unattended); a CPU rehearsal without one
 	$(PY) scripts/gpu_check.py
 
 gpu-notebooks: install ## on a GPU (Colab's T4): gpu tests, every notebook under nbval, a short tour; a dry run without one
