@@ -9,7 +9,9 @@ course goes through these functions, so every number is taken the same way:
   asynchronously, so without it the clock stops before the work is done);
 * several repeats, summarized by the median, with the spread shown too;
 * when two versions are compared, their runs are interleaved
-  (`time_side_by_side`), so a noisy moment hits both alike.
+  (`time_side_by_side`), so a noisy moment hits both alike;
+* on a GPU every timed decode is a replayed CUDA graph, for every contender alike
+  (`timed_compile`, `require_graphed`); compiling and recording are reported apart.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Callable, Iterator
 import torch
 
 from labsupport.errors import LabError
+from labsupport.engine.compiled import CUDA_GRAPHS
 from labsupport.engine.hardware import pick_device, synchronize
 from labsupport.lab import progress
 
@@ -185,6 +188,43 @@ def time_side_by_side(
             progress.timing(f"{name} ({round_index + 1}/{repeats})")
             samples[name].append(_time_once(fns[name], device))
     return {name: Timing(samples[name]) for name in names}
+
+
+def timed_compile(device) -> bool:
+    """The `compile=` every timed `generate` passes: True on a CUDA GPU, False elsewhere.
+
+    Introduced in notebook 00 (where the time goes). On a GPU an eager decode step of a small
+    model is bound by launching its few hundred kernels, so timing it measures the launches,
+    not the memory; a replayed CUDA graph (`engine.compiled`) measures the memory. Every
+    contender is timed graphed there, alike. On a CPU there is no launch cost to hide, and
+    compiling pays only for long runs (notebook 07), so timed decodes stay eager. Notebook
+    00's profile stays eager on purpose: there the launches are the lesson (`step_profile`).
+    """
+    return pick_device(device).type == "cuda"
+
+
+def require_graphed(result, what: str, device):
+    """`result` (a `GenerationResult`, or its decode path as a string) if its decode steps were
+    a replayed CUDA graph or the device is not a CUDA GPU; else a LabError: on a GPU a contender
+    that could not be graphed is a failed measurement, never a silent eager figure.
+
+    Introduced in notebook 00 (where the time goes). `what` names the contender."""
+    if pick_device(device).type != "cuda":
+        return result
+    path = result if isinstance(result, str) else getattr(result, "decode_path", "eager")
+    if path == CUDA_GRAPHS:
+        return result
+    note = None if isinstance(result, str) else getattr(result, "decode_note", None)
+    because = f" ({note})" if note else ""
+    raise LabError(f"{what} ran its decode steps {path}{because}, not as a replayed CUDA graph, so its "
+                   f"timing on this GPU would measure kernel launches; it is a failed measurement.")
+
+
+def path_note(result) -> str:
+    """One sentence for a figure's note: the decode path a `GenerationResult` ran, and its
+    compile/capture (warm-up) seconds, which are never in the timed seconds. Notebook 00."""
+    return (f"decode path: {result.decode_path}; compile/capture {result.warmup_seconds:.2f} s, "
+            f"reported apart from the timed seconds.")
 
 
 @dataclass

@@ -256,9 +256,13 @@ def speed_skip_reason(device, dtype, regime: str) -> str | None:
 
 def decode_run(model, prompt_ids, new_tokens: int) -> Callable[[], object]:
     """A zero-argument function: greedy generation of `new_tokens` at batch 1 (a short
-    prompt's prefill, then one decode step per token). Introduced in notebook 03."""
+    prompt's prefill, then one decode step per token). Introduced in notebook 03. On a GPU a
+    replayed CUDA graph, else a LabError (`measure.timed_compile`, `measure.require_graphed`)."""
     from ..engine.generation import generate
-    return lambda: generate(model, prompt_ids, new_tokens, eos_token_ids=())
+    from .measure import require_graphed, timed_compile
+    graphed = timed_compile(model.device)
+    return lambda: require_graphed(generate(model, prompt_ids, new_tokens, eos_token_ids=(), compile=graphed),
+                                   f"the {model.dtype} decode", model.device)
 
 
 def prefill_run(model, prompt_ids) -> Callable[[], object]:

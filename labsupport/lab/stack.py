@@ -42,7 +42,7 @@ from ..errors import LabError
 from ..engine.generation import generate, generate_naive
 from ..engine.hardware import bf16_supported
 from ..engine.kv_cache import kv_cache_bytes
-from .measure import time_side_by_side
+from .measure import require_graphed, time_side_by_side, timed_compile
 from .quality import top1_agreement
 from .variants import ModelVariants
 
@@ -76,6 +76,7 @@ def low_precision(device) -> tuple[torch.dtype | None, str]:
 BATCHING = ("none", "static", "continuous")
 HF_PEER = "Hugging Face generate()"          # the peer the best stage is compared with (`run_stack`)
 INT4_BATCH_1 = "+ int4, batch 1"             # the int4 model one request at a time: speculation's base
+NOT_GRAPHED = "eager (not graphed)"          # on a GPU, a stage whose own step loop is not a CUDA graph
 
 
 def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching: str = "none",
@@ -86,7 +87,10 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
 
     paths: a set to which each call adds the decode path its steps took
     (`GenerationResult.decode_path`: "eager", "compiled", "compiled + CUDA graphs");
-    speculative decoding and the serving engine run their own step loops, always eager.
+    speculative decoding and the serving engine run their own step loops, always eager: on a
+    GPU they say "eager (not graphed)", and `run_stack` marks their rows as not graphed
+    measurements. On a GPU `generate` runs a replayed CUDA graph (`measure.timed_compile`),
+    else a LabError (`measure.require_graphed`); the chapter's loop without a cache stays eager.
 
     Without the cache only the chapter's loop exists (one request at a time); speculative
     decoding runs one request at a time (with the cache), so it excludes batching.
@@ -102,27 +106,37 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
         raise LabError("Speculative decoding runs one request at a time here; set batching to none.")
     model = variants.get(precision, weights)
     paths = set() if paths is None else paths
+    graphed = timed_compile(model.device)
+    own_loop = NOT_GRAPHED if graphed else "eager"      # speculation, the engine: their own eager loops
 
     def path(result):
-        paths.add(getattr(result, "decode_path", "eager"))     # speculation, the engine: their own eager loops
+        paths.add(getattr(result, "decode_path", "eager"))
         return result
+
+    def own(result):
+        paths.add(own_loop)
+        return result
+
+    def graphed_path(result):
+        return path(require_graphed(result, f"the stage's generate() ({precision}, {weights})", model.device))
 
     def one_at_a_time(fn):
         return lambda: {r.request_id: fn(r) for r in requests}
 
     if not kv_cache:
-        return one_at_a_time(lambda r: path(generate_naive(model, r.prompt, r.max_new_tokens, eos_token_ids=())).row(0))
+        return one_at_a_time(lambda r: own(generate_naive(model, r.prompt, r.max_new_tokens, eos_token_ids=())).row(0))
     if speculative:
         lookup = PromptLookupDraft(ngram=3)
-        return one_at_a_time(lambda r: path(speculative_generate(model, lookup, r.prompt, r.max_new_tokens,
-                                                                 k=draft_k, eos_token_ids=())).tokens)
+        return one_at_a_time(lambda r: own(speculative_generate(model, lookup, r.prompt, r.max_new_tokens,
+                                                                k=draft_k, eos_token_ids=())).tokens)
     if batching == "none":
-        return one_at_a_time(lambda r: path(generate(model, r.prompt, r.max_new_tokens, eos_token_ids=())).row(0))
+        return one_at_a_time(lambda r: graphed_path(generate(model, r.prompt, r.max_new_tokens, eos_token_ids=(),
+                                                             compile=graphed)).row(0))
     if batching == "continuous":
         longest = max(r.max_length for r in requests)
 
         def continuous():
-            paths.add("eager")                                   # the engine's own step loop
+            paths.add(own_loop)                                  # the engine's own step loop
             return Engine(model, max_slots=slots, policy="continuous",
                           cache_tokens=slots * longest).run(requests).tokens()
         return continuous
@@ -132,8 +146,8 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
         out = {}
         for i in range(0, len(requests), slots):
             batch = requests[i:i + slots]
-            result = path(generate(model, [r.prompt for r in batch], max(r.max_new_tokens for r in batch),
-                                   eos_token_ids=()))
+            result = graphed_path(generate(model, [r.prompt for r in batch], max(r.max_new_tokens for r in batch),
+                                           eos_token_ids=(), compile=graphed))
             for row, r in enumerate(batch):
                 out[r.request_id] = result.tokens[row, : r.max_new_tokens].tolist()
         return out
@@ -260,7 +274,11 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
                "cumulative": speed[stage.name] / speed["naive loop"],
                "same_tokens_as_fp32": same / tokens, "top1_agreement": None,
                "weight_bytes": None, "kv_cache_bytes": None, "weight_passes": None, "bandwidth_fraction": None,
-               "batch_rows": None, "decode_path": ", ".join(sorted(stage.decode_paths)) or None}
+               "batch_rows": None, "decode_path": ", ".join(sorted(stage.decode_paths)) or None,
+               "graphed": None if NOT_GRAPHED not in stage.decode_paths else False}
+        if row["graphed"] is False:     # on a GPU: never passes silently as a graphed figure
+            row["note"] = (row["note"] + " " if row["note"] else "") + ("Not a graphed measurement: its own step "
+                                                                       "loop runs eager, kernel launches included.")
         if stage.variant is not None:
             served = variants.get(*stage.variant)
             row["weight_bytes"] = served.weight_bytes()
