@@ -5,6 +5,15 @@ the full probability distribution, which `probabilities` gives.
 
 Reproducibility: every sampling call takes a `torch.Generator`; `generate` seeds
 one from `SamplingConfig.seed`, so the same seed gives the same tokens.
+
+No value that passes `SamplingConfig`'s checks can make sampling raise (notebook 09: a
+server must never let one request's numbers stop its engine): any whole seed is reduced
+modulo 2**64 (what `torch.Generator.manual_seed` takes); a temperature below
+`GREEDY_BELOW` is greedy (vLLM's rule); logits are shifted by their maximum before the
+division by the temperature, so that a small temperature cannot overflow to inf - inf;
+top-p always keeps the most likely token; and a distribution that still holds NaN (the
+model's own logits were NaN) is refused in one sentence instead of reaching
+`torch.multinomial`.
 """
 
 from __future__ import annotations
@@ -13,13 +22,18 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import LabError
 from ..inputs import finite_number, whole_number
+
+SEED_MODULUS = 2 ** 64      # torch.Generator.manual_seed takes [0, 2**64)
+GREEDY_BELOW = 1e-5         # a temperature below this samples the argmax (as vLLM does)
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How to pick tokens. temperature 0 means greedy (argmax).
-    Notebook 01 (KV cache); notebook 05 (speculative decoding) samples with it."""
+    """How to pick tokens. temperature 0 (or below `GREEDY_BELOW`) means greedy (argmax); a
+    seed is any whole number, reduced modulo 2**64. Notebook 01 (KV cache); notebook 05
+    (speculative decoding) samples with it; notebook 09's server builds one per request."""
 
     temperature: float = 0.0
     top_k: int | None = None
@@ -36,11 +50,14 @@ class SamplingConfig:
             object.__setattr__(self, "top_p", finite_number(self.top_p, "top_p (None disables it)",
                                                             minimum=0, maximum=1, above_minimum=True))
         if self.seed is not None:
-            object.__setattr__(self, "seed", whole_number(self.seed, "seed (None for a random one)", minimum=0))
+            seed = whole_number(self.seed, "seed (None for a random one)", minimum=-float("inf"))
+            object.__setattr__(self, "seed", seed % SEED_MODULUS)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Whether this picks the argmax: temperature 0, or so small that it makes no difference
+        worth a random draw (and whose division would overflow)."""
+        return self.temperature < GREEDY_BELOW
 
     def generator(self, device) -> torch.Generator | None:
         if self.greedy or self.seed is None:
@@ -54,8 +71,10 @@ GREEDY = SamplingConfig()
 def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """The distribution the sampler draws from: softmax(logits / T) restricted to
     the top-k tokens and the top-p nucleus, renormalized. logits: (..., vocab).
-    Notebook 05 (speculative decoding)."""
-    logits = logits.float() / sampling.temperature
+    Notebook 05 (speculative decoding). Safe for any checked `sampling` (see the module's
+    docstring): the top token always survives, and NaN logits are refused in one sentence."""
+    logits = logits.float()
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(sampling.temperature, GREEDY_BELOW)
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
@@ -65,9 +84,14 @@ def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tenso
         # drop a token when the tokens ranked above it already hold top_p of the mass
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         drop_sorted = mass_before >= sampling.top_p
+        drop_sorted[..., 0] = False                     # the most likely token always stays
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(dim=-1)
+    probs = logits.softmax(dim=-1)
+    if bool(torch.isnan(probs).any()):
+        raise LabError("The model's logits hold NaN, so no token can be sampled; check the model's "
+                       "precision (fp16 overflow) or its weights.")
+    return probs
 
 
 def sample(logits: torch.Tensor, sampling: SamplingConfig = GREEDY,

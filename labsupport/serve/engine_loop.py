@@ -43,9 +43,12 @@ class Token:
 
 @dataclass
 class Failure:
-    """The engine could not serve a request; `message` is one sentence. Notebook 09 (serving over HTTP)."""
+    """The engine could not serve a request; `message` is one sentence. status: 400 when the
+    engine refused the request, 500 when its processing raised (that request alone ends; the
+    engine serves on). Notebook 09 (serving over HTTP)."""
 
     message: str
+    status: int = 400
 
 
 class TokenQueue:
@@ -137,6 +140,11 @@ class EngineThread:
             except LabError as error:
                 tokens.put(Failure(str(error)))
                 continue
+            except Exception as error:             # noqa: BLE001 - a bug with this request: it alone fails
+                reason = " ".join(str(error).split()).rstrip(".") or "no message"
+                tokens.put(Failure(f"The server failed to queue this request ({type(error).__name__}: "
+                                   f"{reason}).", status=500))
+                continue
             self.queues[payload.request_id] = tokens
 
     def _step(self) -> None:
@@ -147,4 +155,14 @@ class EngineThread:
             tokens.put(Token(token, seq.is_finished))
             if seq.is_finished:
                 del self.queues[seq.id]
+        self._tell_failures()
         self.steps += 1
+
+    def _tell_failures(self) -> None:
+        """Each request the engine ended for an error gets a 500 in one sentence; the others,
+        and the engine, carry on. Notebook 09 (serving over HTTP)."""
+        while self.engine.failures:
+            request_id, message = self.engine.failures.pop(0)
+            tokens = self.queues.pop(request_id, None)
+            if tokens is not None:
+                tokens.put(Failure(message, status=500))

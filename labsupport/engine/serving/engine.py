@@ -29,7 +29,10 @@ from which `lab/serving_metrics.py` computes throughput, latency percentiles and
 A server (`labsupport.serve`, notebook 09) drives the same engine without `run`: it calls
 `add_request` as requests come in, `step` while there is work, and `abort` when a client
 goes away; made with `record=False`, the engine then keeps no log, so that its memory
-stays bounded however long it serves.
+stays bounded however long it serves. One request's error (its sampling, its `on_token`
+callback) ends that request alone: it is aborted and listed in `failures` as
+(request id, one sentence) for the server to tell its client, and the others carry on
+(notebook 09: no request stops the engine).
 """
 
 from __future__ import annotations
@@ -134,6 +137,8 @@ class Engine:
         self.steps: list[StepRecord] = []               # this run's (record=True)
         self.live: dict = {}                            # request id -> sequence, until it finishes
         self.arrivals = 0                               # sequences added so far: the next one's index
+        self.failures: list[tuple[object, str]] = []    # (request id, one sentence): ended by an error
+        self._failed: list[tuple[ServedSequence, BaseException]] = []   # this step's, aborted at its end
         self.clock = _RunClock(clock)
 
     @property
@@ -222,9 +227,18 @@ class Engine:
         for seq, _ in chunked:                                         # full prompt blocks: shareable now
             self.blocks.cache_full_blocks(seq.index, seq.request.prompt, seq.num_cached)
         for seq, token in events:
-            if seq.append(token, now):
+            try:
+                ended = seq.append(token, now)          # runs the request's on_token callback
+            except Exception as error:                  # noqa: BLE001 - that request alone fails
+                self._failed.append((seq, error))
+                continue
+            if ended:
                 self.scheduler.finish(seq, now)
                 self.live.pop(seq.id, None)
+        if self._failed:
+            failed = {id(seq) for seq, _ in self._failed}
+            events = [(seq, token) for seq, token in events if id(seq) not in failed]
+            self._end_failed()
         if self.record:
             self.steps.append(StepRecord(
                 start, now, prompts_done, len(plan.decode),
@@ -237,8 +251,25 @@ class Engine:
         """The next token of every sequence whose tokens are all in the cache now (a chunk that
         ends part-way through a prompt gives none). logits: (len(seqs), vocab)."""
         greedy = logits.argmax(dim=-1).tolist()                        # one sync for all rows
-        return [(seq, greedy[row] if seq.request.sampling.greedy else next_token(logits[row], seq))
-                for row, seq in enumerate(seqs) if seq.num_cached == len(seq.tokens)]
+        events = []
+        for row, seq in enumerate(seqs):
+            if seq.num_cached != len(seq.tokens):
+                continue
+            try:
+                events.append((seq, greedy[row] if seq.request.sampling.greedy else next_token(logits[row], seq)))
+            except Exception as error:                  # noqa: BLE001 - that request alone fails
+                self._failed.append((seq, error))
+        return events
+
+    def _end_failed(self) -> None:
+        """Abort every request whose own processing raised in this step and list it in
+        `failures` with one sentence; the other requests are untouched. Notebook 09."""
+        for seq, error in self._failed:
+            self.abort(seq.id)
+            reason = " ".join(str(error).split()).rstrip(".") or "no message"
+            self.failures.append((seq.id, f"Request {seq.id!r} failed while being served "
+                                          f"({type(error).__name__}: {reason})."))
+        self._failed.clear()
 
     def run(self, requests: Iterable[Request], clock: str = "wall",
             progress: Callable[[int, int], None] | None = None) -> ServingResult:
@@ -289,6 +320,8 @@ class Engine:
                     self.clock.skip_to(pending[0].arrival)     # idle: jump to the next arrival
                 continue
             self.step()
+            if self.failures:
+                raise LabError(self.failures[0][1])
             if progress is not None:
                 finished = sum(s.is_finished for s in self.sequences) + len(rejected)
                 if finished != done:
