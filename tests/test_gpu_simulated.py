@@ -437,3 +437,23 @@ def test_a_capped_sweep_says_what_it_left_out():
     from labsupport.errors import LabError
     with pytest.raises(LabError, match="not even one fits"):
         contexts_that_fit(config, [64], 16, torch.float32, 2**20)
+
+
+def test_notebook_08s_new_variant_models_count_their_weights_and_refuse_what_cannot_fit():
+    """Notebook 08 builds three random-weight models (MHA, GQA, MQA) for its side-by-side timing:
+    their weights come out of the memory too. The 1.7B shape's fp32 variants (MHA and MQA, 12.9 GB)
+    do not fit the half of a T4's memory that the GPU preset gives its caches (budget None): one
+    sentence says to time them in 16-bit, and in 16-bit they fit."""
+    from labsupport.errors import LabError
+    from labsupport.lab.decode_bytes import kv_head_variants
+    from labsupport.lab.long_context import batch_that_fits
+    variants = list(kv_head_variants(MODELS["smollm2-1.7b-shape"]).values())
+    with simulated(GPUS["T4"]):
+        budget = torch.cuda.mem_get_info(CUDA)[0] // 2                   # what budget_bytes=None takes
+        with pytest.raises(LabError, match="16-bit"):
+            batch_that_fits(variants, 1024, CUDA, dtype=torch.float32, new_models=True)
+        batch = batch_that_fits(variants, 1024, CUDA, budget_bytes=budget, dtype=torch.float16, new_models=True)
+        weights = sum(c.num_parameters for c in variants) * 2
+        cache = sum(kv_cache_bytes(c, 1025, batch, torch.float16) for c in variants)
+        assert batch >= 1 and weights + cache <= budget
+        assert batch < batch_that_fits(variants, 1024, CUDA, budget_bytes=budget, dtype=torch.float16)  # weights counted

@@ -124,10 +124,13 @@ def decode_attention_share(model, contexts: Sequence[int], batches: Sequence[int
 
 
 def batch_that_fits(configs: Sequence[ModelConfig], context: int, device, largest: int = 16,
-                    budget_bytes: int | None = None, dtype: torch.dtype = torch.float32) -> int:
+                    budget_bytes: int | None = None, dtype: torch.dtype = torch.float32,
+                    new_models: bool = False) -> int:
     """The largest batch, a power of two up to `largest`, at which one cache of `context` positions
     per config in `configs`, all alive at once (timed side by side), fits in `budget_bytes`
     (None: half of the GPU's free memory now, `torch.cuda.mem_get_info`; a CPU needs a budget).
+    new_models: the configs' models are built for the timing (`time_kv_variants`), so their
+    weights in `dtype` come out of the budget too; a model already loaded is in the free memory.
     1 when even that does not fit: the step is then timed at batch 1, never out of memory.
     Introduced in notebook 08 (long context): a T4's 15 GiB cannot hold three fp32 caches of
     8,000 positions at batch 16 (23.8 GiB)."""
@@ -136,9 +139,15 @@ def batch_that_fits(configs: Sequence[ModelConfig], context: int, device, larges
         if device.type != "cuda":
             raise LabError("batch_that_fits needs budget_bytes on a CPU (the workload preset's cache_budget_bytes).")
         budget_bytes = torch.cuda.mem_get_info(device)[0] // 2       # (free, total) bytes
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    weights = sum(c.num_parameters for c in configs) * itemsize if new_models else 0
     per_row = sum(kv_cache_bytes(config, context + 1, 1, dtype) for config in configs)
+    if new_models and device.type == "cuda" and weights + per_row > budget_bytes:
+        raise LabError(f"{len(configs)} models of this shape ({weights / 2**30:.1f} GiB of {dtype} weights) and their "
+                       f"caches at batch 1 do not fit in {budget_bytes / 2**30:.1f} GiB of this GPU; time them in "
+                       f"16-bit (dtype=torch.float16) or with a smaller LABSUPPORT_MODEL.")
     batch = 1 << (max(1, largest).bit_length() - 1)
-    while batch > 1 and batch * per_row > budget_bytes:
+    while batch > 1 and weights + batch * per_row > budget_bytes:
         batch //= 2
     return batch
 
