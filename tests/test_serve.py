@@ -107,7 +107,7 @@ def test_chat_applies_the_template_and_stops_at_the_end_token(served, model):
                                                             {"role": "user", "content": "Hi!"}],
                                       temperature=1.0, seed=2, max_tokens=40, extra_body={"return_token_ids": True})
     tok = ByteTokenizer()
-    prompt = chat_prompt(tok, "Hi!", "Be brief.")
+    prompt = "Be brief.\n\nHi!"               # no chat template: the system message goes first, never dropped
     expected = alone(model, prompt, 40, SamplingConfig(1.0, seed=2))
     assert out.choices[0].token_ids == expected and out.choices[0].message.role == "assistant"
     assert out.choices[0].finish_reason == ("stop" if expected[-1] == 257 else "length")
@@ -144,8 +144,10 @@ BAD = [  # body, status, param, words in the sentence
     ({"model": NAME, "prompt": "x", "echo": True}, 400, "echo", "echo"),
     ({"model": NAME, "prompt": "x", "max_tokens": -3}, 400, "max_tokens", "greater than or equal to 1"),
     ({"model": NAME, "prompt": "x", "temperature": 5}, 400, "temperature", "less than or equal to 2"),
-    ({"model": NAME, "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "up to 4"),
-    ({"model": NAME, "prompt": "x", "frobnicate": 1}, 400, "frobnicate", "Unrecognized"),
+    ({"model": NAME, "prompt": "x", "stop": ["a", "b", ""]}, 400, "stop", "non-empty"),
+    ({"model": NAME, "prompt": "x", "repetition_penalty": 1.3}, 400, "repetition_penalty", "does not implement"),
+    ({"model": NAME, "prompt": "x", "seed": 2 ** 64}, 400, "seed", "less than 18446744073709551616"),
+    ({"model": NAME, "prompt": "x", "seed": -2 ** 63 - 1}, 400, "seed", "greater than or equal to"),
     ({"model": NAME, "prompt": "y" * 300}, 400, "prompt", "context holds 256"),
     ({"model": NAME, "prompt": [10**6]}, 400, "prompt", "outside the vocabulary"),
     ({"model": NAME, "prompt": ["a", "b"]}, 400, "prompt", "one prompt per request"),

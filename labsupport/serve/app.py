@@ -7,6 +7,8 @@ one model and one serving engine (stepped by `EngineThread`):
     GET  /v1/models              the one model this server serves
     POST /v1/completions         prompt (text or token ids) -> text
     POST /v1/chat/completions    messages, in the tokenizer's chat template -> a reply
+    POST /tokenize, /detokenize  text <-> token ids, shaped as vLLM shapes them
+    GET  /tokenizer_info         the tokenizer's class and sizes (vLLM's route)
 
 One request's life: the body is validated (`protocol`; a bad one is a 400 in one sentence
 and never reaches the engine), the prompt tokenized, the request checked against the
@@ -15,13 +17,16 @@ past ``max_slots + max_waiting`` requests in flight), and handed to the engine t
 Its tokens come back on its own queue; `TextStream` turns them into text, and they go out
 as one JSON body or as server-sent events, ``data: {chunk}\\n\\n`` ... ``data: [DONE]\\n\\n``.
 Whatever ends a request early (a stop string, a client that disconnects, a timeout) aborts
-it in the engine, so that its cache blocks are free at the next step.
+it in the engine, so that its cache blocks are free at the next step. Whatever goes wrong
+while one request is served ends that request alone (a 500, or an error event in a stream,
+in one sentence) and the engine serves on; every refusal (4xx) is logged with its sentence.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -41,6 +46,14 @@ from . import protocol
 from .engine_loop import EngineThread, Failure, TokenQueue
 from .protocol import ApiError, ChatRequest, CompletionRequest
 from .text import TextStream
+
+LOG = logging.getLogger("uvicorn.error")        # uvicorn's own log: what the server prints
+
+
+def one_sentence(error: BaseException) -> str:
+    """An unexpected error as one sentence (its type and first words, no traceback). Notebook 09."""
+    reason = " ".join(str(error).split()).rstrip(".") or "no message"
+    return f"The server failed on this request ({type(error).__name__}: {reason[:300]})."
 
 
 def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_timeout: float = 600.0,
@@ -70,17 +83,27 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
 
     @app.exception_handler(ApiError)
     async def api_error(request, error: ApiError):
+        _log_error(request, error.status, error.message)
         headers = {"Retry-After": "1"} if error.status == 429 else None
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request, error: RequestValidationError):
-        return JSONResponse(_validation_error(error.errors()).body(), status_code=400)
+        refusal = _validation_error(error.errors())
+        _log_error(request, 400, refusal.message)
+        return JSONResponse(refusal.body(), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, error: HTTPException):
-        return JSONResponse(protocol.error_body(f"{error.detail}: {request.method} {request.url.path}."),
-                            status_code=error.status_code)
+        message = f"{error.detail}: {request.method} {request.url.path}."
+        _log_error(request, error.status_code, message)
+        return JSONResponse(protocol.error_body(message), status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request, error: Exception):
+        message = one_sentence(error)
+        _log_error(request, 500, message)
+        return JSONResponse(protocol.error_body(message, kind="server_error"), status_code=500)
 
     @app.get("/health")
     async def health():
@@ -101,7 +124,24 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
     async def chat_completions(body: ChatRequest, http: HttpRequest):
         return await server.answer(body, http, chat=True)
 
+    @app.post("/tokenize")
+    async def tokenize(body: protocol.TokenizeRequest):
+        return server.tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: protocol.DetokenizeRequest):
+        return server.detokenize(body)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        return server.tokenizer_info()
+
     return app
+
+
+def _log_error(request, status: int, message: str) -> None:
+    """One log line per refusal or failure: the route, the status and the sentence the client got."""
+    LOG.info("%s %s -> %d: %s", request.method, request.url.path, status, message)
 
 
 def _validation_error(errors: list[dict]) -> ApiError:
@@ -145,6 +185,9 @@ class _Server:
         refused = protocol.unsupported(body)
         if refused is not None:
             raise refused
+        ignored = protocol.ignored_fields(body)
+        if ignored:
+            LOG.info("%s: ignored the fields this server does not know: %s.", http.url.path, ", ".join(ignored))
         if not self.thread.alive:
             raise ApiError(503, "The engine has stopped; restart the server.", kind="server_error")
         prompt = self._prompt_ids(body, chat)
@@ -155,8 +198,7 @@ class _Server:
         self.in_flight += 1
         tokens = TokenQueue()
         self.thread.submit(request, tokens)
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        answer = _Answer(self, request, tokens, TextStream(self.tokenizer, stops), chat, body)
+        answer = _Answer(self, request, tokens, TextStream(self.tokenizer, protocol.stop_strings(body)), chat, body)
         try:
             first = await answer.first()          # a refusal by the engine is still a 4xx here
         except BaseException:
@@ -166,8 +208,42 @@ class _Server:
             return _EventStream(answer, first)
         try:
             return await answer.whole(first, http)
+        except ApiError:
+            raise
+        except Exception as error:                # noqa: BLE001 - this request alone fails, in one sentence
+            raise ApiError(500, one_sentence(error), kind="server_error") from error
         finally:
             answer.close()
+
+    def tokenize(self, body) -> dict:
+        """vLLM's /tokenize: text (or a chat) -> {"count", "max_model_len", "tokens"}. Notebook 09."""
+        self._check_model(body.model)
+        if body.prompt is not None:
+            tokens = self.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        else:
+            tokens = self.tokenizer.encode(self._chat_text(body.messages), add_special_tokens=False)
+        return {"count": len(tokens), "max_model_len": self.engine.model.config.max_position, "tokens": tokens}
+
+    def detokenize(self, body) -> dict:
+        """vLLM's /detokenize: token ids -> {"prompt": text}. Notebook 09."""
+        self._check_model(body.model)
+        vocab = self.engine.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise ApiError(400, f"The tokens must lie in the vocabulary [0, {vocab}).", param="tokens")
+        return {"prompt": self.tokenizer.decode(body.tokens)}
+
+    def tokenizer_info(self) -> dict:
+        """vLLM's /tokenizer_info: the tokenizer's class, sizes, special tokens and chat template. Notebook 09."""
+        tok = self.tokenizer
+        return {"tokenizer_class": type(tok).__name__, "vocab_size": self.engine.model.config.vocab_size,
+                "model_max_length": self.engine.model.config.max_position,
+                "eos_token_id": getattr(tok, "eos_token_id", None), "bos_token_id": getattr(tok, "bos_token_id", None),
+                "chat_template": getattr(tok, "chat_template", None)}
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise ApiError(404, f"The model '{name}' does not exist here; this server serves "
+                                f"'{self.model_name}' (GET /v1/models).", param="model", code="model_not_found")
 
     def _prompt_ids(self, body, chat: bool) -> list[int]:
         if not chat:
@@ -192,6 +268,8 @@ class _Server:
             raise ApiError(400, "The last message must come from the user.", param="messages")
         if len(turns) == 1 or (len(turns) == 2 and turns[0]["role"] == "system"):
             system = turns[0]["content"] if len(turns) == 2 else None
+            if getattr(self.tokenizer, "chat_template", None) is None and system:
+                return f"{system}\n\n{turns[-1]['content']}"      # no template: the system text goes first
             return chat_prompt(self.tokenizer, turns[-1]["content"], system)
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ApiError(400, "This model has no chat template, so its chat endpoint takes one user message "
@@ -248,8 +326,8 @@ class _Answer:
                                 "overloaded, retry later.", kind="server_error") from None
         if isinstance(item, Failure):
             self.close(engine_done=True)
-            raise ApiError(400 if self.server.thread.alive else 500, item.message, kind="invalid_request_error"
-                           if self.server.thread.alive else "server_error")
+            status = item.status if self.server.thread.alive else 500
+            raise ApiError(status, item.message, kind="invalid_request_error" if status < 500 else "server_error")
         return item
 
     def _take(self, item) -> str:
@@ -278,13 +356,17 @@ class _Answer:
     async def events(self, item):
         """Server-sent events: a chunk per token, the finish reason, usage if asked, [DONE]."""
         rid, name, chat, ids = self.request.request_id, self.server.model_name, self.chat, self.body.return_token_ids
+        options = self.body.stream_options
+        continuous = options is not None and options.continuous_usage_stats
         try:
             if chat:
-                yield _sse(protocol.chunk(rid, name, chat, "", role=True, token_ids=[] if ids else None))
+                yield _sse(protocol.chunk(rid, name, chat, "", role=True, token_ids=[] if ids else None,
+                                          counts=(len(self.request.prompt), 0) if continuous else None))
             while True:
                 text = self._take(item)
                 yield _sse(protocol.chunk(rid, name, chat, text, self.finish_reason,
-                                          [item.token] if ids else None))
+                                          [item.token] if ids else None,
+                                          counts=(len(self.request.prompt), len(self.ids)) if continuous else None))
                 if self.finish_reason is not None:
                     break
                 item = await self._next()
@@ -292,7 +374,12 @@ class _Answer:
                 yield _sse(protocol.usage_chunk(rid, name, chat, len(self.request.prompt), len(self.ids)))
             yield "data: [DONE]\n\n"
         except ApiError as error:             # after the headers: the error goes out as an event
+            LOG.info("%s stream -> %d: %s", rid, error.status, error.message)
             yield _sse(error.body())
+            yield "data: [DONE]\n\n"
+        except Exception as error:            # noqa: BLE001 - this request alone fails, in one sentence
+            LOG.info("%s stream -> 500: %s", rid, one_sentence(error))
+            yield _sse(protocol.error_body(one_sentence(error), kind="server_error"))
             yield "data: [DONE]\n\n"
         finally:
             self.close()

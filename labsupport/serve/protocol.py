@@ -3,15 +3,18 @@
 Introduced in notebook 09 (serving over HTTP). The fields and their defaults follow the
 OpenAI API reference for `/v1/completions` and `/v1/chat/completions`: temperature 1 (0 is
 greedy), top_p 1, completions' max_tokens 16, a chat reply as long as the context allows,
-up to four `stop` strings (not part of the returned text), `seed` for repeatable sampling,
-`stream` for server-sent events and `stream_options.include_usage` for a last chunk that
-counts the tokens. Three extensions, named as vLLM names them: `top_k`, `ignore_eos`
+any number of `stop` strings (not part of the returned text), `seed` for repeatable sampling
+(any integer in [-2**63, 2**64), as vLLM takes it), `stream` for server-sent events,
+`stream_options.include_usage` for a last chunk that counts the tokens and vLLM's
+`stream_options.continuous_usage_stats` for the counts so far on every chunk. Three extensions, named as vLLM names them: `top_k`, `ignore_eos`
 (generate exactly max_tokens: what load generators send) and `return_token_ids` (each
 choice and chunk also carries the generated token ids: how the tests compare tokens).
 
-A field this server does not implement (`n` > 1, `logprobs`, `tools`, ...) is refused in one
-sentence with the API's error shape, ``{"error": {"message", "type", "param", "code"}}``;
-so is a field the API does not have.
+A field this server does not implement and that would change the answer (`n` > 1,
+`logprobs`, `tools`, vLLM's `repetition_penalty`, ...) is refused in one sentence with the
+API's error shape, ``{"error": {"message", "type", "param", "code"}}``. A field this server
+does not know (`store`, `metadata`, a vendor's own) is accepted and ignored, and the
+server logs one line naming it (`ignored_fields`), as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-STRICT = ConfigDict(extra="forbid")     # an unknown field is a 400, as on the OpenAI API
+LENIENT = ConfigDict(extra="allow")      # an unknown field is kept aside (model_extra), then ignored
+SEED_RANGE = (-2 ** 63, 2 ** 64)         # vLLM's: a signed or unsigned 64-bit integer
 
 
 class ApiError(Exception):
@@ -45,19 +49,20 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 class StreamOptions(BaseModel):
     """``stream_options``: include_usage adds a last chunk with the token counts. Notebook 09 (serving over HTTP)."""
 
-    model_config = STRICT
+    model_config = LENIENT
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(BaseModel):
     """The fields both endpoints share. Notebook 09 (serving over HTTP)."""
 
-    model_config = STRICT
+    model_config = LENIENT
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], lt=SEED_RANGE[1])
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -86,7 +91,7 @@ class CompletionRequest(SamplingFields):
 class Message(BaseModel):
     """One chat message; its content is text or a list of text parts. Notebook 09 (serving over HTTP)."""
 
-    model_config = STRICT
+    model_config = LENIENT
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[dict] | None = None
     name: str | None = None
@@ -104,6 +109,57 @@ class ChatRequest(SamplingFields):
     function_call: Any = None
     response_format: dict | None = None
     parallel_tool_calls: bool | None = None
+
+
+# vLLM's extra fields that would change the answer, and the values that change nothing
+ANSWER_CHANGING_EXTRAS = {"repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0, "stop_token_ids": None,
+                          "bad_words": None, "use_beam_search": False, "length_penalty": 1.0,
+                          "prompt_logprobs": None, "guided_json": None, "guided_regex": None,
+                          "guided_choice": None, "guided_grammar": None, "structured_outputs": None,
+                          "include_stop_str_in_output": False, "skip_special_tokens": True,
+                          "truncate_prompt_tokens": None, "allowed_token_ids": None}
+
+
+def stop_strings(body: SamplingFields) -> list[str]:
+    """`stop` as a list (a string, a list, or none). Notebook 09 (serving over HTTP)."""
+    return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+
+
+def ignored_fields(body: BaseModel) -> list[str]:
+    """The names of the fields this server does not know, in the body and in its messages
+    and stream_options (accepted, ignored, logged once). Notebook 09 (serving over HTTP)."""
+    names = [name for name in (body.model_extra or {}) if name not in ANSWER_CHANGING_EXTRAS]
+    options = getattr(body, "stream_options", None)
+    if options is not None:
+        names += [f"stream_options.{name}" for name in options.model_extra or {}]
+    for i, message in enumerate(getattr(body, "messages", None) or []):
+        names += [f"messages[{i}].{name}" for name in message.model_extra or {}]
+    return names
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's ``/tokenize`` body: a "prompt" (text) or chat "messages", and whether to add the
+    tokenizer's special tokens to a prompt. Notebook 09 (serving over HTTP)."""
+
+    model_config = LENIENT
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send exactly one of 'prompt' (text) or 'messages' (a chat)")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's ``/detokenize`` body: token ids to turn into text. Notebook 09 (serving over HTTP)."""
+
+    model_config = LENIENT
+    model: str | None = None
+    tokens: list[int]
 
 
 def unsupported(body: SamplingFields) -> ApiError | None:
@@ -124,8 +180,9 @@ def unsupported(body: SamplingFields) -> ApiError | None:
         checks += [("top_logprobs", body.top_logprobs is not None, "does not return log-probabilities; leave it out"),
                    ("response_format", body.response_format not in (None, {"type": "text"}),
                     "replies in plain text only; leave response_format out")]
-    stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
-    checks += [("stop", len(stops) > 4 or "" in stops, "takes up to 4 non-empty stop strings")]
+    checks += [(name, body.model_extra.get(name) not in (None, default, [], {}), f"does not implement {name}; "
+                "leave it out") for name, default in ANSWER_CHANGING_EXTRAS.items()]
+    checks += [("stop", "" in stop_strings(body), "takes non-empty stop strings only")]
     for param, refused, why in checks:
         if refused:
             return ApiError(400, f"This server {why} ('{param}').", param=param, code="unsupported_parameter")
@@ -157,9 +214,10 @@ def completion(request_id: str, model: str, chat: bool, text: str, finish_reason
 
 
 def chunk(request_id: str, model: str, chat: bool, text: str | None, finish_reason: str | None = None,
-          token_ids: list[int] | None = None, role: bool = False) -> dict:
+          token_ids: list[int] | None = None, role: bool = False, counts: tuple[int, int] | None = None) -> dict:
     """One streamed piece: new text (for chat, a ``delta``; role=True opens the reply with the
-    assistant's role), and the finish reason on the last one. Notebook 09 (serving over HTTP)."""
+    assistant's role), and the finish reason on the last one; counts=(prompt, completion)
+    tokens so far adds a "usage" (``continuous_usage_stats``). Notebook 09 (serving over HTTP)."""
     choice: dict = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
     if chat:
         delta: dict = {"role": "assistant"} if role else {}
@@ -170,8 +228,11 @@ def chunk(request_id: str, model: str, chat: bool, text: str | None, finish_reas
         choice["text"] = text or ""
     if token_ids is not None:
         choice["token_ids"] = list(token_ids)
-    return {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice]}
+    out = {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
+           "created": int(time.time()), "model": model, "choices": [choice]}
+    if counts is not None:
+        out["usage"] = usage(*counts)
+    return out
 
 
 def usage_chunk(request_id: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int) -> dict:

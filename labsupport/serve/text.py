@@ -9,6 +9,13 @@ several tokens; text that may still change is held back until it cannot:
   string (the answer ends before it: the API never returns the stop string) or cannot.
 
 Everything sent, joined, is the final text: `finish` flushes what was held back.
+
+Stop strings are matched as the text grows, by one small automaton per stop string (the
+Knuth-Morris-Pratt failure table, built once per request): each new character moves it in
+amortized constant time, and its state is the length of the longest ending of the text
+that begins the stop string, which is exactly what must be held back. So the work per token
+is linear in the new text (times the number of stop strings), however long a stop string or
+the answer is; rescanning the whole text for every stop at every token would be quadratic.
 """
 
 from __future__ import annotations
@@ -16,11 +23,42 @@ from __future__ import annotations
 REPLACEMENT = "\ufffd"
 
 
+class StopMatcher:
+    """One stop string's Knuth-Morris-Pratt automaton. `state` is the length of the longest
+    ending of the text fed so far that is a beginning of `stop` (== len(stop): it appeared).
+    Introduced in notebook 09 (serving over HTTP)."""
+
+    def __init__(self, stop: str):
+        self.stop = stop
+        self.fail = [0] * len(stop)        # fail[i]: longest proper border of stop[:i + 1]
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = self.fail[k - 1]
+            if stop[i] == stop[k]:
+                k += 1
+            self.fail[i] = k
+
+    def step(self, state: int, char: str) -> int:
+        """The state after one more character."""
+        if state == len(self.stop):
+            state = self.fail[state - 1]
+        while state and char != self.stop[state]:
+            state = self.fail[state - 1]
+        return state + 1 if char == self.stop[state] else 0
+
+
 def held_back(text: str, stops: list[str]) -> int:
     """How many characters at the end of `text` must wait: the length of its longest ending
-    that is the beginning (not the whole) of one of the `stops`; 0 if none.
-    Introduced in notebook 09 (serving over HTTP)."""
-    return max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
+    that is the beginning (not the whole) of one of the `stops`; 0 if none. Reads only the
+    last len(stop) - 1 characters, in linear time. Introduced in notebook 09 (serving over HTTP)."""
+    longest = 0
+    for stop in stops:
+        matcher, state = StopMatcher(stop), 0
+        for char in text[len(text) - len(stop) + 1:] if len(stop) > 1 else "":
+            state = matcher.step(state, char)
+        longest = max(longest, state if state < len(stop) else 0)
+    return longest
 
 
 class TextStream:
@@ -29,6 +67,9 @@ class TextStream:
 
     def __init__(self, tokenizer, stop: list[str] | None = None):
         self.tokenizer, self.stop = tokenizer, list(stop or [])
+        self.matchers = [StopMatcher(s) for s in self.stop if s]
+        self.states = [0] * len(self.matchers)
+        self.fed = ""                  # the text the matchers have read (none of it can change)
         self.ids: list[int] = []
         self.sent = ""
         self.stopped = False
@@ -37,13 +78,29 @@ class TextStream:
         """Append a token; the new text to send (possibly empty)."""
         self.ids.append(token)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        hits = [text.find(s) for s in self.stop if s in text]
-        if hits:
+        stable = text.rstrip(REPLACEMENT)               # half a character at the end may still change
+        cut = self._feed(stable)
+        if cut is not None:
             self.stopped = True
-            return self._send_up_to(text[: min(hits)])
+            return self._send_up_to(text[:cut])
         if text.endswith(REPLACEMENT):
             return ""
-        return self._send_up_to(text[: len(text) - held_back(text, self.stop)])
+        return self._send_up_to(text[: len(text) - max(self.states, default=0)])
+
+    def _feed(self, stable: str) -> int | None:
+        """Move the matchers over the characters of `stable` they have not read; where the
+        first stop string appears (its start), or None. Linear in the new characters."""
+        if not stable.startswith(self.fed):             # decoding changed text already read: reread it
+            self.fed, self.states = "", [0] * len(self.matchers)
+        for position in range(len(self.fed), len(stable)):
+            char = stable[position]
+            self.states = [m.step(state, char) for m, state in zip(self.matchers, self.states)]
+            done = [len(m.stop) for m, state in zip(self.matchers, self.states) if state == len(m.stop)]
+            if done:                                    # the earliest to end; of those, the longest
+                self.fed = stable[: position + 1]
+                return position + 1 - max(done)
+        self.fed = stable
+        return None
 
     def finish(self) -> str:
         """The answer has ended: the rest of the text, held back or not (nothing after a stop string)."""
