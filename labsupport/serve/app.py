@@ -151,6 +151,9 @@ def _validation_error(errors: list[dict]) -> ApiError:
     path = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first["type"] == "json_invalid":
         return ApiError(400, "The request body is not valid JSON; send a JSON object.", code="invalid_json")
+    if first["type"] == "value_error" and not path:        # a whole-body rule (e.g. /tokenize's one input)
+        msg = first["msg"].removeprefix("Value error, ")
+        return ApiError(400, f"{msg[0].upper()}{msg[1:]}.")
     if not path:
         return ApiError(400, "The request body must be a JSON object with the API's fields (model, prompt or "
                              "messages, ...).")
