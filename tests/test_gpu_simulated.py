@@ -6,6 +6,7 @@ so fp16 is offered instead of bf16, and every GPU workload must fit in its memor
 """
 
 import warnings
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -457,3 +458,23 @@ def test_notebook_08s_new_variant_models_count_their_weights_and_refuse_what_can
         cache = sum(kv_cache_bytes(c, 1025, batch, torch.float16) for c in variants)
         assert batch >= 1 and weights + cache <= budget
         assert batch < batch_that_fits(variants, 1024, CUDA, budget_bytes=budget, dtype=torch.float16)  # weights counted
+
+
+def test_the_bench_times_the_sixteen_bit_1_7b_shape_on_a_t4(monkeypatch):
+    """On a T4 the bench's roofline and batching sweeps time the 1.7B shape in fp16, as notebook
+    00 does, and say so in the model's name; an A100 keeps its fp32 timing variants."""
+    from labsupport.bench import core
+    from labsupport.lab import timing_model as timing
+    built = []
+
+    class Built(SimpleNamespace):                    # timing_model keeps its models weakly
+        pass
+    monkeypatch.setattr(timing, "random_model", lambda name, seed, device, dtype: built.append((name, dtype))
+                        or Built(config=MODELS[name], dtype=dtype, device=device))
+    course = SimpleNamespace(config=MODELS["smollm2-135m"], dtype=torch.float32, device=CUDA)
+    with simulated(GPUS["T4"]):
+        ctx = core.BenchContext(device=CUDA)
+        monkeypatch.setattr(core.BenchContext, "model", lambda self, dtype=torch.float32: (course, None))
+        model, name = ctx.timing_model(torch.float32)
+    assert model.dtype == torch.float16 and built == [("smollm2-1.7b-shape", torch.float16)]
+    assert name.endswith("in float16")
