@@ -5,7 +5,8 @@ Introduced in notebook 00 (where the time goes); ``python -m labsupport bench --
 One prompt, greedy, batch 1, exactly `new_tokens` tokens (end-of-sequence ignored), every
 engine timed in the same interleaved rounds (`measure.time_side_by_side`):
 
-* labsupport fp32, eagerly and with its decode step compiled (`generate(compile=True)`);
+* labsupport fp32, eagerly and with its decode step compiled (`generate(compile=True)`; on a
+  GPU compiled + CUDA graphs only, see below);
 * labsupport int4, groups of 32 (notebook 04), the row to set beside llama.cpp: its default
   kernel (on a CPU where it builds, our W4A8 kernel, which multiplies int4 weights by int8
   activations as llama.cpp does), and the same weights through aten's bf16 kernel, as before;
@@ -23,6 +24,12 @@ Prefill and decode are reported apart: each engine is also timed producing one t
 memory copy is timed in the same rounds, so every row's fraction of bandwidth (bytes a
 decode step reads x decode steps per second / copy bandwidth) divides by a bandwidth
 measured at the same moments. Compile times are timed apart, on each engine's first call.
+
+On a GPU every row is timed as a replayed CUDA graph (`measure.timed_compile`): labsupport's
+rows compiled + CUDA graphs (so the separate compiled rows are absent), Hugging Face's row its
+static cache + torch.compile (mode "reduce-overhead"). Each row says its decode path; a row
+that could not be graphed (prompt lookup, assisted generation) gives failed figures there
+(`measure.mark_graphed`).
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from ..lab.busy import busy_reason
 from ..engine.generation import chat_prompt, generate
 from ..engine.kv_cache import kv_cache_bytes
 from ..engine.quant import quantize_model
-from ..lab.measure import WARMUP_TOKENS, time_side_by_side
+from ..lab.measure import (HF_GRAPHED, NOT_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed,
+                           time_side_by_side, timed_compile)
 from ..weights.embedded import find_gguf
 from ..lab.quality import quantized_bytes
 from ..lab.roofs import copy_bandwidth, copy_timing
@@ -84,40 +92,71 @@ class EnginesOptions(SectionOptions):
         return replace(self, compile=True, lookup=self.lookup or 10, draft_layers=self.draft_layers or 10)
 
 
-def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tuple[dict, dict, dict, dict]:
+GRAPHED_ALREADY = "on a GPU every labsupport row is already compiled + CUDA graphs (measure.timed_compile)"
+
+
+def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int],
+             paths: dict | None = None) -> tuple[dict, dict, dict, dict]:
     """name -> (run(n) -> new token ids, weight bytes a decode step reads); name -> why it is
     absent; name -> seconds its first call spent compiling; name -> the kernel its layers run
-    (quantized rows)."""
+    (quantized rows). paths: a dict filled with name -> the decode paths its calls took."""
     new_tokens = options.new_tokens
     model, _ = ctx.model(torch.float32)
     hf = ctx.hf_model(torch.float32)
     engines, absent, compile_s, kernels = {}, {}, {}, {}
+    paths = {} if paths is None else paths
+    graphed = timed_compile(ctx.device)
 
-    def ours(m, compiled=False):
-        return lambda n: generate(m, ids, n, eos_token_ids=(), compile=compiled).row(0)
+    def ours(m, name, compiled=False):
+        def run(n):
+            result = generate(m, ids, n, eos_token_ids=(), compile=compiled or graphed)
+            paths.setdefault(name, set()).add(result.decode_path)
+            if graphed:                            # compiling and recording: reported apart
+                compile_s[name] = compile_s.get(name, 0.0) + result.warmup_seconds
+            return require_graphed(result, name, ctx.device).row(0)
+        return run
 
-    def theirs(make):
+    def theirs(make, name, path):
         runs = {}                                 # one generate() closure per token count
-        return lambda n: runs.setdefault(n, make(n))()[0, len(ids):].tolist()
 
-    engines[OURS] = (ours(model), model.weight_bytes())
-    if options.compile:
+        def run(n):
+            paths.setdefault(name, set()).add(path)
+            return runs.setdefault(n, make(n))()[0, len(ids):].tolist()
+        return run
+
+    def hf_static(name, path):
+        """HF's static cache + torch.compile; its first call compiles, timed apart."""
+        static = theirs(lambda n: hf_static_compiled_fn(hf, ids, n), name, path)
+        start = time.perf_counter()
+        static(new_tokens)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        static(new_tokens)
+        compile_s[name] = max(0.0, first - (time.perf_counter() - start))
+        return static
+
+    engines[OURS] = (ours(model, OURS), model.weight_bytes())
+    if graphed:
+        absent[OURS_COMPILED] = GRAPHED_ALREADY
+    elif options.compile:
         warm = generate(model, ids, new_tokens, eos_token_ids=(), compile=True)
         if warm.decode_path != "eager":
             compile_s[OURS_COMPILED] = warm.warmup_seconds
-            engines[OURS_COMPILED] = (ours(model, compiled=True), model.weight_bytes())
+            engines[OURS_COMPILED] = (ours(model, OURS_COMPILED, compiled=True), model.weight_bytes())
         else:
             absent[OURS_COMPILED] = warm.decode_note
     else:
         absent[OURS_COMPILED] = "switched off (engines.compile=False; --all-peers turns it on)"
     int4 = ctx.variants.get("float32", "int4", group_size=32)          # the run's int4 variant
-    engines[OURS_INT4] = (ours(int4), quantized_bytes(int4))
+    engines[OURS_INT4] = (ours(int4, OURS_INT4), quantized_bytes(int4))
     kernels[OURS_INT4] = ctx.variants.handle("float32", "int4", group_size=32).describe()
-    if options.compile:                            # half of an eager int4 step is Python and dispatch
+    if graphed:
+        absent[OURS_INT4_COMPILED] = GRAPHED_ALREADY
+    elif options.compile:                            # half of an eager int4 step is Python and dispatch
         warm = generate(int4, ids, new_tokens, eos_token_ids=(), compile=True)
         if warm.decode_path != "eager":
             compile_s[OURS_INT4_COMPILED] = warm.warmup_seconds
-            engines[OURS_INT4_COMPILED] = (ours(int4, compiled=True), quantized_bytes(int4))
+            engines[OURS_INT4_COMPILED] = (ours(int4, OURS_INT4_COMPILED, compiled=True), quantized_bytes(int4))
             kernels[OURS_INT4_COMPILED] = kernels[OURS_INT4]
         else:
             absent[OURS_INT4_COMPILED] = warm.decode_note
@@ -126,32 +165,31 @@ def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int]) -> tupl
     if "W4A8" in kernels[OURS_INT4]:               # the same weights through the kernel it replaced
         aten_int4 = copy.deepcopy(model)
         kernels[OURS_INT4_ATEN] = quantize_model(aten_int4, "int4", group_size=32, kernel="fast").describe()
-        engines[OURS_INT4_ATEN] = (ours(aten_int4), quantized_bytes(aten_int4))
+        engines[OURS_INT4_ATEN] = (ours(aten_int4, OURS_INT4_ATEN), quantized_bytes(aten_int4))
     else:
         absent[OURS_INT4_ATEN] = f"the int4 row already runs it ({kernels[OURS_INT4]})"
-    engines[OURS_INT8] = (ours(ctx.variants.get("float32", "int8")), quantized_bytes(ctx.variants.get("float32", "int8")))
+    engines[OURS_INT8] = (ours(ctx.variants.get("float32", "int8"), OURS_INT8),
+                          quantized_bytes(ctx.variants.get("float32", "int8")))
     kernels[OURS_INT8] = ctx.variants.handle("float32", "int8").describe()
 
-    engines[HF] = (theirs(lambda n: hf_generate_fn(hf, ids, n)), model.weight_bytes())
-    if options.compile:
-        static = theirs(lambda n: hf_static_compiled_fn(hf, ids, n))
-        start = time.perf_counter()
-        static(new_tokens)
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        static(new_tokens)
-        compile_s[HF_STATIC] = max(0.0, first - (time.perf_counter() - start))
-        engines[HF_STATIC] = (static, model.weight_bytes())
+    if graphed:                                    # on a GPU HF's row is its graphed fast path
+        engines[HF] = (hf_static(HF, HF_GRAPHED), model.weight_bytes())
+        absent[HF_STATIC] = f"on a GPU the {HF} row is already its static cache + torch.compile"
     else:
-        absent[HF_STATIC] = "switched off (engines.compile=False; --all-peers turns it on)"
+        engines[HF] = (theirs(lambda n: hf_generate_fn(hf, ids, n), HF, "eager"), model.weight_bytes())
+        if options.compile:
+            engines[HF_STATIC] = (hf_static(HF_STATIC, "static cache + torch.compile"), model.weight_bytes())
+        else:
+            absent[HF_STATIC] = "switched off (engines.compile=False; --all-peers turns it on)"
     if options.lookup:
-        engines[HF_LOOKUP] = (theirs(lambda n: hf_generate_fn(hf, ids, n, prompt_lookup=options.lookup)),
-                              model.weight_bytes())
+        engines[HF_LOOKUP] = (theirs(lambda n: hf_generate_fn(hf, ids, n, prompt_lookup=options.lookup), HF_LOOKUP,
+                                     NOT_GRAPHED if graphed else "eager"), model.weight_bytes())
     else:
         absent[HF_LOOKUP] = "switched off (engines.lookup=0; --all-peers turns it on)"
     if options.draft_layers:
         draft = hf_early_layers_draft(hf, options.draft_layers)
-        engines[HF_ASSISTED] = (theirs(lambda n: hf_assisted_fn(hf, draft, ids, n)), model.weight_bytes())
+        engines[HF_ASSISTED] = (theirs(lambda n: hf_assisted_fn(hf, draft, ids, n), HF_ASSISTED,
+                                       NOT_GRAPHED if graphed else "eager"), model.weight_bytes())
     else:
         absent[HF_ASSISTED] = "switched off (engines.draft_layers=0; --all-peers turns it on)"
 
@@ -174,7 +212,8 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
     new_tokens, repeats = options.new_tokens, options.repeats
     model, tok = ctx.model(torch.float32)
     ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
-    engines, absent, compile_s, kernels = _engines(ctx, options, ids)
+    paths: dict = {}
+    engines, absent, compile_s, kernels = _engines(ctx, options, ids, paths)
     outputs = {}
     nbytes, _ = copy_timing(ctx.device, repeats=1)
     source = torch.ones(nbytes, dtype=torch.uint8, device=ctx.device)
@@ -208,7 +247,8 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
                       "bandwidth_fraction": (weight_bytes + kv_bytes) * decode_tps / bandwidth,
                       "same_tokens_as_labsupport_fp32": tokens == reference,
                       "tokens_agreeing_with_labsupport_fp32": agree,
-                      "compile_s": compile_s.get(name), "kernel": kernels.get(name)}
+                      "compile_s": compile_s.get(name), "kernel": kernels.get(name),
+                      "decode_paths": sorted(paths.get(name, ()))}
     if LLAMACPP in rows:                 # the same Q4_1 weights: how long do the two int4 engines agree?
         rows[LLAMACPP]["tokens_agreeing_with_labsupport_int4"] = next(
             (i for i, (a, b) in enumerate(zip(outputs[LLAMACPP], outputs[OURS_INT4])) if a != b),
@@ -218,7 +258,7 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
             "rows": rows, "absent": absent,
             "timings_s": {k: v.to_dict() for k, v in whole.items()},
             "prefill_timings_s": {k: v.to_dict() for k, v in first.items()},
-            "figures": _figures(rows, absent, busy)}
+            "figures": _figures(rows, absent, busy, ctx.device)}
 
 
 def _ratio_figure(rows: dict, absent: dict, ours: str, theirs: str, key: str, target: float,
@@ -237,7 +277,14 @@ def _ratio_figure(rows: dict, absent: dict, ours: str, theirs: str, key: str, ta
                          + (f"; with each other: {int4}" if int4 is not None else ""))
 
 
-def _figures(rows: dict, absent: dict, busy: str | None) -> list[dict]:
+def _figures(rows: dict, absent: dict, busy: str | None, device="cpu") -> list[dict]:
+    """The section's figures, each with the decode paths of the rows it reads; on a GPU one
+    read from a row that was not graphed is a failed measurement (`measure.mark_graphed`)."""
+    def checked(figure, *names):
+        return mark_graphed(figure, [p for n in names for p in rows.get(n, {}).get("decode_paths", ())], device)
+
+    pairs = [(OURS, HF), (OURS, HF_STATIC), (OURS_COMPILED, OURS), (OURS_INT4, LLAMACPP),
+             (OURS_INT4_COMPILED, LLAMACPP), (OURS_INT4, OURS_INT4_ATEN)]
     figures = [
         _ratio_figure(rows, absent, OURS, HF, "tokens_per_s", 1.5, busy, "tokens/s"),
         _ratio_figure(rows, absent, OURS, HF_STATIC, "tokens_per_s", 1.0, busy, "tokens/s"),
@@ -246,9 +293,10 @@ def _figures(rows: dict, absent: dict, busy: str | None) -> list[dict]:
         _ratio_figure(rows, absent, OURS_INT4_COMPILED, LLAMACPP, "decode_tokens_per_s", 0.8, busy, "decode tokens/s"),
         _ratio_figure(rows, absent, OURS_INT4, OURS_INT4_ATEN, "decode_tokens_per_s", None, busy, "decode tokens/s"),
     ]
+    figures = [checked(f, *pair) for f, pair in zip(figures, pairs)]
     for name, row in rows.items():
-        figures.append(reported(f"{name}: fraction of copy bandwidth in decode", row["bandwidth_fraction"],
-                                "fraction", busy=busy,
-                                note=f"{row['weight_bytes_per_step'] / 1e6:.0f} MB of weights per step, "
-                                     f"{row['decode_tokens_per_s']:.1f} decode steps/s"))
+        figures.append(checked(reported(f"{name}: fraction of copy bandwidth in decode", row["bandwidth_fraction"],
+                                        "fraction", busy=busy,
+                                        note=f"{row['weight_bytes_per_step'] / 1e6:.0f} MB of weights per step, "
+                                             f"{row['decode_tokens_per_s']:.1f} decode steps/s"), name))
     return figures

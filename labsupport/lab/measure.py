@@ -190,6 +190,13 @@ def time_side_by_side(
     return {name: Timing(samples[name]) for name in names}
 
 
+# The decode paths a timed figure can say (`GenerationResult.decode_path` gives ours): on a GPU
+# only a replayed CUDA graph passes, ours or Hugging Face's static cache + torch.compile.
+NOT_GRAPHED = "eager (not graphed)"
+HF_GRAPHED = "HF static cache + torch.compile (reduce-overhead: CUDA graphs)"
+GRAPHED_PATHS = (CUDA_GRAPHS, HF_GRAPHED)
+
+
 def timed_compile(device) -> bool:
     """The `compile=` every timed `generate` passes: True on a CUDA GPU, False elsewhere.
 
@@ -212,12 +219,28 @@ def require_graphed(result, what: str, device):
     if pick_device(device).type != "cuda":
         return result
     path = result if isinstance(result, str) else getattr(result, "decode_path", "eager")
-    if path == CUDA_GRAPHS:
+    if path in GRAPHED_PATHS:
         return result
     note = None if isinstance(result, str) else getattr(result, "decode_note", None)
     because = f" ({note})" if note else ""
     raise LabError(f"{what} ran its decode steps {path}{because}, not as a replayed CUDA graph, so its "
                    f"timing on this GPU would measure kernel launches; it is a failed measurement.")
+
+
+def mark_graphed(figure: dict, paths, device) -> dict:
+    """`figure` (a bench `reported` entry) with the decode paths it timed under ``"paths"``; on a
+    CUDA GPU, where one of them is not a replayed CUDA graph, a failed measurement: ``"graphed"``
+    False, no verdict (``"met"`` None) and a note saying so. Notebook 00 (where the time goes)."""
+    paths = sorted({p for p in paths if p})
+    figure["paths"] = paths
+    if pick_device(device).type == "cuda":
+        bad = [p for p in paths if p not in GRAPHED_PATHS]
+        figure["graphed"] = not bad
+        if bad:
+            figure["met"] = None
+            figure["note"] = (f"failed measurement: not graphed on this GPU ({', '.join(bad)}), so it times "
+                              f"kernel launches. " + figure.get("note", ""))
+    return figure
 
 
 def path_note(result) -> str:

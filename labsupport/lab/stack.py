@@ -42,7 +42,7 @@ from ..errors import LabError
 from ..engine.generation import generate, generate_naive
 from ..engine.hardware import bf16_supported
 from ..engine.kv_cache import kv_cache_bytes
-from .measure import require_graphed, time_side_by_side, timed_compile
+from .measure import NOT_GRAPHED, require_graphed, time_side_by_side, timed_compile
 from .quality import top1_agreement
 from .variants import ModelVariants
 
@@ -76,7 +76,6 @@ def low_precision(device) -> tuple[torch.dtype | None, str]:
 BATCHING = ("none", "static", "continuous")
 HF_PEER = "Hugging Face generate()"          # the peer the best stage is compared with (`run_stack`)
 INT4_BATCH_1 = "+ int4, batch 1"             # the int4 model one request at a time: speculation's base
-NOT_GRAPHED = "eager (not graphed)"          # on a GPU, a stage whose own step loop is not a CUDA graph
 
 
 def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching: str = "none",
