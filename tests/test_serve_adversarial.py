@@ -118,14 +118,14 @@ def test_a_seed_outside_64_bits_is_refused_in_one_sentence(served, model, seed, 
 def test_the_library_entrances_take_the_same_extremes(model):
     """generate, Engine.run and speculative decoding share SamplingConfig: the same values work."""
     prompt = ByteTokenizer().encode("lib")
-    assert SamplingConfig(1.0, seed=2 ** 64 + 5).seed == 5 and SamplingConfig(1.0, seed=-1).seed == 2 ** 64 - 1
+    assert SamplingConfig(1.0, seed=2 ** 64 + 5).seed == 5 and SamplingConfig(1.0, seed=2 ** 64 - 1).seed == 2 ** 64 - 1
     assert SamplingConfig(1e-30).greedy and not SamplingConfig(1e-5).greedy
     probs = probabilities(torch.tensor([[1e30, -1e30, 0.0]], dtype=torch.float64), SamplingConfig(1e-5, top_p=1e-30))
     assert probs.tolist() == [[1.0, 0.0, 0.0]]
     with pytest.raises(LabError, match="NaN"):
         probabilities(torch.tensor([[float("nan"), 0.0]]), SamplingConfig(1.0))
     for sampling in (SamplingConfig(1e-30, seed=2 ** 64 - 1), SamplingConfig(1.0, top_p=1e-30, seed=2 ** 70),
-                     SamplingConfig(2.0, top_p=1.0, seed=-5), SamplingConfig(1e-4, top_p=5e-324, seed=1)):
+                     SamplingConfig(2.0, top_p=1.0, seed=2 ** 64 + 2 ** 63), SamplingConfig(1e-4, top_p=5e-324, seed=1)):
         assert len(generate(model, prompt, 6, sampling=sampling, eos_token_ids=()).row(0)) == 6
         result = Engine(model, max_slots=2, block_size=4).run(
             [Request(prompt, max_new_tokens=6, sampling=sampling, request_id=i) for i in range(2)], clock="steps")

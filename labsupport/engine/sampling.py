@@ -7,8 +7,8 @@ Reproducibility: every sampling call takes a `torch.Generator`; `generate` seeds
 one from `SamplingConfig.seed`, so the same seed gives the same tokens.
 
 No value that passes `SamplingConfig`'s checks can make sampling raise (notebook 09: a
-server must never let one request's numbers stop its engine): any whole seed is reduced
-modulo 2**64 (what `torch.Generator.manual_seed` takes); a temperature below
+server must never let one request's numbers stop its engine): any whole seed >= 0 is
+reduced modulo 2**64 (what `torch.Generator.manual_seed` takes); a temperature below
 `GREEDY_BELOW` is greedy (vLLM's rule); logits are shifted by their maximum before the
 division by the temperature, so that a small temperature cannot overflow to inf - inf;
 top-p always keeps the most likely token; and a distribution that still holds NaN (the
@@ -32,7 +32,7 @@ GREEDY_BELOW = 1e-5         # a temperature below this samples the argmax (as vL
 @dataclass(frozen=True)
 class SamplingConfig:
     """How to pick tokens. temperature 0 (or below `GREEDY_BELOW`) means greedy (argmax); a
-    seed is any whole number, reduced modulo 2**64. Notebook 01 (KV cache); notebook 05
+    seed is any whole number >= 0, reduced modulo 2**64 (the server reduces a negative one). Notebook 01 (KV cache); notebook 05
     (speculative decoding) samples with it; notebook 09's server builds one per request."""
 
     temperature: float = 0.0
@@ -50,7 +50,7 @@ class SamplingConfig:
             object.__setattr__(self, "top_p", finite_number(self.top_p, "top_p (None disables it)",
                                                             minimum=0, maximum=1, above_minimum=True))
         if self.seed is not None:
-            seed = whole_number(self.seed, "seed (None for a random one)", minimum=-float("inf"))
+            seed = whole_number(self.seed, "seed (None for a random one)", minimum=0)
             object.__setattr__(self, "seed", seed % SEED_MODULUS)
 
     @property

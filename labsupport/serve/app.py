@@ -37,7 +37,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..engine.generation import chat_prompt
-from ..engine.sampling import SamplingConfig
+from ..engine.sampling import SEED_MODULUS, SamplingConfig
 from ..engine.serving.engine import Engine
 from ..engine.serving.request import Request
 from ..errors import LabError
@@ -287,7 +287,8 @@ class _Server:
             max_tokens = max(room, 1) if chat else 16            # the API's defaults
         try:
             sampling = SamplingConfig(temperature=body.temperature, top_k=body.top_k,
-                                      top_p=body.top_p if body.top_p < 1 else None, seed=body.seed)
+                                      top_p=body.top_p if body.top_p < 1 else None,
+                                      seed=None if body.seed is None else body.seed % SEED_MODULUS)
             request = Request(prompt, max_new_tokens=max_tokens, sampling=sampling,
                               eos_token_ids=() if body.ignore_eos else self.eos,
                               request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
