@@ -16,7 +16,7 @@ from ..lab.batching import sorted_batches
 from ..lab.busy import busy_reason
 from ..engine.generation import chat_prompt, generate
 from ..engine.hardware import bf16_supported
-from ..lab.measure import WARMUP_TOKENS, time_fn, time_side_by_side
+from ..lab.measure import HF_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_fn, time_side_by_side, timed_compile
 from ..lab.roofline import ridge_batch
 from ..lab.timing_model import batches_that_fit
 from ..lab.workloads import BATCHING_PROMPTS, PRESETS, STORY_PROMPT
@@ -50,19 +50,28 @@ def versus_huggingface(model, hf_model, prompts: list[list[int]], padded, new_to
 
     Introduced in notebook 02 (batching). Returns (the `Timing` of "labsupport" and of
     "huggingface", the new tokens of each one's last run by the same names, each (batch, new_tokens)).
+    On a GPU both are replayed CUDA graphs (`measure.timed_compile`): ours compiled + CUDA graphs,
+    Hugging Face's static cache + torch.compile; tokens["paths"] says each one's decode path.
     """
-    tokens = {}
-    hf_run = hf_padded_generate_fn(hf_model, padded, new_tokens)
+    graphed = timed_compile(model.device)
+    tokens = {"paths": {"labsupport": set(), "huggingface": {HF_GRAPHED if graphed else "eager"}}}
+    hf_run = hf_padded_generate_fn(hf_model, padded, new_tokens, graphed=graphed)
 
-    hf_warmup = hf_padded_generate_fn(hf_model, padded, WARMUP_TOKENS)
+    hf_warmup = hf_padded_generate_fn(hf_model, padded, WARMUP_TOKENS, graphed=graphed)
+
+    def run_ours(n):
+        result = require_graphed(generate(model, prompts, n, eos_token_ids=(), compile=graphed),
+                                 "labsupport's padded batch", model.device)
+        tokens["paths"]["labsupport"].add(result.decode_path)
+        return result
 
     def ours():
-        tokens["labsupport"] = generate(model, prompts, new_tokens, eos_token_ids=()).tokens
+        tokens["labsupport"] = run_ours(new_tokens).tokens
 
     def huggingface():
         tokens["huggingface"] = hf_run()
 
-    warmups = {"labsupport": lambda: generate(model, prompts, WARMUP_TOKENS, eos_token_ids=()), "huggingface": hf_warmup}
+    warmups = {"labsupport": lambda: run_ours(WARMUP_TOKENS), "huggingface": hf_warmup}
     timings = time_side_by_side({"labsupport": ours, "huggingface": huggingface}, model.device, warmup=1,
                                 repeats=repeats, warmup_fns=warmups)
     return timings, tokens
@@ -82,8 +91,16 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
     sizes = list(options.sizes)
     prompt = tok.encode(chat_prompt(tok, STORY_PROMPT))
 
+    graphed = timed_compile(ctx.device)          # on a GPU a replayed CUDA graph, every row
+    paths: set = set()
+
     def run(batch, n=new_tokens):
-        return lambda: generate(timed, [prompt] * batch, n, eos_token_ids=())
+        def call():
+            result = require_graphed(generate(timed, [prompt] * batch, n, eos_token_ids=(), compile=graphed),
+                                     f"the batch-{batch} sweep", ctx.device)
+            paths.add(result.decode_path)
+            return result
+        return call
 
     # on a GPU, the batch sizes whose cache and prefill fit the free memory (the rest said in "capped")
     sizes, capped = batches_that_fit(timed.config, sizes, len(prompt) + new_tokens, timed.dtype, ctx.device,
@@ -122,6 +139,7 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
     ridge = ridge_batch(ctx.hardware, timed.config, timed.dtype, context=len(prompt) + new_tokens // 2)
     return {
         "new_tokens": new_tokens, "sweep": sweep, "capped": capped, "ridge_batch": ridge,
+        "decode_paths": sorted(paths),
         "device_type": ctx.device.type,
         "timed_model": timed_name,
         "batch16_over_batch1": ratio, "batch16_over_batch1_bf16": bf16_ratio,
@@ -130,18 +148,20 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
         "vs_huggingface": {"speedup": vs_hf, "same_tokens": same,
                            "timings_s": {k: v.to_dict() for k, v in side.items()}},
         "figures": [
-            reported("throughput at batch 16 / batch 1 (fp32 decode)", ratio, "x", target=8.0,
-                     busy=busy_reason(pair),
-                     note=f"{new_tokens} new tokens per row, one prompt repeated; weights read per second "
-                          "/ copy bandwidth by batch: " + ", ".join(f"{r['batch']}: {r['bandwidth_fraction']:.0%}"
-                                                                   for r in sweep)),
+            mark_graphed(reported("throughput at batch 16 / batch 1 (fp32 decode)", ratio, "x", target=8.0,
+                                  busy=busy_reason(pair),
+                                  note=f"{new_tokens} new tokens per row, one prompt repeated; weights read per "
+                                       "second / copy bandwidth by batch: " + ", ".join(
+                                           f"{r['batch']}: {r['bandwidth_fraction']:.0%}" for r in sweep)),
+                         paths, ctx.device),
             *([reported("throughput at batch 16 / batch 1 (bf16 decode)", bf16_ratio, "x", target=8.0,
                         busy=busy_reason(bf16_pair),
                         note="bf16 weights and activations on the CPU's bf16 instructions")]
               if bf16_ratio is not None else []),
             reported("padding waste of a batch of 8 mixed-length prompts", waste, "fraction",
                      note=f"{100 * sorted_waste:.0f}% when sorted into batches of 4 by length"),
-            reported("labsupport / HF generate on the same padded batch of 8", vs_hf, "x",
-                     busy=busy_reason(side), note=f"same tokens: {same}"),
+            mark_graphed(reported("labsupport / HF generate on the same padded batch of 8", vs_hf, "x",
+                                  busy=busy_reason(side), note=f"same tokens: {same}"),
+                         [p for ps in tokens["paths"].values() for p in ps], ctx.device),
         ],
     }

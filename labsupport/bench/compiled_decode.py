@@ -24,7 +24,8 @@ from ..lab.busy import busy_reason
 from ..engine.compiled import SHARED, CompiledDecoder
 from ..engine.generation import chat_prompt, generate
 from ..engine.hardware import bf16_supported
-from ..lab.measure import time_side_by_side
+from ..errors import LabError
+from ..lab.measure import require_graphed, time_side_by_side
 from ..engine.quant import quantize_model
 from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
@@ -53,6 +54,10 @@ def compare_compiled(model, prompts: list[list[int]], new_tokens: int, device, r
     warm = generate(model, prompts, new_tokens, eos_token_ids=(), compile=decoder)
     if warm.decode_path == "eager":
         return warm.decode_note or "the decode steps were not compiled here."
+    try:               # on a GPU the compiled contender is a replayed CUDA graph, or a failed measurement
+        require_graphed(warm, "the compiled decode", device)
+    except LabError as error:
+        return str(error)
     out = {}
 
     def run(compiled: bool, key: str):
@@ -96,7 +101,8 @@ def section_compile(ctx: BenchContext, options: CompileOptions) -> dict:
                 record["compiled_decode_tokens_per_s"] / record["eager_decode_tokens_per_s"], "x",
                 busy=record["busy"],
                 note=f"{record['compiled_decode_tokens_per_s']:.1f} vs {record['eager_decode_tokens_per_s']:.1f} "
-                     f"tokens/s; warm-up {record['warmup_s']:.0f} s, "
+                     f"tokens/s; eager against {record['decode_path']}, side by side (the lesson: launches); "
+                     f"warm-up {record['warmup_s']:.0f} s, apart from the timed seconds, "
                      + (f"paid back after {payback:.0f} decode steps" if payback != float("inf")
                         else "never paid back") + f"; same tokens: {record['same_tokens']}"))
     variants = _inductor_variants(ctx, options, [ids] * options.batches[0], figures)

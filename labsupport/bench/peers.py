@@ -75,6 +75,13 @@ def hf_static_compiled_fn(hf_model, prompt_ids: list[int], new_tokens: int):
     on GPUs; `_compile_all_devices` (its switch for other devices) makes it compile on a
     CPU too. The first call compiles: time it apart (the bench reports it as compile time).
     """
+    return _batch_one_run(hf_model, prompt_ids, hf_static_compiled_config(hf_model, new_tokens))
+
+
+def hf_static_compiled_config(hf_model, new_tokens: int):
+    """`hf_greedy_config` with the static cache and torch.compile (`CompileConfig()`'s defaults:
+    mode "reduce-overhead", which records CUDA graphs on a GPU), compiling on any device.
+    On a GPU this is how every Hugging Face row is timed (`measure.HF_GRAPHED`). Notebook 00."""
     from transformers.generation.configuration_utils import CompileConfig
 
     config = hf_greedy_config(hf_model, new_tokens)
@@ -82,7 +89,7 @@ def hf_static_compiled_fn(hf_model, prompt_ids: list[int], new_tokens: int):
     compile_config = CompileConfig()
     compile_config._compile_all_devices = True
     config.compile_config = compile_config
-    return _batch_one_run(hf_model, prompt_ids, config)
+    return config
 
 
 def hf_early_layers_draft(hf_model, num_layers: int):
@@ -142,12 +149,13 @@ class ForwardPasses:
         return False
 
 
-def hf_padded_generate_fn(hf_model, padded, new_tokens: int):
+def hf_padded_generate_fn(hf_model, padded, new_tokens: int, graphed: bool = False):
     """Hugging Face greedy generate() on a left-padded batch (`padding.left_pad`): a zero-argument
-    function returning the new tokens only, shape (batch, new_tokens).
+    function returning the new tokens only, shape (batch, new_tokens). graphed: its static cache
+    + torch.compile (`hf_static_compiled_config`), as timed on a GPU (`measure.timed_compile`).
 
     Introduced in notebook 02 (batching)."""
-    config = hf_greedy_config(hf_model, new_tokens)
+    config = (hf_static_compiled_config if graphed else hf_greedy_config)(hf_model, new_tokens)
 
     @torch.inference_mode()
     def run():
