@@ -11,7 +11,8 @@ import torch
 
 from ..lab.busy import busy_reason
 from ..engine.hardware import bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast
-from ..lab.measure import time_side_by_side
+from ..engine.compiled import CUDA_GRAPHS
+from ..lab.measure import time_side_by_side, timed_compile
 from ..engine.models.config import PRESETS
 from ..lab.precision import (MIB, bf16_report, decode_run, emulation_note, logit_agreement, parameter_bytes,
                              prefill_run)
@@ -70,6 +71,8 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
         return prefill_run(m, long_prompt)
 
     repeats = options.repeats
+    # on a GPU each decode is a replayed CUDA graph, else a LabError (`precision.decode_run`)
+    path = CUDA_GRAPHS if timed_compile(ctx.device) else "eager"
     decode_t = time_side_by_side({n: decode(m) for n, m in timed.items()}, ctx.device, repeats=repeats)
     prefill_t = time_side_by_side({n: prefill_once(m) for n, m in timed.items()}, ctx.device, repeats=repeats)
     probe_tokens = torch.tensor([long_prompt[:128]], device=ctx.device)
@@ -93,7 +96,7 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
                          note="; ".join(filter(None, [
                              f"{new_tokens} new tokens", f"{rows[name]['bandwidth_fraction']:.0%} of copy bandwidth "
                              f"(fp32: {rows['float32']['bandwidth_fraction']:.0%})", emulated,
-                             f"model {ctx.timed_model}"])),
+                             f"model {ctx.timed_model}", f"decode path: {path}"])),
                          busy=decode_busy),
                 reported(f"{label} / fp32 prefill speed ({len(long_prompt)}-token prompt)",
                          rows[name]["prefill_speedup"], "x", busy=prefill_busy,

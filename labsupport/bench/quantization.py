@@ -41,7 +41,7 @@ from ..lab.busy import busy_reason
 from ..errors import LabError
 from ..engine.generation import chat_prompt, generate
 from ..engine.hardware import fp16_fast
-from ..lab.measure import Timing, time_side_by_side
+from ..lab.measure import Timing, require_graphed, time_side_by_side, timed_compile
 from ..lab.quality import (eval_tokens, logits_of, perplexity_from_logits, quantized_bytes, resident_bytes,
                            top1_agreement_from_logits)
 from ..lab.workloads import DEFAULT_PROMPT
@@ -143,13 +143,20 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
                           top1_agreement=top1_agreement_from_logits(fp32_logits, logits), quality_from=how)
 
     # Speed: decode tokens/s, all rows interleaved; very slow rows in a pair with fp32 on fewer tokens.
+    # On a GPU every row is a replayed CUDA graph (`measure.timed_compile`), its compiling apart.
     decode_s: dict[str, list[float]] = {}
+    graphed = timed_compile(ctx.device)
+    paths: dict[str, set] = {}
+    compile_s: dict[str, float] = {}
 
     def decode(name, tokens):
         m = speed[name]
 
         def run():
-            result = generate(m, ids, tokens, eos_token_ids=())
+            result = require_graphed(generate(m, ids, tokens, eos_token_ids=(), compile=graphed),
+                                     f"the {name} decode", ctx.device)
+            paths.setdefault(name, set()).add(result.decode_path)
+            compile_s[name] = compile_s.get(name, 0.0) + result.warmup_seconds
             decode_s.setdefault(f"{name}@{tokens}", []).append(result.decode_seconds / (tokens - 1))
         return run
 
@@ -174,6 +181,7 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
                           timed_on_new_tokens=tokens,
                           bandwidth_bytes_per_s=read / step,
                           bandwidth_fraction=read / step / ctx.hardware.bandwidth,
+                          decode_path=", ".join(sorted(paths[name])), compile_s=compile_s[name],
                           timing=Timing(decode_s[f"{name}@{tokens}"]).to_dict(),
                           busy=busy_reason({"fp32": Timing(decode_s[f"fp32@{tokens}"]),
                                             name: Timing(decode_s[f"{name}@{tokens}"])}))
@@ -207,7 +215,8 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
                                     target=TARGETS.get(name),
                                     note=f"{row['decode_tokens_per_s']:.1f} tokens/s, "
                                          f"{row['bandwidth_fraction']:.0%} of copy bandwidth; {how}; "
-                                         f"{row.get('kernel', 'dense matmul')}; model {ctx.timed_model}",
+                                         f"{row.get('kernel', 'dense matmul')}; model {ctx.timed_model}; "
+                                         f"decode path: {row['decode_path']} (fp32: {rows['fp32']['decode_path']})",
                                     busy=row["busy"]))
         if row.get("decode_speedup_bf16") is not None:
             figures.append(reported(f"{name} / bf16 decode speed (batch 1)", row["decode_speedup_bf16"], "x",
