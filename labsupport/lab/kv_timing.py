@@ -27,7 +27,7 @@ from ..errors import LabError
 
 from ..engine.kv_cache import kv_cache_bytes
 from .measure import time_side_by_side
-from .step_timing import filled_cache, step_runner
+from .step_timing import captured_replay, filled_cache, step_runner
 from ..engine.models.config import ModelConfig
 
 MODES = {True: "cached_s", False: "naive_s"}      # use_cache -> column name of its time
@@ -42,11 +42,15 @@ def _dummy_tokens(model, length: int, seed: int = 0) -> torch.Tensor:
 
 
 def _naive_step(model, sequence: torch.Tensor):
-    """One step of the uncached loop: the whole sequence through the model, the last logits."""
+    """One step of the uncached loop: the whole sequence through the model, the last logits.
+    On a GPU it is replayed as a CUDA graph, as the cached step is (`step_timing.step_runner`),
+    so that both sides of the comparison time the GPU's work, not the launches."""
     def run():
         with torch.inference_mode():
             return model.logits(model(sequence), at=-1)
-    return run
+    if model.device.type != "cuda":
+        return run
+    return captured_replay(run, model.device, f"the uncached step over {sequence.shape[1]} tokens")
 
 
 def _cached_step(model, sequence: torch.Tensor):

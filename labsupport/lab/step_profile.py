@@ -118,7 +118,8 @@ def profile_decode_step(model, batch: int = 1, context: int = 64, steps: int = 5
     """
     if not isinstance(batch, int) or batch < 1 or not isinstance(steps, int) or steps < 1:
         raise LabError(f"profile_decode_step takes whole numbers batch >= 1 and steps >= 1, got {batch} and {steps}.")
-    one_step = step_runner(model, filled_cache(model, batch, context), step_fn or greedy_step)
+    # eager on purpose: the launches are what this profile shows
+    one_step = step_runner(model, filled_cache(model, batch, context), step_fn or greedy_step, graphed=False)
     step_seconds = time_fn(one_step, model.device, warmup=2, repeats=max(steps, 3)).median
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if model.device.type == "cuda" else [])
     with _native_stderr_silenced(), profile(activities=activities) as prof:
