@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from labsupport.errors import LabError
+from labsupport.errors import LabError, first_line
 from labsupport.engine.compiled import CUDA_GRAPHS
 from labsupport.engine.hardware import pick_device, synchronize
 from labsupport.lab import progress
@@ -225,6 +225,34 @@ def require_graphed(result, what: str, device):
     because = f" ({note})" if note else ""
     raise LabError(f"{what} ran its decode steps {path}{because}, not as a replayed CUDA graph, so its "
                    f"timing on this GPU would measure kernel launches; it is a failed measurement.")
+
+
+def captured(fn: Callable[[], object], device, what: str) -> Callable[[], object]:
+    """`fn` as a timed contender: on a CUDA GPU a zero-argument function replaying a CUDA graph
+    of it (warmed up three times on a side stream, then captured once, as torch's docs ask);
+    elsewhere `fn` itself. `fn` must leave the host's state as it found it (a pass that
+    truncates its cache after itself), since a replay runs only the recorded kernels. A pass
+    that cannot be captured is a failed measurement: a LabError naming `what`.
+
+    Introduced in notebook 05 (speculative decoding): its verify pass for each k."""
+    device = pick_device(device)
+    if device.type != "cuda":
+        return fn
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as error:                 # any capture failure: said, never timed eagerly
+        raise LabError(f"{what} could not be captured as a CUDA graph ({first_line(error, with_type=True)}); "
+                       f"its timing on this GPU would measure kernel launches, so it is a failed "
+                       f"measurement.") from None
+    return graph.replay
 
 
 def mark_graphed(figure: dict, paths, device) -> dict:

@@ -13,7 +13,7 @@ import torch
 
 from ..engine.kv_cache import StaticKVCache
 from ..errors import LabError
-from .measure import time_side_by_side
+from .measure import captured, time_side_by_side
 from .prose import weights_origin
 from .speculative_math import expected_tokens_per_call, pass_costs
 
@@ -22,7 +22,8 @@ from .speculative_math import expected_tokens_per_call, pass_costs
 def verify_pass_seconds(model, prompt: list[int], ks=range(0, 9), repeats: int = 5) -> dict[int, float]:
     """The time of the target's pass over k + 1 tokens (logits included) from a cache holding
     `prompt`, for each k, the median of `repeats` rounds that time every k in turn.
-    Notebook 05 (speculative decoding)."""
+    Notebook 05 (speculative decoding). On a GPU each k's pass is a replayed CUDA graph
+    (`measure.captured`; the pass rolls its cache back itself), else a LabError."""
     ks = sorted(set(int(k) for k in ks) | {0})
     if ks[0] < 0 or len(prompt) < 2:
         raise LabError("verify_pass_seconds needs k >= 0 and a prompt of at least 2 tokens.")
@@ -39,7 +40,8 @@ def verify_pass_seconds(model, prompt: list[int], ks=range(0, 9), repeats: int =
 
     # Side by side (notebook 00): each round runs every k, the first k rotating, so a slow
     # moment of the machine lands on every k alike.
-    timings = time_side_by_side({k: verify(k) for k in ks}, model.device, warmup=1, repeats=repeats)
+    passes = {k: captured(verify(k), model.device, f"the {k + 1}-token verify pass") for k in ks}
+    timings = time_side_by_side(passes, model.device, warmup=1, repeats=repeats)
     return {k: t.median for k, t in timings.items()}
 
 
