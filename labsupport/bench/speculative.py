@@ -13,13 +13,14 @@ import torch
 from ..lab.busy import busy_reason
 from ..errors import LabError
 from ..engine.generation import chat_prompt, generate
-from ..lab.measure import WARMUP_TOKENS, time_side_by_side
+from ..lab.measure import (HF_GRAPHED, NOT_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_side_by_side,
+                           timed_compile)
 from ..engine.speculative import ModelDraft, PromptLookupDraft, SpeculativeResult, speculative_generate
 from ..lab.speculative_math import expected_speedup, pass_costs
 from .core import BenchContext, reported
 from .options import SectionOptions, count
 from ..lab.workloads import CREATIVE_PROMPT, GROUNDED_PROMPT
-from .peers import ForwardPasses, hf_generate_fn
+from .peers import ForwardPasses, hf_generate_fn, hf_static_compiled_fn
 
 
 
@@ -61,6 +62,12 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
     except LabError as error:
         self_draft_note = f"int4 self-draft skipped: {error}"
     tasks = {"grounded": GROUNDED_PROMPT, "creative": CREATIVE_PROMPT}
+    # On a GPU plain decoding and Hugging Face's plain row are replayed CUDA graphs; the speculative
+    # loops (ours, HF's prompt lookup) run eager, so their figures there are failed measurements.
+    graphed = timed_compile(ctx.device)
+    own_loop = NOT_GRAPHED if graphed else "eager"
+    paths = {"plain": set(), "lookup": {own_loop}, "int4 self-draft": {own_loop},
+             "hf": {HF_GRAPHED if graphed else "eager"}, "hf lookup": {own_loop}}
     result = {"new_tokens": new_tokens, "k": k, "dtype": "float32", "batch": 1, "tasks": {},
               "hf_assisted_generation": "skipped: the only offline model is the target itself, and a "
                                         "model as its own assistant costs as much as it saves"}
@@ -71,11 +78,14 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
 
         def methods(n: int) -> dict:
             """Each method generating n tokens: n = new_tokens is timed, a few tokens warm up."""
-            hf_runs = {"hf": hf_generate_fn(hf, ids, n),                    # prompt lookup: same k and n-gram
+            hf_runs = {"hf": (hf_static_compiled_fn if graphed else hf_generate_fn)(hf, ids, n),
+                       # prompt lookup: same k and n-gram
                        "hf lookup": hf_generate_fn(hf, ids, n, prompt_lookup=k, lookup_ngram=lookup.ngram)}
 
             def plain():
-                out["plain result"] = generate(model, ids, n, eos_token_ids=())
+                out["plain result"] = require_graphed(generate(model, ids, n, eos_token_ids=(), compile=graphed),
+                                                      "plain generate", ctx.device)
+                paths["plain"].add(out["plain result"].decode_path)
                 out["plain"] = out["plain result"].row(0)
 
             def run_draft(name, draft):
@@ -127,10 +137,14 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
                     f"{row['same_tokens_as_plain'][name]}")
 
         grounded = task == "grounded"
-        figures.append(reported(f"prompt lookup speedup over plain generate ({task} task)",
-                                speed["lookup"] / speed["plain"], "x", target=1.5 if grounded else None, busy=busy,
-                                note=note("lookup") + ("" if grounded else
-                                                       "; free text has little to copy from the prompt")))
+
+        def checked(figure, *names):
+            return mark_graphed(figure, [p for n in names for p in paths[n]], ctx.device)
+        figures.append(checked(reported(f"prompt lookup speedup over plain generate ({task} task)",
+                                        speed["lookup"] / speed["plain"], "x", target=1.5 if grounded else None,
+                                        busy=busy, note=note("lookup") + ("" if grounded else
+                                                                          "; free text has little to copy from the "
+                                                                          "prompt")), "lookup", "plain"))
         if self_draft is not None:
             # Leviathan et al.'s formula assumes a (k+1)-token target pass costs one plain step;
             # the note shows what it predicts and what the measured pass cost does to it
@@ -139,25 +153,26 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
             alpha = min(max(s.alpha, 0.0), 1.0)
             free = expected_speedup(alpha, k, costs.draft_per_token)
             measured_pass = expected_speedup(alpha, k, costs.draft_per_token, costs.verify_per_pass)
-            figures.append(reported(f"int4 self-draft speedup over plain generate ({task} task)",
+            figures.append(checked(reported(f"int4 self-draft speedup over plain generate ({task} task)",
                                     speed["int4 self-draft"] / speed["plain"], "x",
                                     target=1.2 if grounded else None, busy=busy,
                                     note=note("int4 self-draft") + f"; a drafted token costs "
                                          f"{costs.draft_per_token:.2f} plain steps ({costs.draft_per_pass:.2f} "
                                          f"per step) and a {k + 1}-token verify pass {costs.verify_per_pass:.2f}: "
                                          f"the larger cost is {costs.larger}; Leviathan et al.'s formula predicts "
-                                         f"{free:.2f}x with a free pass, {measured_pass:.2f}x with the measured one"))
+                                         f"{free:.2f}x with a free pass, {measured_pass:.2f}x with the measured one"),
+                                   "int4 self-draft", "plain"))
         if grounded:
             hf_passes = row["hf_lookup_passes"]["tokens_fed"]
             ours_passes = out["lookup"].stats.target_calls + 1
-            figures.append(reported("labsupport prompt lookup / HF prompt-lookup generate (grounded task)",
+            figures.append(checked(reported("labsupport prompt lookup / HF prompt-lookup generate (grounded task)",
                                     speed["lookup"] / speed["hf lookup"], "x", busy=busy,
                                     note=f"{speed['lookup']:.1f} vs {speed['hf lookup']:.1f} tokens/s; HF prompt "
                                          f"lookup over HF generate: {speed['hf lookup'] / speed['hf']:.2f}x; HF "
                                          f"same tokens as our plain greedy: {row['same_tokens_as_plain']['hf']}, "
                                          f"HF lookup: {row['same_tokens_as_plain']['hf lookup']}; forward passes "
                                          f"with the prompt's: HF {len(hf_passes)} (its first also checks drafts), "
-                                         f"ours {ours_passes} (a separate prefill)"))
+                                         f"ours {ours_passes} (a separate prefill)"), "lookup", "hf lookup"))
     if self_draft_note:
         result["int4_self_draft"] = self_draft_note
     for task in tasks:
@@ -165,5 +180,6 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
             figures.append(reported(f"acceptance rate, {name} ({task} task)", stats["acceptance_rate"],
                                     "fraction", note=f"{stats['tokens_per_target_call']:.2f} tokens per target "
                                                      f"call; alpha {stats['alpha']:.2f}"))
+    result["decode_paths"] = {name: sorted(p) for name, p in paths.items()}
     result["figures"] = figures
     return result
