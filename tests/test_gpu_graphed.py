@@ -1,0 +1,218 @@
+"""On a GPU every timed decode is a replayed CUDA graph, for every contender alike (issue 35).
+
+On simulated GPUs (tests/simulated_gpu.py: no CUDA tensor can exist), `generate` and the Hugging
+Face runs are replaced by spies that record what they were asked for and return a fake result.
+Each lab helper and bench section must ask for the graphed step (compile=True) on CUDA and stay
+eager on a CPU, and a result that was not graphed on CUDA must be refused or marked failed.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from labsupport.engine.compiled import CUDA_GRAPHS
+from labsupport.errors import LabError
+from labsupport.lab import measure
+from labsupport.lab.measure import HF_GRAPHED, NOT_GRAPHED, mark_graphed, require_graphed, timed_compile
+from simulated_gpu import GPUS, simulated
+
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+@pytest.fixture(params=["T4", "H100"])
+def gpu(request):
+    with simulated(GPUS[request.param]) as simulated_gpu:
+        yield simulated_gpu
+
+
+def fake_result(batch: int, new_tokens: int, path: str):
+    """What a spy's `generate` returns: the fields the timing code reads."""
+    return SimpleNamespace(tokens=torch.zeros(batch, new_tokens, dtype=torch.long), decode_path=path,
+                           decode_seconds=0.01, prefill_seconds=0.001, warmup_seconds=2.0, decode_note=None,
+                           new_token_counts=[new_tokens] * batch, decode_tokens_per_s=100.0,
+                           row=lambda i=0: [0] * new_tokens)
+
+
+def spy_generate(monkeypatch, module, asked: list, path=None):
+    """Replace `module.generate` with a spy: records compile=, returns a fake result whose decode
+    path is `path`, or what the compile asked for would give on a GPU (True: CUDA graphs)."""
+    def spy(model, prompts, n, *args, compile=False, **kwargs):
+        asked.append(compile)
+        batch = len(prompts) if prompts and isinstance(prompts[0], (list, tuple)) else 1
+        return fake_result(batch, n, path or (CUDA_GRAPHS if compile else "eager"))
+    monkeypatch.setattr(module, "generate", spy)
+
+
+def fake_model(device):
+    return SimpleNamespace(device=device, dtype=torch.float32, config=SimpleNamespace(name="fake"))
+
+
+# --- the rule's one home: lab/measure.py ---------------------------------------------------------
+
+def test_timed_compile_is_graphed_on_cuda_and_eager_on_a_cpu(gpu):
+    assert timed_compile(CUDA) is True and timed_compile("cpu") is False
+
+
+def test_require_graphed_refuses_an_ungraphed_result_on_cuda_only(gpu):
+    eager = fake_result(1, 4, "eager")
+    with pytest.raises(LabError, match="ours.*not as a replayed CUDA graph.*failed measurement"):
+        require_graphed(eager, "ours", CUDA)
+    with pytest.raises(LabError, match="compiled"):
+        require_graphed("compiled", "ours", CUDA)          # compiled, but no CUDA graphs
+    assert require_graphed(eager, "ours", CPU) is eager
+    assert require_graphed(CUDA_GRAPHS, "ours", CUDA) == CUDA_GRAPHS
+    assert require_graphed(HF_GRAPHED, "theirs", CUDA) == HF_GRAPHED
+
+
+def test_mark_graphed_fails_a_figure_with_an_ungraphed_path_on_cuda(gpu):
+    figure = {"name": "x", "met": True, "note": "n"}
+    assert mark_graphed(dict(figure), [CUDA_GRAPHS, HF_GRAPHED], CUDA)["graphed"] is True
+    failed = mark_graphed(dict(figure), [CUDA_GRAPHS, NOT_GRAPHED], CUDA)
+    assert failed["graphed"] is False and failed["met"] is None and failed["note"].startswith("failed measurement")
+    on_cpu = mark_graphed(dict(figure), ["eager"], CPU)
+    assert on_cpu["met"] is True and "graphed" not in on_cpu and on_cpu["paths"] == ["eager"]
+
+
+def test_captured_runs_the_pass_itself_on_a_cpu_and_refuses_a_failed_capture_on_cuda(gpu):
+    def fn():
+        return 1
+    assert measure.captured(fn, CPU, "a pass") is fn
+    # no CUDA stream can be made here, as a pass that cannot be captured: a failed measurement
+    with pytest.raises(LabError, match="the 3-token verify pass could not be captured"):
+        measure.captured(fn, CUDA, "the 3-token verify pass")
+
+
+# --- lab helpers ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_batch_timing_asks_for_the_graphed_step_on_cuda(gpu, monkeypatch, device):
+    from labsupport.lab import batch_timing
+    asked = []
+    spy_generate(monkeypatch, batch_timing, asked)
+    model = fake_model(torch.device(device))
+    row = batch_timing.measure_batch(model, [[1, 2]] * 2, new_tokens=4, repeats=2, warmup=0)
+    batch_timing.batch_speedup(model, [1, 2], batch=4, new_tokens=4, warmup=1, repeats=1)
+    assert asked and set(asked) == {device == "cuda"}
+    assert row["decode_path"] == (CUDA_GRAPHS if device == "cuda" else "eager")
+    assert row["warmup_s"] == (2.0 * 3 if device == "cuda" else 2.0 * 2)   # reported apart
+
+
+def test_batch_timing_refuses_an_ungraphed_decode_on_cuda(gpu, monkeypatch):
+    from labsupport.lab import batch_timing
+    spy_generate(monkeypatch, batch_timing, [], path="compiled")
+    with pytest.raises(LabError, match="batch 2"):
+        batch_timing.measure_batch(fake_model(CUDA), [[1, 2]] * 2, new_tokens=4, repeats=1, warmup=0)
+    with pytest.raises(LabError, match="batch 1"):
+        batch_timing.batch_speedup(fake_model(CUDA), [1, 2], batch=4, new_tokens=4, warmup=1, repeats=1)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_precision_decode_run_is_graphed_on_cuda(gpu, monkeypatch, device):
+    from labsupport.engine import generation
+    from labsupport.lab.precision import decode_run
+    asked = []
+    spy_generate(monkeypatch, generation, asked)
+    decode_run(fake_model(torch.device(device)), [1, 2], 4)()
+    assert asked == [device == "cuda"]
+    spy_generate(monkeypatch, generation, [], path="eager")
+    if device == "cuda":
+        with pytest.raises(LabError, match="decode"):
+            decode_run(fake_model(CUDA), [1, 2], 4)()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_stacks_generate_stages_are_graphed_and_its_own_loops_say_not_graphed(gpu, monkeypatch, device):
+    from labsupport.engine.serving.request import Request
+    from labsupport.lab import stack
+    asked = []
+    spy_generate(monkeypatch, stack, asked)
+    model = fake_model(torch.device(device))
+    variants = SimpleNamespace(get=lambda *a, **k: model)
+    requests = [Request([1, 2, 3], max_new_tokens=4, request_id=i) for i in range(3)]
+    for batching in ("none", "static"):
+        paths: set = set()
+        stack.serve_fn(variants, requests, batching=batching, slots=2, paths=paths)()
+        assert paths == {CUDA_GRAPHS if device == "cuda" else "eager"}
+    assert asked and set(asked) == {device == "cuda"}
+    naive = []
+    monkeypatch.setattr(stack, "generate_naive", lambda *a, **k: naive.append(1) or fake_result(1, 4, "eager"))
+    paths = set()
+    stack.serve_fn(variants, requests, kv_cache=False, paths=paths)()
+    assert naive and paths == {NOT_GRAPHED if device == "cuda" else "eager"}
+
+
+# --- bench sections -------------------------------------------------------------------------------
+
+def _fake_hf(asked: list, name: str):
+    """A spy for a peers.hf_*_fn: records its arguments, returns a run giving (1, prompt + n) ids."""
+    def make(hf, ids, n, *args, **kwargs):
+        asked.append((name, kwargs))
+        return lambda: torch.zeros(1, len(ids) + n, dtype=torch.long)
+    return make
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_engines_rows_are_graphed_on_cuda_hf_included(gpu, monkeypatch, device):
+    from labsupport.bench import engines
+    asked, hf_asked = [], []
+    spy_generate(monkeypatch, engines, asked)
+    monkeypatch.setattr(engines, "hf_generate_fn", _fake_hf(hf_asked, "dynamic"))
+    monkeypatch.setattr(engines, "hf_static_compiled_fn", _fake_hf(hf_asked, "static"))
+    monkeypatch.setattr(engines, "quantized_bytes", lambda m: 1)
+    model = SimpleNamespace(weight_bytes=lambda: 1)
+    handle = SimpleNamespace(describe=lambda: "aten int4 kernel")
+    ctx = SimpleNamespace(device=torch.device(device), model=lambda dtype: (model, None), hf_model=lambda dtype: "hf",
+                          variants=SimpleNamespace(get=lambda *a, **k: model, handle=lambda *a, **k: handle))
+    options = engines.EnginesOptions(new_tokens=4, repeats=1, compile=False, llamacpp=False)
+    paths: dict = {}
+    found, absent, compile_s, _ = engines._engines(ctx, options, [1, 2], paths)
+    for name, (run, _) in found.items():
+        run(4)
+    on_gpu = device == "cuda"
+    assert asked and set(asked) == {on_gpu}
+    assert {name for name, _ in hf_asked} == {"static" if on_gpu else "dynamic"}
+    assert paths[engines.HF] == {HF_GRAPHED if on_gpu else "eager"}
+    assert paths[engines.OURS] == {CUDA_GRAPHS if on_gpu else "eager"}
+    if on_gpu:
+        assert engines.HF in compile_s and compile_s[engines.OURS] > 0          # compiling, apart
+        assert engines.OURS_COMPILED in absent and engines.HF_STATIC in absent
+
+
+def test_engines_figures_fail_where_a_row_was_not_graphed_on_cuda(gpu):
+    from labsupport.bench import engines
+
+    def row(path):
+        return {"tokens_per_s": 10.0, "decode_tokens_per_s": 10.0, "tokens_agreeing_with_labsupport_fp32": 4,
+                "bandwidth_fraction": 0.5, "weight_bytes_per_step": 1e6, "decode_paths": [path]}
+    rows = {engines.OURS: row(CUDA_GRAPHS), engines.HF: row(HF_GRAPHED), engines.HF_LOOKUP: row(NOT_GRAPHED)}
+    figures = {f["name"]: f for f in engines._figures(rows, {}, None, CUDA)}
+    assert figures[f"{engines.OURS} / {engines.HF} (tokens/s)"]["graphed"] is True
+    lookup = figures[f"{engines.HF_LOOKUP}: fraction of copy bandwidth in decode"]
+    assert lookup["graphed"] is False and lookup["met"] is None
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_batching_versus_huggingface_is_graphed_on_both_sides(gpu, monkeypatch, device):
+    from labsupport.bench import batching
+    asked, hf_asked = [], []
+    spy_generate(monkeypatch, batching, asked)
+
+    def hf_padded(hf, padded, n, graphed=False):
+        hf_asked.append(graphed)
+        return lambda: torch.zeros(2, n, dtype=torch.long)
+    monkeypatch.setattr(batching, "hf_padded_generate_fn", hf_padded)
+    _, tokens = batching.versus_huggingface(fake_model(torch.device(device)), "hf", [[1, 2], [3, 4]], None, 4,
+                                            repeats=1)
+    on_gpu = device == "cuda"
+    assert set(asked) == {on_gpu} and set(hf_asked) == {on_gpu}
+    assert tokens["paths"]["huggingface"] == {HF_GRAPHED if on_gpu else "eager"}
+
+
+def test_compiled_decode_refuses_a_compiled_step_without_cuda_graphs_on_cuda(gpu, monkeypatch):
+    from labsupport.bench import compiled_decode
+    spy_generate(monkeypatch, compiled_decode, [], path="compiled")
+    said = compiled_decode.compare_compiled(fake_model(CUDA), [[1, 2]], 4, CUDA, repeats=1)
+    assert isinstance(said, str) and "failed measurement" in said
