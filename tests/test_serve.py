@@ -160,6 +160,8 @@ BAD_CHAT = [
      "tools"),
     ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs", "log-prob"),
     ({"model": NAME, "messages": []}, 400, "messages", "at least 1"),
+    ({"model": NAME, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400, "messages",
+     "text content parts"),
     ({"model": NAME, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages", "input should be"),
     ({"model": NAME, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
                                   {"role": "user", "content": "c"}]}, 400, "messages", "no chat template"),

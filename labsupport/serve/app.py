@@ -302,8 +302,8 @@ class _Server:
 def _content(message) -> str:
     if isinstance(message.content, str) or message.content is None:
         return message.content or ""
-    parts = [p.get("text", "") for p in message.content if p.get("type") == "text"]
-    if len(parts) != len(message.content):
+    parts = [p.get("text") for p in message.content if p.get("type") == "text"]
+    if len(parts) != len(message.content) or not all(isinstance(part, str) for part in parts):
         raise ApiError(400, "This server reads text content parts only.", param="messages")
     return "".join(parts)
 
