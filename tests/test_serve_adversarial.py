@@ -305,3 +305,23 @@ def test_a_system_message_without_a_chat_template_is_used_and_counted(served, mo
         max_tokens=4, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
     assert out.usage.prompt_tokens == len("Be brief.\n\nHi")
     assert out.choices[0].token_ids == alone(model, "Be brief.\n\nHi", 4)
+
+
+def test_the_engine_ends_only_the_request_whose_callback_raises(model):
+    """In the engine itself (record=False, as a server drives it): a request whose on_token
+    raises is aborted and listed in `failures` in one sentence; the other finishes as alone.
+    `run` (record=True) says so in one sentence instead of a traceback from inside a step."""
+    def explode(token):
+        raise RuntimeError("callback bug")
+    engine = Engine(model, max_slots=2, block_size=4, record=False)
+    bad = engine.add_request(Request([1, 2, 3], max_new_tokens=6, request_id="bad", on_token=explode))
+    good = engine.add_request(Request([4, 5, 6], max_new_tokens=6, request_id="good"))
+    for _ in range(20):
+        if not engine.has_work:
+            break
+        assert all(seq.id == "good" for seq, _ in engine.step())
+    assert good.output == generate(model, [4, 5, 6], 6, eos_token_ids=()).row(0) and bad.is_finished
+    assert engine.failures == [("bad", "Request 'bad' failed while being served (RuntimeError: callback bug).")]
+    engine.blocks.assert_no_leaks()
+    with pytest.raises(LabError, match="'bad' failed while being served"):
+        Engine(model, block_size=4).run([Request([1, 2], max_new_tokens=3, request_id="bad", on_token=explode)])
