@@ -16,7 +16,8 @@ from ..lab.batching import sorted_batches
 from ..lab.busy import busy_reason
 from ..engine.generation import chat_prompt, generate
 from ..engine.hardware import bf16_supported
-from ..lab.measure import HF_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_fn, time_side_by_side, timed_compile
+from ..lab.measure import (HF_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_fn, time_side_by_side,
+                           timed_compile)
 from ..lab.roofline import ridge_batch
 from ..lab.timing_model import batches_that_fit
 from ..lab.workloads import BATCHING_PROMPTS, PRESETS, STORY_PROMPT

@@ -153,26 +153,27 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
             alpha = min(max(s.alpha, 0.0), 1.0)
             free = expected_speedup(alpha, k, costs.draft_per_token)
             measured_pass = expected_speedup(alpha, k, costs.draft_per_token, costs.verify_per_pass)
-            figures.append(checked(reported(f"int4 self-draft speedup over plain generate ({task} task)",
+            figures.append(reported(f"int4 self-draft speedup over plain generate ({task} task)",
                                     speed["int4 self-draft"] / speed["plain"], "x",
                                     target=1.2 if grounded else None, busy=busy,
                                     note=note("int4 self-draft") + f"; a drafted token costs "
                                          f"{costs.draft_per_token:.2f} plain steps ({costs.draft_per_pass:.2f} "
                                          f"per step) and a {k + 1}-token verify pass {costs.verify_per_pass:.2f}: "
                                          f"the larger cost is {costs.larger}; Leviathan et al.'s formula predicts "
-                                         f"{free:.2f}x with a free pass, {measured_pass:.2f}x with the measured one"),
-                                   "int4 self-draft", "plain"))
+                                         f"{free:.2f}x with a free pass, {measured_pass:.2f}x with the measured one"))
+            checked(figures[-1], "int4 self-draft", "plain")
         if grounded:
             hf_passes = row["hf_lookup_passes"]["tokens_fed"]
             ours_passes = out["lookup"].stats.target_calls + 1
-            figures.append(checked(reported("labsupport prompt lookup / HF prompt-lookup generate (grounded task)",
+            figures.append(reported("labsupport prompt lookup / HF prompt-lookup generate (grounded task)",
                                     speed["lookup"] / speed["hf lookup"], "x", busy=busy,
                                     note=f"{speed['lookup']:.1f} vs {speed['hf lookup']:.1f} tokens/s; HF prompt "
                                          f"lookup over HF generate: {speed['hf lookup'] / speed['hf']:.2f}x; HF "
                                          f"same tokens as our plain greedy: {row['same_tokens_as_plain']['hf']}, "
                                          f"HF lookup: {row['same_tokens_as_plain']['hf lookup']}; forward passes "
                                          f"with the prompt's: HF {len(hf_passes)} (its first also checks drafts), "
-                                         f"ours {ours_passes} (a separate prefill)"), "lookup", "hf lookup"))
+                                         f"ours {ours_passes} (a separate prefill)"))
+            checked(figures[-1], "lookup", "hf lookup")
     if self_draft_note:
         result["int4_self_draft"] = self_draft_note
     for task in tasks:
