@@ -216,3 +216,17 @@ def test_compiled_decode_refuses_a_compiled_step_without_cuda_graphs_on_cuda(gpu
     spy_generate(monkeypatch, compiled_decode, [], path="compiled")
     said = compiled_decode.compare_compiled(fake_model(CUDA), [[1, 2]], 4, CUDA, repeats=1)
     assert isinstance(said, str) and "failed measurement" in said
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_stacks_hf_peer_is_its_static_cache_and_compile_on_cuda(gpu, monkeypatch, device):
+    from labsupport.bench import peers
+    from labsupport.engine.serving.request import Request
+    hf_asked = []
+    monkeypatch.setattr(peers, "hf_generate_fn", _fake_hf(hf_asked, "dynamic"))
+    monkeypatch.setattr(peers, "hf_static_compiled_fn", _fake_hf(hf_asked, "static"))
+    stage = peers.hf_stack_stage(SimpleNamespace(device=torch.device(device)), [Request([1, 2], 3, request_id=0)])
+    assert stage.run() == {0: [0, 0, 0]}
+    on_gpu = device == "cuda"
+    assert {name for name, _ in hf_asked} == {"static" if on_gpu else "dynamic"}
+    assert stage.decode_paths == {HF_GRAPHED if on_gpu else "eager"}

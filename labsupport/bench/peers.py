@@ -21,6 +21,7 @@ import torch
 from ..errors import LabError
 from ..engine.hardware import synchronize
 from ..engine.serving.request import Request
+from ..lab.measure import HF_GRAPHED, timed_compile
 from ..lab.stack import HF_PEER, Stage
 
 
@@ -168,7 +169,12 @@ def hf_stack_stage(hf_model, requests: list[Request]) -> Stage:
     """The stack's peer (`stack.run_stack(..., peers=[...])`): Hugging Face generate(), fp32,
     one request at a time, each for its own number of new tokens.
 
-    Introduced in notebook 07 (putting it together)."""
-    runs = [(r, hf_generate_fn(hf_model, r.prompt, r.max_new_tokens)) for r in requests]
-    return Stage(HF_PEER, "transformers generate(), fp32, one request at a time",
-                 lambda: {r.request_id: run()[0, len(r.prompt):].tolist() for r, run in runs})
+    Introduced in notebook 07 (putting it together). On a GPU it is timed graphed, as every
+    contender there: its static cache + torch.compile (`measure.timed_compile`)."""
+    graphed = timed_compile(hf_model.device)
+    make = hf_static_compiled_fn if graphed else hf_generate_fn
+    runs = [(r, make(hf_model, r.prompt, r.max_new_tokens)) for r in requests]
+    return Stage(HF_PEER, "transformers generate(), fp32, one request at a time"
+                 + (", static cache + torch.compile" if graphed else ""),
+                 lambda: {r.request_id: run()[0, len(r.prompt):].tolist() for r, run in runs},
+                 decode_paths={HF_GRAPHED if graphed else "eager"})

@@ -11,6 +11,7 @@ import torch
 
 from ..engine.precision import tensor_bytes
 from ..lab.busy import busy_reason
+from ..lab.measure import mark_graphed
 from ..lab.quality import eval_tokens
 from ..lab.stack import HF_PEER, run_stack
 from ..lab.serving_workload import stack_workload
@@ -59,22 +60,28 @@ def section_stack(ctx: BenchContext, options: StackOptions) -> dict:
     def busy(*names):
         return busy_reason({n: rows[n]["timing"] for n in names if n in rows}, load=result["load"])
 
-    figures = [reported(f"stack: {r['stage']} / {r['builds_on']}", r["gain"], "x",
-                        note=f"{r['tokens_per_s']:.1f} tokens/s, {r['precision']}"
-                             + (f"; top-1 agreement with fp32 {r['top1_agreement']:.0%}"
-                                if r["top1_agreement"] is not None else "")
-                             + ("" if r["kept"] else "; does not pay here")
-                             + (f"; {r['bandwidth_fraction']:.0%} of copy bandwidth"
-                                if r["bandwidth_fraction"] is not None else ""),
-                        busy=busy(r["stage"], r["builds_on"]))
+    def checked(figure, *names):
+        """On a GPU a figure read from a stage that was not graphed is a failed measurement."""
+        return mark_graphed(figure, [p for n in names if n in rows for p in rows[n]["decode_paths"]], ctx.device)
+
+    figures = [checked(reported(f"stack: {r['stage']} / {r['builds_on']}", r["gain"], "x",
+                                note=f"{r['tokens_per_s']:.1f} tokens/s, {r['precision']}"
+                                     + (f"; top-1 agreement with fp32 {r['top1_agreement']:.0%}"
+                                        if r["top1_agreement"] is not None else "")
+                                     + ("" if r["kept"] else "; does not pay here")
+                                     + (f"; {r['bandwidth_fraction']:.0%} of copy bandwidth"
+                                        if r["bandwidth_fraction"] is not None else ""),
+                                busy=busy(r["stage"], r["builds_on"])), r["stage"], r["builds_on"])
                for r in result["stages"] if r["gain"] is not None]
     if result["best"] is not None:
         best = rows[result["best"]]
-        figures.append(reported("stack: best stage / naive loop", best["cumulative"], "x", note=result["best"],
-                                busy=busy(result["best"], "naive loop")))
+        figures.append(checked(reported("stack: best stage / naive loop", best["cumulative"], "x",
+                                        note=result["best"], busy=busy(result["best"], "naive loop")),
+                               result["best"], "naive loop"))
     if "stack_vs_hf" in result:
-        figures.append(reported("stack: best stage / Hugging Face generate()", result["stack_vs_hf"], "x",
-                                note="HF: fp32, one request at a time", busy=busy(result["best"], HF_PEER)))
+        figures.append(checked(reported("stack: best stage / Hugging Face generate()", result["stack_vs_hf"], "x",
+                                        note="HF: fp32, one request at a time", busy=busy(result["best"], HF_PEER)),
+                               result["best"], HF_PEER))
     result["model_bytes"] = model_bytes(model)
     result["figures"] = figures
     return result

@@ -274,6 +274,7 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
                "same_tokens_as_fp32": same / tokens, "top1_agreement": None,
                "weight_bytes": None, "kv_cache_bytes": None, "weight_passes": None, "bandwidth_fraction": None,
                "batch_rows": None, "decode_path": ", ".join(sorted(stage.decode_paths)) or None,
+               "decode_paths": sorted(stage.decode_paths),
                "graphed": None if NOT_GRAPHED not in stage.decode_paths else False}
         if row["graphed"] is False:     # on a GPU: never passes silently as a graphed figure
             row["note"] = (row["note"] + " " if row["note"] else "") + ("Not a graphed measurement: its own step "
