@@ -46,6 +46,7 @@ from . import protocol
 from .engine_loop import EngineThread, Failure, TokenQueue
 from .protocol import ApiError, ChatRequest, CompletionRequest
 from .text import TextStream
+from .tokenizer_api import add_tokenizer_routes, require_served_model
 
 LOG = logging.getLogger("uvicorn.error")        # uvicorn's own log: what the server prints
 
@@ -124,18 +125,7 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
     async def chat_completions(body: ChatRequest, http: HttpRequest):
         return await server.answer(body, http, chat=True)
 
-    @app.post("/tokenize")
-    async def tokenize(body: protocol.TokenizeRequest):
-        return server.tokenize(body)
-
-    @app.post("/detokenize")
-    async def detokenize(body: protocol.DetokenizeRequest):
-        return server.detokenize(body)
-
-    @app.get("/tokenizer_info")
-    async def tokenizer_info():
-        return server.tokenizer_info()
-
+    add_tokenizer_routes(app, server)
     return app
 
 
@@ -182,9 +172,7 @@ class _Server:
 
     async def answer(self, body, http: HttpRequest, chat: bool):
         """Validate, queue, and answer one request (a JSON body, or a stream of events)."""
-        if body.model != self.model_name:
-            raise ApiError(404, f"The model '{body.model}' does not exist here; this server serves "
-                                f"'{self.model_name}' (GET /v1/models).", param="model", code="model_not_found")
+        require_served_model(self, body.model)
         refused = protocol.unsupported(body)
         if refused is not None:
             raise refused
@@ -217,36 +205,6 @@ class _Server:
             raise ApiError(500, one_sentence(error), kind="server_error") from error
         finally:
             answer.close()
-
-    def tokenize(self, body) -> dict:
-        """vLLM's /tokenize: text (or a chat) -> {"count", "max_model_len", "tokens"}. Notebook 09."""
-        self._check_model(body.model)
-        if body.prompt is not None:
-            tokens = self.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-        else:
-            tokens = self.tokenizer.encode(self._chat_text(body.messages), add_special_tokens=False)
-        return {"count": len(tokens), "max_model_len": self.engine.model.config.max_position, "tokens": tokens}
-
-    def detokenize(self, body) -> dict:
-        """vLLM's /detokenize: token ids -> {"prompt": text}. Notebook 09."""
-        self._check_model(body.model)
-        vocab = self.engine.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in body.tokens):
-            raise ApiError(400, f"The tokens must lie in the vocabulary [0, {vocab}).", param="tokens")
-        return {"prompt": self.tokenizer.decode(body.tokens)}
-
-    def tokenizer_info(self) -> dict:
-        """vLLM's /tokenizer_info: the tokenizer's class, sizes, special tokens and chat template. Notebook 09."""
-        tok = self.tokenizer
-        return {"tokenizer_class": type(tok).__name__, "vocab_size": self.engine.model.config.vocab_size,
-                "model_max_length": self.engine.model.config.max_position,
-                "eos_token_id": getattr(tok, "eos_token_id", None), "bos_token_id": getattr(tok, "bos_token_id", None),
-                "chat_template": getattr(tok, "chat_template", None)}
-
-    def _check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise ApiError(404, f"The model '{name}' does not exist here; this server serves "
-                                f"'{self.model_name}' (GET /v1/models).", param="model", code="model_not_found")
 
     def _prompt_ids(self, body, chat: bool) -> list[int]:
         if not chat:

@@ -1,0 +1,64 @@
+"""vLLM's tokenizer routes, beside the OpenAI ones: what a client calls to count tokens.
+
+Introduced in notebook 09 (serving over HTTP). Shaped as vLLM shapes them, so that a load
+generator or a client written for vLLM works here unchanged:
+
+    POST /tokenize      {"model"?, "prompt": text, "add_special_tokens"?}  (or "messages": a chat)
+                        -> {"count", "max_model_len", "tokens"}
+    POST /detokenize    {"model"?, "tokens": [ids]} -> {"prompt": text}
+    GET  /tokenizer_info  the tokenizer's class, vocabulary, context, special ids, chat template
+"""
+
+from __future__ import annotations
+
+from .protocol import ApiError, DetokenizeRequest, TokenizeRequest
+
+
+def require_served_model(server, name: str | None) -> None:
+    """A 404 in one sentence unless `name` is the served model (None: any). Notebook 09 (serving over HTTP)."""
+    if name is not None and name != server.model_name:
+        raise ApiError(404, f"The model '{name}' does not exist here; this server serves "
+                            f"'{server.model_name}' (GET /v1/models).", param="model", code="model_not_found")
+
+
+def tokenize(server, body: TokenizeRequest) -> dict:
+    """Text (or a chat, in the template the chat route uses) -> its token ids. Notebook 09 (serving over HTTP)."""
+    require_served_model(server, body.model)
+    if body.prompt is not None:
+        tokens = server.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    else:
+        tokens = server.tokenizer.encode(server._chat_text(body.messages), add_special_tokens=False)
+    return {"count": len(tokens), "max_model_len": server.engine.model.config.max_position, "tokens": list(tokens)}
+
+
+def detokenize(server, body: DetokenizeRequest) -> dict:
+    """Token ids (inside the vocabulary, else a 400) -> text. Notebook 09 (serving over HTTP)."""
+    require_served_model(server, body.model)
+    vocab = server.engine.model.config.vocab_size
+    if any(not 0 <= t < vocab for t in body.tokens):
+        raise ApiError(400, f"The tokens must lie in the vocabulary [0, {vocab}).", param="tokens")
+    return {"prompt": server.tokenizer.decode(body.tokens)}
+
+
+def tokenizer_info(server) -> dict:
+    """The tokenizer's class, sizes, special ids and chat template. Notebook 09 (serving over HTTP)."""
+    tok, config = server.tokenizer, server.engine.model.config
+    return {"tokenizer_class": type(tok).__name__, "vocab_size": config.vocab_size,
+            "model_max_length": config.max_position, "eos_token_id": getattr(tok, "eos_token_id", None),
+            "bos_token_id": getattr(tok, "bos_token_id", None), "chat_template": getattr(tok, "chat_template", None)}
+
+
+def add_tokenizer_routes(app, server) -> None:
+    """Register /tokenize, /detokenize and /tokenizer_info on `app`. Notebook 09 (serving over HTTP)."""
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest):
+        return tokenize(server, body)
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest):
+        return detokenize(server, body)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info_route():
+        return tokenizer_info(server)
