@@ -2,7 +2,8 @@
 
 Introduced in notebook 09 (serving over HTTP); ``python -m labsupport serve``. Read the
 modules in this order: protocol (the wire format) -> text (tokens to text, stop strings)
--> engine_loop (the one thread that steps the engine) -> app (the routes) -> server
+-> engine_loop (the one thread that steps the engine) -> app (the routes; vLLM's tokenizer
+routes are in tokenizer_api) -> server
 (uvicorn, in the foreground or a background thread). The load generator that measures it
 (and any other OpenAI-compatible server) is `labsupport.lab.loadgen`.
 """
