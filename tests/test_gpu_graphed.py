@@ -230,3 +230,32 @@ def test_the_stacks_hf_peer_is_its_static_cache_and_compile_on_cuda(gpu, monkeyp
     on_gpu = device == "cuda"
     assert {name for name, _ in hf_asked} == {"static" if on_gpu else "dynamic"}
     assert stage.decode_paths == {HF_GRAPHED if on_gpu else "eager"}
+
+
+@pytest.mark.parametrize("path", [CUDA_GRAPHS, "eager"])
+def test_baseline_asks_for_the_graphed_step_on_cuda_and_refuses_an_eager_one(gpu, monkeypatch, path):
+    from labsupport.bench import baseline
+    asked, hf_asked = [], []
+    spy_generate(monkeypatch, baseline, asked, path=path)
+    monkeypatch.setattr(baseline, "hf_generate_fn", _fake_hf(hf_asked, "dynamic"))
+    monkeypatch.setattr(baseline, "hf_static_compiled_fn", _fake_hf(hf_asked, "static"))
+    monkeypatch.setattr(baseline, "copy_timing", lambda device, repeats: (8, None))
+    real_ones, real_empty = torch.ones, torch.empty_like          # the copy probe's buffers, on the CPU here
+    monkeypatch.setattr(baseline.torch, "ones", lambda *a, device=None, **k: real_ones(*a, **k))
+    monkeypatch.setattr(baseline.torch, "empty_like", lambda t, **k: real_empty(t))
+    monkeypatch.setattr(baseline, "track_peak_memory", lambda device: measure.track_peak_memory("cpu"))
+    model = SimpleNamespace(weight_bytes=lambda: 1, config=SimpleNamespace(), dtype=torch.float32)
+    monkeypatch.setattr(baseline, "kv_cache_bytes", lambda *a: 1)
+    tok = SimpleNamespace(encode=lambda text: [1, 2, 3])
+    monkeypatch.setattr(baseline, "chat_prompt", lambda tok, text: text)
+    ctx = SimpleNamespace(device=CUDA, model=lambda dtype: (model, tok), hf_model=lambda dtype: "hf",
+                          hardware=SimpleNamespace(bandwidth=1e9))
+    options = baseline.BaselineOptions(new_tokens=4, repeats=1)
+    if path != CUDA_GRAPHS:
+        with pytest.raises(LabError, match="labsupport generate"):
+            baseline.section_baseline(ctx, options)
+        return
+    section = baseline.section_baseline(ctx, options)
+    assert set(asked) == {True} and {name for name, _ in hf_asked} == {"static"}
+    assert section["decode_paths"] == {"labsupport": [CUDA_GRAPHS], "huggingface": [HF_GRAPHED]}
+    assert all(f["graphed"] for f in section["figures"])
