@@ -259,3 +259,18 @@ def test_baseline_asks_for_the_graphed_step_on_cuda_and_refuses_an_eager_one(gpu
     assert set(asked) == {True} and {name for name, _ in hf_asked} == {"static"}
     assert section["decode_paths"] == {"labsupport": [CUDA_GRAPHS], "huggingface": [HF_GRAPHED]}
     assert all(f["graphed"] for f in section["figures"])
+
+
+def test_an_engines_row_that_cannot_be_graphed_is_absent_as_a_failed_measurement(gpu, monkeypatch):
+    from labsupport.bench import engines
+    spy_generate(monkeypatch, engines, [], path="compiled")
+    monkeypatch.setattr(engines, "hf_static_compiled_fn", _fake_hf([], "static"))
+    monkeypatch.setattr(engines, "quantized_bytes", lambda m: 1)
+    model = SimpleNamespace(weight_bytes=lambda: 1)
+    handle = SimpleNamespace(describe=lambda: "aten int4 kernel")
+    ctx = SimpleNamespace(device=CUDA, model=lambda dtype: (model, None), hf_model=lambda dtype: "hf",
+                          variants=SimpleNamespace(get=lambda *a, **k: model, handle=lambda *a, **k: handle))
+    found, absent, _, _ = engines._engines(ctx, engines.EnginesOptions(new_tokens=4, repeats=1, llamacpp=False),
+                                           [1, 2])
+    assert engines.OURS not in found and "failed measurement" in absent[engines.OURS]
+    assert engines.HF in found

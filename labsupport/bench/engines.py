@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..errors import LabError
 from ..lab.busy import busy_reason
 from ..engine.generation import chat_prompt, generate
 from ..engine.kv_cache import kv_cache_bytes
@@ -107,7 +108,11 @@ def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int],
     paths = {} if paths is None else paths
     graphed = timed_compile(ctx.device)
 
+    ours_rows = []
+
     def ours(m, name, compiled=False):
+        ours_rows.append(name)
+
         def run(n):
             result = generate(m, ids, n, eos_token_ids=(), compile=compiled or graphed)
             paths.setdefault(name, set()).add(result.decode_path)
@@ -192,6 +197,14 @@ def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int],
                                        NOT_GRAPHED if graphed else "eager"), model.weight_bytes())
     else:
         absent[HF_ASSISTED] = "switched off (engines.draft_layers=0; --all-peers turns it on)"
+
+    if graphed:      # each row's first call compiles and records it; one that cannot be graphed fails alone
+        for name in ours_rows:
+            try:
+                engines[name][0](new_tokens)
+            except LabError as error:
+                del engines[name]
+                absent[name] = str(error)
 
     gguf = find_gguf() if options.llamacpp and ctx.device.type == "cpu" else None
     reason = (llamacpp_unavailable(gguf) if gguf is not None else
