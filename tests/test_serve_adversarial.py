@@ -241,6 +241,7 @@ def test_unknown_fields_are_ignored_with_one_log_line_and_refusals_are_logged(se
     api = client(served)
     out = api.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi", "vendor_tag": 1}],
                                       max_tokens=3, temperature=0, store=True, metadata={"a": "b"},
+                                      tool_choice="none", parallel_tool_calls=True,
                                       extra_body={"acme_priority": 5})
     assert out.choices[0].message.content is not None
     ignored = [line for line in log_lines if "ignored" in line]

@@ -175,8 +175,9 @@ def unsupported(body: SamplingFields) -> ApiError | None:
                    ("suffix", bool(body.suffix), "does not fill in a suffix; leave it out"),
                    ("best_of", body.best_of not in (None, 1), "generates one candidate; leave best_of out")]
     if isinstance(body, ChatRequest):
-        checks += [(name, getattr(body, name) not in (None, [], False), "does not call tools; leave it out")
-                   for name in ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")]
+        # without tools, tool_choice "none"/"auto" and parallel_tool_calls change nothing: accepted
+        checks += [(name, getattr(body, name) not in (None, [], "none", "auto"), "does not call tools; leave it out")
+                   for name in ("tools", "tool_choice", "functions", "function_call")]
         checks += [("top_logprobs", body.top_logprobs is not None, "does not return log-probabilities; leave it out"),
                    ("response_format", body.response_format not in (None, {"type": "text"}),
                     "replies in plain text only; leave response_format out")]
