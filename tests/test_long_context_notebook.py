@@ -43,7 +43,10 @@ def test_decode_share_and_variant_and_window_figures(tiny_llama):
     rows = decode_attention_share(tiny_llama, [8, 16], batches=[1, 2], repeats=1)
     fig = decode_share_figure(rows)
     assert len(fig.data) == 4 and list(fig.data[0].x) == [8, 16]
-    assert all(0 <= y <= 100 for trace in fig.data for y in trace.y)
+    measured, computed = fig.data[0::2], fig.data[1::2]           # per batch: timed share, bytes share
+    assert [list(t.y) for t in measured] == [[100 * r["attention_share"] for r in rows if r["batch"] == b]
+                                             for b in (1, 2)]      # as timed (two timings: noise may pass 100)
+    assert all(0 < y < 100 for trace in computed for y in trace.y)
     variants = time_kv_variants(kv_head_variants(tiny_llama.config), 16, repeats=1)
     assert list(kv_variants_figure(variants).data[0].x) == ["MHA (4 kv-heads)", "GQA (2 kv-heads)", "MQA (1 kv-heads)"]
     windows = window_figure(window_perplexity(tiny_llama, TOKENS, [4, None]))

@@ -74,6 +74,7 @@ import torch
 from ..errors import LabError, first_line
 from .hardware import synchronize
 from .kv_cache import StaticKVCache
+from .models import fused
 from .models.masks import fixed_decode_mask
 
 MIN_LENGTH_BUCKET = 64
@@ -220,6 +221,7 @@ class CompiledDecoder:
         if known is not None:
             return DecodePath(known.path, note=known.note)
         mark_static(cache)
+        fused.prepare(cache.device)      # CPU kernels load before the trace, which then never recompiles for them
         rows, filled, device = cache.batch_size, cache.length, cache.keys.device
         tokens = torch.zeros(rows, dtype=torch.long, device=device)                        # (rows,)
         positions = torch.zeros(rows, 1, dtype=torch.long, device=device)                 # (rows, 1)

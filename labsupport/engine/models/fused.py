@@ -73,7 +73,7 @@ def load() -> str | None:
 def prepare(device: torch.device) -> None:
     """Build and load the kernels before the first pass on a CPU (never while torch.compile
     traces, and never for a GPU model: Colab builds nothing it will not use). Notebook 00."""
-    if ENABLED and not LOADED and device.type == "cpu" and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() and ENABLED and not LOADED and device.type == "cpu":
         load()
 
 
