@@ -1,5 +1,5 @@
 """On a GPU every timed decode step is a replayed CUDA graph (issue 35): `step_timing.step_runner`
-captures the step once (`captured_replay`) and the timings replay it; only notebook 00's profile,
+captures the step once (`measure.captured`) and the timings replay it; only notebook 00's profile,
 whose lesson is the launches, runs it eagerly. No GPU here: torch.cuda's stream and graph calls
 are replaced by stand-ins that record what was asked, and the step itself runs on the CPU."""
 
@@ -12,7 +12,8 @@ import torch
 
 from labsupport.errors import LabError
 from labsupport.lab import kv_timing, long_context, roofline, step_profile, step_timing
-from labsupport.lab.step_timing import GRAPHED, captured_replay, filled_cache, step_runner
+from labsupport.lab.measure import GRAPHED_STEP as GRAPHED, captured
+from labsupport.lab.step_timing import filled_cache, step_runner
 
 
 class FakeGraph:
@@ -32,7 +33,7 @@ def fake_cuda(monkeypatch):
     log = {"captures": 0}
 
     @contextlib.contextmanager
-    def capture(graph):
+    def capture(graph, pool=None):
         log["captures"] += 1
         yield
 
@@ -75,8 +76,8 @@ def test_on_a_cpu_the_runner_stays_eager(tiny_llama):
 def test_a_step_that_cannot_be_captured_is_a_failed_measurement_in_one_sentence(fake_cuda):
     def host_sync():
         raise RuntimeError("operation not permitted when stream is capturing\nmore lines")
-    with pytest.raises(LabError, match=r"Could not capture the step as a CUDA graph \(.*capturing\).*launches") as error:
-        captured_replay(host_sync, "cpu", "the step")
+    with pytest.raises(LabError, match=r"the step could not be captured as a CUDA graph \(.*capturing\).*launches") as error:
+        captured(host_sync, "cpu", "the step", graphed=True)
     assert "\n" not in str(error.value)
 
 
@@ -84,7 +85,7 @@ def test_notebook_01s_uncached_step_is_graphed_on_a_gpu_too(tiny_llama, monkeypa
     """Cached against uncached: on a GPU both sides replay a graph, or the uncached side would
     be timed launch by launch."""
     captured = []
-    monkeypatch.setattr(kv_timing, "captured_replay", lambda fn, device, what: captured.append(what) or fn)
+    monkeypatch.setattr(kv_timing, "captured", lambda fn, device, what: fn if device.type != "cuda" else captured.append(what) or fn)
     sequence = torch.zeros(1, 6, dtype=torch.long)
     kv_timing._naive_step(tiny_llama, sequence)
     assert captured == []                                         # a CPU: eager

@@ -15,7 +15,7 @@ import torch
 
 from ..claims.serving import prefill_stall
 from ..lab.busy import busy_reason, load_per_core
-from ..lab.measure import time_side_by_side
+from ..lab.measure import HF_CB_GRAPHED, NOT_GRAPHED, VLLM_GRAPHED, mark_graphed, time_side_by_side
 from ..weights.loading import resolve_hf_source
 from ..engine.hardware import dtype_name, pick_dtype
 from ..engine.serving.engine import Engine
@@ -111,16 +111,18 @@ def serve_side_by_side(model, hf_model, requests: list, slots: int, repeats: int
                                                                   "continuous": {"policy": "continuous"}}
     longest = max(r.max_length for r in requests)
     runs: dict = {}
+    engines = {name: Engine(model, max_slots=slots, cache_tokens=slots * longest, **kwargs)
+               for name, kwargs in servers.items()}     # made before timing: a GPU engine captures its graphs here
 
-    def ours(name, kwargs):
+    def ours(name):
         def fn():
-            runs[name] = Engine(model, max_slots=slots, cache_tokens=slots * longest, **kwargs).run(requests)
+            runs[name] = engines[name].run(requests)     # each run starts afresh (an empty cache)
         return fn
 
     def huggingface():
         runs["hf"] = hf_serve(hf_model, requests, max_slots=slots, defaults=True, cache_tokens=slots * longest)
 
-    fns = {name: ours(name, kwargs) for name, kwargs in servers.items()}
+    fns = {name: ours(name) for name in servers}
     if hf_model is not None:
         fns["hf"] = huggingface
     timings = time_side_by_side(fns, model.device, warmup=0, repeats=repeats)
@@ -242,6 +244,19 @@ def section_serving(ctx: BenchContext, options: ServingOptions) -> dict:
                                   f"{memory['reserved_bytes'] / 2**20:.1f} MiB reserved for {slots} x {longest} "
                                   f"positions"),
     ]
+    # on a GPU a figure read from a run whose decode steps were not replayed CUDA graphs is a failed
+    # measurement (measure.mark_graphed); the peers graph by default (their paths say so, unverified)
+    paths = {name: [runs[name].decode_path] for name in OURS}
+    paths["hf"], paths["vllm"] = [HF_CB_GRAPHED], [VLLM_GRAPHED]
+    paths["curve"] = sorted({row["decode_path"] for row in curve if "decode_path" in row})     # ours, not the peer's
+    uses = {"continuous / static": ("continuous", "static"), "prefill tokens": ("continuous", "prefix caching"),
+            "time to first token p50": ("continuous", "prefix caching"), "inter-token": ("curve",),
+            "throughput with / without": ("curve",), "Hugging Face": ("chunked + prefix caching", "hf"),
+            "vLLM": ("continuous", "vllm"), "latency p99": ("continuous", "static"),
+            "time to first token p99": ("continuous", "static"), "paged cache": ()}
+    for figure in figures:
+        names = next(v for k, v in uses.items() if k in figure["name"])
+        mark_graphed(figure, [p for n in names for p in paths[n]], ctx.device)
     if costs is not None:
         figures.append(reported("serving: decode step, share of the gather", costs["gather_share"], "fraction",
                                 note=f"block tables {costs['table_build_share']:.0%}, the rest "
@@ -249,6 +264,7 @@ def section_serving(ctx: BenchContext, options: ServingOptions) -> dict:
                                      f"{costs['context']} positions; attention over the pool: "
                                      f"{costs['step_s'] / costs['pool_step_s']:.2f}x the gathering step's speed",
                                 busy=busy_reason(costs["timings"], load=load)))
+        mark_graphed(figures[-1], [NOT_GRAPHED], ctx.device)      # its parts are timed one by one, eagerly
         costs = {k: v for k, v in costs.items() if k != "timings"}
     return {"requests": len(requests), "slots": slots, "tokens": tokens, "answer_lengths": lengths,
             "token_budget": budget, "tokens_per_s": speed, "timings_s": {k: t.to_dict() for k, t in timings.items()},

@@ -26,8 +26,8 @@ import torch
 from ..errors import LabError
 
 from ..engine.kv_cache import kv_cache_bytes
-from .measure import time_side_by_side
-from .step_timing import captured_replay, filled_cache, step_runner
+from .measure import captured, time_side_by_side
+from .step_timing import filled_cache, step_runner
 from ..engine.models.config import ModelConfig
 
 MODES = {True: "cached_s", False: "naive_s"}      # use_cache -> column name of its time
@@ -48,9 +48,7 @@ def _naive_step(model, sequence: torch.Tensor):
     def run():
         with torch.inference_mode():
             return model.logits(model(sequence), at=-1)
-    if model.device.type != "cuda":
-        return run
-    return captured_replay(run, model.device, f"the uncached step over {sequence.shape[1]} tokens")
+    return captured(run, model.device, f"the uncached step over {sequence.shape[1]} tokens")
 
 
 def _cached_step(model, sequence: torch.Tensor):

@@ -45,11 +45,12 @@ def configurations(token_budget: int) -> dict[str, dict]:
 def engine_row(result) -> dict:
     """The curve's figures of one engine run (`ServingResult`): throughput (tokens per second),
     TTFT, inter-token latency and time per output token percentiles, prompt tokens computed and
-    taken from the prefix cache. Introduced in notebook 06 (continuous batching)."""
+    taken from the prefix cache, and its decode path (`Engine.decode_path`). Introduced in notebook 06 (continuous batching)."""
     m = summarize(result)
     return {"throughput": m["throughput_tokens_per_s"], "ttft_p50": m["ttft_p50"], "ttft_p99": m["ttft_p99"],
             "itl_p50": m["itl_p50"], "itl_p99": m["itl_p99"], "tpot_p50": m["tpot_p50"],
-            "prefill_tokens": m["prefill_tokens_computed"], "cached_tokens": m["prefix_cached_tokens"]}
+            "prefill_tokens": m["prefill_tokens_computed"], "cached_tokens": m["prefix_cached_tokens"],
+            "decode_path": result.decode_path}
 
 
 def peer_row(arrivals: Mapping, token_times: Mapping) -> dict:
@@ -122,13 +123,14 @@ def load_curve(model, prompts: list[list[int]], rates: Sequence[float], count: i
     cache_tokens = max_slots * max(r.max_length for r in base)
     tokens = sum(r.max_new_tokens for r in base)
     rows = []
+    engines = {name: Engine(model, max_slots=max_slots, block_size=block_size, cache_tokens=cache_tokens, **kwargs)
+               for name, kwargs in settings.items()}        # made once: a GPU engine captures its graphs here
     for rate in rates:
         requests = at_rate(base, rate, seed)
-        for name, kwargs in settings.items():
+        for name, engine in engines.items():
             if progress is not None:
                 progress(name, rate)
-            result = Engine(model, max_slots=max_slots, block_size=block_size, cache_tokens=cache_tokens,
-                            **kwargs).run(requests)
+            result = engine.run(requests)                     # each run starts afresh
             rows.append({"configuration": name, "rate": rate, "requests": len(requests), "tokens": tokens,
                          **engine_row(result)})
             if runs is not None:

@@ -27,6 +27,8 @@ import torch
 
 from labsupport.errors import LabError, first_line
 from labsupport.engine.compiled import CUDA_GRAPHS
+from labsupport.engine.graphs import CaptureFailed, capture
+from labsupport.engine.serving.decode_graphs import GRAPHED as SERVING_GRAPHED
 from labsupport.engine.hardware import pick_device, synchronize
 from labsupport.lab import progress
 
@@ -194,7 +196,12 @@ def time_side_by_side(
 # only a replayed CUDA graph passes, ours or Hugging Face's static cache + torch.compile.
 NOT_GRAPHED = "eager (not graphed)"
 HF_GRAPHED = "HF static cache + torch.compile (reduce-overhead: CUDA graphs)"
-GRAPHED_PATHS = (CUDA_GRAPHS, HF_GRAPHED)
+GRAPHED_STEP, EAGER_STEP = "CUDA graph", "eager"     # the path of one timed pass (`captured`)
+# The peers' own serving loops: vLLM captures CUDA graphs unless told enforce_eager (we never do);
+# transformers' continuous batching pre-captures them by default (generate_batch's `warmup`, 5.14+).
+VLLM_GRAPHED = "vLLM (CUDA graphs, its default)"
+HF_CB_GRAPHED = "transformers continuous batching (CUDA graphs, its default)"
+GRAPHED_PATHS = (CUDA_GRAPHS, HF_GRAPHED, SERVING_GRAPHED, GRAPHED_STEP, VLLM_GRAPHED, HF_CB_GRAPHED)
 
 
 def timed_compile(device) -> bool:
@@ -227,32 +234,27 @@ def require_graphed(result, what: str, device):
                    f"timing on this GPU would measure kernel launches; it is a failed measurement.")
 
 
-def captured(fn: Callable[[], object], device, what: str) -> Callable[[], object]:
-    """`fn` as a timed contender: on a CUDA GPU a zero-argument function replaying a CUDA graph
-    of it (warmed up three times on a side stream, then captured once, as torch's docs ask);
-    elsewhere `fn` itself. `fn` must leave the host's state as it found it (a pass that
-    truncates its cache after itself), since a replay runs only the recorded kernels. A pass
-    that cannot be captured is a failed measurement: a LabError naming `what`.
+def captured(fn: Callable[[], object], device, what: str, graphed: bool | None = None) -> Callable[[], object]:
+    """`fn` as a timed contender: where `graphed` (None: on a CUDA GPU) a zero-argument function
+    replaying a CUDA graph of it (`engine.graphs.capture`: warmed up on a side stream, captured
+    once), returning fn's output; elsewhere `fn` itself. `fn` must leave the host's state as it
+    found it (a pass that truncates its cache after itself), since a replay runs only the
+    recorded kernels. A pass that cannot be captured is a failed measurement: a LabError naming
+    `what`, never a figure timed launch by launch. A replay's ``path`` is `GRAPHED_STEP`.
 
-    Introduced in notebook 05 (speculative decoding): its verify pass for each k."""
+    Introduced in notebook 00 (where the time goes); notebook 05 times its verify pass so."""
     device = pick_device(device)
-    if device.type != "cuda":
+    if graphed is None:
+        graphed = device.type == "cuda"
+    if not graphed:
         return fn
     try:
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-    except Exception as error:                 # any capture failure: said, never timed eagerly
-        raise LabError(f"{what} could not be captured as a CUDA graph ({first_line(error, with_type=True)}); "
-                       f"its timing on this GPU would measure kernel launches, so it is a failed "
-                       f"measurement.") from None
-    return graph.replay
+        replay = capture(fn, device, what)
+    except CaptureFailed as error:
+        raise LabError(f"{error}; timed launch by launch it would measure kernel launches, not the GPU's "
+                       f"work, so it is a failed measurement.") from None
+    replay.path = GRAPHED_STEP
+    return replay
 
 
 def mark_graphed(figure: dict, paths, device) -> dict:

@@ -21,9 +21,9 @@ from ..engine.compiled import fixed_shape_step
 from ..engine.generation import decode_step
 from ..engine.kv_cache import StaticKVCache
 from ..engine.kv_quant import Int8KVCache
-from ..errors import LabError, first_line
+from ..errors import LabError
 from ..inputs import whole_number
-from .measure import time_fn
+from .measure import EAGER_STEP, captured, time_fn
 
 CACHE_KINDS = ("float", "int8")       # a StaticKVCache in the model's dtype, or an Int8KVCache
 
@@ -64,7 +64,7 @@ def step_runner(model, cache, step: Callable | None = None, seed: int = 0,
     """A function that runs one decode step of seeded random tokens (one per row) on `cache`
     and rolls the cache back to what it held, so that it can be timed again and again.
     step(model, cache, next_tokens) is the work of one step (default: `decode_step`, returning
-    its logits). graphed: replay the step as a CUDA graph (`captured_replay`); None: on CUDA,
+    its logits). graphed: replay the step as a CUDA graph (`measure.captured`); None: on CUDA,
     where a step timed launch by launch would measure the launches. Only notebook 00's profile,
     whose lesson is the launches, passes False. The runner's ``path`` says which ran.
     Notebook 00 (where the time goes)."""
@@ -79,48 +79,9 @@ def step_runner(model, cache, step: Callable | None = None, seed: int = 0,
             out = step(model, cache, tokens)
         cache.truncate(filled)
         return out
-    if graphed is None:
-        graphed = model.device.type == "cuda"
-    if not graphed:
-        run.path = "eager"
-        return run
-    replay = captured_replay(run, model.device, f"the decode step of {model.config.name} at batch "
-                                                f"{cache.batch_size} after {cache.length} positions")
-    replay.path = GRAPHED
-    return replay
-
-
-GRAPHED = "CUDA graph"          # the path of a step replayed as one graph
-
-
-def captured_replay(fn: Callable[[], torch.Tensor], device, what: str) -> Callable[[], torch.Tensor]:
-    """`fn`, whose GPU work is the same at every call (a decode step rolled back), captured once as
-    a CUDA graph; returns a function that replays it and returns fn's output tensor (overwritten by
-    each replay). A step whose work cannot be captured (a host sync inside it) is a failed
-    measurement, said in one sentence, never timed launch by launch. Notebook 00 (where the time goes).
-
-    torch's recipe (torch/cuda/graphs.py, `torch.cuda.graph`): warm up on a side stream, capture
-    on it, then `CUDAGraph.replay()` launches every kernel of the step in one call."""
-    device = torch.device(device)
-    try:
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
-    except Exception as error:           # noqa: BLE001 - said in one sentence, never silently eager
-        raise LabError(f"Could not capture {what} as a CUDA graph ({first_line(error)}), so it is not timed: "
-                       f"timed launch by launch it would measure the launches, not the GPU's work.") from error
-
-    def replay():
-        graph.replay()
-        return out
-    replay.graph = graph                 # kept alive with the replay
-    return replay
+    run.path = EAGER_STEP                        # a replay that takes its place says GRAPHED_STEP
+    return captured(run, model.device, f"the decode step of {model.config.name} at batch {cache.batch_size} "
+                                       f"after {cache.length} positions", graphed)
 
 
 def graphed_decode_seconds(model, batch: int, context: int, repeats: int = 5) -> float:
@@ -144,5 +105,5 @@ def graphed_decode_seconds(model, batch: int, context: int, repeats: int = 5) ->
             return fixed_shape_step(model, tokens, positions, writer, key_mask)
     if device.type != "cuda":
         return time_fn(step, device, warmup=1, repeats=repeats).median
-    replay = captured_replay(step, device, f"the fixed-shape decode step at batch {batch}")
+    replay = captured(step, device, f"the fixed-shape decode step at batch {batch}")
     return time_fn(replay, device, warmup=2, repeats=repeats).median

@@ -12,8 +12,8 @@ padding key, and (with a window W) none more than W - 1 positions back":
 
 * `causal_mask`: T new queries after `start` cached keys, with optional left padding;
 * `padded_key_mask`: which slots of a preallocated cache hold real tokens;
-* `fixed_decode_mask`: one decode step over the whole preallocated buffer (fixed
-  shapes for torch.compile and CUDA graphs);
+* `fixed_decode_mask`: one decode step (or a verify pass of k + 1 tokens, notebook 05)
+  over the whole preallocated buffer (fixed shapes for torch.compile and CUDA graphs);
 * `context_mask`: one decode step over rows of different context lengths (the paged
   cache of notebook 06);
 * `chunk_mask`: rows that each add a chunk of queries after their own cached context,
@@ -82,19 +82,20 @@ def padded_key_mask(prompt_mask: torch.Tensor, max_len: int) -> torch.Tensor:
 
 def fixed_decode_mask(max_len: int, slot: torch.Tensor, key_mask: torch.Tensor | None, *,
                       window: int | None) -> torch.Tensor:
-    """One decode step over a whole preallocated buffer of `max_len` slots: the query
-    written at `slot` (1,) sees every slot up to its own (the last `window` of them, with a
-    window); slots not written yet are hidden. Returns (1, 1, 1, max_len), or
-    (B, 1, 1, max_len) with key_mask (B, max_len).
+    """One step over a whole preallocated buffer of `max_len` slots: each query written at
+    `slot` (T,) sees every slot up to its own (the last `window` of them, with a window);
+    slots not written yet, and the later queries of the step, are hidden. Returns
+    (1, 1, T, max_len), or (B, 1, T, max_len) with key_mask (B, max_len). A decode step has
+    T = 1; speculative decoding's verify pass T = k + 1 (notebook 05).
 
     Notebook 01 (KV cache): the fixed shapes let torch.compile and CUDA graphs replay the step.
     A left-padded row's slots and positions differ by its padding, so distances (the window)
     are the same in both.
     """
     key_slots = torch.arange(max_len, device=slot.device)
-    mask = _in_window(slot, key_slots, window)[None, None, None, :]     # (1, 1, 1, max_len)
+    mask = _in_window(slot[:, None], key_slots[None, :], window)[None, None]   # (1, 1, T, max_len)
     if key_mask is not None:
-        mask = mask & key_mask[:, None, None, :]                       # (B, 1, 1, max_len)
+        mask = mask & key_mask[:, None, None, :]                       # (B, 1, T, max_len)
     return mask
 
 
@@ -110,16 +111,18 @@ def context_mask(context_lengths: torch.Tensor, *, window: int | None) -> torch.
     return _in_window(query_positions, key_positions[None, :], window)[:, None, None, :]     # (B, 1, 1, S)
 
 
-def chunk_mask(query_positions: torch.Tensor, *, window: int | None) -> torch.Tensor:
+def chunk_mask(query_positions: torch.Tensor, *, window: int | None, num_keys: int | None = None) -> torch.Tensor:
     """Rows that each bring T new queries after their own cached context, in one pass:
     query t of row b sits at position query_positions[b, t] and sees every key at or
     before it (the last `window` of them, with a window): its row's cached context, then
     causally within its chunk. Keys past a row's newest query pad it to the longest row and
-    stay hidden. query_positions: (B, T). Returns (B, 1, T, S), S = the largest position + 1.
+    stay hidden. query_positions: (B, T). Returns (B, 1, T, S), S = `num_keys`, or the largest
+    position + 1 (which reads it from the device: a CUDA graph passes its fixed width instead).
 
-    Notebook 06 (continuous batching): chunked prefill.
+    Notebook 06 (continuous batching): chunked prefill; its decode graphs pass num_keys.
     """
-    num_keys = int(query_positions.max()) + 1
+    if num_keys is None:
+        num_keys = int(query_positions.max()) + 1
     key_positions = torch.arange(num_keys, device=query_positions.device)                    # (S,)
     return _in_window(query_positions[:, :, None], key_positions[None, None, :], window)[:, None]  # (B, 1, T, S)
 

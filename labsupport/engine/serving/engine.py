@@ -45,6 +45,7 @@ from ...errors import LabError
 from ...inputs import whole_number
 from ..hardware import synchronize
 from .block_manager import BlockManager, blocks_needed
+from .decode_graphs import EAGER, DecodeGraphs
 from .model_runner import ModelRunner
 from .paged_cache import PagedKVCache
 from .request import Request, ServedSequence, next_token
@@ -83,6 +84,8 @@ class ServingResult:
     block_size: int = 1
     token_budget: int | None = None
     prefix_caching: bool = False
+    decode_path: str = "eager"     # or decode_graphs.GRAPHED: every decode step replayed a CUDA graph
+    decode_note: str | None = None           # why not, when a GPU engine decodes eagerly
 
     def tokens(self) -> dict:
         """Request id -> generated tokens."""
@@ -103,13 +106,17 @@ class Engine:
     prefix_caching: share the cache blocks of prompts' common full-block prefixes.
     record: keep every sequence and step for `run`'s result (True); a long-lived server
         passes False: finished sequences are then forgotten and no step is logged.
+    cuda_graphs: replay every decode step as a CUDA graph (decode_graphs.py; all captured
+        here, `graphs.capture_seconds`); None: on a CUDA GPU, where an eager step times its
+        kernel launches. `decode_path` and `decode_note` say what runs.
 
     Notebook 06 (continuous batching).
     """
 
     def __init__(self, model, max_slots: int = 8, policy: str = "continuous",
                  block_size: int = 16, cache_tokens: int | None = None,
-                 token_budget: int | None = None, prefix_caching: bool = False, record: bool = True):
+                 token_budget: int | None = None, prefix_caching: bool = False, record: bool = True,
+                 cuda_graphs: bool | None = None):
         max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
         block_size = whole_number(block_size, "block_size (positions per cache block)")
         if cache_tokens is None:
@@ -118,14 +125,31 @@ class Engine:
         if token_budget is not None:
             token_budget = whole_number(token_budget, f"token_budget (tokens per step; at least max_slots = "
                                         f"{max_slots}, so that every decode fits, or None)", minimum=max_slots)
-        for flag, name in ((prefix_caching, "prefix_caching"), (record, "record")):
+        if cuda_graphs is None:
+            cuda_graphs = model.device.type == "cuda"
+        for flag, name in ((prefix_caching, "prefix_caching"), (record, "record"), (cuda_graphs, "cuda_graphs")):
             if not isinstance(flag, bool):
                 raise LabError(f"{name} must be True or False, got {flag!r}.")
+        if cuda_graphs and model.device.type != "cuda":
+            raise LabError(f"CUDA graphs replay GPU work, and this model is on {model.device.type}; "
+                           f"pass cuda_graphs=False or None, or move the model to a CUDA GPU.")
         self.model, self.policy, self.max_slots = model, policy, max_slots
         self.token_budget, self.prefix_caching, self.record = token_budget, prefix_caching, record
         self.num_blocks, self.block_size = blocks_needed(cache_tokens, block_size), block_size
         self.cache = PagedKVCache(model.config, self.num_blocks, block_size, model.device, model.dtype)
+        self.graphs = DecodeGraphs(ModelRunner(model, self.cache, None), max_slots) if cuda_graphs else None
         self._start_afresh("wall")
+
+    @property
+    def decode_path(self) -> str:
+        """`decode_graphs.GRAPHED` when every decode step replays a CUDA graph, else "eager"
+        (`decode_note` says why on a GPU). Notebook 06 (continuous batching)."""
+        return EAGER if self.graphs is None else self.graphs.path
+
+    @property
+    def decode_note(self) -> str | None:
+        """Why a GPU engine decodes eagerly (a graph that could not be captured), or None."""
+        return None if self.graphs is None else self.graphs.note
 
     def _start_afresh(self, clock: str) -> None:
         """Empty bookkeeping over the same cache memory: a new block manager (no block held or
@@ -133,6 +157,7 @@ class Engine:
         self.blocks = BlockManager(self.num_blocks, self.block_size, self.prefix_caching, self.model.device)
         self.scheduler = Scheduler(self.policy, self.max_slots, self.blocks, self.token_budget)
         self.runner = ModelRunner(self.model, self.cache, self.blocks)
+        self.runner.graphs = self.graphs
         self.sequences: list[ServedSequence] = []       # this run's, in order of arrival (record=True)
         self.steps: list[StepRecord] = []               # this run's (record=True)
         self.live: dict = {}                            # request id -> sequence, until it finishes
@@ -330,7 +355,8 @@ class Engine:
         return ServingResult(list(self.sequences), list(self.steps), rejected,
                              self.scheduler.policy, self.scheduler.max_slots,
                              self.blocks.peak_used, self.cache.bytes_per_block,
-                             self.blocks.block_size, self.token_budget, self.prefix_caching)
+                             self.blocks.block_size, self.token_budget, self.prefix_caching,
+                             self.decode_path, self.decode_note)
 
 
 class _RunClock:

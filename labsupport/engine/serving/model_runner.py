@@ -52,6 +52,7 @@ class ModelRunner:
         self.attention = attention
         self.device = model.device
         self.window = model.config.attention_window        # sliding-window attention (notebook 08), or None
+        self.graphs = None          # the engine's `DecodeGraphs` on a GPU: decode steps replay a CUDA graph
 
     def tables(self, seqs: list[ServedSequence], padding_rows: int = 0, width: int = 1) -> torch.Tensor:
         """Block tables as one (B, >= width) tensor, short rows (and padding rows) filled with
@@ -94,6 +95,11 @@ class ModelRunner:
         ids = torch.tensor(rows, dtype=torch.long, device=self.device)                  # (B, T)
         T = ids.shape[1]
         positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(T, device=self.device)
+        if T == 1 and self.graphs is not None and self.attention == "gather":
+            replayed = self.graphs.decode(ids, positions, max(starts) + 1,
+                                          lambda width: self.tables(seqs, padding_rows, width), len(seqs))
+            if replayed is not None:
+                return replayed                                                         # (len(seqs), vocab)
         context = positions[:, -1] + 1                                                  # (B,)
         width = blocks_needed(int(context.max()), self.cache.block_size)
         view = self.cache.view(self.tables(seqs, padding_rows, width), positions, context,
@@ -101,6 +107,16 @@ class ModelRunner:
         mask = chunk_mask(positions, window=self.window)                                # (B, 1, T, S)
         if self.attention == "pool":
             mask = view.pool_mask(mask)                                                 # (B, 1, T, span)
+        return self.model.logits(self.model(ids, positions, view, mask), at=-1)         # (B, vocab)
+
+    @torch.inference_mode()
+    def fixed_width_decode(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """One token per row, each row reading the first W blocks of its table: ids, positions
+        (B, 1), tables (B, W). Every shape is fixed by the inputs' and nothing waits for the
+        device: the step `decode_graphs.py` captures. Returns logits (B, vocab)."""
+        width = tables.shape[1] * self.cache.block_size                                # keys per row
+        view = self.cache.view(tables, positions, width)
+        mask = chunk_mask(positions, window=self.window, num_keys=width)              # (B, 1, 1, width)
         return self.model.logits(self.model(ids, positions, view, mask), at=-1)         # (B, vocab)
 
     def _packed(self, seqs, starts, rows, padding_rows) -> torch.Tensor:

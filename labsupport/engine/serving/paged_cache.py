@@ -76,20 +76,25 @@ class PagedKVCache:
         return block_index * self.block_size + positions % self.block_size
 
     def view(self, tables: torch.Tensor, new_positions: torch.Tensor,
-             context_lengths: torch.Tensor | None, over_pool: bool = False) -> "PagedView":
+             context_lengths: torch.Tensor | int | None, over_pool: bool = False) -> "PagedView":
         """The cache as one forward pass sees it.
 
         tables: (B, max_blocks) each row's block table, padded with the scratch block;
         new_positions: (B, T) positions of the tokens this pass writes;
         context_lengths: (B,) how many positions each row attends to after writing,
-            or None when the new tokens are the whole context (a prefill from position 0);
+            or None when the new tokens are the whole context (a prefill from position 0),
+            or an int: every row reads that many positions, its mask hiding those past its own
+            (a fixed shape that never waits for the device: the decode graphs' reads);
         over_pool: attend over the pool itself (no gather; `PagedView.pool_mask` then
             turns a mask over each row's positions into one over pool slots).
         """
         write_slots = self.slots(tables, new_positions).reshape(-1)               # (B*T,)
         if context_lengths is None:
             return self.view_class(self, write_slots)
-        longest = int(context_lengths.max())
+        if isinstance(context_lengths, int) and over_pool:
+            raise LabError("A fixed read width (an int context_lengths) reads by gathering; over_pool needs "
+                           "each row's context length as a tensor.")
+        longest = context_lengths if isinstance(context_lengths, int) else int(context_lengths.max())
         read_blocks = tables[:, : -(-longest // self.block_size)]                  # (B, W) blocks to read
         view = self.view_class(self, write_slots, read_blocks, longest)
         if over_pool:
