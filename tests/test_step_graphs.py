@@ -117,3 +117,10 @@ def test_every_timed_step_asks_for_the_default_path_and_the_profile_for_eager(ti
     asked.clear()
     step_profile.profile_decode_step(tiny_llama, steps=1, context=4)
     assert asked == [False]
+
+
+def test_eager_against_graphed_times_the_same_step_both_ways(tiny_llama, fake_cuda):
+    from labsupport.lab.step_timing import eager_against_graphed
+    timings = eager_against_graphed(tiny_llama, batch=2, context=5, repeats=3)
+    assert list(timings) == ["eager", GRAPHED] and fake_cuda["captures"] == 1
+    assert all(len(t.samples) == 3 for t in timings.values())

@@ -23,7 +23,7 @@ from ..engine.kv_cache import StaticKVCache
 from ..engine.kv_quant import Int8KVCache
 from ..errors import LabError
 from ..inputs import whole_number
-from .measure import EAGER_STEP, captured, time_fn
+from .measure import EAGER_STEP, GRAPHED_STEP, captured, time_fn, time_side_by_side
 
 CACHE_KINDS = ("float", "int8")       # a StaticKVCache in the model's dtype, or an Int8KVCache
 
@@ -107,3 +107,14 @@ def graphed_decode_seconds(model, batch: int, context: int, repeats: int = 5) ->
         return time_fn(step, device, warmup=1, repeats=repeats).median
     replay = captured(step, device, f"the fixed-shape decode step at batch {batch}")
     return time_fn(replay, device, warmup=2, repeats=repeats).median
+
+
+def eager_against_graphed(model, batch: int, context: int, repeats: int = 10) -> dict:
+    """The same decode step (`batch` rows after `context` cached positions) launched operator by
+    operator and replayed as one CUDA graph, timed side by side: {"eager": Timing, "CUDA graph":
+    Timing}. Their difference is what launching the step's kernels costs. The one place a GPU
+    step is timed eagerly on purpose: the launches are its lesson. Call it on a CUDA GPU (a CPU
+    has no graph to replay). Notebook 00 (where the time goes)."""
+    cache = filled_cache(model, batch, context)
+    steps = {"eager": step_runner(model, cache, graphed=False), GRAPHED_STEP: step_runner(model, cache, graphed=True)}
+    return time_side_by_side(steps, model.device, warmup=2, repeats=repeats)
