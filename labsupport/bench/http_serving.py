@@ -33,6 +33,7 @@ from ..engine.serving.engine import Engine
 from ..errors import LabError
 from ..lab.load_curve import engine_row, saturation_rate
 from ..lab.loadgen import as_engine_requests, chat_workload, load_test
+from ..lab.measure import VLLM_GRAPHED, mark_graphed
 from ..lab.workloads import HTTP_SERVING_PRESETS, HttpServingSizes
 from .core import BenchContext, reported
 from .options import SectionOptions, count, counts
@@ -67,7 +68,8 @@ def _row(server: str, rate: float, figures: dict | None = None, skipped: str | N
     nan = float("nan")
     figures = figures or {}
     return {"server": server, "rate": rate, "skipped": skipped, "errors": figures.get("errors", 0),
-            "tokens": figures.get("tokens", 0), **{k: figures.get(k, nan) for k in KEYS}}
+            "tokens": figures.get("tokens", 0), "decode_path": figures.get("decode_path"),
+            **{k: figures.get(k, nan) for k in KEYS}}
 
 
 def in_a_thread(fn, *args):
@@ -187,14 +189,17 @@ def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes
     settings = dict(max_slots=sizes.slots, cache_tokens=sizes.slots * longest)
     app = create_app(model, tokenizer, model_name, max_waiting=sizes.requests, **settings)
     rows = []
+    in_process = Engine(model, **settings)              # made once: a GPU engine captures its graphs here
+    served_path = app.state.engine.decode_path
     with BackgroundServer(app) as ours:
         for rate in rates:
             if progress is not None:
                 progress(f"[http_serving] {rate:.2f} requests/s")
-            result = in_a_thread(Engine(model, **settings).run, as_engine_requests(tokenizer, workloads[rate]))
+            result = in_a_thread(in_process.run, as_engine_requests(tokenizer, workloads[rate]))
             rows.append(_row("in-process engine", rate, {**engine_row(result),
                                                          "tokens": sum(len(s.output) for s in result.sequences)}))
-            rows.append(_row("our HTTP server", rate, load_test(ours.url, workloads[rate], model=model_name)))
+            rows.append(_row("our HTTP server", rate, {**load_test(ours.url, workloads[rate], model=model_name),
+                                                       "decode_path": served_path}))
             for name, peer in (peers or {}).items():
                 if isinstance(peer, str):
                     rows.append(_row(name, rate, skipped=peer))
@@ -265,6 +270,11 @@ def section_http_serving(ctx: BenchContext, options: HttpServingOptions) -> dict
                                                + ("; llama-cpp-python's server runs one request at a time (no "
                                                   "batching), so its queue grows with the load"
                                                   if name.startswith("llama") else "")))
+    # on a GPU, a figure from a run that was not replayed CUDA graphs is a failed measurement
+    ours = [r["decode_path"] for r in rows if r["server"] in (inproc, http)]
+    for figure in figures:
+        peer = [VLLM_GRAPHED] if "vLLM" in figure["name"] else []
+        mark_graphed(figure, ours + peer, ctx.device)
     return {"slots": sizes.slots, "requests": sizes.requests, "saturation_rate": saturation, "rates": rates,
             "loads": list(sizes.loads), "rows": rows,
             "peers": {name: (p if isinstance(p, str) else None) for name, p in peers.items()}, "figures": figures}
