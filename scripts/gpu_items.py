@@ -481,7 +481,9 @@ def measure_bandwidth_now(ctx: Context) -> float:
 
 
 def serving(ctx: Context) -> dict:
-    """Continuous against static batching in the serving engine, both eager, on the small shape."""
+    """Continuous against static batching in the serving engine, on the small shape: on a GPU
+    both replay their decode steps as CUDA graphs (decode_graphs.py), and the continuous run's
+    tokens are checked against the same engine decoding eagerly."""
     from labsupport.engine.serving import Engine
     from labsupport.lab.serving_metrics import summarize
     from labsupport.lab.serving_workload import make_workload
@@ -491,15 +493,28 @@ def serving(ctx: Context) -> dict:
     requests = make_workload(prompts, count=count, median_new_tokens=32 if ctx.gpu else 6,
                              max_new_tokens=128 if ctx.gpu else 12, seed=0)
     rows = ctx.rows
+    tokens = {}
     for policy in ("static", "continuous"):
         engine = Engine(model, max_slots=16 if ctx.gpu else 4, policy=policy)
         result = engine.run(requests)
         engine.blocks.assert_no_leaks()
         m = summarize(result)
-        rows[policy] = {"throughput": m["throughput_tokens_per_s"], "ttft_p50": m["ttft_p50"], "duration": m["duration"]}
+        tokens[policy] = result.tokens()
+        rows[policy] = {"throughput": m["throughput_tokens_per_s"], "ttft_p50": m["ttft_p50"], "duration": m["duration"],
+                        "decode_path": result.decode_path, "decode_note": result.decode_note,
+                        "graphs": engine.graphs.captured if engine.graphs else 0,
+                        "capture_s": engine.graphs.capture_seconds if engine.graphs else 0.0}
     ratio = rows["continuous"]["throughput"] / rows["static"]["throughput"]
+    paths = sorted({rows[p]["decode_path"] for p in ("static", "continuous")})
+    same = ""
+    if ctx.gpu:                                       # the graphs' tokens against the same engine, eager
+        eager = Engine(model, max_slots=16, policy="continuous", cuda_graphs=False).run(requests).tokens()
+        matching = sum(eager[i] == t for i, t in tokens["continuous"].items())
+        rows["graphed_same_tokens_as_eager"] = [matching, len(eager)]
+        same = f"; graphed tokens = eager for {matching}/{len(eager)} requests"
     return {"continuous_over_static": ratio,
-            "headline": f"continuous / static throughput {ratio:.2f}x ({count} requests, both eager)"}
+            "headline": f"continuous / static throughput {ratio:.2f}x ({count} requests; decode: "
+                        f"{', '.join(paths)}{same})"}
 
 
 def vllm(ctx: Context) -> dict:
