@@ -136,3 +136,25 @@ def test_the_cli_serves_and_the_cli_load_tests_it(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_malformed_stream_fails_that_request_alone():
+    """A server whose streams break in each way a stream can: every broken request is counted as
+    "malformed stream", the good one is measured, and the load test returns."""
+    from fastapi import FastAPI, Request as HttpRequest
+    from fastapi.responses import StreamingResponse
+
+    token = json.dumps({"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]})
+    streams = {1: ["not json"], 2: ["5"], 3: ['{"choices": 3}'], 4: ['{"choices": [{"delta": "a"}]}'],
+               5: ['{"usage": [1]}'], 6: [token, token, "[DONE]"]}
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: HttpRequest):
+        lines = streams[(await request.json())["max_tokens"]]
+        return StreamingResponse((f": keep-alive\n\ndata: {line}\n\n" for line in lines), media_type="text/event-stream")
+    with BackgroundServer(app) as broken:
+        results = run_load(broken.url, [LoadRequest("x", n, 0.0) for n in streams], model="m", timeout=30)
+    assert [r.error for r in results] == ["malformed stream"] * 5 + [None]
+    figures = summarize_load(results)
+    assert figures["served"] == 1 and figures["error_kinds"] == {"malformed stream": 5} and figures["tokens"] == 2

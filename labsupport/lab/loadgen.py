@@ -160,12 +160,23 @@ async def _one(client, url, model, endpoint, request: LoadRequest, start: float,
                     result.error = str(reply.status_code)
                     return result
                 async for line in reply.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    _read_chunk(json.loads(line[6:]), result, time.perf_counter() - start)
-    except (httpx.HTTPError, asyncio.TimeoutError, ValueError) as error:
+                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                        continue                       # comments, keep-alives, blank lines, the end
+                    _read_chunk(_parse_chunk(line[5:]), result, time.perf_counter() - start)
+                    if result.error is not None:
+                        return result                  # a broken stream: that request failed, not the test
+    except (httpx.HTTPError, asyncio.TimeoutError) as error:
         result.error = type(error).__name__
     return result
+
+
+def _parse_chunk(data: str):
+    """A server-sent event's data as a JSON object, or None when it is not one (a malformed stream)."""
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return None
+    return chunk if isinstance(chunk, dict) else None
 
 
 class _no_timeout:
@@ -178,14 +189,24 @@ class _no_timeout:
         return False
 
 
-def _read_chunk(chunk: dict, result: LoadResult, now: float) -> None:
-    """Note a token chunk's time (not the chat reply's opening role-only chunk), and the usage."""
+def _read_chunk(chunk: dict | None, result: LoadResult, now: float) -> None:
+    """Note a token chunk's time (not the chat reply's opening role-only chunk), and the usage.
+    A chunk that is not shaped as the API says (None: not a JSON object) ends that request with
+    the error "malformed stream"; the load test goes on."""
+    if chunk is None:
+        result.error = "malformed stream"
+        return
     if chunk.get("error"):
         result.error = "stream error"
         return
-    if chunk.get("usage"):
-        result.tokens = chunk["usage"].get("completion_tokens", result.tokens)
-    for choice in chunk.get("choices") or []:
+    usage, choices = chunk.get("usage"), chunk.get("choices") or []
+    if (usage is not None and not isinstance(usage, dict)) or not isinstance(choices, list) \
+            or not all(isinstance(c, dict) and isinstance(c.get("delta", {}), dict) for c in choices):
+        result.error = "malformed stream"
+        return
+    if usage and isinstance(usage.get("completion_tokens"), int):
+        result.tokens = usage["completion_tokens"]
+    for choice in choices:
         delta = choice.get("delta")
         text = choice.get("text") if delta is None else delta.get("content")
         if delta is not None and "role" in delta and not text:
