@@ -125,15 +125,20 @@ def _loadgen(args) -> int:
 
     requests = chat_workload(args.requests, args.rate, median_new_tokens=args.median_tokens,
                              max_new_tokens=args.max_tokens, seed=args.seed, fixed_rate=args.fixed_rate)
+    out = require_writable(args.out)                 # before the load, not after minutes of it
     figures = load_test(args.url, requests, model=args.model, endpoint=args.endpoint, timeout=args.timeout)
     report = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "url": args.url, "rate": args.rate,
               "arrivals": "fixed" if args.fixed_rate else "poisson", "endpoint": args.endpoint, **figures}
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    out.write_text(json.dumps(report, indent=2))
     print(f"{figures['served']}/{figures['requests']} served, {figures['errors']} errors {figures['error_kinds']}; "
           f"{figures['throughput']:.1f} tokens/s; TTFT p50 {figures['ttft_p50'] * 1e3:.0f} ms, "
           f"p99 {figures['ttft_p99'] * 1e3:.0f} ms; ITL p50 {figures['itl_p50'] * 1e3:.0f} ms, "
           f"p99 {figures['itl_p99'] * 1e3:.0f} ms")
     print(f"Saved {args.out}")
+    if figures["served"] == 0:
+        print(f"error: no request was served ({figures['error_kinds']}); is the server at {args.url} up, and "
+              f"does it serve the {args.endpoint} endpoint?", file=sys.stderr)
+        return 1
     return 0
 
 

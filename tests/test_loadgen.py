@@ -133,6 +133,13 @@ def test_the_cli_serves_and_the_cli_load_tests_it(tmp_path):
         bad = subprocess.run([sys.executable, "-m", "labsupport", "loadgen", "--url", url, "--requests", "0"],
                              capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+        unwritable = subprocess.run([sys.executable, "-m", "labsupport", "loadgen", "--url", url, "--out",
+                                     str(out / "inside-a-file.json")], capture_output=True, text=True, timeout=120)
+        assert unwritable.returncode == 2 and "Cannot write" in unwritable.stderr and "served" not in unwritable.stdout
+        nobody = subprocess.run([sys.executable, "-m", "labsupport", "loadgen", "--url", url, "--model", "nope",
+                                 "--requests", "2", "--out", str(tmp_path / "none.json")],
+                                capture_output=True, text=True, timeout=120)
+        assert nobody.returncode == 1 and "0/2 served" in nobody.stdout and "no request was served" in nobody.stderr
     finally:
         server.terminate()
         server.wait(timeout=30)
