@@ -12,7 +12,7 @@ from torch._dynamo.testing import CompileCounter
 from labsupport.engine import compiled as compiled_module
 from labsupport.engine.compiled import (CUDA_GRAPHS, SHARED, CompiledDecoder, bucket_length, bucket_rows,
                                         mark_static)
-from labsupport.engine.generation import _decoder, generate
+from labsupport.engine.generation import choose_decoder, generate
 from labsupport.engine.kv_cache import StaticKVCache
 from labsupport.engine.kv_quant import Int8KVCache
 from labsupport.errors import LabError
@@ -211,9 +211,9 @@ def test_on_cuda_generate_compiles_by_default_with_cuda_graphs(monkeypatch):
     seen = {}
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: seen.update(kwargs) or fn)
     with simulated(GPUS["T4"]):
-        assert _decoder(None, "cuda", 64, None) is SHARED
-        assert _decoder(None, "cuda", 8, None) is None                # too short to pay back
-        assert _decoder(None, "cpu", 1000, None) is None
+        assert choose_decoder(None, "cuda", 64, None) is SHARED
+        assert choose_decoder(None, "cuda", 8, None) is None                # too short to pay back
+        assert choose_decoder(None, "cpu", 1000, None) is None
         assert CompiledDecoder()._step_fn("cuda") is compiled_module.fixed_shape_step
     assert seen == {"backend": "inductor", "fullgraph": True, "dynamic": False,
                     "options": {"triton.cudagraphs": True}}
@@ -226,7 +226,7 @@ def test_on_cuda_generate_compiles_by_default_with_cuda_graphs(monkeypatch):
 
 def test_caches_without_fixed_shape_writes_and_bad_switches_get_one_sentence(model):
     int8 = Int8KVCache.for_model(model, 1, 20)
-    assert _decoder(None, "cuda", 64, int8) is None                   # auto: eager for such a cache
+    assert choose_decoder(None, "cuda", 64, int8) is None                   # auto: eager for such a cache
     for compile, words in ((True, "fixed-shape writes"), ("yes", "compile must be True, False, None"),
                            (CompiledDecoder(backend=CompileCounter()), "fixed-shape writes")):
         with pytest.raises(LabError, match=words) as error:

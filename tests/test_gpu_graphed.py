@@ -274,3 +274,74 @@ def test_an_engines_row_that_cannot_be_graphed_is_absent_as_a_failed_measurement
                                            [1, 2])
     assert engines.OURS not in found and "failed measurement" in absent[engines.OURS]
     assert engines.HF in found
+
+
+# --- speculative decoding: the draft's steps and the verify passes, graphed alike ------------------
+
+def spy_speculative(monkeypatch, module, asked: list, path=None):
+    """Replace `module.speculative_generate` with a spy: records compile=, returns a result that
+    says `path`, or what the compile asked for would give on a GPU (True: CUDA graphs)."""
+    from labsupport.engine.speculative import SpeculativeResult, SpeculativeStats
+
+    def spy(target, draft, prompt, n, *args, compile=False, **kwargs):
+        asked.append(compile)
+        said = path or (CUDA_GRAPHS if compile else "eager")
+        stats = SpeculativeStats(drafted=n, accepted=n - 1, rejected=1, replaced=1, target_calls=2,
+                                 draft_seconds=0.001, target_seconds=0.002)
+        return SpeculativeResult(tokens=[0] * n, prompt_length=len(prompt), stats=stats, seconds=0.01,
+                                 decode_path=said, verify_path=said, draft_path=None, warmup_seconds=1.5)
+    monkeypatch.setattr(module, "speculative_generate", spy)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_stacks_speculative_stage_is_graphed_on_cuda(gpu, monkeypatch, device):
+    from labsupport.engine import speculative
+    from labsupport.engine.serving.request import Request
+    from labsupport.lab import stack
+    asked = []
+    spy_speculative(monkeypatch, speculative, asked)
+    model = fake_model(torch.device(device))
+    variants = SimpleNamespace(get=lambda *a, **k: model)
+    requests = [Request([1, 2, 3], max_new_tokens=4, request_id=i) for i in range(2)]
+    paths: set = set()
+    assert stack.serve_fn(variants, requests, speculative=True, paths=paths)() == {0: [0] * 4, 1: [0] * 4}
+    assert asked == [device == "cuda"] * 2 and paths == {CUDA_GRAPHS if device == "cuda" else "eager"}
+    if device == "cuda":
+        spy_speculative(monkeypatch, speculative, [], path="eager")
+        with pytest.raises(LabError, match="speculative decoding.*failed measurement"):
+            stack.serve_fn(variants, requests, speculative=True)()
+
+
+@pytest.mark.parametrize("device, path", [("cuda", CUDA_GRAPHS), ("cuda", "compiled"), ("cpu", None)])
+def test_the_speculative_sections_own_loops_are_graphed_on_cuda(gpu, monkeypatch, device, path):
+    from contextlib import contextmanager
+
+    from labsupport.bench import speculative as section
+    asked, spec_asked, hf_asked = [], [], []
+    spy_generate(monkeypatch, section, asked)
+    spy_speculative(monkeypatch, section, spec_asked, path=path)
+    monkeypatch.setattr(section, "hf_generate_fn", _fake_hf(hf_asked, "dynamic"))
+    monkeypatch.setattr(section, "hf_static_compiled_fn", _fake_hf(hf_asked, "static"))
+    monkeypatch.setattr(section, "chat_prompt", lambda tok, text: text)
+
+    @contextmanager
+    def passes(hf):
+        yield SimpleNamespace(tokens=[3], seconds=[0.01])
+    monkeypatch.setattr(section, "ForwardPasses", passes)
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=260, name="fake"))
+    tok = SimpleNamespace(encode=lambda text: [1, 2, 3], decode=lambda ids, **k: "text")
+    ctx = SimpleNamespace(device=torch.device(device), model=lambda dtype: (model, tok), hf_model=lambda dtype: "hf",
+                          variants=SimpleNamespace(get=lambda *a, **k: model))
+    result = section.section_speculative(ctx, section.SpeculativeOptions(new_tokens=4, repeats=1))
+    on_gpu = device == "cuda"
+    assert set(asked) == set(spec_asked) == {on_gpu}
+    said = path or "eager"
+    assert result["decode_paths"]["lookup"] == result["decode_paths"]["int4 self-draft"] == [said]
+    assert result["tasks"]["grounded"]["paths"]["lookup"]["verify_path"] == said
+    assert result["compile_s"]["lookup"] > 0                                   # reported apart
+    ours = [f for f in result["figures"] if f["name"].startswith(("prompt lookup speedup", "int4 self-draft"))]
+    assert len(ours) == 4
+    for figure in ours:
+        assert figure["paths"] == sorted({said, CUDA_GRAPHS if on_gpu else "eager"})
+        if on_gpu:
+            assert figure["graphed"] is (path == CUDA_GRAPHS)

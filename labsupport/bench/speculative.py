@@ -62,12 +62,14 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
     except LabError as error:
         self_draft_note = f"int4 self-draft skipped: {error}"
     tasks = {"grounded": GROUNDED_PROMPT, "creative": CREATIVE_PROMPT}
-    # On a GPU plain decoding and Hugging Face's plain row are replayed CUDA graphs; the speculative
-    # loops (ours, HF's prompt lookup) run eager, so their figures there are failed measurements.
+    # On a GPU plain decoding, our speculative loops (the draft's steps and the verify passes) and
+    # Hugging Face's plain row are replayed CUDA graphs; HF's prompt lookup runs its own eager loop,
+    # so its figures there are failed measurements, as is any of ours that could not be graphed.
     graphed = timed_compile(ctx.device)
     own_loop = NOT_GRAPHED if graphed else "eager"
-    paths = {"plain": set(), "lookup": {own_loop}, "int4 self-draft": {own_loop},
+    paths = {"plain": set(), "lookup": set(), "int4 self-draft": set(),
              "hf": {HF_GRAPHED if graphed else "eager"}, "hf lookup": {own_loop}}
+    warmup_s: dict = {}
     result = {"new_tokens": new_tokens, "k": k, "dtype": "float32", "batch": 1, "tasks": {},
               "hf_assisted_generation": "skipped: the only offline model is the target itself, and a "
                                         "model as its own assistant costs as much as it saves"}
@@ -90,7 +92,9 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
 
             def run_draft(name, draft):
                 def fn():
-                    out[name] = speculative_generate(model, draft, ids, n, k=k, eos_token_ids=())
+                    out[name] = speculative_generate(model, draft, ids, n, k=k, eos_token_ids=(), compile=graphed)
+                    paths[name].add(out[name].decode_path)
+                    warmup_s[name] = warmup_s.get(name, 0.0) + out[name].warmup_seconds
                 return fn
 
             def run_hf(name):
@@ -122,6 +126,9 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
             row.setdefault("same_tokens_as_plain", {})[name] = tokens == out["plain"]
             if isinstance(out[name], SpeculativeResult):
                 row.setdefault("stats", {})[name] = out[name].stats.to_dict()
+                r = out[name]
+                row.setdefault("paths", {})[name] = {"decode_path": r.decode_path, "verify_path": r.verify_path,
+                                                     "draft_path": r.draft_path, "decode_note": r.decode_note}
                 row.setdefault("costs_in_plain_steps", {})[name] = pass_costs(out[name].stats,
                                                                               plain_step).__dict__
         if task == "grounded":                      # one more run, untimed: what HF's passes were
@@ -182,5 +189,6 @@ def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
                                     "fraction", note=f"{stats['tokens_per_target_call']:.2f} tokens per target "
                                                      f"call; alpha {stats['alpha']:.2f}"))
     result["decode_paths"] = {name: sorted(p) for name, p in paths.items()}
+    result["compile_s"] = warmup_s              # compiling/recording, apart from every timed second
     result["figures"] = figures
     return result

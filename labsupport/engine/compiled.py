@@ -23,11 +23,15 @@ cache back at every step; with `index_put_` it writes the one new slot in place.
 * `warm_up` compiles (and on a GPU records the CUDA graph) before a generation is timed,
   and says what ran: `DecodePath` ("eager", "compiled", "compiled + CUDA graphs"), the
   warm-up seconds, the graphs compiled, the CUDA-graph skips, and one sentence (also a
-  warning) whenever the fast path was asked for and not taken.
+  warning) whenever the fast path was asked for and not taken;
+* the same step over T tokens per row (`verify`, warmed up with ``width=T``) is speculative
+  decoding's verify pass (notebook 05): [pending, d_1..d_k] at positions start..start + k,
+  every position's logits; one graph per k + 1 serves every pass (shorter ones are padded).
 
 `generate(..., compile=True)` uses `SHARED` (a decoder with inductor's defaults, whose
 state is its compiled steps and caches, held weakly per model); `generate(..., compile=d)`
-uses the decoder d, e.g. ``CompiledDecoder(inductor_options={"freezing": True})``.
+uses the decoder d, e.g. ``CompiledDecoder(inductor_options={"freezing": True})``;
+`speculative_generate(..., compile=...)` takes the same values.
 
 The torch source this relies on (torch 2.11 and 2.13, the same in both; file: function):
 
@@ -116,13 +120,30 @@ class DecodePath:
         return self.path != EAGER
 
 
-def fixed_shape_step(model, tokens: torch.Tensor, positions: torch.Tensor, writer, key_mask: torch.Tensor):
-    """One decode step of fixed shapes: tokens, positions (rows, 1); writer: the cache's
-    `FixedShapeWriter` (the slot to write, as a tensor); key_mask (rows, max_len), False on
-    padding slots. Returns logits (rows, vocab). What `CompiledDecoder` compiles. Notebook 07."""
+PATH_ORDER = (EAGER, COMPILED, CUDA_GRAPHS)        # slowest first
+
+
+def slowest(*paths: DecodePath) -> DecodePath:
+    """One `DecodePath` for a generation whose steps ran on each of `paths` (speculative
+    decoding: the draft's steps and the target's verify passes, notebook 05): the slowest
+    path, the warm-ups, compiles and skips added up, the notes joined."""
+    return DecodePath(min((p.path for p in paths), key=PATH_ORDER.index),
+                      sum(p.warmup_seconds for p in paths), sum(p.compiles for p in paths),
+                      sum(p.cudagraph_skips for p in paths),
+                      " ".join(p.note for p in paths if p.note) or None)
+
+
+def fixed_shape_step(model, tokens: torch.Tensor, positions: torch.Tensor, writer, key_mask: torch.Tensor,
+                     every_position: bool = False):
+    """One step of fixed shapes: tokens, positions (rows, T), T = 1 for a decode step; writer:
+    the cache's `FixedShapeWriter` (the T slots to write, as a tensor); key_mask (rows, max_len),
+    False on padding slots. Returns the last position's logits (rows, vocab), or with
+    `every_position` every position's (rows, T, vocab): speculative decoding's verify pass
+    (notebook 05). What `CompiledDecoder` compiles. Notebook 07 (putting it together)."""
     mask = fixed_decode_mask(key_mask.shape[1], writer.positions, key_mask,
-                             window=model.config.attention_window)           # (rows, 1, 1, max_len)
-    return model.logits(model(tokens, positions, writer, mask), at=-1)        # (rows, vocab)
+                             window=model.config.attention_window)           # (rows, 1, T, max_len)
+    hidden = model(tokens, positions, writer, mask)                           # (rows, T, hidden)
+    return model.logits(hidden) if every_position else model.logits(hidden, at=-1)   # (rows, T, vocab) / (rows, vocab)
 
 
 def mark_static(cache: StaticKVCache) -> None:
@@ -155,9 +176,10 @@ def recompiled(path: DecodePath, graphs: int) -> DecodePath:
 
 
 class CompiledDecoder:
-    """Compiled decode steps for `generate`, with every piece of compile state: the compiled
-    step per device type, one cache per (model, rows bucket, length bucket), and what each
-    (model, cache) ran on. Introduced in notebook 07 (putting it together).
+    """Compiled decode steps for `generate` (and speculative decoding's draft steps and verify
+    passes), with every piece of compile state: the compiled step per device type, one cache
+    per (model, rows bucket, length bucket, purpose), and what each (model, cache, width) ran
+    on. Introduced in notebook 07 (putting it together).
 
     inductor_options: torch._inductor.config names (e.g. {"freezing": True}); on CUDA the step
         is also captured as a CUDA graph unless they set "triton.cudagraphs" to False.
@@ -171,8 +193,10 @@ class CompiledDecoder:
         self.inductor_options = dict(inductor_options or {})
         self.backend = backend
         self._steps: dict[str, object] = {}
-        self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> {(rows, length): cache}
-        self._paths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()    # model -> {cache: DecodePath}
+        # model -> {(rows, length, purpose): cache}
+        self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # model -> {cache: {width: DecodePath}}
+        self._paths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def options_for(self, device_type: str) -> dict | None:
         """The inductor options the step compiles with on `device_type` (None: none)."""
@@ -183,14 +207,16 @@ class CompiledDecoder:
             options.setdefault("triton.cudagraphs", True)
         return options or None
 
-    def cache_for(self, model, batch: int, needed: int) -> StaticKVCache:
+    def cache_for(self, model, batch: int, needed: int, purpose: str = "decode") -> StaticKVCache:
         """An empty cache of `model` for `batch` rows and `needed` positions, rounded up to the
-        buckets and reused from one generation to the next."""
+        buckets and reused from one generation to the next. purpose: a name that keeps caches
+        apart which are in use at once (speculative decoding's "verify" and "draft", notebook 05,
+        which may be one model)."""
         rows, length = bucket_rows(batch), bucket_length(needed, model.config.max_position)
         caches = self._caches.setdefault(model, {})
-        cache = caches.get((rows, length))
+        cache = caches.get((rows, length, purpose))
         if cache is None or cache.dtype != model.dtype or cache.device != model.device:
-            cache = caches[(rows, length)] = StaticKVCache.for_model(model, rows, length)
+            cache = caches[(rows, length, purpose)] = StaticKVCache.for_model(model, rows, length)
         cache.truncate(0)
         return cache
 
@@ -211,26 +237,45 @@ class CompiledDecoder:
             logits = self._step_fn(model.device.type)(model, tokens[:, None], positions, writer, key_mask)
         return logits.clone()
 
-    def warm_up(self, model, cache: StaticKVCache) -> DecodePath:
-        """Compile (and on a GPU record) the step for this model and cache before anything is
-        timed, and say what it runs on. The dummy steps write the slot after what the cache
-        holds and are rolled back (`truncate`); the real steps overwrite it. Never raises for
-        a failing compile: the path is then "eager", with the reason in a warning and the note."""
-        paths = self._paths.setdefault(model, weakref.WeakKeyDictionary())
-        known = paths.get(cache)
+    @torch.inference_mode()
+    def verify(self, model, cache: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor,
+               key_mask: torch.Tensor) -> torch.Tensor:
+        """One compiled pass of T tokens per row, every position's logits: speculative decoding's
+        verify pass over [pending, d_1..d_k] (notebook 05). tokens, positions (rows, T);
+        key_mask (rows, max_len). The cache hands out the T slots. Returns (rows, T, vocab),
+        copied out of the graph's buffers. T = 1 runs the decode step's graph (`step`)."""
+        if tokens.shape[1] == 1:
+            return self.step(model, cache, tokens[:, 0], positions, key_mask)[:, None]    # (rows, 1, vocab)
+        writer = cache.reserve(tokens.shape[1], fixed_shape=True)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            logits = self._step_fn(model.device.type)(model, tokens, positions, writer, key_mask,
+                                                      every_position=True)
+        return logits.clone()
+
+    def warm_up(self, model, cache: StaticKVCache, width: int = 1) -> DecodePath:
+        """Compile (and on a GPU record) the step of `width` tokens per row (1: `step`, more:
+        `verify`) for this model and cache before anything is timed, and say what it runs on.
+        The dummy steps write the slots after what the cache holds and are rolled back
+        (`truncate`); the real steps overwrite them. Never raises for a failing compile: the
+        path is then "eager", with the reason in a warning and the note."""
+        paths = self._paths.setdefault(model, weakref.WeakKeyDictionary()).setdefault(cache, {})
+        known = paths.get(width)
         if known is not None:
             return DecodePath(known.path, note=known.note)
         mark_static(cache)
         fused.prepare(cache.device)      # CPU kernels load before the trace, which then never recompiles for them
         rows, filled, device = cache.batch_size, cache.length, cache.keys.device
-        tokens = torch.zeros(rows, dtype=torch.long, device=device)                        # (rows,)
-        positions = torch.zeros(rows, 1, dtype=torch.long, device=device)                 # (rows, 1)
+        tokens = torch.zeros(rows, width, dtype=torch.long, device=device)                 # (rows, width)
+        positions = torch.zeros(rows, width, dtype=torch.long, device=device)              # (rows, width)
         key_mask = torch.ones(rows, cache.max_len, dtype=torch.bool, device=device)        # (rows, max_len)
         graphs, skips, recorded = _counts()
         start = time.perf_counter()
         try:
             for _ in range(WARMUP_CALLS.get(cache.device.type, 1)):
-                self.step(model, cache, tokens, positions, key_mask)
+                if width == 1:
+                    self.step(model, cache, tokens[:, 0], positions, key_mask)
+                else:
+                    self.verify(model, cache, tokens, positions, key_mask)
                 cache.truncate(filled)
             synchronize(cache.device)
         except Exception as error:                        # noqa: BLE001 - any failure: eager, and said so
@@ -241,7 +286,7 @@ class CompiledDecoder:
                           f"(compiled.RECOMPILE_LIMIT; torch._dynamo.reset() forgets them all)")
             note = f"Compiled decoding is not available here ({reason}); decoding without it."
             warnings.warn(note, stacklevel=3)
-            paths[cache] = DecodePath(EAGER, note=note)
+            paths[width] = DecodePath(EAGER, note=note)
             return DecodePath(EAGER, compiles=_counts()[0] - graphs, note=note)
         seconds = time.perf_counter() - start
         graphs, skips, recorded = (now - before for now, before in zip(_counts(), (graphs, skips, recorded)))
@@ -254,7 +299,7 @@ class CompiledDecoder:
             warnings.warn(note, stacklevel=3)
         elif wants_graphs:
             path = CUDA_GRAPHS
-        paths[cache] = DecodePath(path, note=note)
+        paths[width] = DecodePath(path, note=note)
         return DecodePath(path, seconds, graphs, skips, note)
 
     def release(self, model) -> None:

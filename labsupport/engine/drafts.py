@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import LabError
+from .compiled import DecodePath
 from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
 from .sampling import GREEDY, SamplingConfig, probabilities
 
@@ -30,7 +31,8 @@ CacheFactory = Callable[..., KVCache]       # (model, batch_size, max_len) -> an
 class Draft:
     """What speculative decoding needs from a draft. Introduced in notebook 05.
 
-    `start` is called once per generation, with the sampling the target uses (a model
+    `warm_up` is called once per generation, before anything is timed, with the compiled
+    decoder (or None: eager), `start` then, with the sampling the target uses (a model
     draft samples the same way, and reads the prompt there, timed with the target's
     prefill), `propose` once per step, and `accept` after the target has checked the
     proposal, with how many drafted tokens it kept, so that a draft with state (a KV
@@ -39,6 +41,12 @@ class Draft:
 
     vocab_size: int | None = None       # None: the draft works on any vocabulary
     name = "draft"
+
+    def warm_up(self, decoder, max_len: int) -> DecodePath | None:
+        """Get this generation's steps ready to run on `decoder` (a `CompiledDecoder`; None: eager
+        steps) for at most `max_len` tokens in all, compiled before anything is timed; returns what
+        the steps run on, or None for a draft without a model (nothing to compile)."""
+        return None
 
     def start(self, prompt: Sequence[int], max_len: int, generator: torch.Generator | None,
               sampling: SamplingConfig = GREEDY) -> None:
@@ -63,7 +71,9 @@ class ModelDraft(Draft):
     tokens it has drafted beyond what the target kept are cut off by `truncate`.
 
     cache_factory: (model, batch_size, max_len) -> an empty `KVCache`, called once per
-    generation (checked); default `StaticKVCache.for_model`.
+    generation (checked); default `StaticKVCache.for_model`. A compiled generation
+    (`warm_up` with a decoder) drafts with the decoder's one-token step on the decoder's own
+    cache instead, one token at a time, as `generate` decodes.
     """
 
     def __init__(self, model, *, name: str | None = None, cache_factory: CacheFactory | None = None):
@@ -77,12 +87,30 @@ class ModelDraft(Draft):
         self.cache: KVCache | None = None
         self.generator = None
         self._base = 0                      # context length when the last proposal started
+        self._compiled = None               # (decoder, its cache, key mask) while warmed up; None: eager
+
+    def warm_up(self, decoder, max_len):
+        self._compiled = None
+        if decoder is None:
+            return None
+        if self.cache_factory != StaticKVCache.for_model:
+            raise LabError("A compiled model draft drafts on the compiled decoder's own cache, and this draft "
+                           "has a cache_factory of its own; pass compile=False, or a draft without one.")
+        cache = decoder.cache_for(self.model, 1, max_len, purpose="draft")
+        path = decoder.warm_up(self.model, cache)
+        key_mask = torch.ones(1, cache.max_len, dtype=torch.bool, device=cache.device)   # (1, max_len): no padding
+        self._compiled = (decoder if path.compiled else None, cache, key_mask)
+        return path
 
     @torch.inference_mode()
     def start(self, prompt, max_len, generator, sampling=GREEDY):
         if not isinstance(sampling, SamplingConfig):
             raise LabError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}.")
-        cache = self.cache_factory(self.model, 1, max_len)
+        if self._compiled is not None:
+            cache = self._compiled[1]
+            cache.truncate(0)
+        else:
+            cache = self.cache_factory(self.model, 1, max_len)
         require_fitting_cache(cache, 1, max_len, self.model)
         self.cache, self.generator, self.sampling = cache, generator, sampling
         # read the prompt now (like the target's prefill), so that each step's drafting
@@ -103,18 +131,29 @@ class ModelDraft(Draft):
             raise LabError("Call draft.start(...) before propose (speculative_generate does this).")
         self._base = len(context)
         tokens, probs = [], []
-        # the cache holds context[:length]; feed what it has not seen yet in one pass
-        new = torch.tensor([list(context[self.cache.length:])], device=self.model.device)  # (1, T)
+        new = list(context[self.cache.length:])          # the cache holds context[:length]: feed the rest
         for _ in range(k):
-            logits = self.model.logits(self.model(new, cache=self.cache), at=-1)[0]      # (vocab,)
-            token, p = self._next(logits)
+            token, p = self._next(self._feed(new))
             tokens.append(token)
             probs.append(p)
-            if len(tokens) < k:
-                new = torch.tensor([[token]], device=self.model.device)                  # (1, 1)
+            new = [token]
         # d_k itself is never fed: the cache now holds context + d_1..d_{k-1}
         draft_probs = None if self.sampling.greedy or not tokens else torch.stack(probs)  # (k, vocab)
         return tokens, draft_probs
+
+    def _feed(self, new: list[int]) -> torch.Tensor:
+        """Feed `new` tokens to the draft's cache; the logits after the last one (vocab,): one
+        eager pass, or on the compiled path one compiled decode step per token."""
+        device = self.model.device
+        decoder = self._compiled[0] if self._compiled is not None else None
+        if decoder is None:
+            fed = torch.tensor([new], device=device)                                      # (1, T)
+            return self.model.logits(self.model(fed, cache=self.cache), at=-1)[0]       # (vocab,)
+        for token in new:
+            position = torch.tensor([[self.cache.length]], device=device)                 # (1, 1)
+            logits = decoder.step(self.model, self.cache, torch.tensor([token], device=device), position,
+                                  self._compiled[2])                                      # (1, vocab)
+        return logits[0]                                                                  # (vocab,)
 
     def accept(self, n_accepted):
         # keep context + the accepted drafts; the token the target adds is fed next time

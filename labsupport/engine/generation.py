@@ -162,8 +162,12 @@ def compile_by_default(device, max_new_tokens: int) -> bool:
     return torch.device(device).type == "cuda" and max_new_tokens >= AUTO_COMPILE_MIN_TOKENS
 
 
-def _decoder(compile, device, max_new_tokens: int, cache) -> CompiledDecoder | None:
-    """The compiled decoder `generate` uses (None: eager steps), chosen once, before its loop."""
+def choose_decoder(compile, device, max_new_tokens: int, cache) -> CompiledDecoder | None:
+    """The compiled decoder a `compile=` value asks for (None: eager steps), chosen once, before
+    the loop: `generate`'s (notebook 01) and `speculative_generate`'s (notebook 05). compile:
+    True (`compiled.SHARED`), False, None (`compile_by_default`) or a `CompiledDecoder`; cache:
+    the cache passed in, or None. Anything else, or a cache without fixed-shape writes for a
+    decoder, is refused in one sentence."""
     if isinstance(compile, CompiledDecoder):
         decoder = compile
     elif compile is None:
@@ -226,7 +230,7 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     needed = prompt_length + max_new_tokens
     if cache is not None:
         require_fitting_cache(cache, batch, needed, model)
-    decoder = _decoder(compile, device, max_new_tokens, cache)
+    decoder = choose_decoder(compile, device, max_new_tokens, cache)
     if cache is None:
         cache = (decoder.cache_for(model, batch, needed) if decoder is not None
                  else StaticKVCache.for_model(model, batch, needed))

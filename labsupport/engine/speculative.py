@@ -40,19 +40,29 @@ costing c target steps the speedup is that over (k c + 1) (Leviathan et al.).
 That "+ 1" assumes the target's pass over k + 1 tokens costs one plain decode
 step; `pass_costs` (lab/speculative_math.py, with the other formulas) measures what it really costs (v plain steps), and
 `expected_speedup(..., verify_cost=v)` divides by (k c + v) instead.
+
+On a GPU a small model's step is bound by launching its kernels, not by reading the weights,
+so `speculative_generate(..., compile=True)` runs both sides as replayed CUDA graphs, as
+`generate(..., compile=True)` does (compiled.py, notebook 07): a model draft's one-token steps
+are the compiled decode step, and every verify pass is one fixed-shape step of k + 1 tokens
+(`CompiledDecoder.verify`), shorter passes (the last ones, or a prompt lookup that found fewer
+than k tokens) padded up to k + 1: the padding sits after the real tokens, so the causal mask
+hides it from them, and the rollback forgets it. The result says what ran (`decode_path`).
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
+from .compiled import CompiledDecoder, DecodePath, graphs_compiled, recompiled, slowest
 from .drafts import Draft, ModelDraft, PromptLookupDraft, QuantizedSelfDraft, quantized_copy
 from ..errors import LabError
-from .generation import require_fits_context
+from .generation import choose_decoder, require_fits_context
 from ..inputs import token_id_set, token_rows, whole_number
 from .hardware import synchronize
 from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
@@ -139,6 +149,18 @@ class SpeculativeResult:
     stats: SpeculativeStats
     trace: list[SpeculativeStep] | None = field(default=None, repr=False)
     seconds: float = 0.0
+    # what the steps ran on (compiled.DecodePath), as `GenerationResult` says it: decode_path is
+    # the slower of the draft's steps (draft_path; None for a draft without a model) and the
+    # target's verify passes (verify_path): "eager", "compiled" or "compiled + CUDA graphs"; the
+    # warm-up (compiling, recording) never counts in `seconds`; decode_note: why a fast path asked
+    # for was not taken (also a warning), or None
+    decode_path: str = "eager"
+    verify_path: str = "eager"
+    draft_path: str | None = None
+    warmup_seconds: float = 0.0
+    compiles: int = 0
+    cudagraph_skips: int = 0
+    decode_note: str | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -183,10 +205,50 @@ def verify(target_probs: torch.Tensor | None, target_argmax: torch.Tensor, draft
     return k, int(torch.multinomial(target_probs[k], 1, generator=generator)), "bonus"
 
 
+def _verify_pass(target, decoder: CompiledDecoder | None, cache: KVCache | None, k: int,
+                 max_len: int) -> tuple[KVCache, Callable[[list[int]], torch.Tensor], DecodePath]:
+    """The target's cache, its verify pass (ids [pending, d_1..d_j], j <= k -> their logits
+    (j + 1, vocab), the cache moved on by j + 1) and what the pass runs on, warmed up before
+    anything is timed. Compiled: one fixed-shape step of k + 1 tokens, a shorter pass padded
+    with copies of its last token, which no real token sees (causal mask) and the rollback
+    forgets. Notebook 05 (speculative decoding)."""
+    device, width = target.device, k + 1
+    padded = max_len + k - 1          # the last pass starts at max_len - 2 at most and writes k + 1 slots
+    path = DecodePath()
+    if decoder is not None and cache is not None and cache.max_len < padded:
+        raise LabError(f"A compiled verify pass always writes k + 1 = {width} slots, so the cache needs {padded} "
+                       f"positions, {k - 1} more than the generation, and holds {cache.max_len}; pass a longer "
+                       f"cache, or compile=False.")
+    if decoder is not None and cache is None and padded > target.config.max_position:
+        path = DecodePath(note=f"The compiled verify pass is padded to k + 1 = {width} tokens and would need "
+                               f"{padded} positions, past the model's context of {target.config.max_position}; "
+                               f"verifying without it.")
+        warnings.warn(path.note, stacklevel=3)
+        decoder = None
+    if cache is None:
+        cache = (decoder.cache_for(target, 1, padded, purpose="verify") if decoder is not None
+                 else StaticKVCache.for_model(target, 1, max_len))
+    if decoder is not None:
+        path = decoder.warm_up(target, cache, width=width)
+    if not path.compiled:
+        def eager(fed: list[int]) -> torch.Tensor:
+            return target.logits(target(torch.tensor([fed], device=device), cache=cache))[0]     # (j + 1, vocab)
+        return cache, eager, path
+    key_mask = torch.ones(1, cache.max_len, dtype=torch.bool, device=device)    # (1, max_len): a batch of one
+
+    def compiled(fed: list[int]) -> torch.Tensor:
+        start = cache.length
+        tokens = torch.tensor([fed + fed[-1:] * (width - len(fed))], device=device)           # (1, k + 1)
+        positions = torch.arange(start, start + width, device=device)[None]                   # (1, k + 1)
+        return decoder.verify(target, cache, tokens, positions, key_mask)[0, : len(fed)]      # (j + 1, vocab)
+    return cache, compiled, path
+
+
 @torch.inference_mode()
 def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32, k: int = 4,
                          sampling: SamplingConfig = GREEDY, eos_token_ids: Sequence[int] | None = None,
-                         trace: bool = False, cache: KVCache | None = None) -> SpeculativeResult:
+                         trace: bool = False, cache: KVCache | None = None,
+                         compile: bool | CompiledDecoder | None = False) -> SpeculativeResult:
     """Generate from `target` with speculative decoding (batch 1); exact for any sampling.
 
     Introduced in notebook 05 (speculative decoding); Leviathan et al. 2023, Chen et al. 2023.
@@ -197,6 +259,13 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
     cache: the target's cache, an empty `KVCache` of one row and at least prompt +
         max_new_tokens positions (checked); default a new `StaticKVCache` of that size.
         (A `ModelDraft` makes its own, with its `cache_factory`.)
+    compile: as `generate`'s (True: `compiled.SHARED`, or a `CompiledDecoder`; None: on a GPU
+        for 32 tokens or more; False, the default: eager). Compiled, a model draft's steps are
+        the compiled decode step and each verify pass one fixed-shape step of k + 1 tokens (on
+        CUDA replayed CUDA graphs), warmed up before the clock starts (`warmup_seconds`); the
+        result says what ran (`decode_path`), and where compiling fails the steps run eagerly
+        and `decode_note` (and a warning) says why. A cache passed in then needs k - 1 more
+        positions (each pass is padded to k + 1 tokens).
     The target's cache holds every token but the last ("pending") one; each pass feeds
     [pending, d_1..d_k] and gets the k + 1 distributions that check the drafts.
     """
@@ -216,13 +285,16 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
         generator = torch.Generator(device=device).manual_seed(sampling.seed if sampling.seed is not None
                                                                else torch.seed())
     max_len = len(prompt) + max_new_tokens
-    if cache is None:
-        cache = StaticKVCache.for_model(target, 1, max_len)
-    else:
+    decoder = choose_decoder(compile, device, max_new_tokens, cache)
+    if cache is not None:
         require_fitting_cache(cache, 1, max_len, target)
+    cache, target_pass, verify_path = _verify_pass(target, decoder, cache, k, max_len)   # compiled here, untimed
+    draft_path = draft.warm_up(decoder, max_len)
+    path = slowest(verify_path, draft_path) if draft_path is not None else verify_path
     stats, steps = SpeculativeStats(), [] if trace else None
     context = list(prompt)
 
+    graphs_before = graphs_compiled()
     synchronize(device)
     t_start = time.perf_counter()
     draft.start(prompt, max_len, generator, sampling)           # a model draft reads the prompt here
@@ -243,8 +315,7 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
 
         # 2. one target pass over [pending, d_1..d_k]: k + 1 next-token distributions
         start = cache.length
-        fed = torch.tensor([[context[-1], *drafted]], device=device)                 # (1, k + 1)
-        logits = target.logits(target(fed, cache=cache))[0].float()                   # (k + 1, vocab)
+        logits = target_pass([context[-1], *drafted]).float()                         # (k + 1, vocab)
         target_probs = None if sampling.greedy else probabilities(logits, sampling)
         target_argmax = logits.argmax(dim=-1)                                         # (k + 1,)
         n, extra, kind = verify(target_probs, target_argmax, drafted,
@@ -282,5 +353,11 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
         if kept[-1] in eos:
             break
     synchronize(device)
+    seconds = time.perf_counter() - t_start
+    if decoder is not None and graphs_compiled() > graphs_before:     # never silent: said, and counted
+        path = recompiled(path, graphs_compiled() - graphs_before)
     return SpeculativeResult(tokens=new_tokens, prompt_length=len(prompt), stats=stats, trace=steps,
-                             seconds=time.perf_counter() - t_start)
+                             seconds=seconds, decode_path=path.path, verify_path=verify_path.path,
+                             draft_path=draft_path.path if draft_path else None,
+                             warmup_seconds=path.warmup_seconds, compiles=path.compiles,
+                             cudagraph_skips=path.cudagraph_skips, decode_note=path.note)

@@ -85,11 +85,11 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
     returns {request_id: tokens}. Notebook 07's explorer turns these switches.
 
     paths: a set to which each call adds the decode path its steps took
-    (`GenerationResult.decode_path`: "eager", "compiled", "compiled + CUDA graphs");
-    speculative decoding and the serving engine run their own step loops, always eager: on a
-    GPU they say "eager (not graphed)", and `run_stack` marks their rows as not graphed
-    measurements. On a GPU `generate` runs a replayed CUDA graph (`measure.timed_compile`),
-    else a LabError (`measure.require_graphed`); the chapter's loop without a cache stays eager.
+    (`GenerationResult.decode_path`: "eager", "compiled", "compiled + CUDA graphs"). On a GPU
+    `generate` and speculative decoding (its verify passes) run replayed CUDA graphs
+    (`measure.timed_compile`), else a LabError (`measure.require_graphed`); the serving engine
+    and the chapter's loop without a cache run their own step loops: on a GPU they say
+    "eager (not graphed)", and `run_stack` marks their rows as not graphed measurements.
 
     Without the cache only the chapter's loop exists (one request at a time); speculative
     decoding runs one request at a time (with the cache), so it excludes batching.
@@ -106,7 +106,7 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
     model = variants.get(precision, weights)
     paths = set() if paths is None else paths
     graphed = timed_compile(model.device)
-    own_loop = NOT_GRAPHED if graphed else "eager"      # speculation, the engine: their own eager loops
+    own_loop = NOT_GRAPHED if graphed else "eager"      # the naive loop, the engine: their own eager loops
 
     def path(result):
         paths.add(getattr(result, "decode_path", "eager"))
@@ -126,8 +126,10 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
         return one_at_a_time(lambda r: own(generate_naive(model, r.prompt, r.max_new_tokens, eos_token_ids=())).row(0))
     if speculative:
         lookup = PromptLookupDraft(ngram=3)
-        return one_at_a_time(lambda r: own(speculative_generate(model, lookup, r.prompt, r.max_new_tokens,
-                                                                k=draft_k, eos_token_ids=())).tokens)
+        return one_at_a_time(lambda r: path(require_graphed(
+            speculative_generate(model, lookup, r.prompt, r.max_new_tokens, k=draft_k, eos_token_ids=(),
+                                 compile=graphed),
+            f"the stage's speculative decoding ({precision}, {weights})", model.device)).tokens)
     if batching == "none":
         return one_at_a_time(lambda r: graphed_path(generate(model, r.prompt, r.max_new_tokens, eos_token_ids=(),
                                                              compile=graphed)).row(0))
