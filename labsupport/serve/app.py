@@ -14,8 +14,10 @@ One request's life: the body is validated (`protocol`; a bad one is a 400 in one
 and never reaches the engine), the prompt tokenized, the request checked against the
 engine's sizes (`Engine.require_servable`), counted against the overload limit (a 429
 past ``max_slots + max_waiting`` requests in flight), and handed to the engine thread.
-Its tokens come back on its own queue; `TextStream` turns them into text, and they go out
-as one JSON body or as server-sent events, ``data: {chunk}\\n\\n`` ... ``data: [DONE]\\n\\n``.
+Each of its choices (several prompts, `n` per prompt) is its own engine request, whose
+tokens come back on its own queue; `answer.Reply` turns them into text (with the
+log-probabilities asked for, `logprobs.py`) and joins the choices into one JSON body or one
+stream of server-sent events, ``data: {chunk}\\n\\n`` ... ``data: [DONE]\\n\\n``.
 Whatever ends a request early (a stop string, a client that disconnects, a timeout) aborts
 it in the engine, so that its cache blocks are free at the next step. Whatever goes wrong
 while one request is served ends that request alone (a 500, or an error event in a stream,
@@ -24,8 +26,6 @@ in one sentence) and the engine serves on; every refusal (4xx) is logged with it
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 import uuid
@@ -33,7 +33,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ..engine.generation import chat_prompt
@@ -43,18 +43,13 @@ from ..engine.serving.request import Request
 from ..errors import LabError
 from ..inputs import finite_number, whole_number
 from . import protocol
-from .engine_loop import EngineThread, Failure, TokenQueue
+from . import logprobs as lp
+from .answer import Choice, EventStream, Reply, one_sentence
+from .engine_loop import EngineThread
 from .protocol import ApiError, ChatRequest, CompletionRequest
-from .text import TextStream
 from .tokenizer_api import add_tokenizer_routes, require_served_model
 
 LOG = logging.getLogger("uvicorn.error")        # uvicorn's own log: what the server prints
-
-
-def one_sentence(error: BaseException) -> str:
-    """An unexpected error as one sentence (its type and first words, no traceback). Notebook 09."""
-    reason = " ".join(str(error).split()).rstrip(".") or "no message"
-    return f"The server failed on this request ({type(error).__name__}: {reason[:300]})."
 
 
 def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_timeout: float = 600.0,
@@ -173,7 +168,7 @@ class _Server:
     async def answer(self, body, http: HttpRequest, chat: bool):
         """Validate, queue, and answer one request (a JSON body, or a stream of events)."""
         require_served_model(self, body.model)
-        refused = protocol.unsupported(body)
+        refused = protocol.unsupported(body) or lp.refusal(body)
         if refused is not None:
             raise refused
         ignored = protocol.ignored_fields(body)
@@ -181,42 +176,67 @@ class _Server:
             LOG.info("%s: ignored the fields this server does not know: %s.", http.url.path, ", ".join(ignored))
         if not self.thread.alive:
             raise ApiError(503, "The engine has stopped; restart the server.", kind="server_error")
-        prompt = self._prompt_ids(body, chat)
-        request = self._engine_request(body, prompt, chat)
-        if self.in_flight >= self.limit:
-            raise ApiError(429, f"The server is busy: {self.in_flight} requests are in flight, its limit; "
-                                "retry in a moment.", kind="rate_limit_error", code="rate_limit_exceeded")
-        self.in_flight += 1
-        tokens = TokenQueue()
-        self.thread.submit(request, tokens)
-        answer = _Answer(self, request, tokens, TextStream(self.tokenizer, protocol.stop_strings(body)), chat, body)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        choices = self._choices(body, chat, rid)
+        if self.in_flight + len(choices) > self.limit:
+            raise ApiError(429, f"The server is busy: {self.in_flight} requests are in flight and this one "
+                                f"brings {len(choices)}, past its limit of {self.limit}; retry in a moment.",
+                           kind="rate_limit_error", code="rate_limit_exceeded")
+        self.in_flight += len(choices)
+        reply = Reply(self, choices, rid, chat, body)
         try:
-            first = await answer.first()          # a refusal by the engine is still a 4xx here
+            for choice in choices:
+                choice.submit()
+            firsts = [await choice.first() for choice in choices]   # a refusal by the engine is still a 4xx
         except BaseException:
-            answer.close()
+            reply.close()
             raise
         if body.stream:
-            return _EventStream(answer, first)
+            return EventStream(reply, firsts)
         try:
-            return await answer.whole(first, http)
+            return await reply.body_of(firsts, http)
         except ApiError:
             raise
         except Exception as error:                # noqa: BLE001 - this request alone fails, in one sentence
             raise ApiError(500, one_sentence(error), kind="server_error") from error
         finally:
-            answer.close()
+            reply.close()
 
-    def _prompt_ids(self, body, chat: bool) -> list[int]:
-        if not chat:
-            prompt = body.prompt
-            if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-                if len(prompt) != 1:
-                    raise ApiError(400, f"This server takes one prompt per request, got {len(prompt)}; send "
-                                        "each prompt as its own request.", param="prompt")
-                prompt = prompt[0]
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
-        else:
-            ids = self.tokenizer.encode(self._chat_text(body.messages), add_special_tokens=False)
+    def _choices(self, body, chat: bool, rid: str) -> list[Choice]:
+        """One `Choice` per prompt and per `n`, indexed prompt by prompt; choice j of a prompt
+        draws with seed + j, so that choice 0 is what n=1 gives. Too many is a 400."""
+        prompts = self._prompts(body, chat)
+        if len(prompts) * body.n > self.limit:
+            raise ApiError(400, f"This request asks for {len(prompts) * body.n} choices ({len(prompts)} prompts "
+                                f"x n={body.n}) but the server holds at most {self.limit} at once; split it.",
+                           param="n")
+        choices, several = [], len(prompts) * body.n > 1
+        for i, (ids, text) in enumerate(prompts):
+            for j in range(body.n):
+                name = f"{rid}-{i * body.n + j}" if several else rid       # the engine's request id
+                request = self._engine_request(body, ids, chat, name, j)
+                echo = text if not chat and body.echo else None
+                choices.append(Choice(self, request, ids, i * body.n + j, body, chat, echo))
+        return choices
+
+    def _prompts(self, body, chat: bool) -> list[tuple[list[int], str | None]]:
+        """Each prompt's token ids and its text (for echo: a text prompt as sent, token ids decoded)."""
+        if chat:
+            return [(self._ids(self.tokenizer.encode(self._chat_text(body.messages), add_special_tokens=False)),
+                     None)]
+        prompt = body.prompt
+        several = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+        prompts = list(prompt) if several else [prompt]
+        if not prompts:
+            raise ApiError(400, "The prompt is empty; send at least one token.", param="prompt")
+        out = []
+        for one in prompts:
+            ids = self._ids(self.tokenizer.encode(one, add_special_tokens=False) if isinstance(one, str) else list(one))
+            out.append((ids, one if isinstance(one, str) else self.tokenizer.decode(ids)))
+        return out
+
+    @staticmethod
+    def _ids(ids: list[int]) -> list[int]:
         if not ids:
             raise ApiError(400, "The prompt is empty; send at least one token.", param="prompt")
         return ids
@@ -237,19 +257,23 @@ class _Server:
                                 "(after at most one system message).", param="messages")
         return self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
 
-    def _engine_request(self, body, prompt: list[int], chat: bool) -> Request:
-        """The engine's Request; a prompt or a max_tokens that can never fit is a 400 here."""
+    def _engine_request(self, body, prompt: list[int], chat: bool, request_id: str, draw: int) -> Request | None:
+        """The engine's Request (None for max_tokens 0: echo alone); a prompt or a max_tokens
+        that can never fit is a 400 here. draw: the choice's place among the prompt's n."""
         room = min(self.engine.model.config.max_position, self.engine.capacity) - len(prompt)
         max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
         if max_tokens is None:
             max_tokens = max(room, 1) if chat else 16            # the API's defaults
         try:
+            if max_tokens == 0:                                  # echo alone: the prompt must still fit
+                self.engine.require_servable(Request(prompt, max_new_tokens=1, request_id=request_id))
+                return None
             sampling = SamplingConfig(temperature=body.temperature, top_k=body.top_k,
                                       top_p=body.top_p if body.top_p < 1 else None,
-                                      seed=None if body.seed is None else body.seed % SEED_MODULUS)
+                                      seed=None if body.seed is None else (body.seed + draw) % SEED_MODULUS)
             request = Request(prompt, max_new_tokens=max_tokens, sampling=sampling,
                               eos_token_ids=() if body.ignore_eos else self.eos,
-                              request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
+                              request_id=request_id, logprobs=lp.top_asked(body))
             self.engine.require_servable(request)
         except LabError as error:
             raise ApiError(400, str(error), param="messages" if chat else "prompt",
@@ -264,112 +288,3 @@ def _content(message) -> str:
     if len(parts) != len(message.content) or not all(isinstance(part, str) for part in parts):
         raise ApiError(400, "This server reads text content parts only.", param="messages")
     return "".join(parts)
-
-
-class _Answer:
-    """One request's way back: tokens from its queue -> text -> a body or a stream."""
-
-    def __init__(self, server: _Server, request: Request, tokens: TokenQueue, text: TextStream, chat: bool, body):
-        self.server, self.request, self.tokens, self.text, self.chat, self.body = server, request, tokens, text, chat, body
-        self.ids: list[int] = []
-        self.finish_reason: str | None = None
-        self.engine_finished = False          # the engine ended it (its last token came)
-        self.open = True
-
-    async def first(self):
-        return await self._next()
-
-    async def _next(self):
-        """The next token from the engine; a failure or a timeout ends the request."""
-        try:
-            item = await self.tokens.get(self.server.token_timeout)
-        except asyncio.TimeoutError:
-            raise ApiError(503, f"No token came within {self.server.token_timeout:.0f} s; the server is "
-                                "overloaded, retry later.", kind="server_error") from None
-        if isinstance(item, Failure):
-            self.close(engine_done=True)
-            status = item.status if self.server.thread.alive else 500
-            raise ApiError(status, item.message, kind="invalid_request_error" if status < 500 else "server_error")
-        return item
-
-    def _take(self, item) -> str:
-        """Record a token; the text it adds (empty while held back)."""
-        self.ids.append(item.token)
-        self.engine_finished = item.finished
-        new = self.text.add(item.token)
-        if self.text.stopped:
-            self.finish_reason = "stop"
-        elif item.finished:
-            new += self.text.finish()
-            self.finish_reason = "stop" if item.token in self.request.eos_token_ids else "length"
-        return new
-
-    async def whole(self, item, http: HttpRequest) -> dict:
-        text = self._take(item)
-        while self.finish_reason is None:
-            item = await self._next()
-            text += self._take(item)
-            if await http.is_disconnected():
-                return {}                     # no one to answer; `close` aborts it
-        return protocol.completion(self.request.request_id, self.server.model_name, self.chat, text,
-                                   self.finish_reason, len(self.request.prompt), len(self.ids),
-                                   self.ids if self.body.return_token_ids else None)
-
-    async def events(self, item):
-        """Server-sent events: a chunk per token, the finish reason, usage if asked, [DONE]."""
-        rid, name, chat, ids = self.request.request_id, self.server.model_name, self.chat, self.body.return_token_ids
-        options = self.body.stream_options
-        continuous = options is not None and options.continuous_usage_stats
-        try:
-            if chat:
-                yield _sse(protocol.chunk(rid, name, chat, "", role=True, token_ids=[] if ids else None,
-                                          counts=(len(self.request.prompt), 0) if continuous else None))
-            while True:
-                text = self._take(item)
-                yield _sse(protocol.chunk(rid, name, chat, text, self.finish_reason,
-                                          [item.token] if ids else None,
-                                          counts=(len(self.request.prompt), len(self.ids)) if continuous else None))
-                if self.finish_reason is not None:
-                    break
-                item = await self._next()
-            if self.body.stream_options is not None and self.body.stream_options.include_usage:
-                yield _sse(protocol.usage_chunk(rid, name, chat, len(self.request.prompt), len(self.ids)))
-            yield "data: [DONE]\n\n"
-        except ApiError as error:             # after the headers: the error goes out as an event
-            LOG.info("%s stream -> %d: %s", rid, error.status, error.message)
-            yield _sse(error.body())
-            yield "data: [DONE]\n\n"
-        except Exception as error:            # noqa: BLE001 - this request alone fails, in one sentence
-            LOG.info("%s stream -> 500: %s", rid, one_sentence(error))
-            yield _sse(protocol.error_body(one_sentence(error), kind="server_error"))
-            yield "data: [DONE]\n\n"
-        finally:
-            self.close()
-
-    def close(self, engine_done: bool = False) -> None:
-        """The request is over for its client: abort it in the engine unless it has ended there."""
-        if not self.open:
-            return
-        self.open = False
-        self.server.in_flight -= 1
-        if not (engine_done or self.engine_finished):
-            self.server.thread.abort(self.request.request_id)
-
-
-class _EventStream(StreamingResponse):
-    """The answer as server-sent events; however the response ends (even cancelled by a
-    disconnect before its first event), the request is closed: aborted unless finished."""
-
-    def __init__(self, answer: _Answer, first):
-        super().__init__(answer.events(first), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.answer = answer
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.answer.close()
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload)}\n\n"

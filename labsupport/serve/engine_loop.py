@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass
 
 from ..engine.serving.engine import Engine
+from ..engine.serving.logprobs import prompt_logprobs
 from ..engine.serving.request import Request
 from ..errors import LabError
 
@@ -39,6 +40,7 @@ class Token:
 
     token: int
     finished: bool
+    logprobs: object = None        # its `TokenLogprobs`, when the request asked for them
 
 
 @dataclass
@@ -95,6 +97,11 @@ class EngineThread:
         """Queue a request; it joins the batch at the engine's next step."""
         self.inbox.put(("add", request, tokens))
 
+    def score(self, prompt: list[int], top: int, tokens: TokenQueue) -> None:
+        """Queue one forward pass over `prompt` for its tokens' log-probabilities (`echo`): it runs
+        on this thread between two steps, never beside one; the list (or a Failure) comes on `tokens`."""
+        self.inbox.put(("score", (prompt, top), tokens))
+
     def abort(self, request_id) -> None:
         """Drop a request (its client went away); its blocks are free before the next step."""
         self.inbox.put(("abort", request_id, None))
@@ -131,6 +138,9 @@ class EngineThread:
             wait = False
             if command == "stop":
                 return False
+            if command == "score":
+                self._score(*payload, tokens)
+                continue
             if command == "abort":
                 self.engine.abort(payload)
                 self.queues.pop(payload, None)
@@ -147,12 +157,21 @@ class EngineThread:
                 continue
             self.queues[payload.request_id] = tokens
 
+    def _score(self, prompt: list[int], top: int, tokens: TokenQueue) -> None:
+        try:
+            tokens.put(prompt_logprobs(self.engine.model, prompt, top))
+        except Exception as error:                 # noqa: BLE001 - this request alone fails
+            reason = " ".join(str(error).split()).rstrip(".") or "no message"
+            tokens.put(Failure(f"The server failed to score this prompt ({type(error).__name__}: {reason}).",
+                               status=500))
+
     def _step(self) -> None:
         for seq, token in self.engine.step():
             tokens = self.queues.get(seq.id)
             if tokens is None:
                 continue
-            tokens.put(Token(token, seq.is_finished))
+            asked = seq.request.logprobs is not None and seq.logprobs
+            tokens.put(Token(token, seq.is_finished, seq.logprobs[-1] if asked else None))
             if seq.is_finished:
                 del self.queues[seq.id]
         self._tell_failures()

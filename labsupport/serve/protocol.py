@@ -10,8 +10,9 @@ any number of `stop` strings (not part of the returned text), `seed` for repeata
 (generate exactly max_tokens: what load generators send) and `return_token_ids` (each
 choice and chunk also carries the generated token ids: how the tests compare tokens).
 
-A field this server does not implement and that would change the answer (`n` > 1,
-`logprobs`, `tools`, vLLM's `repetition_penalty`, ...) is refused in one sentence with the
+`logprobs`, `top_logprobs`, `echo`, `n` and several prompts per completions request are
+served (their checks and shapes: `logprobs.py`). A field this server does not implement and
+that would change the answer (`tools`, `suffix`, vLLM's `repetition_penalty`, ...) is refused in one sentence with the
 API's error shape, ``{"error": {"message", "type", "param", "code"}}``. A field this server
 does not know (`store`, `metadata`, a vendor's own) is accepted and ignored, and the
 server logs one line naming it (`ignored_fields`), as OpenAI-compatible servers do.
@@ -59,7 +60,7 @@ class SamplingFields(BaseModel):
 
     model_config = LENIENT
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=0)     # 0: only with echo (logprobs.refusal)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], lt=SEED_RANGE[1])
@@ -67,12 +68,12 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    n: Any = 1                               # choices per prompt (checked in logprobs.refusal)
     # accepted only at the values that change nothing (checked in `unsupported`)
-    n: int = 1
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict | None = None
-    logprobs: Any = None
+    logprobs: Any = None                     # checked in logprobs.refusal
     # extensions, as vLLM names them
     top_k: int | None = Field(default=None, ge=1)
     ignore_eos: bool = False
@@ -80,7 +81,7 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    """A ``/v1/completions`` body: one prompt, as text or token ids. Notebook 09 (serving over HTTP)."""
+    """A ``/v1/completions`` body: one prompt or several, as text or token ids. Notebook 09 (serving over HTTP)."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
@@ -102,7 +103,7 @@ class ChatRequest(SamplingFields):
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    top_logprobs: int | None = None
+    top_logprobs: Any = None
     tools: list | None = None
     tool_choice: Any = None
     functions: list | None = None
@@ -165,21 +166,16 @@ class DetokenizeRequest(BaseModel):
 def unsupported(body: SamplingFields) -> ApiError | None:
     """The first field set to something this server does not do, as a 400 in one sentence.
     Notebook 09 (serving over HTTP)."""
-    checks = [("n", body.n != 1, "returns one choice per request; send n=1 (or leave it out) and one request per answer"),
-              ("presence_penalty", body.presence_penalty != 0, "does not implement penalties; leave it at 0"),
+    checks = [("presence_penalty", body.presence_penalty != 0, "does not implement penalties; leave it at 0"),
               ("frequency_penalty", body.frequency_penalty != 0, "does not implement penalties; leave it at 0"),
-              ("logit_bias", bool(body.logit_bias), "does not implement logit_bias; leave it out"),
-              ("logprobs", body.logprobs not in (None, False, 0), "does not return log-probabilities; leave logprobs out")]
+              ("logit_bias", bool(body.logit_bias), "does not implement logit_bias; leave it out")]
     if isinstance(body, CompletionRequest):
-        checks += [("echo", body.echo, "does not echo the prompt; leave echo out"),
-                   ("suffix", bool(body.suffix), "does not fill in a suffix; leave it out"),
-                   ("best_of", body.best_of not in (None, 1), "generates one candidate; leave best_of out")]
+        checks += [("suffix", bool(body.suffix), "does not fill in a suffix; leave it out")]
     if isinstance(body, ChatRequest):
         # without tools, tool_choice "none"/"auto" and parallel_tool_calls change nothing: accepted
         checks += [(name, getattr(body, name) not in (None, [], "none", "auto"), "does not call tools; leave it out")
                    for name in ("tools", "tool_choice", "functions", "function_call")]
-        checks += [("top_logprobs", body.top_logprobs is not None, "does not return log-probabilities; leave it out"),
-                   ("response_format", body.response_format not in (None, {"type": "text"}),
+        checks += [("response_format", body.response_format not in (None, {"type": "text"}),
                     "replies in plain text only; leave response_format out")]
     checks += [(name, body.model_extra.get(name) not in (None, default, [], {}), f"does not implement {name}; "
                 "leave it out") for name, default in ANSWER_CHANGING_EXTRAS.items()]

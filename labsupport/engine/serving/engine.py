@@ -45,6 +45,7 @@ from ...errors import LabError
 from ...inputs import whole_number
 from ..hardware import synchronize
 from .block_manager import BlockManager, blocks_needed
+from .logprobs import record_logprobs
 from .decode_graphs import EAGER, DecodeGraphs
 from .model_runner import ModelRunner
 from .paged_cache import PagedKVCache
@@ -276,14 +277,19 @@ class Engine:
         """The next token of every sequence whose tokens are all in the cache now (a chunk that
         ends part-way through a prompt gives none). logits: (len(seqs), vocab)."""
         greedy = logits.argmax(dim=-1).tolist()                        # one sync for all rows
-        events = []
+        events, rows = [], []
         for row, seq in enumerate(seqs):
             if seq.num_cached != len(seq.tokens):
                 continue
             try:
                 events.append((seq, greedy[row] if seq.request.sampling.greedy else next_token(logits[row], seq)))
+                rows.append(row)
             except Exception as error:                  # noqa: BLE001 - that request alone fails
                 self._failed.append((seq, error))
+        try:                                            # the model's own, for the requests that ask
+            record_logprobs(logits, rows, events)
+        except Exception as error:                      # noqa: BLE001 - those requests alone fail
+            self._failed += [(seq, error) for seq, _ in events if seq.request.logprobs is not None]
         return events
 
     def _end_failed(self) -> None:

@@ -43,6 +43,7 @@ class Request:
     arrival: float = 0.0
     request_id: str | int | None = None
     on_token: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
+    logprobs: int | None = None     # None: none; k: each token's log-probability and the k best (notebook 09)
 
     def __post_init__(self):
         # every field through labsupport.inputs: whole numbers, finite times (NaN fails), ids
@@ -56,6 +57,9 @@ class Request:
         if not isinstance(self.sampling, SamplingConfig):
             raise LabError(f"The sampling of {name} must be a SamplingConfig, got {type(self.sampling).__name__}.")
         self.eos_token_ids = token_id_set(self.eos_token_ids, f"eos_token_ids of {name}")
+        if self.logprobs is not None:
+            self.logprobs = whole_number(self.logprobs, f"logprobs of {name} (alternatives per token, "
+                                         "at most 20, or None)", minimum=0, maximum=20)
         if self.on_token is not None and not callable(self.on_token):
             raise LabError(f"on_token of {name} must be a function of one token id, or None.")
 
@@ -91,6 +95,7 @@ class ServedSequence:
         self.slot: int | None = None        # batch slot while admitted (for the timeline)
         self.generator = request.sampling.generator(device)
         self.preemptions = 0
+        self.logprobs: list = []            # one `TokenLogprobs` per output token, if the request asks
         # timings, in seconds of the run's clock
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
