@@ -22,7 +22,7 @@ import torch
 from ..engine.padding import PaddedBatch, left_pad, padding_waste
 from ..engine.generation import decode_step, generate, prefill
 from ..engine.kv_cache import StaticKVCache
-from . import call_learner, close_enough, fail, grades_quietly, passed
+from . import call_learner, close_enough, fail, grades_quietly, passed, refuses_references
 from .kv_cache import CountingModel, tiny_test_model
 from ..lab.batching import combined_waste
 
@@ -98,6 +98,7 @@ def _positions_hint(positions: torch.Tensor, expected: PaddedBatch, pad_id: int)
 
 
 @grades_quietly
+@refuses_references("left padding", left_pad)
 def check_left_pad(fn, prompts=None, pad_id: int | None = None) -> None:
     """Check `fn(prompts, pad_id) -> (tokens, attention_mask, positions)` against `padding.left_pad`.
 
@@ -298,6 +299,7 @@ def _run_case(fn, model, name: str, prompts, end_id: int, new_tokens: int, tiny:
 
 
 @grades_quietly
+@refuses_references("batched generation", generate)
 def check_batched_generation(fn, model=None, prompts=None, end_id: int | None = None,
                              new_tokens: int = NEW_TOKENS) -> None:
     """Check `fn(model, prompts, new_tokens, end_id) -> rows`: greedy generation for prompts of

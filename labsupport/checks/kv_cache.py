@@ -22,7 +22,8 @@ from ..engine.generation import generate_naive
 from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
 from ..engine.models.config import PRESETS, ModelConfig
 from ..weights.fixtures import random_model
-from . import call_learner, fail, grades_quietly, passed
+from ..engine.generation import generate as _generate
+from . import call_learner, fail, grades_quietly, passed, refuses_references
 
 UPDATE = "cache update of one attention layer"
 GENERATION = "cached greedy generation"
@@ -238,6 +239,7 @@ def _check_one_generation(fn, model, prompt: list[int], new_tokens: int, name: s
 
 
 @grades_quietly
+@refuses_references("cached generation", _generate)
 def check_cached_generation(fn, model=None, prompt_ids=None, new_tokens: int = 8) -> None:
     """Check fn(model, prompt_ids, new_tokens) -> (new_ids, logits (new_tokens, vocab)): greedy with a
     KV cache must give the uncached loop's tokens and logits, with one prefill and one token per step.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..engine.kv_quant import int8_kv_cache_bytes
 from ..engine.models.config import PRESETS
-from . import call_learner, close_enough, fail, grades_quietly, passed
+from . import call_learner, close_enough, fail, grades_quietly, passed, refuses_references
 
 CROSSOVER = "int8 cache crossover context"
 SCALE_BYTES = 2          # Int8KVCache's scale: one bfloat16 per token per kv-head, for keys and for values
@@ -72,6 +72,7 @@ def _crossover_hint(got: float, config, batch: int, weight_bytes: float) -> str:
 
 
 @grades_quietly
+@refuses_references("int8 crossover", int8_kv_cache_bytes)
 def check_int8_crossover(fn) -> None:
     """Check `fn(weight_bytes, config, batch)` -> the crossover context of the int8 cache.
 

@@ -13,7 +13,7 @@ from ..engine.hardware import dtype_name
 from ..errors import first_line
 from ..engine.models.config import PRESETS
 from ..lab.precision import MIB, first_square_overflow, footprint_mib, matmul_accumulate
-from . import close_enough, fail, grades_quietly, passed
+from . import close_enough, fail, grades_quietly, passed, refuses_references
 
 # (config, dtype): GPT-2 gives the handbook chapter's 474.7 / 237.4 and has a position
 # table; SmolLM2 ties its output layer and has RoPE buffers; the 7B Llama shape has its
@@ -205,6 +205,7 @@ def _accumulation_hint(a, b, accumulate, got: torch.Tensor) -> str:
 
 
 @grades_quietly
+@refuses_references("matmul with an accumulator", matmul_accumulate)
 def check_accumulation(fn) -> None:
     """Check a learner's `fn(a, b, accumulate_dtype) -> a @ b`: 16-bit a (M, K) and b (K, N), the
     products added one k at a time into a running sum kept in `accumulate_dtype`, the result

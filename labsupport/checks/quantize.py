@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..engine.quant import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                             quantize_int8_absmax, unpack_int4)
 from ..errors import first_line
-from . import fail, grades_quietly, passed
+from . import fail, grades_quietly, passed, refuses_references
 
 
 def _as_tensor(value, what: str, exercise: str) -> torch.Tensor:
@@ -262,6 +262,7 @@ def _groupwise_hint(w: torch.Tensor, group_size: int, q, scales, zeros) -> str:
 
 
 @grades_quietly
+@refuses_references("group-wise int4", quantize_int4_groupwise, dequantize_int4)
 def check_int4_groupwise(quantize_fn, linear_fn) -> None:
     """Check a learner's `quantize_fn(w, group_size) -> (q, scales, zeros)` (asymmetric int4 in
     groups of consecutive weights, min/max per group) and `linear_fn(x, q, scales, zeros) -> y`

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from torch.overrides import TorchFunctionMode
+
 from ..engine.quant import dequantize_int4, quantize_int4_groupwise
 from ..engine.quant.w4a8 import pack_q4_1, quantize_activations, w4a8_reference
-from . import fail, grades_quietly, passed
+from . import fail, grades_quietly, passed, refuses_references
 from .quantize import _as_tensor, _call
 
 
@@ -51,7 +53,31 @@ def _w4a8_hint(x, q, scales, mins, y, expected) -> str:
             f"and dx = max|x| / 127 over the block's 32 values; expected starting {expected[0, :3].tolist()}.")
 
 
+MATMULS = ("__matmul__", "__rmatmul__", "matmul", "mm", "bmm", "linear", "addmm", "einsum", "tensordot",
+           "inner", "dot", "mv", "baddbmm")
+
+
+class FloatMatmuls(TorchFunctionMode):
+    """Records the float matmuls the learner's code made along the full length k: a W4A8 answer
+    makes none (its products are integers, summed per block of 32), a float matmul of the
+    dequantized values makes one. Notebook 04 (quantization), exercise 4."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k, self.found = k, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in MATMULS:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            tensors += [a for a in args if isinstance(a, (list, tuple)) for a in a if isinstance(a, torch.Tensor)]
+            if any(t.is_floating_point() for t in tensors) and any(self.k in t.shape for t in tensors):
+                self.found.append(name)
+        return func(*args, **(kwargs or {}))
+
+
 @grades_quietly
+@refuses_references("W4A8 matmul", w4a8_reference, dequantize_int4)
 def check_w4a8_matmul(matmul_fn) -> None:
     """Check a learner's `matmul_fn(x, q, scales, mins) -> (y, sums)`: x float (M, k), q uint8 (n, k)
     in 0..15 with scales and mins (n, k / 32) (int4 in groups of 32, w = q * scale + min); sums the
@@ -62,7 +88,9 @@ def check_w4a8_matmul(matmul_fn) -> None:
     Introduced in notebook 04 (quantization). The sums must be integers and exactly the
     reference's (`w4a8.quantize_activations`), so that a float matmul of dequantized weights
     and activations, the right numbers by another method, is refused; y must match the float64
-    reference of the same arithmetic (`w4a8.w4a8_reference`) to float32 rounding.
+    reference of the same arithmetic (`w4a8.w4a8_reference`) to float32 rounding. A y computed by
+    a float matmul along k (beside right integer sums) is refused, and so is a call of
+    `w4a8_reference` or `dequantize_int4`.
     """
     exercise = "W4A8: int8 activations, one integer sum per block"
     cases = _w4a8_cases()
@@ -70,8 +98,9 @@ def check_w4a8_matmul(matmul_fn) -> None:
         case = f"{exercise} (case {number}: x {tuple(x.shape)}, weight {tuple(w.shape)})"
         q, scales, mins = quantize_int4_groupwise(w, 32)
         scales, mins = scales.half().float(), mins.half().float()             # as the kernel stores them
-        answer = _call(matmul_fn, (x.clone(), q.clone(), scales.clone(), mins.clone()), case, "(y, sums)",
-                       "cut x and q into blocks of 32 along k: x.reshape(M, k // 32, 32), q.reshape(n, k // 32, 32).")
+        with FloatMatmuls(x.shape[1]) as record:
+            answer = _call(matmul_fn, (x.clone(), q.clone(), scales.clone(), mins.clone()), case, "(y, sums)",
+                           "cut x and q into blocks of 32 along k: x.reshape(M, k // 32, 32), q.reshape(n, k // 32, 32).")
         if not isinstance(answer, (tuple, list)) or len(answer) != 2:
             fail(case, "a pair (y, sums)", type(answer).__name__, "end with `return y, sums`")
         y, sums = (_as_tensor(t, name, case) for t, name in zip(answer, ("y", "sums")))
@@ -97,6 +126,9 @@ def check_w4a8_matmul(matmul_fn) -> None:
                     "block), and sums[m, j, b] = sum over the block's 32 positions of q[j] * qx[m]: shape (M, n, k / 32).")
             fail(case, f"sums of shape {tuple(expected_sums.shape)} starting {expected_sums.flatten()[:3].tolist()}",
                  f"shape {tuple(sums.shape)} starting {sums.flatten()[:3].tolist()}", hint)
+        if record.found:
+            fail(case, "y computed from the integer block sums", f"a float {record.found[0]} along k = {x.shape[1]}",
+                 "build y from sums: y = (scales * dx * sums).sum(-1) + (mins * dx * qx.sum(-1)).sum(-1), per block.")
         packed, s16, m16 = pack_q4_1(q, scales, mins)
         expected = w4a8_reference(x, packed, s16, m16)                            # (M, n)
         y = y.float()

@@ -23,7 +23,9 @@ from ..lab.roofs import HardwareProfile
 from ..engine.models.config import PRESETS, ModelConfig
 from ..lab.roofline import (COMPUTE_BOUND, MEMORY_BOUND, OVERHEAD_BOUND, attention_flops, bytes_per_value,
                             decode_step_cost, matmul_params, ridge_batch, step_bounds)
-from . import close_enough, fail, grades_quietly, passed
+from ..lab.roofline import decode_step_cost as _decode_step_cost
+from ..lab.roofline import step_bounds as _step_bounds
+from . import close_enough, fail, grades_quietly, passed, refuses_references
 
 SMOLLM2 = PRESETS["smollm2-135m"]
 # (config, batch, context, bytes per value): chosen so that each mistake below shows.
@@ -96,6 +98,7 @@ def _hint(mistakes, got: float, args: tuple, expected: float, fallback: str) -> 
 
 
 @grades_quietly
+@refuses_references("decode step cost", _decode_step_cost)
 def check_decode_step_cost(fn) -> None:
     """Check a learner's `fn(config, batch, context, bytes_per_value) -> (flops, bytes)`.
 
@@ -291,6 +294,7 @@ def _compare_bounds(fn, rows: list[dict], profile: HardwareProfile, slack: float
 
 
 @grades_quietly
+@refuses_references("what held back each step", _step_bounds)
 def check_step_bounds(fn, rows: list[dict] | None = None, profile: HardwareProfile | None = None) -> None:
     """Check a learner's `fn(rows, profile, slack) -> list of "memory-bound" / "compute-bound" / "overhead-bound"`.
 

@@ -15,7 +15,9 @@ import torch
 from ..engine.models.config import PRESETS, ModelConfig
 from ..engine.serving.block_manager import BlockManager, blocks_needed
 from ..engine.serving.paged_cache import PagedKVCache
-from . import call_learner, fail, grades_quietly, passed
+from ..engine.serving.scheduler import budget_prefill_chunks
+from .processes import hashes_text, stable_across_processes
+from . import call_learner, fail, grades_quietly, passed, refuses_references
 
 STEP = "one scheduler step"
 BLOCKS = "blocks for a set of sequences"
@@ -292,24 +294,14 @@ def check_paged_gather(fn, config: ModelConfig | None = None) -> None:
 HASH, BUDGET = "the hash of a block and its prefix", "a scheduler step under a token budget"
 
 
-def _stable_across_processes(fn, cases) -> bool | None:
-    """Same hashes from `fn`'s source in two Pythons of different hash seeds? None: it cannot run alone."""
-    import inspect, os, subprocess, sys, textwrap  # noqa: E401 - the one place these are needed
-    try:
-        program = (f"import hashlib, struct, zlib\n{textwrap.dedent(inspect.getsource(fn))}\n"
-                   f"print([{fn.__name__}(p, t) for p, t in {cases!r}])")
-    except (OSError, TypeError):
-        return None
-    runs = [subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
-    return None if any(r.returncode for r in runs) else runs[0].stdout == runs[1].stdout
-
-
 @grades_quietly
 def check_block_hash(fn) -> None:
     """Check `fn(parent_hash, block_tokens) -> int`, a block's name in the prefix cache: an
     integer that depends on every token, their order and the parent's hash, the same on every
-    call and in every process. Introduced in notebook 06 (continuous batching)."""
+    call and in every process. Introduced in notebook 06 (continuous batching).
+
+    The last check runs `fn` (with the helpers it calls) in two fresh Pythons of different hash
+    seeds; a call of the built-in hash() on text, even inside a helper, is refused before it."""
     block = [11, 12, 13, 14]
     got = call_learner(HASH, "an integer", "your function raised an error on fn(None, [11, 12, 13, 14]).",
                        fn, None, list(block))
@@ -335,9 +327,15 @@ def check_block_hash(fn) -> None:
     if len(names) < 2 * 108:
         fail(HASH, "216 different hashes for 216 different (parent, block) pairs", f"{len(names)} different",
              "keep the whole hash (64 bits): a small modulus or a short digest makes different blocks collide.")
-    if _stable_across_processes(fn, [(None, block), (parent, block)]) is False:
-        fail(HASH, "the same hash in every Python process", "a different hash in a new process",
-             "Python's hash() of a str or bytes is salted per process; use hashlib (e.g. blake2b or sha256).")
+    salted = "Python's hash() of a str or bytes is salted per process; use hashlib (e.g. blake2b or sha256)."
+    if hashes_text(fn, [(None, block), (parent, block)]):
+        fail(HASH, "the same hash in every Python process", "a call of hash() on text", salted)
+    stable = stable_across_processes(fn, [(None, block), (parent, block)])
+    if stable is False:
+        fail(HASH, "the same hash in every Python process", "a different hash in a new process", salted)
+    if stable is None:
+        fail(HASH, "a function that runs in a fresh Python process", "one that fails there",
+             "keep what hash_block needs inside it or in functions and modules it uses, not in other variables.")
     passed(HASH, "Equal names mean equal prefixes: that is what lets two requests share a block.")
 
 
@@ -347,6 +345,7 @@ BUDGET_CASES = [(16, 4, [5, 3]), (16, 4, [5, 20, 3]), (16, 4, [20]), (8, 8, [3, 
 
 
 @grades_quietly
+@refuses_references("token budget", budget_prefill_chunks)
 def check_budget_chunks(fn) -> None:
     """Check `fn(token_budget, num_decodes, remaining) -> list[int]`: the prompt tokens each waiting
     sequence computes this step (`scheduler.budget_prefill_chunks`). Introduced in notebook 06 (continuous batching)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from ..lab.stack_cost import GB, TOLERANCE, explained, predict_ladder, predict_tokens_per_s
-from . import call_learner, close_enough, fail, grades_quietly, passed
+from . import call_learner, close_enough, fail, grades_quietly, passed, refuses_references
 
 COST = "the decode cost model"
 
@@ -58,6 +58,7 @@ def _number(exercise: str, value, case: str) -> float:
 
 
 @grades_quietly
+@refuses_references("decode cost model", predict_tokens_per_s)
 def check_decode_cost_model(fn, inputs: list[dict] | None = None, bandwidth_gb_s: float | None = None,
                             overhead_ms: float | None = None) -> None:
     """Check `fn(parameters, bits_per_weight, rows, passes_per_token, bandwidth_gb_s, overhead_ms) -> tokens/s`.

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from ..lab.prefill_attention import LargestTensor
-from . import call_learner, fail, grades_quietly, passed
+from ..lab.prefill_attention import tiled_attention as reference_tiled_attention
+from . import call_learner, fail, grades_quietly, passed, refuses_references
 
 EXERCISE = "tiled attention with an online softmax"
 
@@ -120,6 +121,31 @@ def _method_hint(record: LargestTensor, case, q, k) -> str | None:
     return None
 
 
+class ScoreCount(LargestTensor):
+    """LargestTensor that also adds up the scores the learner's matmuls made: a matmul whose
+    left side ends in head_dim and whose right side has head_dim rows is q @ k_tile^T.
+    Notebook 08 (long context), exercise 1: one pass computes each score once."""
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.head_dim, self.scores = head_dim, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = super().__torch_function__(func, types, args, kwargs)
+        name = getattr(func, "__name__", "")
+        if name in ("__matmul__", "matmul", "bmm") and len(args) == 2 and all(
+                isinstance(a, torch.Tensor) and a.dim() >= 2 for a in args):
+            a, b = args
+            if a.shape[-1] == self.head_dim and b.shape[-2] == self.head_dim and isinstance(result, torch.Tensor):
+                self.scores += result.numel()
+        return result
+
+
+def _passes(record: ScoreCount, q, k) -> float:
+    """How many times the learner computed each query's score against each key: 1 in one pass."""
+    return record.scores / (q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
+
+
 def _value_hint(out: torch.Tensor, case, q, k, v) -> str:
     """The slip whose output the learner's matches, else the recipe."""
     *_, tile, causal = case
@@ -138,6 +164,7 @@ def _value_hint(out: torch.Tensor, case, q, k, v) -> str:
 
 
 @grades_quietly
+@refuses_references("tiled attention", reference_tiled_attention)
 def check_tiled_attention(tiled_fn) -> None:
     """Check a learner's `tiled_fn(q, k, v, tile, causal=...)` -> (batch, heads, Tq, d): q (batch,
     heads, Tq, d), k and v (batch, kv_heads, Tk, d), keys and values taken one tile of `tile`
@@ -147,15 +174,16 @@ def check_tiled_attention(tiled_fn) -> None:
     `F.scaled_dot_product_attention(..., is_causal=causal, enable_gqa=True)` in float64 to 1e-5 on
     four shapes (odd lengths, GQA, MQA, causal and not); the calls are recorded
     (`prefill_attention.LargestTensor`), and an answer that builds all the scores at once, a full
-    mask, a row over all keys, or calls scaled_dot_product_attention is refused with the right
-    numbers too.
+    mask, a row over all keys, computes the scores twice (a two-pass softmax: the max first, then
+    the sum and output), or calls scaled_dot_product_attention or the package's
+    `prefill_attention.tiled_attention` is refused with the right numbers too.
     """
     for number, case in enumerate(CASES, 1):
         batch, heads, kv_heads, n_q, n_k, d, tile, causal = case
         q, k, v = _inputs(batch, heads, kv_heads, n_q, n_k, d, seed=80 + number)
         where = (f"case {number}: q {tuple(q.shape)}, k and v {tuple(k.shape)}, tile {tile}, "
                  f"causal={causal}")
-        with LargestTensor() as record:
+        with ScoreCount(d) as record:
             out = call_learner(EXERCISE, f"attention of shape {tuple(q.shape)} ({where})",
                                "slice the keys and values of each tile with k[:, :, start:start + tile] (the last "
                                "one may be shorter), and let each query head h read kv-head h // (heads // kv_heads).",
@@ -170,9 +198,14 @@ def check_tiled_attention(tiled_fn) -> None:
         method = _method_hint(record, case, q, k)
         if method is not None:
             fail(EXERCISE, f"keys taken one tile at a time ({where})", "the whole row of scores at once", method)
+        passes = _passes(record, q, k)
+        if passes > 1.5:
+            fail(EXERCISE, f"one pass over the keys ({where})", f"each score computed {passes:.0f} times",
+                 "keep a running max and rescale the running sum and output when it grows, so that one walk "
+                 "over the tiles is enough.")
         error = (out.double() - expected).abs().max().item()
         if not error <= 1e-5 + 1e-5 * expected.abs().max().item():
             fail(EXERCISE, f"scaled_dot_product_attention's output to 1e-5 ({where})",
                  f"a difference of {error:.3g}", _value_hint(out, case, q, k, v))
     passed(EXERCISE, f"Equal to scaled_dot_product_attention on {len(CASES)} shapes (odd lengths, GQA, MQA, "
-                     f"causal and not), never more than one tile of scores at a time.")
+                     f"causal and not), in one pass over the keys, never more than one tile of scores at a time.")

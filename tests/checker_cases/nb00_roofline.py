@@ -1,5 +1,7 @@
 """Checker cases of notebook 00 (where the time goes): the reference and each typical mistake."""
 
+from typing import NamedTuple
+
 import torch
 
 from labsupport.lab import roofline
@@ -41,10 +43,24 @@ def by_hand(config, batch, context, size):
     return flops, (params + config.num_layers * 2 * kv_size * context * batch) * size
 
 
+class HandCost(NamedTuple):
+    """What roofline.decode_step_cost returns, counted by hand (the checker refuses a call of it)."""
+    flops: float
+    bytes: float
+    weight_bytes: float
+    kv_bytes: float
+
+
+def hand_cost(config, batch, context, size):
+    flops, nbytes = by_hand(config, batch, context, size)
+    kv_bytes = config.num_layers * 2 * config.num_kv_heads * config.head_dim * context * batch * size
+    return HandCost(flops, nbytes, nbytes - kv_bytes, kv_bytes)
+
+
 def _with(flops=None, nbytes=None):
     """A learner's function that gets one of the two counts wrong by `flops(...)` or `nbytes(...)`."""
     def learner(config, batch, context, size):
-        cost = roofline.decode_step_cost(config, batch, context, size)
+        cost = hand_cost(config, batch, context, size)
         args = (config, batch, context, size, cost)
         return (flops(*args) if flops else cost.flops), (nbytes(*args) if nbytes else cost.bytes)
     return learner
@@ -127,7 +143,7 @@ def inverted_overhead_test(rows, profile, slack=2.0):
 
 
 def short_labels(rows, profile, slack=2.0):
-    return [label.split("-")[0] for label in roofline.step_bounds(rows, profile, slack)]
+    return [label.split("-")[0] for label in bounds_by_hand(rows, profile, slack)]
 
 
 def tiny_sweep():
@@ -141,7 +157,7 @@ def tiny_sweep():
 
 
 NOTEBOOK_00 = [
-    accepts(check_decode_step_cost, "reference", decode_cost),
+    refuses(check_decode_step_cost, "the-packages-own-answer", "write the steps yourself", decode_cost),
     accepts(check_decode_step_cost, "counted-by-hand", by_hand),
     refuses(check_decode_step_cost, "missing-lm-head", "lm_head", no_lm_head),
     refuses(check_decode_step_cost, "missing-attention", "attention over the cache", no_attention),
@@ -194,7 +210,9 @@ NOTEBOOK_00 = [
     refuses(check_ridge_batch, "past-the-ridge-context-a-number", "about inf", 1e6, FAKE_PROFILE, TINY,
             torch.float32, PAST_RIDGE_CONTEXT),
 
-    accepts(check_step_bounds, "reference", roofline.step_bounds),
+    refuses(check_step_bounds, "the-packages-own-function", "write the steps yourself", roofline.step_bounds),
+    refuses(check_step_bounds, "the-packages-own-answer", "write the steps yourself",
+            lambda rows, profile, slack=2.0: roofline.step_bounds(rows, profile, slack)),
     accepts(check_step_bounds, "by-hand", bounds_by_hand),
     accepts(check_step_bounds, "reference-on-a-sweep", bounds_by_hand, tiny_sweep(), TWO_DTYPES),
     refuses(check_step_bounds, "min-of-the-two-times", "slower of the two limits", _bounds(roof=min)),

@@ -22,8 +22,19 @@ def padding_waste_in_batches(lengths, group_size):
 # --- notebook 02 (batching): left padding (exercise 1) --------------------------------------
 
 def reference_left_pad(prompts, pad_id):
-    batch = padding.left_pad(prompts, pad_id)
-    return batch.tokens, batch.attention_mask, batch.positions
+    # the notebook's solution, by hand (the checker refuses a call of padding.left_pad)
+    longest = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), longest), dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        tokens[row, longest - len(prompt):] = torch.tensor(prompt)
+        mask[row, longest - len(prompt):] = True
+    return tokens, mask, (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def a_padded_batch(prompts, pad_id):
+    tokens, mask, positions = reference_left_pad(prompts, pad_id)
+    return padding.PaddedBatch(tokens, mask, positions, [len(p) for p in prompts])
 
 
 def right_pad(prompts, pad_id):
@@ -142,7 +153,10 @@ NOTEBOOK_02 = [
     accepts(check_left_pad, "reference", reference_left_pad),
     refuses(check_left_pad, "no-positions", "return the positions too",
             lambda prompts, pad_id: reference_left_pad(prompts, pad_id)[:2]),
-    accepts(check_left_pad, "a-padded-batch", lambda prompts, pad_id: padding.left_pad(prompts, pad_id)),
+    accepts(check_left_pad, "a-padded-batch", a_padded_batch),
+    refuses(check_left_pad, "the-packages-own-answer", "write the steps yourself",
+            lambda prompts, pad_id: padding.left_pad(prompts, pad_id)),
+    refuses(check_left_pad, "the-packages-own-function", "write the steps yourself", padding.left_pad),
     accepts(check_left_pad, "a-0-1-mask", lambda prompts, pad_id: (reference_left_pad(prompts, pad_id)[0],
                                                                   reference_left_pad(prompts, pad_id)[1].long(),
                                                                   reference_left_pad(prompts, pad_id)[2])),

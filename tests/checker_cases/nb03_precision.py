@@ -81,6 +81,13 @@ def accumulate_fused_multiply_add(a, b, accumulate_dtype):  # one rounding per s
     return total.to(a.dtype)
 
 
+def reference_accumulate(a, b, accumulate_dtype):          # the notebook's solution
+    total = torch.zeros(a.shape[0], b.shape[1], dtype=accumulate_dtype, device=a.device)
+    for k in range(a.shape[1]):
+        total = total + a[:, k, None].to(accumulate_dtype) * b[None, k, :].to(accumulate_dtype)
+    return total.to(a.dtype)
+
+
 NOTEBOOK_03 = [
     accepts(check_footprint, "reference", precision.footprint_mib),
     accepts(check_footprint, "counted-from-the-shapes", counted),
@@ -113,7 +120,10 @@ NOTEBOOK_03 = [
     refuses(check_first_overflow, "the-value-not-its-index", "not the value",
             lambda v: (lambda i: None if i is None else float(v[i]))(_first(v.abs() > 256))),
     refuses(check_first_overflow, "every-index", "not a list", lambda v: (v.abs() > 256).nonzero().flatten()),
-    accepts(check_accumulation, "reference", precision.matmul_accumulate),
+    accepts(check_accumulation, "reference", reference_accumulate),
+    refuses(check_accumulation, "the-packages-own-function", "write the steps yourself", precision.matmul_accumulate),
+    refuses(check_accumulation, "the-packages-own-answer", "write the steps yourself",
+            lambda a, b, dtype: precision.matmul_accumulate(a, b, dtype)),
     accepts(check_accumulation, "fused-multiply-add", accumulate_fused_multiply_add),
     refuses(check_accumulation, "fp32-running-sum-always", "float32", accumulate_fp32_always),
     refuses(check_accumulation, "plain-matmul", "a @ b", accumulate_plain_matmul),

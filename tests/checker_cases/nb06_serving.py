@@ -117,8 +117,19 @@ def first_only(token_budget, num_decodes, remaining):
     return [min(remaining[0], token_budget - num_decodes)] + [0] * (len(remaining) - 1) if remaining else []
 
 
+def reference_chunks(token_budget, num_decodes, remaining):      # the notebook's solution
+    left = token_budget - num_decodes
+    if left < 0:
+        raise ValueError(f"{num_decodes} decodes do not fit in a budget of {token_budget} tokens")
+    chunks = []
+    for need in remaining:
+        chunks.append(min(need, left))
+        left -= chunks[-1]
+    return chunks
+
+
 def never_refuses(token_budget, num_decodes, remaining):
-    return [0] * len(remaining) if num_decodes > token_budget else budget_prefill_chunks(token_budget, num_decodes,
+    return [0] * len(remaining) if num_decodes > token_budget else reference_chunks(token_budget, num_decodes,
                                                                                           remaining)
 
 
@@ -170,9 +181,12 @@ NOTEBOOK_06 = [
     refuses(check_block_hash, "salted-str-hash", "salted per process", salted),
     refuses(check_block_hash, "small-modulus", "collide", lambda p, t: block_hash(p, t) % 97),
     refuses(check_block_hash, "a-string", "return an int", lambda p, t: str(block_hash(p, t))),
-    accepts(check_budget_chunks, "reference", budget_prefill_chunks),
+    accepts(check_budget_chunks, "reference", reference_chunks),
+    refuses(check_budget_chunks, "the-packages-own-function", "write the steps yourself", budget_prefill_chunks),
+    refuses(check_budget_chunks, "the-packages-own-answer", "write the steps yourself",
+            lambda b, d, r: budget_prefill_chunks(b, d, r)),
     refuses(check_budget_chunks, "forgets-the-decodes", "decode costs one token",
-            lambda b, d, r: budget_prefill_chunks(b, 0, r)),
+            lambda b, d, r: reference_chunks(b, 0, r)),
     refuses(check_budget_chunks, "no-split", "split it across steps", whole_prompts_only),
     refuses(check_budget_chunks, "skips-a-long-one", "must not jump ahead",
             lambda b, d, r: whole_prompts_only(b, d, r, skip=True)),
@@ -180,8 +194,8 @@ NOTEBOOK_06 = [
     refuses(check_budget_chunks, "exceeds-the-budget", "must fit in the budget", lambda b, d, r: list(r)),
     refuses(check_budget_chunks, "negative-chunks", "never negative", goes_negative),
     refuses(check_budget_chunks, "zeros-left-out", "zeros included",
-            lambda b, d, r: [c for c in budget_prefill_chunks(b, d, r) if c]),
+            lambda b, d, r: [c for c in reference_chunks(b, d, r) if c]),
     refuses(check_budget_chunks, "a-total", "one int per waiting sequence",
-            lambda b, d, r: sum(budget_prefill_chunks(b, d, r))),
+            lambda b, d, r: sum(reference_chunks(b, d, r))),
     refuses(check_budget_chunks, "never-refuses", "raise an error", never_refuses),
 ]

@@ -124,8 +124,14 @@ def milliseconds_as_seconds(p, bits, rows, passes, bw, ms):
     return cost(p * bits / 8, bw * 1e9, ms, rows, passes)
 
 
+def reference_predict(parameters, bits_per_weight, rows, passes_per_token, bandwidth_gb_s, overhead_ms):
+    # the notebook's solution (the checker refuses a call of stack_cost.predict_tokens_per_s)
+    seconds_per_pass = parameters * bits_per_weight / 8 / (bandwidth_gb_s * 1e9) + overhead_ms / 1000
+    return rows / (passes_per_token * seconds_per_pass)
+
+
 def seconds_per_token(p, bits, rows, passes, bw, ms):
-    return 1 / predict_tokens_per_s(p, bits, rows, passes, bw, ms)
+    return 1 / reference_predict(p, bits, rows, passes, bw, ms)
 
 
 def measured_inputs():
@@ -138,7 +144,7 @@ def measured_inputs():
 
 
 def special_cases_the_ladder(p, bits, rows, passes, bw, ms):   # right on the made-up stages only
-    return predict_tokens_per_s(p, bits, rows, passes, bw, ms) * (10 if p == 135e6 and ms == 10.0 else 1)
+    return reference_predict(p, bits, rows, passes, bw, ms) * (10 if p == 135e6 and ms == 10.0 else 1)
 
 
 NOTEBOOK_07 = [
@@ -164,8 +170,11 @@ NOTEBOOK_07 = [
     refuses(check_best_under_budget, "nothing-fits-raises", "return None", max_of_nothing),
     refuses(check_best_under_budget, "peer-not-skipped", "skip them", keeps_the_peer),
     refuses(check_best_under_budget, "whole-row", "stage's name", whole_row),
-    accepts(check_decode_cost_model, "reference", predict_tokens_per_s),
-    accepts(check_decode_cost_model, "reference-on-a-ladder", predict_tokens_per_s, *measured_inputs()),
+    accepts(check_decode_cost_model, "reference", reference_predict),
+    accepts(check_decode_cost_model, "reference-on-a-ladder", reference_predict, *measured_inputs()),
+    refuses(check_decode_cost_model, "the-packages-own-function", "write the steps yourself", predict_tokens_per_s),
+    refuses(check_decode_cost_model, "the-packages-own-answer", "write the steps yourself",
+            lambda *args: predict_tokens_per_s(*args)),
     refuses(check_decode_cost_model, "ignores-the-batch", "multiply by rows", ignores_the_batch),
     refuses(check_decode_cost_model, "ignores-the-overhead", "overhead counts too", ignores_the_overhead),
     refuses(check_decode_cost_model, "fp32-bytes-always", "this stage's precision", fp32_bytes_always),
