@@ -78,7 +78,7 @@ def _serving_commands(sub) -> None:
     serve.add_argument("--device", default=None, help="cpu, cuda, ... (default: the best available)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 serves every "
-                            "network the machine is on, with no authentication)")
+                            "network the machine is on: give it an --api-key)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--max-slots", type=int, default=8, help="sequences decoded together (default 8)")
     serve.add_argument("--max-waiting", type=int, default=64,
@@ -90,6 +90,14 @@ def _serving_commands(sub) -> None:
     serve.add_argument("--block-size", type=int, default=16, help="positions per cache block (default 16)")
     serve.add_argument("--cache-tokens", type=int, default=None,
                        help="positions the paged cache holds (default: max_slots x min(context, 1024))")
+    serve.add_argument("--dtype", default="float32",
+                       help="the model's precision: float32 (default), bfloat16 or float16 (refused where the "
+                            "hardware cannot run it)")
+    serve.add_argument("--quantize", default=None,
+                       help="int8 or int4 weights (notebook 04; int4 runs the W4A8 kernel on a CPU); default none")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1/ routes (default: no key; set one "
+                            "whenever --host is beyond 127.0.0.1)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     load = sub.add_parser("loadgen", help="send a seeded workload to an OpenAI-compatible server, write JSON")
     load.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
@@ -107,11 +115,16 @@ def _serving_commands(sub) -> None:
 
 def _serve(args) -> int:
     from .serve import create_app, run_server
+    from .serve.precision import quantize_for_serving, served_dtype
     from .weights.loading import load_model
 
     require_supported_platform()
-    model, tokenizer = load_model(args.model, device=pick_device(args.device))
+    device = pick_device(args.device)
+    dtype = served_dtype(device, args.dtype, args.quantize)      # before minutes of loading
+    model, tokenizer = load_model(args.model, device=device, dtype=dtype)
+    quantize_for_serving(model, args.quantize)
     app = create_app(model, tokenizer, args.served_model_name or args.model, max_waiting=args.max_waiting,
+                     api_key=args.api_key,
                      max_slots=args.max_slots, policy=args.policy, token_budget=args.token_budget,
                      prefix_caching=args.prefix_caching, block_size=args.block_size, cache_tokens=args.cache_tokens)
     run_server(app, args.host, args.port, args.log_level)

@@ -4,7 +4,8 @@ Introduced in notebook 09 (serving over HTTP); ``python -m labsupport serve``. R
 modules in this order: protocol (the wire format) -> text (tokens to text, stop strings)
 -> engine_loop (the one thread that steps the engine) -> logprobs (log-probabilities, echo,
 n: checked and shaped) -> answer (each choice's tokens to a body or a stream) -> app (the
-routes; vLLM's tokenizer routes are in tokenizer_api) -> server
+routes; vLLM's tokenizer routes are in tokenizer_api; precision and the API key in
+precision) -> server
 (uvicorn, in the foreground or a background thread). The load generator that measures it
 (and any other OpenAI-compatible server) is `labsupport.lab.loadgen`.
 """

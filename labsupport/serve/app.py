@@ -46,6 +46,7 @@ from . import protocol
 from . import logprobs as lp
 from .answer import Choice, EventStream, Reply, one_sentence
 from .engine_loop import EngineThread
+from .precision import add_api_key, describe
 from .protocol import ApiError, ChatRequest, CompletionRequest
 from .tokenizer_api import add_tokenizer_routes, require_served_model
 
@@ -53,13 +54,14 @@ LOG = logging.getLogger("uvicorn.error")        # uvicorn's own log: what the se
 
 
 def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_timeout: float = 600.0,
-               **engine_options) -> FastAPI:
+               api_key: str | None = None, **engine_options) -> FastAPI:
     """The server's FastAPI app; its engine thread starts and stops with the app (lifespan).
 
     Introduced in notebook 09 (serving over HTTP). model, tokenizer: what `load_model` gives;
     model_name: the name clients put in "model"; max_waiting: requests accepted beyond the
     engine's batch slots before new ones get a 429; token_timeout: seconds a request waits
-    for its next token before it is aborted (a 503); engine_options: `Engine` keyword
+    for its next token before it is aborted (a 503); api_key: the key /v1/ routes
+    require (`precision.add_api_key`), or None; engine_options: `Engine` keyword
     arguments (max_slots, policy, token_budget, prefix_caching, block_size, cache_tokens).
     The app's state holds `engine` and `engine_thread` (tests check the blocks after a run).
     """
@@ -76,6 +78,7 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
 
     app = FastAPI(title="labsupport", lifespan=lifespan)
     app.state.engine, app.state.engine_thread, app.state.server = engine, server.thread, server
+    add_api_key(app, api_key)
 
     @app.exception_handler(ApiError)
     async def api_error(request, error: ApiError):
@@ -107,10 +110,13 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
             raise ApiError(503, "The engine has stopped; restart the server.", kind="server_error")
         return {"status": "ok"}
 
+    described = describe(model)
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": server.created,
-                                            "owned_by": "labsupport", "max_model_len": model.config.max_position}]}
+                                            "owned_by": "labsupport", "max_model_len": model.config.max_position,
+                                            "precision": described}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: HttpRequest):

@@ -32,9 +32,9 @@ def is_loopback(host: str) -> bool:
 
 def run_server(app, host: str = LOCALHOST, port: int = 8000, log_level: str = "info") -> None:
     """Serve `app` until Ctrl+C (what ``python -m labsupport serve`` runs). Notebook 09 (serving over HTTP)."""
-    if not is_loopback(host):
-        print(f"warning: listening on {host}: anyone who can reach this machine can use this server "
-              "(it has no authentication).", flush=True)
+    if not is_loopback(host) and getattr(app.state, "api_key", None) is None:
+        print(f"warning: listening on {host} without an API key: anyone who can reach this machine can use "
+              "this server (start it with --api-key KEY).", flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 

@@ -1,0 +1,85 @@
+"""What the server serves (notebook 09): --dtype, --quantize int8|int4, /v1/models saying
+precision and kernel, --api-key (401 in one sentence on /v1/, /health open), the warning
+when binding beyond 127.0.0.1 without a key, and bad values refused in one sentence."""
+
+import httpx
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+
+from labsupport import cli  # noqa: E402
+from labsupport.errors import LabError  # noqa: E402
+from labsupport.serve import BackgroundServer, create_app, server as server_module  # noqa: E402
+from labsupport.serve.precision import served_dtype, describe, quantize_for_serving  # noqa: E402
+from labsupport.weights.fixtures import ByteTokenizer, random_model  # noqa: E402
+
+NAME = "tiny-llama"
+TIMEOUT = 30
+
+
+def test_dtype_and_quantize_choices_are_checked_in_one_sentence(monkeypatch):
+    assert served_dtype("cpu", "bfloat16", "int4") == torch.bfloat16
+    for dtype, method, words in (("float64", None, "--dtype must be one of"), ("fp8", None, "--dtype"),
+                                 ("float32", "int3", "--quantize must be one of")):
+        with pytest.raises(LabError, match=words) as caught:
+            served_dtype("cpu", dtype, method)
+        assert "\n" not in str(caught.value) and str(caught.value).endswith(".")
+    # a T4 (compute capability 7.5) has no bfloat16: refused before loading anything
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    with pytest.raises(LabError, match="no bfloat16 support"):
+        served_dtype(torch.device("cuda"), "bfloat16", None)
+
+
+def test_the_cli_refuses_a_bad_dtype_before_loading(capsys, monkeypatch):
+    monkeypatch.setattr("labsupport.weights.loading.load_model",
+                        lambda *a, **k: pytest.fail("the model was loaded before the check"))
+    assert cli.main(["serve", "--model", NAME, "--dtype", "float64"]) != 0
+    printed = capsys.readouterr()
+    assert "--dtype must be one of" in printed.err + printed.out and "Traceback" not in printed.err
+
+
+@pytest.mark.parametrize("method, weights", [(None, "float32"), ("int8", "int8"), ("int4", "int4")])
+def test_models_says_the_precision_and_the_quantized_server_answers(method, weights):
+    model = quantize_for_serving(random_model(NAME), method)
+    assert describe(model)["weights"] == weights
+    with BackgroundServer(create_app(model, ByteTokenizer(), NAME, max_slots=2, block_size=4)) as server:
+        api = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT)
+        listed = httpx.get(server.url + "/v1/models", timeout=TIMEOUT).json()["data"][0]
+        assert listed["precision"]["weights"] == weights and listed["precision"]["dtype"] == "float32"
+        assert listed["precision"]["kernel"] == describe(model)["kernel"]
+        if method == "int4":
+            print(listed["precision"]["kernel"])
+        out = api.completions.create(model=NAME, prompt="quantized", max_tokens=4, temperature=0, logprobs=1)
+        assert len(out.choices[0].logprobs.token_logprobs) == 4
+
+
+def test_an_api_key_guards_v1_and_health_stays_open():
+    app = create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=2, block_size=4, api_key="s3cret")
+    with BackgroundServer(app) as server:
+        assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            reply = httpx.get(server.url + "/v1/models", headers=headers, timeout=TIMEOUT)
+            error = reply.json()["error"]
+            assert reply.status_code == 401 and error["message"].endswith(".") and "API key" in error["message"]
+        bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0, timeout=TIMEOUT)
+        with pytest.raises(openai.AuthenticationError):
+            bad.completions.create(model=NAME, prompt="x", max_tokens=1)
+        good = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0, timeout=TIMEOUT)
+        assert good.completions.create(model=NAME, prompt="x", max_tokens=2, temperature=0).usage.completion_tokens == 2
+    with pytest.raises(LabError, match="non-empty"):
+        create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=2, block_size=4, api_key=" ")
+
+
+def test_binding_beyond_localhost_without_a_key_warns(monkeypatch, capsys):
+    monkeypatch.setattr(server_module.uvicorn, "run", lambda *a, **k: None)
+    open_app = create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=1, block_size=4)
+    keyed = create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=1, block_size=4, api_key="k")
+    server_module.run_server(open_app, "0.0.0.0", 8000)
+    assert "without an API key" in capsys.readouterr().out
+    server_module.run_server(keyed, "0.0.0.0", 8000)
+    server_module.run_server(open_app, "127.0.0.1", 8000)
+    assert capsys.readouterr().out == ""
