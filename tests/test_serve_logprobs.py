@@ -186,6 +186,8 @@ def test_several_prompts_and_n_with_distinct_seeds(served, model):
             texts[choice.index] = texts.get(choice.index, "") + choice.text
     assert sorted(texts) == [0, 1, 2, 3] and texts[0] == texts[1] and texts[2] == texts[3]
     assert chunks[-1].usage.prompt_tokens == 3 and chunks[-1].usage.completion_tokens == 16
+    reply = post(served, "/v1/completions", {"model": NAME, "prompt": "null n", "n": None, "max_tokens": 2})
+    assert reply.status_code == 200 and len(reply.json()["choices"]) == 1
 
 
 BAD = [  # path, body, param, words
@@ -229,10 +231,46 @@ def test_the_engine_records_logprobs_only_for_requests_that_ask(model):
     from labsupport.errors import LabError
     asks = Request([1, 2, 3], max_new_tokens=5, request_id="asks", logprobs=2, sampling=SamplingConfig(1.0, seed=2))
     quiet = Request([4, 5], max_new_tokens=5, request_id="quiet")
-    result = Engine(model, max_slots=2, block_size=4).run([asks, quiet], clock="steps")
-    seqs = {s.id: s for s in result.sequences}
-    assert seqs["quiet"].logprobs == [] and len(seqs["asks"].logprobs) == 5
-    assert_close([e.logprob for e in seqs["asks"].logprobs], scored(model, seqs["asks"].tokens, 3))
-    assert all(len(e.top) == 2 for e in seqs["asks"].logprobs)
+    for budget in (None, 4):                                  # whole prompts, and chunked prefill beside decodes
+        result = Engine(model, max_slots=2, block_size=4, token_budget=budget).run([asks, quiet], clock="steps")
+        seqs = {s.id: s for s in result.sequences}
+        assert seqs["quiet"].logprobs == [] and len(seqs["asks"].logprobs) == 5
+        assert_close([e.logprob for e in seqs["asks"].logprobs], scored(model, seqs["asks"].tokens, 3))
+        assert all(len(e.top) == 2 for e in seqs["asks"].logprobs)
     with pytest.raises(LabError, match="logprobs"):
         Request([1], logprobs=21)
+
+
+def _wait_idle(app, timeout=TIMEOUT):
+    import time
+    deadline = time.monotonic() + timeout
+    while app.state.engine.has_work or not app.state.engine_thread.inbox.empty() or app.state.server.in_flight:
+        assert time.monotonic() < deadline, "the engine is stuck with work"
+        time.sleep(0.01)
+    time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_one_failing_choice_ends_the_request_and_frees_every_choice(served, model, monkeypatch, stream):
+    from labsupport.engine.serving import engine as engine_module
+    real, marker = engine_module.next_token, ByteTokenizer().encode("boom")
+
+    def patched(logits, seq):
+        if seq.request.prompt[:4] == marker and len(seq.output) >= 2:
+            raise RuntimeError("a bug in the sampler")
+        return real(logits, seq)
+    monkeypatch.setattr(engine_module, "next_token", patched)
+    body = {"model": NAME, "prompt": ["fine", "boom here"], "max_tokens": 30, "temperature": 1.0, "seed": 1,
+            "ignore_eos": True, "stream": stream, "logprobs": 1}
+    reply = post(served, "/v1/completions", body)
+    if stream:
+        events = [json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: {")]
+        assert "a bug in the sampler" in events[-1]["error"]["message"]
+    else:
+        assert reply.status_code == 500 and "a bug in the sampler" in reply.json()["error"]["message"]
+    monkeypatch.undo()
+    _wait_idle(served.app)
+    served.app.state.engine.blocks.assert_no_leaks()
+    assert httpx.get(served.url + "/health", timeout=TIMEOUT).status_code == 200
+    out = post(served, "/v1/completions", {"model": NAME, "prompt": "after", "max_tokens": 3}).json()
+    assert out["usage"]["completion_tokens"] == 3

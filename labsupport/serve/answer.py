@@ -179,7 +179,13 @@ class Reply:
 
     async def body_of(self, firsts: list, http) -> dict:
         """The whole answer: every choice, in order, and the token counts summed."""
-        choices = await asyncio.gather(*(c.whole(item, http) for c, item in zip(self.choices, firsts)))
+        tasks = [asyncio.ensure_future(c.whole(item, http)) for c, item in zip(self.choices, firsts)]
+        try:
+            choices = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:                # one choice failed: the others stop waiting too
+                task.cancel()
+            raise
         if any(choice is None for choice in choices):
             return {}
         kind = "chat.completion" if self.chat else "text_completion"

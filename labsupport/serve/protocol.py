@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LENIENT = ConfigDict(extra="allow")      # an unknown field is kept aside (model_extra), then ignored
 SEED_RANGE = (-2 ** 63, 2 ** 64)         # vLLM's: a signed or unsigned 64-bit integer
@@ -78,6 +78,11 @@ class SamplingFields(BaseModel):
     top_k: int | None = Field(default=None, ge=1)
     ignore_eos: bool = False
     return_token_ids: bool = False
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _n_null_is_one(cls, n):
+        return 1 if n is None else n         # some clients send "n": null for the default
 
 
 class CompletionRequest(SamplingFields):
