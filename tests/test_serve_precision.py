@@ -1,6 +1,6 @@
 """What the server serves (notebook 09): --dtype, --quantize int8|int4, /v1/models saying
 precision and kernel, --api-key (401 in one sentence on /v1/, /health open), the warning
-when binding beyond 127.0.0.1 without a key, and bad values refused in one sentence."""
+when binding beyond 127.0.0.1 without a key, /metrics for Prometheus, and bad values refused in one sentence."""
 
 import httpx
 import pytest
@@ -83,3 +83,27 @@ def test_binding_beyond_localhost_without_a_key_warns(monkeypatch, capsys):
     server_module.run_server(keyed, "0.0.0.0", 8000)
     server_module.run_server(open_app, "127.0.0.1", 8000)
     assert capsys.readouterr().out == ""
+
+
+def test_metrics_count_requests_tokens_blocks_and_latencies_for_prometheus():
+    from prometheus_client.parser import text_string_to_metric_families
+    app = create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=2, block_size=4, api_key="k")
+    with BackgroundServer(app) as server:
+        api = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
+        api.completions.create(model=NAME, prompt=["abc", "de"], max_tokens=3, temperature=0,
+                               extra_body={"ignore_eos": True})
+        list(api.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                         stream=True, extra_body={"ignore_eos": True}))
+        reply = httpx.get(server.url + "/metrics", timeout=TIMEOUT)          # open, like /health
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain")
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(reply.text) for s in family.samples}
+        assert samples[("labsupport:requests_total", (("endpoint", "completions"),))] == 1
+        assert samples[("labsupport:requests_total", (("endpoint", "chat"),))] == 1
+        assert samples[("labsupport:generation_tokens_total", ())] == 3 + 3 + 4
+        assert samples[("labsupport:prompt_tokens_total", ())] >= 5
+        assert samples[("labsupport:time_to_first_token_seconds_count", ())] == 3
+        assert samples[("labsupport:inter_token_latency_seconds_count", ())] == 2 + 2 + 3
+        assert samples[("labsupport:kv_cache_blocks_total", ())] == app.state.engine.num_blocks
+        assert samples[("labsupport:num_requests_running", ())] == 0
+        assert samples[("labsupport:kv_cache_blocks_used", ())] == 0

@@ -53,12 +53,14 @@ class Choice:
         self.finish_reason: str | None = "length" if request is None else None
         self.engine_finished = request is None
         self.open = True
+        self.arrival, self.last_token_at = time.perf_counter(), None      # for /metrics
 
     def submit(self) -> None:
         """Hand the prompt's scoring (echo with logprobs) and the request to the engine thread."""
         if self.echo_text is not None and self.top is not None:
             self.server.thread.score(self.prompt, self.top, self.tokens)
         if self.request is not None:
+            self.server.metrics.prompt_tokens.inc(len(self.prompt))
             self.server.thread.submit(self.request, self.tokens)
 
     async def first(self):
@@ -83,6 +85,9 @@ class Choice:
     def _take(self, item) -> str:
         """Record a token; the text it adds (empty while held back)."""
         self.ids.append(item.token)
+        now = time.perf_counter()
+        self.server.metrics.token(self.last_token_at, self.arrival, now)
+        self.last_token_at = now
         if item.logprobs is not None:
             self.entries.append(item.logprobs)
         self.engine_finished = item.finished

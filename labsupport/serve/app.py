@@ -9,6 +9,7 @@ one model and one serving engine (stepped by `EngineThread`):
     POST /v1/chat/completions    messages, in the tokenizer's chat template -> a reply
     POST /tokenize, /detokenize  text <-> token ids, shaped as vLLM shapes them
     GET  /tokenizer_info         the tokenizer's class and sizes (vLLM's route)
+    GET  /metrics                requests, tokens, queue, KV blocks, TTFT/ITL, for Prometheus (metrics.py)
 
 One request's life: the body is validated (`protocol`; a bad one is a 400 in one sentence
 and never reaches the engine), the prompt tokenized, the request checked against the
@@ -46,6 +47,7 @@ from . import protocol
 from . import logprobs as lp
 from .answer import Choice, EventStream, Reply, one_sentence
 from .engine_loop import EngineThread
+from .metrics import Metrics
 from .precision import add_api_key, describe
 from .protocol import ApiError, ChatRequest, CompletionRequest
 from .tokenizer_api import add_tokenizer_routes, require_served_model
@@ -118,6 +120,10 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
                                             "owned_by": "labsupport", "max_model_len": model.config.max_position,
                                             "precision": described}]}
 
+    @app.get("/metrics")
+    async def metrics():
+        return server.metrics.response()
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: HttpRequest):
         return await server.answer(body, http, chat=False)
@@ -163,6 +169,7 @@ class _Server:
     def __init__(self, engine: Engine, tokenizer, model_name: str, limit: int, token_timeout: float):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.thread = EngineThread(engine)
+        self.metrics = Metrics(engine)
         self.limit, self.token_timeout = limit, token_timeout
         self.in_flight = 0
         self.created = int(time.time())
@@ -183,6 +190,7 @@ class _Server:
         if not self.thread.alive:
             raise ApiError(503, "The engine has stopped; restart the server.", kind="server_error")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.metrics.requests.labels(endpoint="chat" if chat else "completions").inc()
         choices = self._choices(body, chat, rid)
         if self.in_flight + len(choices) > self.limit:
             raise ApiError(429, f"The server is busy: {self.in_flight} requests are in flight and this one "
