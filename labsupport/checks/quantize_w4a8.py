@@ -71,7 +71,7 @@ class FloatMatmuls(TorchFunctionMode):
         if name in MATMULS:
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             tensors += [a for a in args if isinstance(a, (list, tuple)) for a in a if isinstance(a, torch.Tensor)]
-            if any(t.is_floating_point() for t in tensors) and any(self.k in t.shape for t in tensors):
+            if any(t.is_floating_point() for t in tensors) and any(t.dim() and t.shape[-1] == self.k for t in tensors):
                 self.found.append(name)
         return func(*args, **(kwargs or {}))
 
