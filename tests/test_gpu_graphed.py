@@ -345,3 +345,41 @@ def test_the_speculative_sections_own_loops_are_graphed_on_cuda(gpu, monkeypatch
         assert figure["paths"] == sorted({said, CUDA_GRAPHS if on_gpu else "eager"})
         if on_gpu:
             assert figure["graphed"] is (path == CUDA_GRAPHS)
+
+
+# --- the explorers time what their notebooks time: graphed on a GPU -------------------------------
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_speculative_explorer_times_both_sides_graphed_on_cuda(gpu, monkeypatch, device):
+    from labsupport.explorers import speculative as explorer
+    asked, spec_asked = [], []
+    spy_generate(monkeypatch, explorer, asked)
+    spy_speculative(monkeypatch, explorer, spec_asked)
+    monkeypatch.setattr(explorer, "chat_prompt", lambda tok, text: text)
+    tok = SimpleNamespace(encode=lambda text: [1, 2, 3])
+    view = explorer.speculative_explorer(fake_model(torch.device(device)), tok, {"lookup": object()},
+                                         {"grounded": "text"}, new_tokens=4, repeats=1, use_widget=False)
+    assert len(view.figures) == 2 and view.status.value == ""      # rendered when made
+    assert set(asked) == set(spec_asked) == {device == "cuda"} and asked and spec_asked
+    if device == "cuda":                                   # an eager result is a failed measurement
+        spy_speculative(monkeypatch, explorer, [], path="eager")
+        view = explorer.speculative_explorer(fake_model(CUDA), tok, {"lookup": object()}, {"grounded": "text"},
+                                             new_tokens=4, repeats=1, use_widget=False)
+        assert not view.figures and "lookup draft" in view.status.value
+        assert "failed measurement" in view.status.value
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_quantize_explorers_decodes_are_graphed_on_cuda(gpu, monkeypatch, device):
+    from labsupport.explorers import quantize as explorer
+    asked, store = [], []
+    spy_generate(monkeypatch, explorer, asked)
+    lab = explorer.QuantizeLab.__new__(explorer.QuantizeLab)          # only what _decode reads
+    lab.prompt_ids, lab.new_tokens = [1, 2], 4
+    lab._decode(fake_model(torch.device(device)), None, store)()
+    assert asked == [device == "cuda"] and store == [0.01]
+    if device == "cuda":
+        spy_generate(monkeypatch, explorer, [], path="eager")
+        with pytest.raises(LabError, match="float decode.*failed measurement"):
+            lab._decode(fake_model(CUDA), None, store)()

@@ -130,6 +130,9 @@ def as_nobody(shared: Path, code: str = CHILD, cache: Path | None = None) -> dic
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(shared / "home"), "HF_HUB_OFFLINE": "1",
            "LABSUPPORT_CACHE": str(cache or shared / "cache"),
            "LABSUPPORT_GGUF": str(shared / embedded.GGUF_NAME)}
+    reach = run_as_nobody([exe, "-S", "-c", prelude + "import torch"], cwd="/", timeout=120)
+    if reach.returncode != 0:
+        pytest.skip(f"nobody cannot import torch from {site.getsitepackages()} (a folder only its owner may enter)")
     done = run_as_nobody([exe, "-S", "-c", prelude + code], env=env, cwd=shared / "home", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

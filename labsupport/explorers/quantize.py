@@ -23,7 +23,7 @@ import torch
 from ..lab.busy import BUSY_VERDICT, busy_reason, load_per_core
 from ..errors import LabError
 from ..engine.generation import generate
-from ..lab.measure import Timing, time_side_by_side
+from ..lab.measure import Timing, require_graphed, time_side_by_side, timed_compile
 from ..engine.precision import cast_model
 from ..lab.precision import precision_choices
 from ..engine.quant import pack_int4, quantize_int4_groupwise, quantize_model, weight_error_stats
@@ -186,12 +186,18 @@ class QuantizeLab:
         return self.errors[label]
 
     def _decode(self, model, handle, store: list):
+        graphed = timed_compile(model.device)        # on a GPU every setting replays a CUDA graph (notebook 00)
+
+        def once():
+            result = generate(model, self.prompt_ids, self.new_tokens, eos_token_ids=(), compile=graphed)
+            return require_graphed(result, "the quantized decode" if handle is not None else "the float decode", model.device)
+
         def run():
             if handle is None:
-                result = generate(model, self.prompt_ids, self.new_tokens, eos_token_ids=())
+                result = once()
             else:
                 with handle:
-                    result = generate(model, self.prompt_ids, self.new_tokens, eos_token_ids=())
+                    result = once()
             store.append(result.decode_seconds)
         return run
 

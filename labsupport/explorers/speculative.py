@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from ..engine.generation import chat_prompt, generate
-from ..lab.measure import time_side_by_side
+from ..lab.measure import require_graphed, time_side_by_side, timed_compile
 from ..plots.speculative import acceptance_figure, speedup_figure
 from ..engine.sampling import SamplingConfig
 from ..lab.speculative_math import expected_speedup, pass_costs
@@ -40,6 +40,7 @@ def speculative_explorer(target, tokenizer, drafts: dict, prompts: dict, new_tok
     """drafts: name -> Draft; prompts: name -> prompt text. Controls: prompt, draft, k, temperature.
     Notebook 05 (speculative decoding)."""
     encoded = {name: _encode(tokenizer, text) for name, text in prompts.items()}
+    graphed = timed_compile(target.device)       # on a GPU both sides replay CUDA graphs (notebook 00)
     plain_cache: dict = {}
     results: dict = {}
 
@@ -51,7 +52,8 @@ def speculative_explorer(target, tokenizer, drafts: dict, prompts: dict, new_tok
             ids, out = encoded[prompt_name], {}
 
             def fn():
-                out["r"] = generate(target, ids, new_tokens, sampling=sampling, eos_token_ids=())
+                out["r"] = require_graphed(generate(target, ids, new_tokens, sampling=sampling, eos_token_ids=(),
+                                                    compile=graphed), "plain generate", target.device)
             median = time_side_by_side({"plain": fn}, target.device, warmup=1, repeats=repeats)["plain"].median
             plain_cache[key] = median, out["r"].decode_seconds / max(new_tokens - 1, 1)
         return plain_cache[key]
@@ -66,8 +68,9 @@ def speculative_explorer(target, tokenizer, drafts: dict, prompts: dict, new_tok
         out = {}
 
         def fn():
-            out["r"] = speculative_generate(target, draft, ids, new_tokens, k=k, sampling=sampling,
-                                            eos_token_ids=())
+            out["r"] = require_graphed(speculative_generate(target, draft, ids, new_tokens, k=k, sampling=sampling,
+                                                            eos_token_ids=(), compile=graphed),
+                                       f"speculative decoding with the {draft_name} draft", target.device)
         t = time_side_by_side({"spec": fn}, target.device, warmup=1, repeats=repeats)["spec"].median
         plain, plain_step = plain_time(prompt_name, temperature)
         s = out["r"].stats
