@@ -16,7 +16,8 @@ import torch
 
 from labsupport.engine.serving import Engine
 from labsupport.errors import LabError
-from labsupport.lab.loadgen import (LoadRequest, LoadResult, as_engine_requests, chat_workload, load_test,
+from labsupport.lab.loadgen import (AGENT_REPLY, LoadRequest, LoadResult, agentic_workload, as_engine_requests,
+                                   chat_workload, goodput, load_test,
                                     run_load, summarize_load)
 from labsupport.lab.serving_workload import chat_prompts, make_workload
 from labsupport.lab.workloads import CHAT_QUESTIONS
@@ -96,6 +97,12 @@ def test_summaries_of_hand_made_results():
     (lambda: chat_workload(0, 1.0), "count"),
     (lambda: chat_workload(3, -1.0), "arrival rate"),
     (lambda: chat_workload(3, 0.0, fixed_rate=True), "arrival rate"),
+    (lambda: agentic_workload(0, 2, 1.0), "conversations"),
+    (lambda: agentic_workload(2, 0, 1.0), "turns"),
+    (lambda: agentic_workload(2, 2, 1.0, think_seconds=-1), "think_seconds"),
+    (lambda: goodput([], 1.0, 0.1), "at least one request"),
+    (lambda: goodput([LoadResult(arrival=0)], 0, 0.1), "ttft_slo"),
+    (lambda: as_engine_requests(ByteTokenizer(), agentic_workload(1, 2, 1.0)), "served over HTTP only"),
 ])
 def test_bad_arguments_are_one_sentence(call, message):
     with pytest.raises(LabError, match=message):
@@ -165,3 +172,51 @@ def test_a_malformed_stream_fails_that_request_alone():
     assert [r.error for r in results] == ["malformed stream"] * 5 + [None]
     figures = summarize_load(results)
     assert figures["served"] == 1 and figures["error_kinds"] == {"malformed stream": 5} and figures["tokens"] == 2
+
+
+def test_an_agentic_workload_shares_one_system_prompt_and_each_turn_extends_the_last():
+    requests = agentic_workload(3, 3, rate=1.0, system_chars=5000, think_seconds=2.0, seed=1)
+    assert len(requests) == 9 and [r.arrival for r in requests] == sorted(r.arrival for r in requests)
+    assert len({r.system for r in requests}) == 1 and len(requests[0].system) > 5000
+    conversations: dict = {}
+    for r in requests:                                     # a conversation: the turns with its first question
+        first = r.history[0][0] if r.history else r.question
+        conversations.setdefault(first, []).append(r)
+    assert sorted(len(turns) for turns in conversations.values()) == [3, 3, 3]
+    for turns in conversations.values():
+        turns.sort(key=lambda r: len(r.history))
+        assert [len(t.history) for t in turns] == [0, 1, 2]
+        assert [t.arrival - turns[0].arrival for t in turns] == pytest.approx([0.0, 2.0, 4.0])
+        for before, after in zip(turns, turns[1:]):       # every prompt extends the one before it
+            assert after.messages()[:len(before.messages())] == before.messages()
+            assert after.history[-1] == (before.question, AGENT_REPLY)
+    assert agentic_workload(3, 3, 1.0, seed=1) == agentic_workload(3, 3, 1.0, seed=1)
+
+
+def test_goodput_counts_the_requests_within_both_objectives():
+    results = [LoadResult(arrival=0, sent=0.0, chunk_times=[0.5, 0.6, 0.7], tokens=3),     # ttft 0.5, tpot 0.1
+               LoadResult(arrival=0, sent=0.0, chunk_times=[1.5, 1.6], tokens=2),          # ttft 1.5: late
+               LoadResult(arrival=0, sent=0.5, chunk_times=[0.9, 1.9], tokens=2),          # tpot 1.0: slow
+               LoadResult(arrival=0, sent=0.6, error="429")]
+    g = goodput(results, ttft_slo=1.0, tpot_slo=0.2)
+    assert g["met"] == pytest.approx(1 / 4) and g["goodput"] == pytest.approx(1 / 1.9)
+    assert goodput(results, ttft_slo=2.0, tpot_slo=2.0)["met"] == pytest.approx(3 / 4)
+    as_dicts = [vars(r) for r in results]                   # load_test's "results"
+    assert goodput(as_dicts, 1.0, 0.2) == g
+
+
+def test_agentic_turns_reach_the_server_as_conversations_and_hit_its_prefix_cache(smollm):
+    model, tok = smollm
+    requests = agentic_workload(2, 2, rate=None, system_chars=600, median_new_tokens=3, max_new_tokens=4,
+                                think_seconds=0.5)
+    hits = {}
+    for caching in (False, True):
+        app = create_app(model, tok, "smollm", max_slots=2, max_waiting=8, prefix_caching=caching)
+        with BackgroundServer(app) as running:
+            figures = load_test(running.url, requests)
+        assert figures["errors"] == 0 and figures["served"] == 4
+        hits[caching] = app.state.engine.prefix_hit_tokens
+        app.state.engine.blocks.assert_no_leaks()
+    assert hits[False] == 0 and hits[True] > 600 // 8      # the system prompt's blocks, at least once
+    raw = run_load("http://127.0.0.1:1", requests[:1], model="m", endpoint="completions")
+    assert raw[0].error == "a conversation needs the chat endpoint"

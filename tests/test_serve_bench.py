@@ -14,7 +14,10 @@ from labsupport.errors import LabError
 from labsupport.plots.http_serving import http_load_curve_figure
 from labsupport.weights.fixtures import ByteTokenizer, random_model
 
-TINY = HttpServingOptions(requests=3, slots=2, median_new_tokens=4, max_new_tokens=8, loads=(50, 150))
+# one turn per conversation: the byte tokenizer has no chat template, so the server takes a system
+# message and one user message only
+TINY = HttpServingOptions(requests=3, slots=2, median_new_tokens=4, max_new_tokens=8, loads=(50, 150),
+                          conversations=3, turns=1, system_chars=100)
 
 
 def test_the_load_curve_has_a_row_per_server_and_rate_and_the_figure_draws_the_measured_ones():
@@ -40,15 +43,57 @@ def test_the_section_runs_when_named_and_says_why_each_peer_is_missing():
     ctx = BenchContext(device=torch.device("cpu"), model_name="tiny-llama")
     section = http_serving.section_http_serving(ctx, TINY)
     assert "GGUF file only" in section["peers"]["llama.cpp server"]
+    assert "GGUF file only" in section["peers"]["llama-server"]
     assert "CUDA GPU" in section["peers"]["vLLM server"]
     names = [f["name"] for f in section["figures"]]
-    assert len(names) == 5 and all(n.startswith("http serving: ") for n in names)
+    assert len(names) == 3 + 5 + 3 + 3 + 3 + 2 and all(n.startswith("http serving") for n in names)
+    off, on = section["agentic"]
+    assert off["errors"] == on["errors"] == 0 and off["served"] == on["served"] == 3
+    # 2 slots, 3 conversations: the third at least starts after a first one cached the system prompt
+    assert off["prefix_hit_tokens"] == 0 and on["prefix_hit_tokens"] >= 96
+    assert 0 <= on["met"] <= 1 and on["goodput"] >= 0
+    int4 = [f for f in section["figures"] if "our int4 HTTP server / llama-server" in f["name"]]
+    assert len(int4) == 5 and all(f["value"] != f["value"] and "GGUF file only" in f["note"] for f in int4)
+    served = {r["server"]: r["precision"] for r in section["rows"] if not r["skipped"]}
+    assert served["our HTTP server"] == "float32 weights" and served["our HTTP server (int4)"].startswith("int4")
     by_name = {f["name"]: f for f in section["figures"]}
     ratio = by_name["http serving: throughput at the highest rate, HTTP server / in-process"]
     assert ratio["value"] > 0 and ratio["target"] == 0.9 and ratio["paths"] == ["eager"]     # a CPU: eager, said
     peer = by_name["http serving: our HTTP server / vLLM server throughput at the highest rate"]
     assert peer["value"] != peer["value"] and "CUDA" in peer["note"]                   # nan, and why
-    assert len(section["rows"]) == 4 * len(TINY.loads) and section["rates"] == sorted(section["rates"])
+    assert len(section["rows"]) == 6 * len(TINY.loads) and section["rates"] == sorted(section["rates"])
+    quality = {q["weights"]: q for q in section["quality"]}
+    assert set(quality) == {"float32", "int8", "int4"}
+    assert all(q["largest_log_prob_difference"] < 1e-4 for q in quality.values())
+    assert quality["int4"]["in_process_perplexity"] != quality["float32"]["in_process_perplexity"]
+    assert {f["name"] for f in section["figures"]} >= {"http serving quality: served perplexity, int4 / float32"}
+    int4_rows = [r for r in section["rows"] if r["server"] == "our HTTP server (int4)"]
+    assert all(r["errors"] == 0 and r["throughput"] > 0 for r in int4_rows)
+
+
+def test_llama_server_is_found_or_refused_in_one_sentence(tmp_path, monkeypatch):
+    from labsupport.weights.loading import EMBEDDED
+    monkeypatch.setenv(http_serving.LLAMA_SERVER_ENV, str(tmp_path / "missing"))
+    binary, reason = http_serving.llama_server_binary()
+    assert binary is None and "not an executable file" in reason
+    monkeypatch.delenv(http_serving.LLAMA_SERVER_ENV)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert "not built here" in http_serving.llama_server_binary()[1]
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert http_serving.llama_server_binary() == (str(fake), None)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("LABSUPPORT_GGUF", str(gguf))
+    command, reason = http_serving.llama_server_command(EMBEDDED, "cpu", 8123, slots=4, context=512)
+    assert reason is None and command[0] == str(fake)
+    flags = {flag: command[command.index(flag) + 1] for flag in command if flag.startswith("--")}
+    assert flags["--parallel"] == "4" and flags["--ctx-size"] == str(4 * 512) and flags["--model"] == str(gguf)
+    assert flags["--threads"] == flags["--threads-batch"] == str(torch.get_num_threads())
+    assert "--cont-batching" in command and "--no-webui" in command and "--no-repack" in command
+    assert "CPU run only" in http_serving.llama_server_command(EMBEDDED, "cuda", 8123, 4, 512)[1]
+    assert "GGUF file only" in http_serving.llama_server_command("tiny-llama", "cpu", 8123, 4, 512)[1]
 
 
 def test_a_peer_server_that_cannot_start_is_one_sentence():
@@ -70,3 +115,16 @@ def test_the_options_refuse_bad_sizes_in_one_sentence():
         HttpServingOptions(requests=0)
     with pytest.raises(LabError, match="median_new_tokens .* at most max_new_tokens"):
         HttpServingOptions(median_new_tokens=30, max_new_tokens=8)
+
+
+def test_agentic_serving_sends_whole_conversations_and_the_cache_serves_their_prefixes(smollm):
+    model, tok = smollm                                     # a chat template: turns as the server builds them
+    sizes = HttpServingOptions(slots=2, median_new_tokens=3, max_new_tokens=4, conversations=2, turns=2,
+                               system_chars=600)
+    off, on = http_serving.agentic_serving(model, tok, "smollm2-135m", sizes, rate=1.0)
+    for row in (off, on):
+        assert row["errors"] == 0 and row["served"] == 4, row["error_kinds"]
+        assert row["prompt_tokens_longest"] > 600 // 8 and row["decode_path"] == "eager"
+    assert off["prefix_hit_tokens"] == 0 and on["prefix_hit_tokens"] >= 600 // 8
+    figures = http_serving._agentic_figures([off, on], sizes)
+    assert len(figures) == 3 and figures[0]["value"] > 0 and figures[1]["value"] > 0     # TTFT off / on

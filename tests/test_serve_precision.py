@@ -107,3 +107,4 @@ def test_metrics_count_requests_tokens_blocks_and_latencies_for_prometheus():
         assert samples[("labsupport:kv_cache_blocks_total", ())] == app.state.engine.num_blocks
         assert samples[("labsupport:num_requests_running", ())] == 0
         assert samples[("labsupport:kv_cache_blocks_used", ())] == 0
+        assert samples[("labsupport:prefix_cache_hit_tokens", ())] == app.state.engine.prefix_hit_tokens == 0

@@ -1,17 +1,21 @@
-"""Checkers for notebook 09 (serving over HTTP): reading a stream of server-sent events, and the
-text a server must hold back while it may still be the start of a stop string. Each compares a
-learner's function with the reference and prints a short confirmation or raises `CheckFailed`.
+"""Checkers for notebook 09 (serving over HTTP): reading a stream of server-sent events, the
+text a server must hold back while it may still be the start of a stop string, and the answer to
+a multiple-choice question from the prompt log-probabilities a server echoes. Each compares a
+learner's function with the reference and prints a short confirmation or raises `CheckFailed`;
+the learner's code may not call the package's own answer (`refuses_references`).
 """
 
 from __future__ import annotations
 
 import json
 
+from ..lab.served_quality import best_choice, choice_accuracy
 from ..serve.text import held_back
-from . import call_learner, fail, grades_quietly, passed
+from . import call_learner, fail, grades_quietly, passed, refuses_references
 
 SSE = "reading a stream of server-sent events"
 HOLD = "the text held back for stop strings"
+CHOICE = "a multiple-choice answer from prompt log-probabilities"
 
 
 def reference_parse_sse(body: str) -> list[dict]:
@@ -73,6 +77,7 @@ def _hold_cases() -> list[tuple[str, list[str], str]]:
 
 
 @grades_quietly
+@refuses_references(HOLD, held_back)
 def check_held_back(fn) -> None:
     """Check `fn(text, stops) -> int`: the length of the longest ending of `text` that is the
     beginning (not the whole) of a stop string. Introduced in notebook 09 (serving over HTTP)."""
@@ -93,3 +98,50 @@ def check_held_back(fn) -> None:
                     "and never the whole text for nothing.")
         fail(HOLD, str(want), str(got), f"{hint} Case: text {text!r}, stops {stops} ({about})")
     passed(HOLD, "The server sends everything before the held-back ending, token by token.")
+
+
+def _choice_cases() -> list[tuple[list, list[int], str]]:
+    """(log-probabilities per choice as a server echoes them, the choice's own token counts, what
+    the case tests). The question is 2 tokens; each list starts with None (the first token)."""
+    return [([[None, -2.0, -1.0], [None, -2.0, -0.2], [None, -2.0, -3.0]], [1, 1, 1],
+             "one token per choice: the most likely one"),
+            ([[None, -2.0, -1.0], [None, -2.0, -0.5, -0.5, -0.5]], [1, 3],
+             "choices of different lengths: the sum, not the mean, of each choice's own tokens"),
+            ([[None, -2.0, -3.0, -0.1], [None, -2.0, -0.5, -0.5]], [2, 2],
+             "two tokens per choice: the first of them counts too"),
+            ([[None, -5.0, -1.0], [None, -0.1, -2.0]], [1, 1],
+             "the question's tokens scored differently (a tokenization that merged across the join): left out"),
+            ([[None, -0.7, -0.2, -0.4]], [2], "a single choice")]
+
+
+@grades_quietly
+@refuses_references(CHOICE, best_choice, choice_accuracy)
+def check_best_choice(fn) -> None:
+    """Check `fn(log_probs, lengths) -> int`: the index of the choice whose own last lengths[i]
+    tokens have the largest summed log-probability. Introduced in notebook 09 (serving over HTTP)."""
+    for log_probs, lengths, about in _choice_cases():
+        want = best_choice(log_probs, lengths)
+        got = call_learner(CHOICE, f"choice {want}", lambda error: (
+            "the first log-probability is None (nothing precedes the first token): sum only the last "
+            "lengths[i] of each list." if isinstance(error, TypeError) else
+            "for each choice sum the last lengths[i] log-probabilities, then return the index of the largest."),
+            fn, [list(lp) for lp in log_probs], list(lengths))
+        if isinstance(got, bool) or not hasattr(got, "__index__"):
+            fail(CHOICE, "an int (the index of a choice)", repr(got)[:60], "return the index, not the score.")
+        if int(got) == want:
+            continue
+        sums = [sum(lp[len(lp) - n:]) for lp, n in zip(log_probs, lengths)]
+        mistakes = {   # what each typical mistake would pick, and the hint that names it
+            "each choice's own tokens are the last lengths[i] of its list, all of them (lp[-n:]), the first too.":
+                [sum(lp[len(lp) - n + 1:]) for lp, n in zip(log_probs, lengths)],
+            "sum the choice's log-probabilities: the mean favours a long choice of likely tokens (lm-eval's acc sums).":
+                [total / n for total, n in zip(sums, lengths)],
+            "leave the question's tokens out: sum only each choice's own last lengths[i] tokens.":
+                [sum(x for x in lp if x is not None) for lp in log_probs],
+            "the best choice has the LARGEST log-probability (closest to 0), not the smallest.":
+                [-total for total in sums]}
+        hint = next((words for words, scores in mistakes.items()
+                     if int(got) == max(range(len(scores)), key=scores.__getitem__)),
+                    "for each choice sum the last lengths[i] log-probabilities, then return the index of the largest.")
+        fail(CHOICE, f"choice {want}", f"choice {got}", f"{hint} Case: {about}")
+    passed(CHOICE, "An evaluation harness scores a model through any server this way (labsupport.lab.served_quality).")

@@ -39,11 +39,21 @@ from .workloads import CHAT_QUESTIONS
 @dataclass(frozen=True)
 class LoadRequest:
     """One request of a load test: a question, the answer length asked for, and when to send
-    it (seconds from the start). Notebook 09 (serving over HTTP)."""
+    it (seconds from the start); for a turn of a conversation (`agentic_workload`) also the
+    system prompt and the earlier (user, assistant) turns it extends. Notebook 09 (serving over HTTP)."""
 
     question: str
     max_tokens: int
     arrival: float
+    system: str | None = None
+    history: tuple[tuple[str, str], ...] = ()
+
+    def messages(self) -> list[dict]:
+        """The chat messages this request sends: system, earlier turns, then the question."""
+        turns = [m for user, answer in self.history for m in ({"role": "user", "content": user},
+                                                               {"role": "assistant", "content": answer})]
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return system + turns + [{"role": "user", "content": self.question}]
 
 
 @dataclass
@@ -77,11 +87,47 @@ def chat_workload(count: int, rate: float | None, median_new_tokens: float = 16,
     return [LoadRequest(CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)], lengths[i], arrivals[i]) for i in range(count)]
 
 
+AGENT_SYSTEM_HEAD = "You are a careful assistant. Answer from these notes when they help.\n\nNotes:\n"
+AGENT_REPLY = "I checked the notes; here is a short answer. Ask me for more detail if you need it."
+
+
+def agentic_workload(conversations: int, turns: int, rate: float, system_chars: int = 6000,
+                     median_new_tokens: float = 16, max_new_tokens: int = 64, think_seconds: float = 2.0,
+                     seed: int = 0) -> list[LoadRequest]:
+    """An agent's traffic: `conversations` conversations starting as a seeded Poisson process at
+    `rate` per second, each of `turns` user turns `think_seconds` apart. Every request carries the
+    same long system prompt (`system_chars` characters of the evaluation text, repeated: about a
+    quarter as many tokens) and all the earlier turns of its conversation (the assistant's
+    replies canned, so the prompts are the same in every run): each prompt extends the one
+    before it, which a prefix cache serves from blocks already computed. Notebook 09."""
+    from .quality import eval_text
+    conversations = whole_number(conversations, "conversations")
+    turns = whole_number(turns, "turns (user turns per conversation)")
+    system_chars = whole_number(system_chars, "system_chars (characters of the shared system prompt)")
+    think_seconds = finite_number(think_seconds, "think_seconds", minimum=0)
+    notes = eval_text()
+    system = AGENT_SYSTEM_HEAD + (notes * (system_chars // len(notes) + 1))[:system_chars]
+    starts = arrival_times(conversations, rate, seed)
+    lengths = output_lengths(conversations * turns, median_new_tokens, 1.0, 2, max_new_tokens, seed)
+    requests = []
+    for c, start in enumerate(starts):
+        history: list[tuple[str, str]] = []
+        for t in range(turns):
+            question = CHAT_QUESTIONS[(c + t) % len(CHAT_QUESTIONS)]
+            requests.append(LoadRequest(question, lengths[c * turns + t], start + t * think_seconds, system,
+                                        tuple(history)))
+            history.append((question, AGENT_REPLY))
+    return sorted(requests, key=lambda r: r.arrival)
+
+
 def as_engine_requests(tokenizer, requests: list[LoadRequest]) -> list[Request]:
     """The same workload for the in-process engine: each question in the tokenizer's chat
     template (what a chat endpoint does with it), the same lengths and arrivals, end of
     sequence ignored. Notebook 09 (serving over HTTP)."""
     from ..engine.generation import chat_prompt
+    if any(r.system or r.history for r in requests):
+        raise LabError("as_engine_requests takes single questions (chat_workload's); a conversation's turns "
+                       "(agentic_workload's) are served over HTTP only.")
     return [Request(tokenizer.encode(chat_prompt(tokenizer, r.question), add_special_tokens=False),
                     max_new_tokens=r.max_tokens, eos_token_ids=(), arrival=r.arrival, request_id=i)
             for i, r in enumerate(requests)]
@@ -148,7 +194,10 @@ async def _one(client, url, model, endpoint, request: LoadRequest, start: float,
         body["ignore_eos"] = True
     body.update(extra)
     if endpoint == "chat":
-        body["messages"], path = [{"role": "user", "content": request.question}], "/v1/chat/completions"
+        body["messages"], path = request.messages(), "/v1/chat/completions"
+    elif request.system or request.history:
+        result.error = "a conversation needs the chat endpoint"
+        return result
     else:
         body["prompt"], path = request.question, "/v1/completions"
     result.sent = time.perf_counter() - start
@@ -242,6 +291,27 @@ def summarize_load(results: list[LoadResult]) -> dict:
             "itl_p50": percentile(gaps, 50), "itl_p99": percentile(gaps, 99),
             "tpot_p50": percentile(tpot, 50), "tpot_p99": percentile(tpot, 99),
             "latency_p50": percentile(latency, 50), "latency_p99": percentile(latency, 99)}
+
+
+def goodput(results: list, ttft_slo: float, tpot_slo: float) -> dict:
+    """Goodput: the requests per second served within both service-level objectives (first
+    token within `ttft_slo` seconds of sending, then at most `tpot_slo` seconds per later
+    token), over the load test's span, and the fraction of all requests that met them.
+    results: `run_load`'s LoadResults (or their dicts, as `load_test` returns them). Notebook 09."""
+    ttft_slo = finite_number(ttft_slo, "ttft_slo (seconds)", minimum=0, above_minimum=True)
+    tpot_slo = finite_number(tpot_slo, "tpot_slo (seconds per token)", minimum=0, above_minimum=True)
+    results = [r if isinstance(r, LoadResult) else LoadResult(**r) for r in results]
+    if not results:
+        raise LabError("goodput needs the results of at least one request.")
+    done = [r for r in results if r.error is None and r.chunk_times]
+    met = 0
+    for r in done:
+        n = r.tokens or len(r.chunk_times)
+        tpot = (r.chunk_times[-1] - r.chunk_times[0]) / (n - 1) if n >= 2 else 0.0
+        met += r.chunk_times[0] - r.sent <= ttft_slo and tpot <= tpot_slo
+    span = (max(r.chunk_times[-1] for r in done) - min(r.sent for r in results)) if done else float("nan")
+    return {"goodput": met / span if done and span > 0 else 0.0, "met": met / len(results),
+            "ttft_slo": ttft_slo, "tpot_slo": tpot_slo}
 
 
 def load_test(url: str, requests: list[LoadRequest], model: str | None = None, endpoint: str = "chat",

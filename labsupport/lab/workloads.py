@@ -316,17 +316,29 @@ def long_context_workload(device) -> LongContextWorkload:
 @dataclass(frozen=True)
 class HttpServingSizes:
     """Notebook 09's workload per kind of device (serving over HTTP): requests per rate, batch
-    slots, answer lengths, and the rates in percent of the in-process saturation rate."""
+    slots, answer lengths, the rates in percent of the in-process saturation rate, and whether
+    our server is also served with int4 weights (the CPU's W4A8 kernel, against llama.cpp's)."""
 
     requests: int
     slots: int
     median_new_tokens: int
     max_new_tokens: int
     loads: tuple[int, ...]
+    int4_server: bool
+    # the agentic workload (`loadgen.agentic_workload`), served with and without prefix caching
+    conversations: int
+    turns: int
+    system_chars: int
+    ttft_slo_ms: int
+    tpot_slo_ms: int
 
 
 HTTP_SERVING_PRESETS = {
-    "cpu": HttpServingSizes(requests=8, slots=4, median_new_tokens=8, max_new_tokens=24, loads=(25, 60, 120)),
+    "cpu": HttpServingSizes(requests=8, slots=4, median_new_tokens=8, max_new_tokens=24, loads=(25, 60, 120),
+                            int4_server=True, conversations=4, turns=3, system_chars=4000, ttft_slo_ms=2000,
+                            tpot_slo_ms=200),
+    # on a GPU the peer is vLLM in fp32; the int4 server's CUDA graphs have never run on one
     "gpu": HttpServingSizes(requests=128, slots=32, median_new_tokens=16, max_new_tokens=128,
-                            loads=(25, 50, 75, 100, 150)),
+                            loads=(25, 50, 75, 100, 150), int4_server=False, conversations=32, turns=4,
+                            system_chars=12000, ttft_slo_ms=500, tpot_slo_ms=50),
 }

@@ -8,6 +8,7 @@ plots, named as vLLM names its own (prefix ``labsupport:``):
     generation_tokens_total             tokens the engine generated for clients
     num_requests_running / _waiting     sequences in the batch / in the queue (read at scrape time)
     kv_cache_blocks_used / _total       paged-cache blocks held by sequences, and the pool's size
+    prefix_cache_hit_tokens             prompt positions admissions found in the prefix cache, in all
     time_to_first_token_seconds         histogram: from the request's arrival to its first token
     inter_token_latency_seconds         histogram: between two tokens of one choice
 
@@ -44,7 +45,9 @@ class Metrics:
         gauges = {"num_requests_running": ("Sequences in the batch.", lambda: len(engine.scheduler.running)),
                   "num_requests_waiting": ("Sequences in the queue.", lambda: len(engine.scheduler.waiting)),
                   "kv_cache_blocks_used": ("Paged-cache blocks held.", lambda: engine.blocks.num_used),
-                  "kv_cache_blocks_total": ("Paged-cache blocks in the pool.", lambda: engine.blocks.num_blocks)}
+                  "kv_cache_blocks_total": ("Paged-cache blocks in the pool.", lambda: engine.blocks.num_blocks),
+                  "prefix_cache_hit_tokens": ("Prompt positions found in the prefix cache.",
+                                              lambda: engine.prefix_hit_tokens)}
         for name, (doc, read) in gauges.items():
             Gauge(PREFIX + name, doc, registry=registry).set_function(read)
 

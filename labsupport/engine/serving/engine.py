@@ -162,6 +162,7 @@ class Engine:
         self.sequences: list[ServedSequence] = []       # this run's, in order of arrival (record=True)
         self.steps: list[StepRecord] = []               # this run's (record=True)
         self.live: dict = {}                            # request id -> sequence, until it finishes
+        self.prefix_hit_tokens = 0                      # prompt positions found in the prefix cache, in all
         self.arrivals = 0                               # sequences added so far: the next one's index
         self.failures: list[tuple[object, str]] = []    # (request id, one sentence): ended by an error
         self._failed: list[tuple[ServedSequence, BaseException]] = []   # this step's, aborted at its end
@@ -230,6 +231,7 @@ class Engine:
         """Run one scheduled step; returns the (sequence, token) pairs it produced."""
         start = self.clock()
         plan = self.scheduler.schedule(start)
+        self.prefix_hit_tokens += plan.cached_tokens
         chunked = [(seq, n) for seq, n in zip(plan.prefill, plan.chunks) if n > 0]
         events: list[tuple[ServedSequence, int]] = []
         if self.token_budget is None:
