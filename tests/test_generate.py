@@ -7,7 +7,6 @@ from labsupport.errors import LabError
 from labsupport.engine.generation import (chat_prompt, decode_step, generate, generate_naive, generate_text,
                                           prefill)
 from labsupport.engine.kv_cache import KVCache, KVWriter, StaticKVCache, kv_cache_bytes
-from labsupport.weights.fixtures import random_model
 from labsupport.engine.sampling import SamplingConfig, probabilities, sample
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]

@@ -27,7 +27,6 @@ from labsupport.engine.serving import Engine, Request  # noqa: E402
 from labsupport.engine.speculative import speculative_generate  # noqa: E402
 from labsupport.errors import LabError  # noqa: E402
 from labsupport.serve import BackgroundServer, create_app  # noqa: E402
-from labsupport.serve import app as app_module  # noqa: E402
 from labsupport.serve.text import TextStream  # noqa: E402
 from labsupport.weights.fixtures import ByteTokenizer, random_model  # noqa: E402
 

@@ -12,7 +12,6 @@ import torch
 from labsupport.errors import LabError
 from labsupport.engine.generation import generate
 from labsupport.engine.kv_quant import Int8KVCache
-from labsupport.engine.models.config import PRESETS
 from labsupport.engine.serving import (POLICIES, BlockManager, ContinuousBatching, Decision, Engine, Policy,
                                        PrefixCache, Request, Scheduler, SchedulerView, ServedSequence,
                                        StaticBatching)

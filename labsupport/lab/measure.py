@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from labsupport.errors import LabError, first_line
+from labsupport.errors import LabError
 from labsupport.engine.compiled import CUDA_GRAPHS
 from labsupport.engine.graphs import CaptureFailed, capture
 from labsupport.engine.serving.decode_graphs import GRAPHED as SERVING_GRAPHED
