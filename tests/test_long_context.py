@@ -168,6 +168,7 @@ def test_kv_variants_and_cache_kinds(tiny_llama):
 def test_quality_measurements(tiny_llama):
     quality = kv_precision_quality(tiny_llama, TOKENS)
     assert quality["top1_agreement"] > 0.9 and 0 < quality["relative_logit_difference"] < 0.05
+    assert 0 < quality["kl_divergence"] < 0.01
     agreement = generation_agreement(tiny_llama, TOKENS[:5], 8)
     assert 0 <= agreement["same_tokens"] <= 1 and agreement["new_tokens"] == 8
     rows = window_perplexity(tiny_llama, TOKENS, [4, None])

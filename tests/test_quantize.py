@@ -204,6 +204,33 @@ def test_top1_agreement_and_perplexity_on_the_tiny_model():
     assert math.isfinite(ppl) and ppl > 1
 
 
+def test_kl_divergence_is_zero_for_the_same_logits_and_the_textbook_sum_otherwise():
+    from labsupport.lab.quality import kl_divergence_from_logits
+    torch.manual_seed(0)
+    p, q = torch.randn(5, 7, 11), torch.randn(5, 7, 11)
+    assert kl_divergence_from_logits(p, p) == 0.0
+    assert kl_divergence_from_logits(p, p + 3.0) == pytest.approx(0.0, abs=1e-6)     # a shift is the same softmax
+    P, Q = p.softmax(-1), q.softmax(-1)
+    textbook = (P * (P / Q).log()).sum(-1).mean().item()
+    assert kl_divergence_from_logits(p, q) == pytest.approx(textbook, rel=1e-5)
+    assert kl_divergence_from_logits(p, q) != pytest.approx(kl_divergence_from_logits(q, p), rel=1e-3)  # not symmetric
+    for bad in (torch.randn(5, 7, 12), torch.randn(7, 11), torch.tensor(1.0)):
+        with pytest.raises(LabError, match="one shape"):
+            kl_divergence_from_logits(p, bad)
+
+
+def test_kl_divergence_orders_int8_below_int4():
+    from labsupport.lab.quality import kl_divergence_from_logits, logits_of
+    model = random_model("tiny-llama")
+    tokens = _tokens(length=64)[0]
+    reference = logits_of(model, tokens)
+    kl = {}
+    for method in ("int8", "int4"):
+        with quantize_model(model, method):
+            kl[method] = kl_divergence_from_logits(reference, logits_of(model, tokens))
+    assert 0 < kl["int8"] < kl["int4"], kl
+
+
 @pytest.mark.parametrize("method", ["bnb-int8", "bnb-nf4", "bnb-fp4"])
 def test_bitsandbytes_layers_on_the_tiny_model(method):
     pytest.importorskip("bitsandbytes")

@@ -129,3 +129,6 @@ def test_agentic_serving_sends_whole_conversations_and_the_cache_serves_their_pr
     assert off["prefix_hit_tokens"] == 0 and on["prefix_hit_tokens"] >= 600 // 8
     figures = http_agentic.agentic_figures([off, on], sizes)
     assert len(figures) == 3 and figures[0]["value"] > 0 and figures[1]["value"] > 0     # TTFT off / on
+    goodput = figures[2]
+    assert goodput["unit"] == "requests/s" and goodput["value"] == on["goodput"]      # defined when off's is 0
+    assert f"{off['goodput']:.2f} without" in goodput["note"]

@@ -33,7 +33,7 @@ from ..engine.generation import generate
 from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
 from ..engine.kv_quant import Int8KVCache
 from .measure import time_side_by_side
-from .quality import perplexity_from_logits, top1_agreement_from_logits
+from .quality import kl_divergence_from_logits, perplexity_from_logits, top1_agreement_from_logits
 from ..engine.models.config import ModelConfig
 from ..weights.fixtures import random_model
 from ..engine.models.transformer import Transformer
@@ -211,8 +211,9 @@ def kv_precision_quality(model, tokens: Sequence[int]) -> dict:
 
     Introduced in notebook 08 (long context). Returns perplexity of each ("float_ppl",
     "int8_ppl"), the largest logit difference relative to the largest logit
-    ("relative_logit_difference"), and the fraction of positions whose top token agrees
-    ("top1_agreement")."""
+    ("relative_logit_difference"), the fraction of positions whose top token agrees
+    ("top1_agreement") and the mean KL divergence of the int8 cache's next-token distribution
+    from the float cache's, in nats per position ("kl_divergence")."""
     if len(tokens) < 2:
         raise LabError("kv_precision_quality needs at least 2 tokens.")
     float_logits, int8_logits = _logits(model, tokens, "float"), _logits(model, tokens, "int8")
@@ -220,7 +221,8 @@ def kv_precision_quality(model, tokens: Sequence[int]) -> dict:
             "int8_ppl": perplexity_from_logits(int8_logits, list(tokens)),
             "relative_logit_difference": ((int8_logits - float_logits).abs().max()
                                           / float_logits.abs().max()).item(),
-            "top1_agreement": top1_agreement_from_logits(float_logits, int8_logits)}
+            "top1_agreement": top1_agreement_from_logits(float_logits, int8_logits),
+            "kl_divergence": kl_divergence_from_logits(float_logits, int8_logits)}
 
 
 def generation_agreement(model, prompt_ids: Sequence[int], new_tokens: int = 32) -> dict:

@@ -1,4 +1,4 @@
-"""Measuring a quantized model: the bytes a decode step reads, perplexity, top-1 agreement.
+"""Measuring a quantized model: the bytes a decode step reads, perplexity, KL divergence, top-1 agreement.
 
 Introduced in notebook 04 (quantization).
 
@@ -85,6 +85,23 @@ def top1_agreement_from_logits(reference: torch.Tensor, other: torch.Tensor) -> 
     same argmax: the top-1 agreement. Introduced in notebook 04 (quantization); notebooks 03,
     07 and 08 use it too."""
     return (reference.argmax(-1) == other.to(reference.device).argmax(-1)).float().mean().item()
+
+
+def kl_divergence_from_logits(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """Mean KL divergence KL(P_reference || P_other), in nats per position, between the next-token
+    distributions of two logit tensors of the same shape (..., vocab).
+
+    Perplexity only asks how likely the true next token was; KL asks how far the whole
+    distribution moved, so it sees a change that perplexity averages away (a quantized model can
+    lose on one token and gain on another). It is 0 for identical distributions and never negative.
+    Introduced in notebook 04 (quantization); notebook 08 measures its int8 cache with it."""
+    if reference.shape != other.shape or reference.dim() < 1:
+        raise LabError(f"kl_divergence_from_logits needs two logit tensors of one shape (..., vocab); "
+                       f"got {tuple(reference.shape)} and {tuple(other.shape)}.")
+    log_p = F.log_softmax(reference.float(), dim=-1)                              # (..., vocab)
+    log_q = F.log_softmax(other.float().to(reference.device), dim=-1)             # (..., vocab)
+    per_position = (log_p.exp() * (log_p - log_q)).sum(-1)                        # (...,)
+    return per_position.mean().clamp_min(0.0).item()
 
 
 def logit_summary(reference: torch.Tensor, other: torch.Tensor) -> dict:
