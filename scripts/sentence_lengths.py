@@ -6,8 +6,8 @@ sentence, under 20 words on average. This script measures it the same way for ev
 - only markdown cells count (code and its output are not prose);
 - headings, tables, fenced code and HTML tags are left out; inline code and a formula count as one word;
   a link counts as its text;
-- a sentence ends at '.', '!', '?' or ':' before a space or the end of a line, and at the end of a
-  list item or a paragraph; "e.g.", "i.e.", "etc." and "vs." do not end one.
+- a sentence ends at '.', '!' or '?' before a space, and at the end of a list item or a paragraph
+  (a colon does not end one); "e.g.", "i.e.", "etc.", "vs.", "et al." and "cf." do not end one.
 
     python scripts/sentence_lengths.py            # a table, one row per notebook
     python scripts/sentence_lengths.py --longest 5  # and each notebook's five longest sentences
@@ -25,7 +25,7 @@ from pathlib import Path
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 LIMIT = 20  # mean words per sentence, per notebook
 
-_ABBREVIATIONS = re.compile(r"\b(e\.g|i\.e|etc|vs|cf|approx|no|Fig)\.", re.IGNORECASE)
+_ABBREVIATIONS = re.compile(r"\b(e\.g|i\.e|etc|vs|cf|al|approx|no|Fig)\.", re.IGNORECASE)
 _FENCE = re.compile(r"```.*?```", re.DOTALL)
 _MATH_BLOCK = re.compile(r"\$\$.*?\$\$", re.DOTALL)
 _INLINE = re.compile(r"`[^`]*`|\$[^$]+\$")

@@ -30,6 +30,7 @@ def test_mean_sentence_under_the_limit(path):
 
 def test_sentences_end_at_stops_not_at_abbreviations_or_decimals():
     found = sl.sentences("A step reads 2.5 GB, e.g. the weights. Then it ends! Does it? Yes")
+    assert len(sl.sentences("As Kwon et al. show, paging works.")) == 1
     assert found == ["A step reads 2.5 GB, e.g. the weights.", "Then it ends!", "Does it?", "Yes"]
 
 

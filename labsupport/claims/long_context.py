@@ -163,7 +163,8 @@ def _quality_row(quality: Mapping | None) -> dict:
     ppl_change = quality["int8_ppl"] / quality["float_ppl"] - 1
     return {"claim": QUALITY_CLAIM,
             "measured": f"perplexity on {quality['tokens']} tokens: {quality['float_ppl']:.3f} (float cache) vs "
-                        f"{quality['int8_ppl']:.3f} (int8), {ppl_change:+.2%}; top-1 agreement {quality['top1_agreement']:.1%}",
+                        f"{quality['int8_ppl']:.3f} (int8), {ppl_change:+.2%}; top-1 agreement {quality['top1_agreement']:.1%}"
+                        + (f"; KL divergence {quality['kl_divergence']:.1e} nats/token" if "kl_divergence" in quality else ""),
             "verdict": "holds" if abs(ppl_change) <= PERPLEXITY_TOLERANCE else f"no: {ppl_change:+.1%} perplexity"}
 
 
