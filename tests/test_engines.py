@@ -103,7 +103,12 @@ def test_engines_section_small_run(smollm, smollm_hf):
     assert rows[OURS_INT8]["kernel"].startswith("fused int8 kernel")
     assert rows[OURS]["kernel"] is None
     assert ctx.variants.get("float32", "int4") is ctx.variants.get("fp32", "int4", group_size=32)   # one, shared
-    assert section["copy_bandwidth_bytes_per_s"] > 0
+    assert section["copy_bandwidth_bytes_per_s"] > 0 and section["copies_per_sample"] > 1
+    assert section["threads"] == torch.get_num_threads()
+    for row in rows.values():                     # weight bytes per second, and per core on a CPU
+        assert row["weight_gb_per_s"] == pytest.approx(row["weight_bytes_per_step"] * row["decode_tokens_per_s"] / 1e9)
+        assert row["weight_gb_per_s_per_core"] == pytest.approx(row["weight_gb_per_s"] / section["threads"])
+    assert any("GB/s per core" in f["note"] for f in section["figures"])
 
 
 def test_compile_rows_are_validated():
