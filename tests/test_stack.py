@@ -51,6 +51,9 @@ def test_run_stack_rows_figure_and_claims(tiny_llama, requests_):
         assert row["gain"] == pytest.approx(row["tokens_per_s"] / base["tokens_per_s"])
         assert row["kept"] == (row["gain"] > 1)
     assert rows["+ static batching"]["same_tokens_as_fp32"] == 1.0
+    spec = rows["+ speculative decoding"]["speculation"]          # what its drafts did: notebook 07's cost model
+    assert spec["k"] == 4 and 0 <= spec["alpha"] <= 1 and spec["tokens_per_pass"] >= 1
+    assert all(r["speculation"] is None for name, r in rows.items() if name != "+ speculative decoding")
     fig = cumulative_figure(result)
     assert len(fig.data) == 2 and list(fig.data[0].y) == list(rows) and fig.data[0].orientation == "h"
     table = stack_claims(result, tiny_llama)

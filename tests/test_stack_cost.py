@@ -8,20 +8,23 @@ import pytest
 
 from labsupport.engine.models.config import PRESETS
 from labsupport.lab.roofs import HardwareProfile
-from labsupport.lab.stack_cost import (cost_inputs, cost_misses, explained, fit_overhead, predict_ladder,
-                                       predict_tokens_per_s)
+from labsupport.lab.speculative_math import expected_tokens_per_call
+from labsupport.lab.stack_cost import (cost_inputs, cost_misses, cost_model, explained, fit_overhead, predict_ladder,
+                                       predict_tokens_per_s, speculative_passes_per_token)
 from labsupport.lab.stack_story import losses_ledger, model_origin_note, regime_sentence, why_not
 
 EMBEDDED = PRESETS["smollm2-135m"]
 HUB = dataclasses.replace(PRESETS["smollm2-1.7b-shape"], name="smollm2-1.7b")     # as load_model names it
 
 
-def ladder(seconds=None) -> dict:
-    """A made-up run_stack result: 100 tokens, 4 slots, 540 MB in fp32."""
+def ladder(speculation=None) -> dict:
+    """A made-up run_stack result: 100 tokens, 4 slots, 540 MB in fp32; `speculation`: the speculative
+    stage's row's (run_stack's `_speculation`), None for a row without it."""
     def row(stage, builds_on, weight_bytes, rows, passes, tokens_per_s, fraction=None):
         return {"stage": stage, "builds_on": builds_on, "weight_bytes": weight_bytes, "batch_rows": rows,
                 "weight_passes": passes, "tokens_per_s": tokens_per_s, "seconds": 100 / tokens_per_s,
-                "bandwidth_fraction": fraction, "precision": "fp32", "top1_agreement": None}
+                "bandwidth_fraction": fraction, "precision": "fp32", "top1_agreement": None,
+                "speculation": speculation if stage == "+ speculative decoding" else None}
     stages = [row("naive loop", None, 540e6, 1, 100, 2.0), row("+ KV cache", "naive loop", 540e6, 1, 104, 30.0, 0.8),
               row("+ static batching", "+ KV cache", 540e6, 4, 30, 90.0, 0.3),
               row("+ int4 weights", "+ static batching", 85e6, 4, 30, 60.0, 0.02),
@@ -46,15 +49,34 @@ def test_cost_inputs_come_from_the_counted_passes_and_the_overhead_is_their_medi
     s = {x["stage"]: x for x in inputs}
     assert s["+ KV cache"]["bits_per_weight"] == 32 and s["+ int4 weights"]["bits_per_weight"] == pytest.approx(85e6 * 8 / 135e6)
     assert s["+ static batching"]["passes_per_token"] == pytest.approx(30 * 4 / 100)
-    assert s["+ speculative decoding"]["passes_per_token"] == pytest.approx(0.95)
+    assert s["+ speculative decoding"]["passes_per_token"] == pytest.approx(0.95)   # no speculation counts: counted
+    assert all(x["alpha"] is None and x["k"] is None for x in inputs)
     overhead = fit_overhead(inputs, 20.0)
     beyond = sorted(x["seconds_per_pass"] - x["parameters"] * x["bits_per_weight"] / 8 / 20e9 for x in inputs)
     assert overhead == pytest.approx(1e3 * beyond[len(beyond) // 2])
-    predictions = predict_ladder(inputs, 20.0, overhead)
+    predictions = predict_ladder(inputs, 20.0)
     assert all(p["ratio"] == pytest.approx(p["predicted"] / p["measured"]) for p in predictions)
+    assert predictions[0]["predicted"] == pytest.approx(predict_tokens_per_s(135e6, 32, 1, 1.04, 20.0, overhead))
     assert explained(1.9) and explained(0.6) and not explained(2.1) and not explained(0.4)
     missed = cost_misses([{"stage": "x", "predicted": 300.0, "measured": 100.0, "ratio": 3.0}])
     assert len(missed) == 1 and "x: predicted 300.0" in missed[0]
+
+
+def test_speculation_gets_its_passes_per_token_from_alpha_and_k():
+    assert speculative_passes_per_token(0.6, 4) == pytest.approx(1 / (1 + 0.6 + 0.36 + 0.216 + 0.1296))
+    assert speculative_passes_per_token(1.0, 3) == 0.25 and speculative_passes_per_token(0.0, 4) == 1.0
+    assert speculative_passes_per_token(0.6, 4) == pytest.approx(1 / expected_tokens_per_call(0.6, 4))
+    inputs = cost_inputs(ladder({"k": 4, "alpha": 0.5, "drafted_per_pass": 3.2, "tokens_per_pass": 1.6}))
+    spec = next(x for x in inputs if x["stage"] == "+ speculative decoding")
+    assert spec["passes_per_token"] is None and (spec["alpha"], spec["k"]) == (0.5, 4)
+    assert spec["counted_passes_per_token"] == pytest.approx(0.95)
+    predict = cost_model(inputs, 20.0)
+    overhead = fit_overhead(inputs, 20.0)
+    assert predict.overhead_ms == overhead
+    assert predict(spec) == pytest.approx(predict_tokens_per_s(135e6, spec["bits_per_weight"], 1, 1 / 1.9375, 20.0,
+                                                               overhead))
+    row = next(p for p in predict_ladder(inputs, 20.0) if p["stage"] == spec["stage"])
+    assert row["passes_per_token"] == pytest.approx(1 / 1.9375)
 
 
 def test_the_origin_note_follows_the_model_not_the_course():

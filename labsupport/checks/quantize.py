@@ -1,21 +1,20 @@
-"""Checkers for notebook 04 (quantization): int8 absmax, int4 packing, int4 in groups.
+"""Checkers for notebook 04 (quantization): int8 absmax and int4 packing (exercises 1 and 2).
 
 Introduced in notebook 04 (quantization). Each checker compares a learner's
 functions with the package's reference (`labsupport.engine.quant`) on inputs chosen
 so that each usual slip gives another answer, and prints a short confirmation or
 raises `CheckFailed` with what was expected, what came back, and a hint that
-names the slip.
+names the slip. Exercise 3 (AWQ's scale search) is checked in `quantize_awq`, exercise 4
+(the W4A8 block dot product) in `quantize_w4a8`.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ..engine.quant import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
-                            quantize_int8_absmax, unpack_int4)
+from ..engine.quant import dequantize_int8, pack_int4, quantize_int8_absmax, unpack_int4
 from ..errors import first_line
-from . import fail, grades_quietly, passed, refuses_references
+from . import fail, grades_quietly, passed
 
 
 def _as_tensor(value, what: str, exercise: str) -> torch.Tensor:
@@ -221,104 +220,3 @@ def check_int4_pack(pack_fn, unpack_fn) -> None:
                  _unpack_hint(q, expected, unpacked))
     passed(exercise, f"Round trip exact on {len(cases)} matrices, odd widths included, in the package's nibble "
                      "order (low nibble first); half the bytes of int8.")
-
-
-# --- int4 in groups, dequantize then matmul --------------------------------------------------------
-
-def _groupwise_cases() -> list[tuple[torch.Tensor, int]]:
-    """(w, group size): non-square, several groups per row, one constant group (max == min)."""
-    generator = torch.Generator().manual_seed(44)
-    constant = torch.randn(4, 64, generator=generator) * 0.1
-    constant[1, 16:32] = 0.25                                                   # a group of one value
-    return [(torch.randn(6, 64, generator=generator) * 0.05, 16),
-            (torch.randn(5, 96, generator=generator), 32),
-            (constant, 16)]
-
-
-def _groupwise_hint(w: torch.Tensor, group_size: int, q, scales, zeros) -> str:
-    """The usual slip behind a wrong int4 quantization in groups."""
-    out_features, in_features = w.shape
-    groups = w.reshape(out_features, in_features // group_size, group_size)            # (out, G, g)
-    low, high = groups.amin(-1), groups.amax(-1)
-    if scales.numel() == out_features:
-        return "one scale per row: cut each row into groups first, w.reshape(out, in // group_size, group_size)."
-    if scales.numel() != low.numel():
-        return f"one scale and one zero per group: {out_features} rows x {in_features // group_size} groups."
-    s = scales.float().reshape(low.shape)
-    if torch.allclose(s, (high - low) / 16, rtol=1e-4):
-        return "16 levels have 15 steps between them: scale = (max - min) / 15."
-    strided = w.reshape(out_features, group_size, in_features // group_size)          # (out, g, G): strided
-    if torch.allclose(s, ((strided.amax(1) - strided.amin(1)) / 15).clamp(min=1e-12), rtol=1e-4):
-        return "a group is group_size consecutive weights of a row: reshape(out, in // group_size, group_size)."
-    if torch.allclose(s, groups.abs().amax(-1) / 7, rtol=1e-4) or torch.allclose(s, groups.abs().amax(-1) / 7.5,
-                                                                                 rtol=1e-4):
-        return "that is symmetric int4 (absmax); here the grid runs from each group's min to its max: zero = min."
-    if not torch.allclose(zeros.float().reshape(low.shape), low, rtol=1e-4, atol=1e-6):
-        return "zero is each group's minimum, the value that the integer 0 stands for."
-    if isinstance(q, torch.Tensor) and q.is_floating_point() and not torch.equal(q, torch.round(q)):
-        return "round (w - zero) / scale to the nearest integer (torch.round) before storing it."
-    return ("per group: scale = (max - min) / 15, zero = min, q = round((w - zero) / scale) clamped to 0..15, "
-            "as torch.uint8 of shape (out, in).")
-
-
-@grades_quietly
-@refuses_references("group-wise int4", quantize_int4_groupwise, dequantize_int4)
-def check_int4_groupwise(quantize_fn, linear_fn) -> None:
-    """Check a learner's `quantize_fn(w, group_size) -> (q, scales, zeros)` (asymmetric int4 in
-    groups of consecutive weights, min/max per group) and `linear_fn(x, q, scales, zeros) -> y`
-    (dequantize, then x @ w.T).
-
-    Introduced in notebook 04 (quantization). Compared with `quantize_int4_groupwise` and
-    with `F.linear(x, dequantize_int4(...))` on non-square matrices, several group sizes and
-    a constant group; a batch of two inputs goes through the learner's matmul.
-    """
-    exercise = "int4 in groups, dequantize then matmul"
-    generator = torch.Generator().manual_seed(45)
-    cases = _groupwise_cases()
-    for number, (w, group_size) in enumerate(cases, 1):
-        case = f"{exercise} (case {number}: a {tuple(w.shape)} matrix, groups of {group_size})"
-        answer = _call(quantize_fn, (w.clone(), group_size), case, "(q, scales, zeros)",
-                       "cut each row into groups: w.reshape(out, in // group_size, group_size) is (out, G, g).")
-        if not isinstance(answer, (tuple, list)) or len(answer) != 3:
-            fail(case, "a triple (q, scales, zeros)", type(answer).__name__, "end with `return q, scales, zeros`")
-        q, scales, zeros = (_as_tensor(t, name, case) for t, name in zip(answer, ("q", "scales", "zeros")))
-        ref_q, ref_scales, ref_zeros = quantize_int4_groupwise(w, group_size)
-        if q.shape != w.shape:
-            fail(case, f"q of shape {tuple(w.shape)}", f"shape {tuple(q.shape)}",
-                 "one integer per weight: reshape q back to (out, in).")
-        same_params = scales.numel() == ref_scales.numel() and zeros.numel() == ref_zeros.numel() \
-            and torch.allclose(scales.float().reshape(ref_scales.shape), ref_scales, rtol=1e-4, atol=1e-9) \
-            and torch.allclose(zeros.float().reshape(ref_zeros.shape), ref_zeros, rtol=1e-4, atol=1e-6)
-        mismatched = (q.float() != ref_q.float()).float().mean().item()
-        if not same_params or mismatched > 0.01:
-            trunc = ((w.reshape(*ref_scales.shape, -1) - ref_zeros[..., None]) / ref_scales[..., None]).trunc()
-            hint = (".to(torch.uint8) cuts the fraction off: torch.round((w - zero) / scale) first."
-                    if same_params and torch.equal(q.float(), trunc.reshape(w.shape)) else
-                    _groupwise_hint(w, group_size, q, scales, zeros))
-            fail(case, f"scales starting {[round(v, 5) for v in ref_scales.flatten()[:2].tolist()]}, q starting "
-                       f"{ref_q[0, :4].tolist()}",
-                 f"scales starting {[round(v, 5) for v in scales.float().flatten()[:2].tolist()]}, q starting "
-                 f"{q[0, :4].tolist()}", hint)
-        if q.dtype != torch.uint8:
-            fail(case, "q as torch.uint8 (values 0..15)", f"dtype {q.dtype}",
-                 "store q with .to(torch.uint8) after rounding: one byte per value, ready to be packed two per byte.")
-        x = torch.randn(2, w.shape[1], generator=generator)
-        expected = F.linear(x, dequantize_int4(ref_q, ref_scales, ref_zeros))
-        y = _call(linear_fn, (x, ref_q.clone(), ref_scales.clone(), ref_zeros.clone()), case,
-                  f"y of shape {tuple(expected.shape)}",
-                  "x is (M, in) and the weight (out, in): y = x @ w.T, after dequantizing to (out, in).")
-        y = _as_tensor(y, "y", case)
-        if y.shape != expected.shape or not torch.allclose(y.float(), expected, rtol=1e-4, atol=1e-4):
-            per_weight = ref_scales.repeat(1, group_size) if y.shape == expected.shape else None
-            wrong_repeat = per_weight is not None and torch.allclose(
-                y.float(), x @ (ref_q.float() * per_weight + ref_zeros.repeat(1, group_size)).T, rtol=1e-4, atol=1e-4)
-            no_zero = y.shape == expected.shape and torch.allclose(
-                y.float(), F.linear(x, dequantize_int4(ref_q, ref_scales, torch.zeros_like(ref_zeros))),
-                rtol=1e-4, atol=1e-4)
-            hint = ("each scale covers group_size consecutive columns: repeat_interleave, not repeat "
-                    "(or reshape q to (out, G, g) and broadcast scales[..., None])." if wrong_repeat else
-                    "add the zero back: w = q * scale + zero." if no_zero else
-                    "w = q * scale + zero per group, as (out, in); then y = x @ w.T, of shape (M, out).")
-            fail(case, f"y of shape {tuple(expected.shape)} starting {expected[0, :3].tolist()}",
-                 f"shape {tuple(y.shape)} starting {y.float().flatten()[:3].tolist()}", hint)
-    passed(exercise, f"Checked on {len(cases)} matrices, group sizes 16 and 32, a constant group included.")

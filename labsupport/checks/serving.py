@@ -1,27 +1,21 @@
 """Checkers for notebook 06 (continuous batching): one scheduler step, the blocks a set of
-sequences needs, a sequence's keys gathered from the paged pool, a block's hash in the prefix
-cache and a scheduler step under a token budget. Each compares a learner's function with the
-reference and prints a short confirmation or raises `CheckFailed` with a hint.
+sequences needs and a block's hash in the prefix cache (exercises 1, 2 and 5); one step's keys
+written into the paged pool is checked in `serving_write`, the whole engine step in
+`serving_step`. Each compares a learner's function with the reference and prints a short
+confirmation or raises `CheckFailed` with a hint.
 """
 
 from __future__ import annotations
 
 import itertools
 import numbers
-import random
 
-import torch
-
-from ..engine.models.config import PRESETS, ModelConfig
-from ..engine.serving.block_manager import BlockManager, blocks_needed
-from ..engine.serving.paged_cache import PagedKVCache
-from ..engine.serving.scheduler import budget_prefill_chunks
+from ..engine.serving.block_manager import blocks_needed
 from .processes import hashes_text, stable_across_processes
-from . import call_learner, fail, grades_quietly, passed, refuses_references
+from . import call_learner, fail, grades_quietly, passed
 
 STEP = "one scheduler step"
 BLOCKS = "blocks for a set of sequences"
-GATHER = "a sequence's keys gathered through its block table"
 
 
 def reference_schedule_step(running, waiting, max_slots, free_blocks, policy="continuous"):
@@ -168,130 +162,9 @@ def check_blocks_for(fn) -> None:
     passed(BLOCKS, "Each sequence wastes less than one block: at most block_size - 1 positions.")
 
 
-# --- a sequence's keys, gathered from the paged pool through its block table --------------
+# --- a block's name in the prefix cache -------------------------------------------------------------
 
-def reference_paged_gather(pool_keys: torch.Tensor, block_table, length: int, block_size: int) -> torch.Tensor:
-    """Positions 0 .. length - 1 of one sequence, read from one layer's pool.
-
-    Introduced in notebook 06 (continuous batching). pool_keys: (num_slots, kv_heads,
-    head_dim), one layer of `PagedKVCache.keys`; block_table: the sequence's physical
-    blocks in logical order. Position p lives at slot
-    block_table[p // block_size] * block_size + p % block_size. Returns (length, kv_heads, head_dim).
-    """
-    positions = torch.arange(length, device=pool_keys.device)
-    table = torch.as_tensor(block_table, dtype=torch.long, device=pool_keys.device)
-    slots = table[positions // block_size] * block_size + positions % block_size     # (length,)
-    return pool_keys[slots]
-
-
-# each typical slip as the slots it reads (positions p, the table, block_size b) and its hint
-_GATHER_SLIPS = [
-    (lambda p, t, b: p,
-     "block_table[p // block_size] is the physical block: using the logical block index p // block_size "
-     "as if it were physical reads blocks that belong to other sequences."),
-    (lambda p, t, b: t[p % b] * b + p // b,
-     "the block comes from the quotient and the offset from the remainder: "
-     "slot = block_table[p // block_size] * block_size + p % block_size."),
-    (lambda p, t, b: t[p // b] * b + p % b + 1,
-     "the offset inside a block is p % block_size (0 .. block_size - 1); yours is one position too far."),
-    (lambda p, t, b: t[p // b] * b + p % b - 1,
-     "the offset inside a block is p % block_size (0 .. block_size - 1); yours is one position short."),
-    (lambda p, t, b: (t[p // b] + 1) * b + p % b,
-     "block ids count from 0: block k starts at slot k * block_size, not (k + 1) * block_size."),
-    (lambda p, t, b: t[p // b + 1] * b + p % b,
-     "position p lies in logical block p // block_size (counting from 0); yours reads the next block of the table."),
-    (lambda p, t, b: t[(p + 1) // b] * b + p % b,
-     "position p lies in logical block p // block_size; (p + 1) // block_size is one block off at each block's "
-     "last position."),
-]
-
-
-def _gather_cases(config: ModelConfig):
-    """(pool, layer, block_size, {sequence: (table, length, its keys as the pool's gather reads them)}):
-    blocks handed out in a scrambled order, so that tables are neither adjacent nor increasing."""
-    for seed, block_size, lengths in ((0, 4, (9, 3, 16, 1, 13)), (1, 8, (20, 8, 5, 17)), (2, 2, (7, 2, 4))):
-        manager = BlockManager(num_blocks=sum(blocks_needed(n, block_size) for n in lengths) + 3,
-                               block_size=block_size)
-        random.Random(seed).shuffle(manager.free_blocks)
-        for step in range(max(lengths)):                      # grow in turns: the tables interleave
-            for i, n in enumerate(lengths):
-                if step < n:
-                    manager.grow(i, step + 1)
-        pool = PagedKVCache(config, manager.num_blocks, block_size)
-        generator = torch.Generator().manual_seed(seed)
-        layer = seed % config.num_layers
-        sequences = {}
-        for i, n in enumerate(lengths):
-            keys = torch.randn(1, config.num_kv_heads, n, config.head_dim, generator=generator)  # (1, kv_heads, n, D)
-            view = pool.view(torch.tensor([manager.table(i)]), torch.arange(n)[None], torch.tensor([n]))
-            gathered, _ = view.update(layer, keys, keys.clone())           # scatter, then gather: (1, kv_heads, n, D)
-            sequences[i] = (manager.table(i), n, gathered[0].transpose(0, 1))   # (n, kv_heads, D)
-        yield pool, layer, block_size, sequences
-
-
-def _slip_hint(got: torch.Tensor, pool_keys: torch.Tensor, table, length: int, block_size: int) -> str | None:
-    """The hint of the first typical slip whose slots give exactly `got`, or None."""
-    positions, num_slots = torch.arange(length), pool_keys.shape[0]
-    table = torch.as_tensor(table)
-    for slots_of, hint in _GATHER_SLIPS:
-        try:
-            slots = slots_of(positions, table, block_size)
-        except IndexError:
-            continue
-        if bool(((slots >= 0) & (slots < num_slots)).all()) and torch.equal(got, pool_keys[slots]):
-            return hint
-    return None
-
-
-@grades_quietly
-def check_paged_gather(fn, config: ModelConfig | None = None) -> None:
-    """Check `fn(pool_keys, block_table, length, block_size) -> (length, kv_heads, head_dim)` against
-    what `PagedKVCache`'s own gather reads back, for sequences whose blocks are scattered over the pool.
-
-    Introduced in notebook 06 (continuous batching). config: the model whose cache shapes to use
-    (notebook 06 passes its own model's; default: the tiny-llama preset).
-    """
-    config = config or PRESETS["tiny-llama"]
-    for pool, layer, block_size, sequences in _gather_cases(config):
-        pool_keys = pool.keys[layer]                                     # (num_slots, kv_heads, head_dim)
-        for i, (table, length, want) in sequences.items():
-            case = f"sequence {i}: block table {table}, length {length}, block_size {block_size}"
-            try:
-                got = fn(pool_keys.clone(), list(table), length, block_size)
-            except (IndexError, RuntimeError, TypeError, ValueError) as error:
-                fail(GATHER, f"a tensor of shape {tuple(want.shape)}", f"an error: {str(error)[:80]}",
-                     "position p lives at slot block_table[p // block_size] * block_size + p % block_size; "
-                     f"read positions 0 .. length - 1 only. Case: {case}")
-            if not isinstance(got, torch.Tensor):
-                fail(GATHER, f"a tensor of shape {tuple(want.shape)}", type(got).__name__,
-                     f"return the gathered keys as one tensor, e.g. pool_keys[slots]. Case: {case}")
-            if got.shape != want.shape:
-                rows, blocks = got.shape[0] if got.dim() else None, len(table)
-                if got.dim() == 3 and rows == blocks * block_size and rows != length:
-                    hint = ("the last block is only partly filled: keep the first `length` positions, not "
-                            "whole blocks (the rest of the block holds nothing of this sequence).")
-                elif got.dim() == 3 and rows == (length // block_size) * block_size:
-                    hint = ("you left out the partly filled last block: its first length % block_size positions "
-                            "belong to the sequence too.")
-                elif got.dim() == 3 and tuple(got.shape) == (want.shape[1], length, want.shape[2]):
-                    hint = "positions come first, as the pool stores them: (length, kv_heads, head_dim)."
-                else:
-                    hint = "one row per position 0 .. length - 1, each of shape (kv_heads, head_dim)."
-                fail(GATHER, f"shape {tuple(want.shape)}", f"shape {tuple(got.shape)}", f"{hint} Case: {case}")
-            if torch.equal(got, want):
-                continue
-            wrong = int((got != want).flatten(1).any(1).nonzero()[0])
-            hint = _slip_hint(got, pool_keys, table, length, block_size) or (
-                f"position {wrong} lives at slot block_table[{wrong} // {block_size}] * {block_size} + "
-                f"{wrong} % {block_size} = {table[wrong // block_size] * block_size + wrong % block_size}.")
-            fail(GATHER, "the keys written for this sequence", f"other keys at position {wrong}",
-                 f"{hint} Case: {case}")
-    passed(GATHER, "A block table turns scattered blocks back into one contiguous sequence.")
-
-
-# --- the engine's second half: a block's name in the prefix cache, a step under a token budget --------
-
-HASH, BUDGET = "the hash of a block and its prefix", "a scheduler step under a token budget"
+HASH = "the hash of a block and its prefix"
 
 
 @grades_quietly
@@ -337,62 +210,3 @@ def check_block_hash(fn) -> None:
         fail(HASH, "a function that runs in a fresh Python process", "one that fails there",
              "keep what hash_block needs inside it or in functions and modules it uses, not in other variables.")
     passed(HASH, "Equal names mean equal prefixes: that is what lets two requests share a block.")
-
-
-# (token_budget, num_decodes, remaining): all fit, one split, a long one in the middle, decodes only, ...
-BUDGET_CASES = [(16, 4, [5, 3]), (16, 4, [5, 20, 3]), (16, 4, [20]), (8, 8, [3, 4]), (10, 0, [4, 4, 4]),
-                (32, 3, []), (64, 2, [10, 100, 5])]
-
-
-@grades_quietly
-@refuses_references("token budget", budget_prefill_chunks)
-def check_budget_chunks(fn) -> None:
-    """Check `fn(token_budget, num_decodes, remaining) -> list[int]`: the prompt tokens each waiting
-    sequence computes this step (`scheduler.budget_prefill_chunks`). Introduced in notebook 06 (continuous batching)."""
-    from ..engine.serving.scheduler import budget_prefill_chunks as reference
-    for budget, decodes, remaining in BUDGET_CASES:
-        want = reference(budget, decodes, list(remaining))
-        case = f"token_budget={budget}, num_decodes={decodes}, remaining={remaining}"
-        got = call_learner(BUDGET, want, f"it raised an error. Case: {case}", fn, budget, decodes, list(remaining))
-        if not isinstance(got, (list, tuple)) or not all(isinstance(c, numbers.Integral) for c in got):
-            fail(BUDGET, f"a list like {want}", repr(got)[:60], f"return one int per waiting sequence. Case: {case}")
-        got = [int(c) for c in got]
-        if len(got) != len(remaining):
-            fail(BUDGET, want, got, f"one chunk per waiting sequence, zeros included, in order. Case: {case}")
-        if got == want:
-            continue
-        if any(c < 0 for c in got):
-            hint = "a chunk is never negative: once the budget is spent, the rest get 0."
-        elif any(c > r for c, r in zip(got, remaining)):
-            hint = "a sequence never computes more than the prompt tokens it has left."
-        elif got == reference(budget, 0, remaining):
-            hint = "each running sequence's decode costs one token of the budget first; the prompts get the rest."
-        elif decodes + sum(got) > budget:
-            hint = "the decodes and the prompt chunks together must fit in the budget."
-        elif got == _whole_prompts(budget - decodes, remaining, skip=False):
-            hint = "a prompt longer than what is left still gets a chunk of what is left: split it across steps."
-        elif got == _whole_prompts(budget - decodes, remaining, skip=True):
-            hint = ("in order of arrival: a long prompt gets what is left (it is split across steps), "
-                    "and later prompts must not jump ahead of it.")
-        elif got[1:] == [0] * (len(got) - 1) and want[1:] != got[1:]:
-            hint = "what the first prompt leaves of the budget goes to the next prompts, in order."
-        else:
-            hint = "left = token_budget - num_decodes; then each prompt in order gets min(its remaining, left)."
-        fail(BUDGET, want, got, f"{hint} Case: {case}")
-    try:
-        got = fn(4, 6, [1])
-    except Exception:                                # noqa: BLE001 - any error refuses the impossible step
-        pass
-    else:
-        fail(BUDGET, "an error", repr(got)[:60], "6 decodes cannot fit in a budget of 4 tokens: raise an error "
-             "(the engine refuses a token_budget below max_slots).")
-    passed(BUDGET, "Decodes first, then prompt chunks in order: a long prompt no longer stalls the batch.")
-
-
-def _whole_prompts(left, remaining, skip):
-    """A prompt only whole: stop at the first that does not fit (skip=False) or skip it (skip=True)."""
-    chunks, stopped = [], False
-    for need in remaining:
-        chunks.append(need if need <= left and not stopped else 0)
-        left, stopped = left - chunks[-1], stopped or (need > left and not skip)
-    return chunks

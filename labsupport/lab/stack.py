@@ -61,6 +61,7 @@ class Stage:
     variant: tuple[str, str] | None = None     # (precision, weights) of its `ModelVariants` model; None for a peer
     cached_sequences: int = 0                  # sequences whose KV cache it holds at once (0: no cache)
     decode_paths: set = field(default_factory=set, repr=False)   # what its steps ran on (`serve_fn`)
+    speculation: dict | None = field(default=None, repr=False)   # speculation's counts, summed (`serve_fn`)
 
 
 def low_precision(device) -> tuple[torch.dtype | None, str]:
@@ -80,7 +81,7 @@ INT4_BATCH_1 = "+ int4, batch 1"             # the int4 model one request at a t
 
 def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching: str = "none",
              precision: str = "fp32", weights: str = "float", speculative: bool = False,
-             slots: int = 8, draft_k: int = 4, paths: set | None = None):
+             slots: int = 8, draft_k: int = 4, paths: set | None = None, speculation: dict | None = None):
     """A function that serves every request with one combination of the techniques and
     returns {request_id: tokens}. Notebook 07's explorer turns these switches.
 
@@ -90,6 +91,9 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
     (`measure.timed_compile`), else a LabError (`measure.require_graphed`); the serving engine
     and the chapter's loop without a cache run their own step loops: on a GPU they say
     "eager (not graphed)", and `run_stack` marks their rows as not graphed measurements.
+    speculation: a dict to which speculative decoding adds its counts on every call (drafted,
+    accepted, rejected, target_calls, tokens: `SpeculativeStats`); notebook 07's cost model
+    reads the acceptance rate alpha off them.
 
     Without the cache only the chapter's loop exists (one request at a time); speculative
     decoding runs one request at a time (with the cache), so it excludes batching.
@@ -126,10 +130,17 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
         return one_at_a_time(lambda r: own(generate_naive(model, r.prompt, r.max_new_tokens, eos_token_ids=())).row(0))
     if speculative:
         lookup = PromptLookupDraft(ngram=3)
-        return one_at_a_time(lambda r: path(require_graphed(
-            speculative_generate(model, lookup, r.prompt, r.max_new_tokens, k=draft_k, eos_token_ids=(),
-                                 compile=graphed),
-            f"the stage's speculative decoding ({precision}, {weights})", model.device)).tokens)
+        counts = {} if speculation is None else speculation
+
+        def speculate(r):
+            result = path(require_graphed(
+                speculative_generate(model, lookup, r.prompt, r.max_new_tokens, k=draft_k, eos_token_ids=(),
+                                     compile=graphed),
+                f"the stage's speculative decoding ({precision}, {weights})", model.device))
+            for name in ("drafted", "accepted", "rejected", "target_calls", "tokens"):
+                counts[name] = counts.get(name, 0) + getattr(result.stats, name)
+            return result.tokens
+        return one_at_a_time(speculate)
     if batching == "none":
         return one_at_a_time(lambda r: graphed_path(generate(model, r.prompt, r.max_new_tokens, eos_token_ids=(),
                                                              compile=graphed)).row(0))
@@ -169,9 +180,10 @@ def build_stages(model, requests, slots: int = 8, draft_k: int = 4,
         cached = 0 if not switches.get("kv_cache", True) else (
             1 if switches.get("batching", "none") == "none" else slots)
         paths: set = set()
+        counts = {"k": draft_k} if switches.get("speculative") else None
         return Stage(name, technique, serve_fn(variants, requests, slots=slots, draft_k=draft_k, paths=paths,
-                                               **switches),
-                     builds_on, label, note, (switches["precision"], weights), cached, paths)
+                                               speculation=counts, **switches),
+                     builds_on, label, note, (switches["precision"], weights), cached, paths, counts)
 
     stages = [
         stage("naive loop", "the chapter's loop: no cache, one request at a time", kv_cache=False),
@@ -214,6 +226,18 @@ def _count_weight_passes(stages, variants: ModelVariants):
     return passes, lambda name: current.__setitem__(0, name), lambda: [h.remove() for h in handles]
 
 
+def _speculation(counts: dict | None) -> dict | None:
+    """A speculative stage's draft length k and what its drafts did, summed over its runs: alpha
+    (accepted / checked, the alpha of `speculative_math.expected_tokens_per_call`), drafted and
+    kept tokens per target pass. None for the other stages (and before any target pass)."""
+    if not counts or not counts.get("target_calls"):
+        return None
+    checked = counts["accepted"] + counts["rejected"]
+    return {"k": counts["k"], "alpha": counts["accepted"] / checked if checked else 0.0,
+            "drafted_per_pass": counts["drafted"] / counts["target_calls"],
+            "tokens_per_pass": counts["tokens"] / counts["target_calls"]}
+
+
 def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progress=None,
               variants: ModelVariants | None = None, agreement_tokens=None, bandwidth: float | None = None) -> dict:
     """Time every stage side by side; returns one row per stage with its tokens/s, its gain
@@ -235,12 +259,16 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
     pass reads every weight once); with the machine's `bandwidth` (bytes/s, `roofs.probe`)
     its ``bandwidth_fraction`` is weight bytes x passes per second / bandwidth: how close the
     stage runs to the memory roof, and what a technique removed (fewer bytes per pass, or
-    fewer passes per token).
+    fewer passes per token). The speculative stage's ``speculation`` says what its drafts did
+    (`_speculation`: k, alpha, drafted and kept tokens per target pass); None elsewhere.
     """
     if not requests:
         raise LabError("run_stack needs at least one request.")
     variants = variants or ModelVariants(model)
     stages = build_stages(model, requests, slots, variants=variants) + list(peers)
+    for stage in stages:                      # counts from the timed runs only
+        if stage.speculation is not None:
+            stage.speculation.update(drafted=0, accepted=0, rejected=0, target_calls=0, tokens=0)
     outputs: dict = {}
     passes, set_current, remove_hooks = _count_weight_passes(stages, variants)
     runs = dict.fromkeys((s.name for s in stages), 0)      # warm-up calls included, as in passes
@@ -275,7 +303,8 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
                "cumulative": speed[stage.name] / speed["naive loop"],
                "same_tokens_as_fp32": same / tokens, "top1_agreement": None,
                "weight_bytes": None, "kv_cache_bytes": None, "weight_passes": None, "bandwidth_fraction": None,
-               "batch_rows": None, "decode_path": ", ".join(sorted(stage.decode_paths)) or None,
+               "batch_rows": None, "speculation": _speculation(stage.speculation),
+               "decode_path": ", ".join(sorted(stage.decode_paths)) or None,
                "decode_paths": sorted(stage.decode_paths),
                "graphed": None if NOT_GRAPHED not in stage.decode_paths else False}
         if row["graphed"] is False:     # on a GPU: never passes silently as a graphed figure

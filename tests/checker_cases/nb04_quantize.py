@@ -1,12 +1,13 @@
 """Checker cases of notebook 04 (quantization): the reference and each typical mistake."""
 
 import torch
-import torch.nn.functional as F
 
-from labsupport.checks.quantize import check_int4_groupwise, check_int4_pack, check_int8_absmax
+from labsupport.checks.quantize import check_int4_pack, check_int8_absmax
+from labsupport.checks.quantize_awq import check_awq_search
 from labsupport.checks.quantize_w4a8 import check_w4a8_matmul
 from labsupport.engine.quant import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                                      quantize_int8_absmax, unpack_int4)
+from labsupport.lab.awq import awq_search, awq_weight
 
 from checker_cases.common import accepts, refuses
 
@@ -78,57 +79,63 @@ def interleave(packed):
     return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
 
 
-# --- int4 in groups ------------------------------------------------------------------------------------
+# --- AWQ's scale search ---------------------------------------------------------------------------
 
-def dequantized(q, scales, zeros):
-    """dequantize_int4 by hand (the checker refuses a call of it): each group q * scale + zero."""
-    out_features, in_features = q.shape
-    groups = q.float().reshape(out_features, scales.shape[1], -1)
-    return (groups * scales[..., None] + zeros[..., None]).reshape(out_features, in_features)
+def _roundtrip(w, group_size):
+    """int4 in groups, dequantized: the package's quantizer may be used here (the search is the answer)."""
+    return dequantize_int4(*quantize_int4_groupwise(w, group_size))
 
 
-def reference_linear(x, q, scales, zeros):
-    return F.linear(x, dequantized(q, scales, zeros))
+def search_with(weight, x, group_size, grid, statistic="mean", divide="back", measure="output", pick="min",
+                fixed=None, group=None, normalise=True, mean_squared=False):
+    """The notebook's solution, and (by a switch) each usual slip."""
+    stats = {"mean": x.abs().mean(dim=0), "max": x.abs().amax(dim=0), "weight": weight.abs().mean(dim=0),
+             "signed": x.mean(dim=0), "output": (x @ weight.T).abs().mean(dim=0)}[statistic]
+    y = x @ weight.T
+    errors, candidates = [], []
+    for alpha in grid:
+        s = stats ** alpha
+        if normalise:
+            s = s / (s.max() * s.min()).sqrt()
+        if statistic == "output":                           # scales on the output dimension, W's rows
+            w_hat = _roundtrip(weight * s[:, None], group or group_size) / s[:, None]
+        else:
+            w_hat = _roundtrip(weight * s, group or group_size)
+        if divide == "back":
+            y_hat = x @ (w_hat / s).T if statistic != "output" else x @ w_hat.T
+        elif divide == "activations":                       # (x / s) @ Q(W s).T: the same layer
+            y_hat = (x / s) @ w_hat.T
+        elif divide == "multiplied":
+            y_hat = (x * s) @ w_hat.T
+        else:                                               # never divided back
+            y_hat = x @ w_hat.T
+        if measure == "weight":
+            error = torch.linalg.norm(weight - w_hat / s)
+        elif mean_squared:
+            error = ((y - y_hat) ** 2).mean()
+        else:
+            error = torch.linalg.norm(y - y_hat)
+        errors.append(error.item())
+        candidates.append(s)
+    if fixed is not None:
+        return candidates[[round(a, 6) for a in grid].index(fixed)], errors
+    chosen = errors.index(max(errors) if pick == "max" else min(errors))
+    return candidates[-1 if pick == "last" else chosen], errors
 
 
-def reference_int4(w, group_size):                  # the notebook's solution
-    return int4_with(w, group_size)
+def reference_search(weight, activations, group_size, grid):           # the notebook's solution
+    return search_with(weight, activations, group_size, grid)
 
 
-def int4_with(w, group_size, steps=15, strided=False, symmetric=False, rounding=torch.round):
-    out_features, in_features = w.shape
-    shape = (out_features, group_size, in_features // group_size) if strided else \
-        (out_features, in_features // group_size, group_size)
-    groups = w.reshape(shape)
-    axis = 1 if strided else -1
-    if symmetric:
-        scales = groups.abs().amax(axis) / 7
-        q = rounding(groups / scales.unsqueeze(axis)).clamp(-8, 7) + 8
-        return q.to(torch.uint8).reshape(out_features, in_features), scales, torch.zeros_like(scales)
-    low, high = groups.amin(axis), groups.amax(axis)
-    scales = ((high - low) / steps).clamp(min=1e-12)
-    q = rounding((groups - low.unsqueeze(axis)) / scales.unsqueeze(axis)).clamp(0, 15)
-    return q.to(torch.uint8).reshape(out_features, in_features), scales, low
+def rows_not_columns(weight, activations, group_size, grid):            # s of (in,) on W's rows: a shape error
+    s = activations.abs().mean(dim=0)
+    _roundtrip(weight * s[:, None], group_size)
+    return s, [0.0] * len(grid)
 
 
-def per_row_int4(w, group_size):
-    low, high = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
-    scales = (high - low) / 15
-    return torch.round((w - low) / scales).clamp(0, 15).to(torch.uint8), scales, low
-
-
-def repeated_not_interleaved(x, q, scales, zeros):
-    group = q.shape[1] // scales.shape[1]
-    return x @ (q.float() * scales.repeat(1, group) + zeros.repeat(1, group)).T
-
-
-def without_zero(x, q, scales, zeros):
-    return F.linear(x, dequantized(q, scales, torch.zeros_like(zeros)))
-
-
-def not_transposed(x, q, scales, zeros):
-    return x @ dequantized(q, scales, zeros)
-
+def alpha_not_scales(weight, activations, group_size, grid):          # the best alpha, not its scales
+    _, errors = reference_search(weight, activations, group_size, grid)
+    return grid[errors.index(min(errors))], errors
 
 
 def w4a8_matmul(x, q, scales, mins, per_row=False, no_min=False, float_sums=False, int8=False,
@@ -185,25 +192,42 @@ NOTEBOOK_04 = [
             lambda packed, columns: torch.stack([packed >> 4, packed & 0x0F], dim=-1).reshape(packed.shape[0], -1)[:, :columns]),
     refuses(check_int4_pack, "unpacked-without-reshape", "wrong shape",
             pack_int4, lambda packed, columns: torch.stack([packed & 0x0F, packed >> 4], dim=-1)),
-    accepts(check_int4_groupwise, "reference", reference_int4, reference_linear),
-    refuses(check_int4_groupwise, "the-packages-own-quantizer", "write the steps yourself",
-            quantize_int4_groupwise, reference_linear),
-    refuses(check_int4_groupwise, "the-packages-own-dequantizer", "write the steps yourself",
-            reference_int4, lambda x, q, scales, zeros: F.linear(x, dequantize_int4(q, scales, zeros))),
-    refuses(check_int4_groupwise, "sixteen-steps", "15", lambda w, g: int4_with(w, g, steps=16), reference_linear),
-    refuses(check_int4_groupwise, "one-group-per-row", "one scale per row", per_row_int4, reference_linear),
-    refuses(check_int4_groupwise, "strided-groups", "consecutive", lambda w, g: int4_with(w, g, strided=True),
-            reference_linear),
-    refuses(check_int4_groupwise, "symmetric", "symmetric", lambda w, g: int4_with(w, g, symmetric=True),
-            reference_linear),
-    refuses(check_int4_groupwise, "truncated-not-rounded", "cuts the fraction off",
-            lambda w, g: int4_with(w, g, rounding=torch.trunc), reference_linear),
-    refuses(check_int4_groupwise, "float-q", "uint8", lambda w, g: tuple(
-        t.float() if i == 0 else t for i, t in enumerate(reference_int4(w, g)))[:3], reference_linear),
-    refuses(check_int4_groupwise, "scales-repeated-not-interleaved", "repeat_interleave",
-            reference_int4, repeated_not_interleaved),
-    refuses(check_int4_groupwise, "zero-forgotten", "add the zero back", reference_int4, without_zero),
-    refuses(check_int4_groupwise, "weight-not-transposed", r"w\.T", reference_int4, not_transposed),
+    accepts(check_awq_search, "reference", reference_search),
+    accepts(check_awq_search, "scales-not-normalised", lambda *a: search_with(*a, normalise=False)),
+    accepts(check_awq_search, "activations-divided-instead", lambda *a: search_with(*a, divide="activations")),
+    accepts(check_awq_search, "mean-squared-error", lambda *a: search_with(*a, mean_squared=True)),
+    refuses(check_awq_search, "the-packages-own-search", "write the steps yourself",
+            lambda w, x, g, grid: awq_search(w, x, g, grid)),
+    refuses(check_awq_search, "the-packages-own-awq-weight", "write the steps yourself",
+            lambda w, x, g, grid: (torch.ones(w.shape[1]),
+                                   [torch.linalg.norm(x @ (w - awq_weight(w, torch.ones(w.shape[1]), g)).T).item()
+                                    for _ in grid])),
+    refuses(check_awq_search, "not-divided-back", "divide the dequantized weight back by s",
+            lambda *a: search_with(*a, divide="never")),
+    refuses(check_awq_search, "activations-multiplied", "divided by s, not multiplied",
+            lambda *a: search_with(*a, divide="multiplied")),
+    refuses(check_awq_search, "chosen-by-weight-error", "the weight's error",
+            lambda *a: search_with(*a, measure="weight")),
+    refuses(check_awq_search, "scales-from-the-weights", "weights' magnitude",
+            lambda *a: search_with(*a, statistic="weight")),
+    refuses(check_awq_search, "max-not-mean", "largest \\|x\\|", lambda *a: search_with(*a, statistic="max")),
+    refuses(check_awq_search, "signed-mean", "take \\|x\\| before the mean",
+            lambda *a: search_with(*a, statistic="signed")),
+    refuses(check_awq_search, "alpha-fixed-at-0.5", "alpha = 0.5, but your own errors are smallest at alpha = 0.4",
+            lambda *a: search_with(*a, fixed=0.5)),
+    refuses(check_awq_search, "one-alpha-only", "try every alpha",
+            lambda w, x, g, grid: search_with(w, x, g, [0.5])),
+    refuses(check_awq_search, "largest-error-kept", "the largest error: keep the scales of the smallest",
+            lambda *a: search_with(*a, pick="max")),
+    refuses(check_awq_search, "last-alphas-scales", "the last alpha tried", lambda *a: search_with(*a, pick="last")),
+    refuses(check_awq_search, "alpha-returned", "not alpha itself",
+            alpha_not_scales),
+    refuses(check_awq_search, "scales-on-the-output-dimension", "output dimension",
+            lambda *a: search_with(*a, statistic="output")),
+    refuses(check_awq_search, "scales-on-rows", "input channel", rows_not_columns),
+    refuses(check_awq_search, "group-size-fixed-at-128", "group_size you are given",
+            lambda *a: search_with(*a, group=128)),
+    refuses(check_awq_search, "scales-only", "return scales, errors", lambda *a: reference_search(*a)[0]),
     accepts(check_w4a8_matmul, "reference", w4a8_matmul),
     refuses(check_w4a8_matmul, "activation-scale-per-row", "one activation scale per row",
             lambda *a: w4a8_matmul(*a, per_row=True)),

@@ -5,9 +5,11 @@ import random
 
 import torch
 
-from labsupport.checks.serving import (check_block_hash, check_blocks_for, check_budget_chunks,
-                                       check_paged_gather, check_schedule_step, reference_blocks_for,
-                                       reference_paged_gather, reference_schedule_step)
+from labsupport.checks.serving import (check_block_hash, check_blocks_for, check_schedule_step, reference_blocks_for,
+                                       reference_schedule_step)
+from labsupport.checks.serving_step import check_engine_step
+from labsupport.checks.serving_step_reference import reference_engine_step
+from labsupport.checks.serving_write import check_paged_write, reference_paged_write
 from labsupport.engine.serving import block_hash, budget_prefill_chunks
 from labsupport.engine.models.config import PRESETS
 
@@ -68,19 +70,64 @@ def finished_keep_slots(running, waiting, max_slots, free_blocks, policy):
     return leaving, joining
 
 
-# --- a sequence's keys gathered from the paged pool ------------------------------------------
+# --- one step's keys written into the paged pool ---------------------------------------------
 
-def reads(slots_of):
-    """A gather that reads the slots `slots_of(positions, table, block_size)` gives."""
-    def gather(pool_keys, table, length, block_size):
-        positions = torch.arange(length)
-        return pool_keys[slots_of(positions, torch.tensor(table), block_size)]
-    return gather
+def paged_write(pool_keys, tables, lengths, new_keys, free_blocks, block_size, slip=None):
+    """The notebook's solution; `slip` names one typical mistake to make instead."""
+    for table, length, keys in zip(tables, lengths, new_keys):
+        end = length + len(keys)
+        if slip == "one-block-at-most":
+            if len(table) * block_size < end:
+                table.append(free_blocks.pop())
+        elif slip == "ignores-the-room-left":
+            for _ in range(-(-len(keys) // block_size)):
+                table.append(free_blocks.pop())
+        elif slip == "a-block-every-step":
+            table.append(free_blocks.pop())
+            while len(table) * block_size < end:
+                table.append(free_blocks.pop())
+        else:
+            taken = 0
+            while len(table) * block_size < end:
+                if slip == "blocks-left-in-the-free-list":
+                    taken += 1
+                    table.append(free_blocks[-taken])
+                elif slip == "a-block-from-outside-the-free-list":
+                    table.append(max(b for t in tables for b in t) + 1 if any(tables) else 0)
+                elif slip == "never-runs-out":
+                    table.append(free_blocks.pop() if free_blocks else 0)
+                else:
+                    table.append(free_blocks.pop())
+        start = {"from-position-0": 0, "one-position-early": length - 1,
+                 "one-position-late": length + 1}.get(slip, length)
+        positions = torch.arange(start, start + len(keys))
+        blocks = torch.as_tensor(table)
+        if slip == "logical-block-as-physical":
+            slots = positions
+        elif slip == "quotient-and-remainder-swapped":
+            slots = blocks[positions % block_size] * block_size + positions // block_size
+        else:
+            slots = blocks[positions // block_size] * block_size + positions % block_size
+        if slip == "writes-a-copy":
+            pool_keys[slots].copy_(keys)                                 # advanced indexing: a copy
+        else:
+            pool_keys[slots] = keys
 
 
-def whole_blocks(pool_keys, table, length, block_size):
-    slots = (torch.tensor(table)[:, None] * block_size + torch.arange(block_size)).flatten()  # (blocks * b,)
-    return pool_keys[slots]
+def written_by(slip):
+    return lambda *args: paged_write(*args, slip=slip)
+
+
+def paged_write_by_position(pool_keys, tables, lengths, new_keys, free_blocks, block_size):
+    """Another right answer: a loop over positions, blocks taken from the front of the free list."""
+    for table, length, keys in zip(tables, lengths, new_keys):
+        for j, key in enumerate(keys):
+            p = length + j
+            if p // block_size == len(table):
+                if not free_blocks:
+                    raise RuntimeError("out of blocks")
+                table.append(free_blocks.pop(0))
+            pool_keys[table[p // block_size] * block_size + p % block_size] = key
 
 
 # --- a block's hash in the prefix cache ----------------------------------------------------
@@ -93,44 +140,114 @@ def sorted_tokens(parent_hash, block_tokens):
     return block_hash(parent_hash, sorted(block_tokens))
 
 
-# --- a scheduler step under a token budget -------------------------------------------------
+# --- one whole engine step -----------------------------------------------------------------
 
-def goes_negative(token_budget, num_decodes, remaining):
-    left, chunks = token_budget - num_decodes, []
-    for need in remaining:
-        chunks.append(min(need, left))
-        left -= need                                                 # subtracts the whole prompt
-    return chunks
+def engine_step(state, model, max_slots, token_budget, block_size, slip=None):
+    """The notebook's solution; `slip` names one typical mistake to make instead."""
+    waiting, running = state["waiting"], state["running"]
+
+    def tokens(seq):
+        if slip == "recomputes-the-prompt-only" and seq["computed"] < len(seq["prompt"]):
+            return seq["prompt"]
+        return seq["prompt"] + seq["output"]
+
+    def left_to_compute(seq):
+        return len(tokens(seq)) - seq["computed"]
+
+    def blocks(positions):
+        return -(-positions // block_size)
+
+    for seq in list(running):                                            # 1. room for one more position
+        if seq not in running:
+            continue
+        need = max(0, blocks(seq["computed"] + 1) - seq["blocks"])
+        if slip == "no-growth":
+            need = 0
+        while need > state["free_blocks"] and seq in running and slip != "no-preemption":
+            victim = running.pop(0) if slip == "oldest-victim" else running.pop()
+            state["free_blocks"] += victim["blocks"]
+            victim["blocks"] = 0
+            if slip != "victim-keeps-its-cache":
+                victim["computed"] = 0
+            if slip == "victim-to-the-back":
+                waiting.append(victim)
+            else:
+                waiting.insert(0, victim)
+        if seq in running:
+            seq["blocks"] += need
+            state["free_blocks"] -= need
+    decodes = [s for s in running if s["output"] and left_to_compute(s) == 1]           # 2. decodes
+    prefills = [s for s in running if s not in decodes]
+    left = token_budget if slip == "decodes-forgotten" else token_budget - len(decodes)
+    queue = list(waiting)                                                # 3. admission
+    for seq in queue:
+        need = blocks(len(tokens(seq)) + (0 if slip == "no-block-for-the-first-decode" else 1))
+        in_step = sum(map(left_to_compute, prefills))
+        if slip != "beyond-max-slots" and len(running) >= max_slots:
+            break
+        if slip == "whole-prompt-must-fit" and in_step + left_to_compute(seq) > left:
+            break
+        if slip != "admits-beyond-the-budget" and in_step >= left:
+            break
+        if need > state["free_blocks"]:
+            if slip == "jumps-the-queue":
+                continue
+            break
+        waiting.remove(seq)
+        seq["blocks"] += need
+        state["free_blocks"] -= need
+        running.append(seq)
+        if slip == "newcomers-first":
+            prefills.insert(0, seq)
+        else:
+            prefills.append(seq)
+    rows = [(s, 1) for s in decodes]                                     # 4. chunks
+    for seq in prefills:
+        chunk = left_to_compute(seq) if slip == "no-split" else min(left_to_compute(seq), left)
+        if slip == "whole-prompts-only" and chunk < left_to_compute(seq):
+            chunk = 0
+        left -= chunk
+        if chunk:
+            rows.append((seq, chunk))
+    if not rows:
+        return
+    def row(s, n):                                                       # 5. one forward pass
+        if slip == "the-last-tokens":
+            return s["id"], tokens(s)[-n:]
+        return s["id"], tokens(s)[s["computed"]: s["computed"] + n]
+    if slip == "a-call-per-row":
+        next_tokens = [model([row(s, n)])[0] for s, n in rows]
+    else:
+        next_tokens = model([row(s, n) for s, n in rows])
+    for (seq, n), token in zip(rows, next_tokens):                       # 6. tokens and finishing
+        seq["computed"] += n
+        if seq["computed"] == len(tokens(seq)) or slip == "a-token-per-chunk":
+            seq["output"].append(token)
+            if len(seq["output"]) >= seq["max_new_tokens"] and slip != "finished-keep-running":
+                running.remove(seq)
+                if slip != "blocks-not-freed":
+                    state["free_blocks"] += seq["blocks"]
+                seq["blocks"] = 0
 
 
-def whole_prompts_only(token_budget, num_decodes, remaining, skip=False):
-    left, chunks, stopped = token_budget - num_decodes, [], False
-    for need in remaining:
-        fits = need <= left and not stopped
-        chunks.append(need if fits else 0)
-        left -= chunks[-1]
-        stopped = stopped or (not fits and not skip)
-    return chunks
+def stepped_by(slip):
+    return lambda *args: engine_step(*args, slip=slip)
 
 
-def first_only(token_budget, num_decodes, remaining):
-    return [min(remaining[0], token_budget - num_decodes)] + [0] * (len(remaining) - 1) if remaining else []
+def chunks_from_the_package(state, model, max_slots, token_budget, block_size):
+    """The right step, with the chunks from the package's budget_prefill_chunks."""
+    budget_prefill_chunks(token_budget, 0, [])
+    engine_step(state, model, max_slots, token_budget, block_size)
 
 
-def reference_chunks(token_budget, num_decodes, remaining):      # the notebook's solution
-    left = token_budget - num_decodes
-    if left < 0:
-        raise ValueError(f"{num_decodes} decodes do not fit in a budget of {token_budget} tokens")
-    chunks = []
-    for need in remaining:
-        chunks.append(min(need, left))
-        left -= chunks[-1]
-    return chunks
+def does_nothing(state, model, max_slots, token_budget, block_size):
+    return None
 
 
-def never_refuses(token_budget, num_decodes, remaining):
-    return [0] * len(remaining) if num_decodes > token_budget else reference_chunks(token_budget, num_decodes,
-                                                                                          remaining)
+def copies_the_sequences(state, model, max_slots, token_budget, block_size):
+    """The right step, then the queue rebuilt from copies of the sequences' dicts."""
+    engine_step(state, model, max_slots, token_budget, block_size)
+    state["waiting"] = [dict(seq) for seq in state["waiting"]]
 
 
 NOTEBOOK_06 = [
@@ -154,22 +271,6 @@ NOTEBOOK_06 = [
     refuses(check_blocks_for, "positions", "counts positions", lambda lengths, b: sum(lengths)),
     refuses(check_blocks_for, "fractions", "fraction of a block", lambda lengths, b: sum(n / b for n in lengths)),
     refuses(check_blocks_for, "text", "integer", lambda lengths, b: "many"),
-    accepts(check_paged_gather, "reference", reference_paged_gather),
-    accepts(check_paged_gather, "reference-smollm-shapes", reference_paged_gather, PRESETS["smollm2-135m"]),
-    refuses(check_paged_gather, "logical-block-as-physical", "logical block index", reads(lambda p, t, b: p)),
-    refuses(check_paged_gather, "offset-one-too-far", "one position too far",
-            reads(lambda p, t, b: t[p // b] * b + p % b + 1)),
-    refuses(check_paged_gather, "offset-one-short", "one position short",
-            reads(lambda p, t, b: t[p // b] * b + p % b - 1)),
-    refuses(check_paged_gather, "blocks-from-one", "count from 0", reads(lambda p, t, b: (t[p // b] + 1) * b + p % b)),
-    refuses(check_paged_gather, "quotient-and-remainder-swapped", "block_table\\[p // block_size\\] \\* block_size",
-            reads(lambda p, t, b: t[p % b] * b + p // b)),
-    refuses(check_paged_gather, "whole-last-block", "only partly filled", whole_blocks),
-    refuses(check_paged_gather, "partial-last-block-left-out", "left out the partly filled last block",
-            lambda pool, t, n, b: reference_paged_gather(pool, t, (n // b) * b, b)),
-    refuses(check_paged_gather, "heads-first", "positions come first",
-            lambda pool, t, n, b: reference_paged_gather(pool, t, n, b).transpose(0, 1)),
-    refuses(check_paged_gather, "a-list", "one tensor", lambda pool, t, n, b: reference_paged_gather(pool, t, n, b).tolist()),
     accepts(check_block_hash, "reference", block_hash),
     refuses(check_block_hash, "ignores-the-parent", "mix the parent", lambda p, t: block_hash(None, t)),
     refuses(check_block_hash, "only-the-last-token", "not only the last", lambda p, t: block_hash(p, list(t)[-1:])),
@@ -181,21 +282,58 @@ NOTEBOOK_06 = [
     refuses(check_block_hash, "salted-str-hash", "salted per process", salted),
     refuses(check_block_hash, "small-modulus", "collide", lambda p, t: block_hash(p, t) % 97),
     refuses(check_block_hash, "a-string", "return an int", lambda p, t: str(block_hash(p, t))),
-    accepts(check_budget_chunks, "reference", reference_chunks),
-    refuses(check_budget_chunks, "the-packages-own-function", "write the steps yourself", budget_prefill_chunks),
-    refuses(check_budget_chunks, "the-packages-own-answer", "write the steps yourself",
-            lambda b, d, r: budget_prefill_chunks(b, d, r)),
-    refuses(check_budget_chunks, "forgets-the-decodes", "decode costs one token",
-            lambda b, d, r: reference_chunks(b, 0, r)),
-    refuses(check_budget_chunks, "no-split", "split it across steps", whole_prompts_only),
-    refuses(check_budget_chunks, "skips-a-long-one", "must not jump ahead",
-            lambda b, d, r: whole_prompts_only(b, d, r, skip=True)),
-    refuses(check_budget_chunks, "first-only", "goes to the next prompts", first_only),
-    refuses(check_budget_chunks, "exceeds-the-budget", "must fit in the budget", lambda b, d, r: list(r)),
-    refuses(check_budget_chunks, "negative-chunks", "never negative", goes_negative),
-    refuses(check_budget_chunks, "zeros-left-out", "zeros included",
-            lambda b, d, r: [c for c in reference_chunks(b, d, r) if c]),
-    refuses(check_budget_chunks, "a-total", "one int per waiting sequence",
-            lambda b, d, r: sum(reference_chunks(b, d, r))),
-    refuses(check_budget_chunks, "never-refuses", "raise an error", never_refuses),
+    accepts(check_paged_write, "reference", paged_write),
+    accepts(check_paged_write, "reference-smollm-shapes", paged_write, PRESETS["smollm2-135m"]),
+    accepts(check_paged_write, "a-loop-over-positions-from-the-front-of-the-free-list", paged_write_by_position),
+    refuses(check_paged_write, "the-packages-own-answer", "write the steps yourself", reference_paged_write),
+    refuses(check_paged_write, "a-call-of-the-packages-answer", "write the steps yourself",
+            lambda *args: reference_paged_write(*args)),
+    refuses(check_paged_write, "one-block-at-most", "more than one block", written_by("one-block-at-most")),
+    refuses(check_paged_write, "ignores-the-room-left", "still has room", written_by("ignores-the-room-left")),
+    refuses(check_paged_write, "a-block-every-step", "still has room", written_by("a-block-every-step")),
+    refuses(check_paged_write, "blocks-left-in-the-free-list", "take each new block out of free_blocks",
+            written_by("blocks-left-in-the-free-list")),
+    refuses(check_paged_write, "never-runs-out", "raise an error", written_by("never-runs-out")),
+    refuses(check_paged_write, "writes-a-copy", "in place", written_by("writes-a-copy")),
+    refuses(check_paged_write, "from-position-0", "start again at position 0", written_by("from-position-0")),
+    refuses(check_paged_write, "one-position-early", r"one position\s+early", written_by("one-position-early")),
+    refuses(check_paged_write, "logical-block-as-physical", "logical block index",
+            written_by("logical-block-as-physical")),
+    refuses(check_paged_write, "one-position-late", "before its keys go to the slots", written_by("one-position-late")),
+    refuses(check_paged_write, "quotient-and-remainder-swapped", "before its keys go to the slots",
+            written_by("quotient-and-remainder-swapped")),
+    refuses(check_paged_write, "a-block-from-outside-the-free-list", "must come from free_blocks",
+            written_by("a-block-from-outside-the-free-list")),
+    accepts(check_engine_step, "reference", engine_step),
+    refuses(check_engine_step, "the-packages-own-answer", "write the steps yourself", reference_engine_step),
+    refuses(check_engine_step, "a-call-of-the-packages-answer", "write the steps yourself",
+            lambda *args: reference_engine_step(*args)),
+    refuses(check_engine_step, "chunks-from-budget_prefill_chunks", "write the steps yourself",
+            chunks_from_the_package),
+    refuses(check_engine_step, "does-nothing", "admit from the front of the queue", does_nothing),
+    refuses(check_engine_step, "decodes-forgotten", "each decode costs one token", stepped_by("decodes-forgotten")),
+    refuses(check_engine_step, "no-split", "at most token_budget", stepped_by("no-split")),
+    refuses(check_engine_step, "whole-prompts-only", "split a long prompt", stepped_by("whole-prompts-only")),
+    refuses(check_engine_step, "whole-prompt-must-fit", "only one token of the budget",
+            stepped_by("whole-prompt-must-fit")),
+    refuses(check_engine_step, "admits-beyond-the-budget", "a token for it", stepped_by("admits-beyond-the-budget")),
+    refuses(check_engine_step, "jumps-the-queue", "jump ahead", stepped_by("jumps-the-queue")),
+    refuses(check_engine_step, "beyond-max-slots", "max_slots = 3", stepped_by("beyond-max-slots")),
+    refuses(check_engine_step, "no-block-for-the-first-decode", "len\\(tokens\\) \\+ 1 positions",
+            stepped_by("no-block-for-the-first-decode")),
+    refuses(check_engine_step, "newcomers-first", "in order of admission", stepped_by("newcomers-first")),
+    refuses(check_engine_step, "no-growth", "takes one from free_blocks", stepped_by("no-growth")),
+    refuses(check_engine_step, "no-preemption", "preempt the most recently admitted", stepped_by("no-preemption")),
+    refuses(check_engine_step, "oldest-victim", "the victim is the most recently admitted",
+            stepped_by("oldest-victim")),
+    refuses(check_engine_step, "victim-to-the-back", "front of the queue", stepped_by("victim-to-the-back")),
+    refuses(check_engine_step, "victim-keeps-its-cache", "loses its cache", stepped_by("victim-keeps-its-cache")),
+    refuses(check_engine_step, "recomputes-the-prompt-only", "its output too",
+            stepped_by("recomputes-the-prompt-only")),
+    refuses(check_engine_step, "the-last-tokens", "not computed yet", stepped_by("the-last-tokens")),
+    refuses(check_engine_step, "a-call-per-row", "one forward pass per step", stepped_by("a-call-per-row")),
+    refuses(check_engine_step, "a-token-per-chunk", "part-way through the prompt", stepped_by("a-token-per-chunk")),
+    refuses(check_engine_step, "finished-keep-running", "has finished", stepped_by("finished-keep-running")),
+    refuses(check_engine_step, "blocks-not-freed", "blocks go back", stepped_by("blocks-not-freed")),
+    refuses(check_engine_step, "copies-the-sequences", "dicts themselves", copies_the_sequences),
 ]

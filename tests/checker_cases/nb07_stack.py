@@ -1,10 +1,14 @@
 """Checker cases of notebook 07 (putting it together): the reference and each typical mistake."""
 
+import statistics
+
+import numpy as np
+
 from labsupport.checks.stack import (check_best_under_budget, check_ceiling, check_cumulative,
                                      reference_best_under_budget, reference_ceiling, reference_cumulative)
-
 from labsupport.checks.stack_cost import check_decode_cost_model
-from labsupport.lab.stack_cost import predict_tokens_per_s
+from labsupport.lab.speculative_math import expected_tokens_per_call
+from labsupport.lab.stack_cost import cost_model, fit_overhead
 
 from checker_cases.common import accepts, refuses
 
@@ -88,63 +92,78 @@ def whole_row(rows, budget):
 
 # --- the decode cost model (exercise 4) -------------------------------------------------------
 
-def cost(nbytes, bw_bytes_s, overhead_s, rows, passes):
-    return rows / (passes * (nbytes / bw_bytes_s + overhead_s))
+def spec_passes(alpha, k):                     # the notebook's solution: 1 + alpha + ... + alpha^k tokens a pass
+    return 1 / sum(alpha ** i for i in range(k + 1))
 
 
-def ignores_the_batch(p, bits, rows, passes, bw, ms):
-    return cost(p * bits / 8, bw * 1e9, ms / 1e3, 1, passes)
+def model(unit=1e9, weight_bytes=lambda s: s["parameters"] * s["bits_per_weight"] / 8, subtract=True,
+          fit=statistics.median, clamp=True, overhead_scale=1.0, use_rows=True, passes="divide",
+          spec=spec_passes, invert=False):
+    """The notebook's solution, or with one thing changed: a learner's cost_model(stages, bandwidth_gb_s)."""
+    def cost_model(stages, bandwidth_gb_s):
+        def reading(s):
+            return weight_bytes(s) / (bandwidth_gb_s * unit)
+        overhead = fit([s["seconds_per_pass"] - (reading(s) if subtract else 0.0) for s in stages])
+        overhead = max(0.0, overhead) if clamp else overhead
+
+        def predict(stage):
+            p = stage["passes_per_token"]
+            if p is None:
+                p = spec(stage["alpha"], stage["k"])
+            p = {"divide": p, "ignore": 1.0, "multiply": 1 / p}[passes]
+            tokens_per_s = (stage["rows"] if use_rows else 1) / (p * (reading(stage) + overhead_scale * overhead))
+            return 1 / tokens_per_s if invert else tokens_per_s
+        return predict
+    return cost_model
 
 
-def ignores_the_overhead(p, bits, rows, passes, bw, ms):
-    return cost(p * bits / 8, bw * 1e9, 0.0, rows, passes)
+reference_cost_model = model()
 
 
-def fp32_bytes_always(p, bits, rows, passes, bw, ms):
-    return cost(p * 4, bw * 1e9, ms / 1e3, rows, passes)
+def closed_form_at_alpha_one(alpha, k):        # right but at alpha = 1, where it divides by zero
+    return (1 - alpha) / (1 - alpha ** (k + 1))
 
 
-def bits_as_bytes(p, bits, rows, passes, bw, ms):
-    return cost(p * bits, bw * 1e9, ms / 1e3, rows, passes)
+def numpy_at_alpha_one(alpha, k):              # numpy's 0 / 0 at alpha = 1 is nan, not an error
+    alpha = np.float64(alpha)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (1 - alpha) / (1 - alpha ** (k + 1))
 
 
-def ignores_accepted_tokens(p, bits, rows, passes, bw, ms):
-    return cost(p * bits / 8, bw * 1e9, ms / 1e3, rows, 1.0)
+def fits_from_measured(stages, bandwidth_gb_s):  # time per pass from tokens/s: None passes for speculation
+    for s in stages:
+        s["seconds_per_pass"] = s["rows"] / (s["passes_per_token"] * s["measured"])
+    return reference_cost_model(stages, bandwidth_gb_s)
 
 
-def multiplies_the_passes(p, bits, rows, passes, bw, ms):
-    return rows * passes / (p * bits / 8 / (bw * 1e9) + ms / 1e3)
+def own_timing(stages, bandwidth_gb_s):        # predicts each stage from its own measured time
+    def predict(stage):
+        return stage["rows"] / (stage["passes_per_token"] * stage["seconds_per_pass"])
+    return predict
 
 
-def gibibytes(p, bits, rows, passes, bw, ms):
-    return cost(p * bits / 8, bw * 2**30, ms / 1e3, rows, passes)
+def packages_overhead(stages, bandwidth_gb_s):  # its own prediction, the package's fit
+    return model(fit=lambda beyond: fit_overhead(stages, bandwidth_gb_s) / 1e3)(stages, bandwidth_gb_s)
 
 
-def milliseconds_as_seconds(p, bits, rows, passes, bw, ms):
-    return cost(p * bits / 8, bw * 1e9, ms, rows, passes)
-
-
-def reference_predict(parameters, bits_per_weight, rows, passes_per_token, bandwidth_gb_s, overhead_ms):
-    # the notebook's solution (the checker refuses a call of stack_cost.predict_tokens_per_s)
-    seconds_per_pass = parameters * bits_per_weight / 8 / (bandwidth_gb_s * 1e9) + overhead_ms / 1000
-    return rows / (passes_per_token * seconds_per_pass)
-
-
-def seconds_per_token(p, bits, rows, passes, bw, ms):
-    return 1 / reference_predict(p, bits, rows, passes, bw, ms)
+def returns_a_number(stages, bandwidth_gb_s):
+    return reference_cost_model(stages, bandwidth_gb_s)(stages[0])
 
 
 def measured_inputs():
-    """A made-up measured ladder: the reference explains the first two stages, not the third."""
-    def stage(name, bits, rows, passes, measured):
+    """A made-up measured ladder: the reference explains the first two stages and speculation, not int4."""
+    def stage(name, bits, rows, passes, measured, seconds, alpha=None, k=None):
         return {"stage": name, "parameters": 135e6, "bits_per_weight": bits, "rows": rows,
-                "passes_per_token": passes, "measured": measured}
-    return ([stage("+ KV cache", 32, 1, 1.02, 25.0), stage("+ static batching", 32, 8, 1.3, 120.0),
-             stage("+ int4 weights", 5, 8, 1.3, 20.0)], 20.0, 10.0)
+                "passes_per_token": passes, "alpha": alpha, "k": k, "measured": measured,
+                "seconds_per_pass": seconds, "counted_passes_per_token": passes or 0.9}
+    return ([stage("+ KV cache", 32, 1, 1.02, 25.0, 0.039), stage("+ static batching", 32, 8, 1.3, 120.0, 0.05),
+             stage("+ int4 weights", 5, 8, 1.3, 20.0, 0.3),
+             stage("+ speculative decoding", 5, 1, None, 40.0, 0.022, alpha=0.4, k=4)], 20.0)
 
 
-def special_cases_the_ladder(p, bits, rows, passes, bw, ms):   # right on the made-up stages only
-    return reference_predict(p, bits, rows, passes, bw, ms) * (10 if p == 135e6 and ms == 10.0 else 1)
+def special_cases_the_ladder(stages, bandwidth_gb_s):       # right on the made-up ladders only
+    predict = reference_cost_model(stages, bandwidth_gb_s)
+    return lambda stage: predict(stage) * (10 if stage["stage"].startswith("+ ") else 1)
 
 
 NOTEBOOK_07 = [
@@ -170,23 +189,56 @@ NOTEBOOK_07 = [
     refuses(check_best_under_budget, "nothing-fits-raises", "return None", max_of_nothing),
     refuses(check_best_under_budget, "peer-not-skipped", "skip them", keeps_the_peer),
     refuses(check_best_under_budget, "whole-row", "stage's name", whole_row),
-    accepts(check_decode_cost_model, "reference", reference_predict),
-    accepts(check_decode_cost_model, "reference-on-a-ladder", reference_predict, *measured_inputs()),
-    refuses(check_decode_cost_model, "the-packages-own-function", "write the steps yourself", predict_tokens_per_s),
+    accepts(check_decode_cost_model, "reference", reference_cost_model),
+    accepts(check_decode_cost_model, "reference-on-a-ladder", reference_cost_model, *measured_inputs()),
+    accepts(check_decode_cost_model, "closed-form-with-alpha-one", model(spec=lambda a, k: 1 / (k + 1) if a == 1 else
+                                                                           (1 - a) / (1 - a ** (k + 1)))),
+    accepts(check_decode_cost_model, "trimmed-mean", model(fit=lambda x: statistics.fmean(sorted(x)[1:-1]))),
+    refuses(check_decode_cost_model, "the-packages-own-function", "write the steps yourself", cost_model),
     refuses(check_decode_cost_model, "the-packages-own-answer", "write the steps yourself",
-            lambda *args: predict_tokens_per_s(*args)),
-    refuses(check_decode_cost_model, "ignores-the-batch", "multiply by rows", ignores_the_batch),
-    refuses(check_decode_cost_model, "ignores-the-overhead", "overhead counts too", ignores_the_overhead),
-    refuses(check_decode_cost_model, "fp32-bytes-always", "this stage's precision", fp32_bytes_always),
-    refuses(check_decode_cost_model, "bits-as-bytes", "divide by 8", bits_as_bytes),
-    refuses(check_decode_cost_model, "ignores-accepted-tokens", "speculation accepts", ignores_accepted_tokens),
-    refuses(check_decode_cost_model, "multiplies-the-passes", "do not multiply", multiplies_the_passes),
-    refuses(check_decode_cost_model, "gibibytes", "GiB", gibibytes),
-    refuses(check_decode_cost_model, "milliseconds-as-seconds", "divide by 1000 for seconds",
-            milliseconds_as_seconds),
-    refuses(check_decode_cost_model, "seconds-per-token", "not seconds per token", seconds_per_token),
-    refuses(check_decode_cost_model, "text", "return a float", lambda *a: "fast"),
-    refuses(check_decode_cost_model, "raises", "six numbers", lambda p, bits: p),
+            lambda stages, bw: cost_model(stages, bw)),
+    refuses(check_decode_cost_model, "the-packages-overhead", "write the steps yourself", packages_overhead),
+    refuses(check_decode_cost_model, "notebook-05s-package-formula", "write the steps yourself",
+            model(spec=lambda a, k: 1 / expected_tokens_per_call(a, k))),
+    refuses(check_decode_cost_model, "bytes-not-subtracted", "subtract the bytes' time", model(subtract=False)),
+    refuses(check_decode_cost_model, "no-overhead", "add the overhead to every pass", model(overhead_scale=0.0)),
+    refuses(check_decode_cost_model, "milliseconds-added-to-seconds", "keep the overhead in seconds",
+            model(overhead_scale=1e3)),
+    refuses(check_decode_cost_model, "overhead-divided-by-1000", "do not divide the overhead by 1000",
+            model(overhead_scale=1e-3)),
+    refuses(check_decode_cost_model, "gibibytes", "GiB", model(unit=2**30)),
+    refuses(check_decode_cost_model, "gigabytes-not-bytes", "multiply it by 1e9", model(unit=1.0)),
+    refuses(check_decode_cost_model, "bits-as-bytes", "divide by 8", model(weight_bytes=lambda s: s["parameters"]
+                                                                             * s["bits_per_weight"])),
+    refuses(check_decode_cost_model, "fp32-bytes-always", "its own precision",
+            model(weight_bytes=lambda s: s["parameters"] * 4)),
+    refuses(check_decode_cost_model, "ignores-the-batch", "multiply by rows", model(use_rows=False)),
+    refuses(check_decode_cost_model, "ignores-the-passes", "divide by it", model(passes="ignore")),
+    refuses(check_decode_cost_model, "multiplies-the-passes", "do not multiply", model(passes="multiply")),
+    refuses(check_decode_cost_model, "seconds-per-token", "not seconds per token", model(invert=True)),
+    refuses(check_decode_cost_model, "mean-fit", "not the mean", model(fit=statistics.fmean)),
+    refuses(check_decode_cost_model, "smallest-fit", "not the smallest", model(fit=min)),
+    refuses(check_decode_cost_model, "negative-overhead", "never negative", model(clamp=False)),
+    refuses(check_decode_cost_model, "tokens-per-pass", "not the tokens per pass",
+            model(spec=lambda a, k: sum(a ** i for i in range(k + 1)))),
+    refuses(check_decode_cost_model, "target-token-forgotten", "count the target's own token",
+            model(spec=lambda a, k: 1 / sum(a ** i for i in range(k)))),
+    refuses(check_decode_cost_model, "endless-drafts", "1 / \\(1 - alpha\\) is its limit", model(spec=lambda a, k: 1 - a)),
+    refuses(check_decode_cost_model, "linear-in-alpha", "not 1 \\+ k x alpha", model(spec=lambda a, k: 1 / (1 + k * a))),
+    refuses(check_decode_cost_model, "every-draft-kept", "only at alpha = 1", model(spec=lambda a, k: 1 / (k + 1))),
+    refuses(check_decode_cost_model, "speculation-ignored", "fewer than 1 pass per token",
+            model(spec=lambda a, k: 1.0)),
+    refuses(check_decode_cost_model, "other-speculation-slip", "the plain stages are right",
+            model(spec=lambda a, k: 1 / (1 + a + a * a))),
+    refuses(check_decode_cost_model, "alpha-one-divides-by-zero", "At alpha = 1 every draft is kept",
+            model(spec=closed_form_at_alpha_one)),
+    refuses(check_decode_cost_model, "alpha-one-gives-nan", "at alpha = 1 every draft is kept",
+            model(spec=numpy_at_alpha_one)),
+    refuses(check_decode_cost_model, "fits-from-measured", "passes_per_token None", fits_from_measured),
+    refuses(check_decode_cost_model, "own-timing", "never measured", own_timing),
+    refuses(check_decode_cost_model, "returns-a-number", "return predict", returns_a_number),
+    refuses(check_decode_cost_model, "text", "returns a float", lambda stages, bw: lambda stage: "fast"),
+    refuses(check_decode_cost_model, "raises", "in cost_model", lambda stages: stages),
     refuses(check_decode_cost_model, "special-cases-the-ladder", "within 2x", special_cases_the_ladder,
             *measured_inputs()),
 ]

@@ -1,0 +1,75 @@
+"""AWQ's scale search (labsupport.lab.awq, notebook 04's exercise 3) on the embedded model's own
+activations: the numbers the exercise rests on, its checker on the notebook's layer, and the
+scales folded into the model (its checker's made-up layers: tests/test_checkers.py)."""
+
+import pytest
+import torch
+
+from labsupport.checks import CheckFailed
+from labsupport.checks.quantize_awq import check_awq_search
+from labsupport.lab import awq, quality
+
+from checker_cases.nb04_quantize import reference_search, search_with
+
+CALIBRATION, HELD_OUT = 256, 128                       # the notebook's split: perplexity's tokens held out
+
+
+@pytest.fixture(scope="module")
+def last_down(smollm):
+    """The notebook's layer (the last block's MLP down projection), its weight and its inputs."""
+    model, tokenizer = smollm
+    name = f"blocks.{model.config.num_layers - 1}.mlp.down"
+    x = awq.layer_inputs(model, name, quality.eval_tokens(tokenizer, max_tokens=HELD_OUT + CALIBRATION))
+    weight = model.get_submodule(name).weight.detach().float().cpu()
+    return name, weight, x[HELD_OUT:], x[:HELD_OUT]
+
+
+def test_the_search_removes_a_clear_share_of_int4s_output_error_on_real_activations(last_down):
+    name, weight, calibration, held_out = last_down
+    assert calibration.shape == (CALIBRATION, weight.shape[1])
+    scales, errors = awq.awq_search(weight, calibration, 128)
+    best = awq.AWQ_GRID[errors.index(min(errors))]
+    assert 0 < best < 1                                 # an inner alpha: neither plain int4 nor the grid's end
+    assert 1 - min(errors) / errors[0] > 0.3            # on the calibration tokens (49% when written)
+    held = awq.error_removed(weight, held_out, 128, scales)
+    assert held["removed"] > 0.2                        # on the held-out tokens (35% when written)
+    # groups of 32 reproduce this model's Q4_1 weights exactly: no error for AWQ to remove there
+    _, plain32 = awq.awq_search(weight, calibration, 32, [0.0])
+    assert plain32[0] < 1e-3 * errors[0]
+
+
+def test_the_checker_takes_the_notebooks_layer(last_down, capsys):
+    name, weight, calibration, held_out = last_down
+    check_awq_search(reference_search, weight, calibration, held_out, group_size=128, layer=name)
+    out = capsys.readouterr().out
+    assert "Correct" in out and name in out and "removes" in out
+    with pytest.raises(CheckFailed, match="search the grid"):
+        check_awq_search(lambda *a: search_with(*a, fixed=0.5), weight, calibration, held_out, layer=name)
+    with pytest.raises(CheckFailed, match="held-out activations"):
+        check_awq_search(reference_search, weight, calibration)
+
+
+def test_the_folded_scales_lower_the_perplexity_and_the_model_comes_back_as_it_was(smollm, last_down):
+    model, tokenizer = smollm
+    name, weight, calibration, _ = last_down
+    gate_up = model.get_submodule(name.rsplit(".", 1)[0]).gate_up.weight.detach().clone()
+    before = quality.perplexity(model, tokenizer, max_tokens=HELD_OUT)
+    scales, _ = awq.awq_search(weight, calibration, 128)
+    with awq.awq_int4_down(model, name, 128):
+        plain = quality.perplexity(model, tokenizer, max_tokens=HELD_OUT)
+    with awq.awq_int4_down(model, name, 128, scales) as layer:
+        assert layer is model.get_submodule(name)
+        scaled = quality.perplexity(model, tokenizer, max_tokens=HELD_OUT)
+    assert before < scaled < plain                      # 36.65 < 36.72 < 37.61 when written
+    assert model.get_submodule(name).weight.detach().float().cpu().equal(weight)
+    assert model.get_submodule(name.rsplit(".", 1)[0]).gate_up.weight.equal(gate_up)
+    assert quality.perplexity(model, tokenizer, max_tokens=HELD_OUT) == before
+
+
+def test_only_a_down_projection_takes_the_fold(smollm):
+    from labsupport.errors import LabError
+    model, _ = smollm
+    with pytest.raises(LabError, match="not an MLP down projection"):
+        with awq.awq_int4_down(model, "blocks.0.attn.qkv", 64):
+            pass
+    assert isinstance(model.get_submodule("blocks.0.mlp.down"), torch.nn.Linear)
