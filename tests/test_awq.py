@@ -73,3 +73,25 @@ def test_only_a_down_projection_takes_the_fold(smollm):
         with awq.awq_int4_down(model, "blocks.0.attn.qkv", 64):
             pass
     assert isinstance(model.get_submodule("blocks.0.mlp.down"), torch.nn.Linear)
+
+
+def test_bad_names_shapes_and_reuse_of_the_fold(smollm, last_down):
+    from labsupport.errors import LabError
+    model, tokenizer = smollm
+    name, weight, calibration, _ = last_down
+    with pytest.raises(LabError, match="no submodule 'blocks.99.mlp.down'"):
+        awq.layer_inputs(model, "blocks.99.mlp.down", [1, 2, 3])
+    with pytest.raises(LabError, match="no submodule"):
+        with awq.awq_int4_down(model, "blocks.99.mlp.down", 64):
+            pass
+    with pytest.raises(LabError, match="activations must be"):
+        awq.awq_search(weight, calibration[:, :10], 128)
+    with pytest.raises(LabError, match="one value per input channel"):
+        with awq.awq_int4_down(model, name, 128, torch.ones(7)):
+            pass
+    before = quality.perplexity(model, tokenizer, max_tokens=32)
+    scales, _ = awq.awq_search(weight, calibration, 128)
+    for _ in range(2):                                   # the fold applied twice, each time put back
+        with awq.awq_int4_down(model, name, 128, scales):
+            pass
+        assert quality.perplexity(model, tokenizer, max_tokens=32) == before

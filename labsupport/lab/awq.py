@@ -31,11 +31,20 @@ from ..engine.quant import dequantize_int4, quantize_int4_groupwise, quantize_li
 AWQ_GRID = [i / 10 for i in range(11)]             # alpha = 0 is plain int4: the search never does worse
 
 
+def _submodule(model: nn.Module, name: str) -> nn.Module:
+    """model.get_submodule(name), or one sentence naming what to pass."""
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        raise LabError(f"{model.__class__.__name__} has no submodule {name!r}; name a linear layer such as "
+                       f"'blocks.0.mlp.down' (model.named_modules() lists them).") from None
+
+
 @torch.inference_mode()
 def layer_inputs(model: nn.Module, name: str, ids) -> torch.Tensor:
     """The inputs that the submodule `name` of `model` sees in one forward pass over `ids`
     (a list of token ids): (tokens, in_features), float32, on the CPU. Notebook 04 (quantization)."""
-    layer = model.get_submodule(name)
+    layer = _submodule(model, name)
     seen = []
     hook = layer.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].detach()))
     try:
@@ -103,12 +112,15 @@ def awq_int4_down(model: nn.Module, name: str, group_size: int, scales: torch.Te
     the down projection's input arrives as x / s. scales None: plain int4 (s = 1). Puts both
     layers back afterwards. Notebook 04 (quantization)."""
     parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name)
+    parent = _submodule(model, parent_name)
     down, gate_up = getattr(parent, child, None), getattr(parent, "gate_up", None)
     if child != "down" or not isinstance(down, nn.Linear) or not isinstance(gate_up, nn.Linear):
         raise LabError(f"{name} is not an MLP down projection after a fused gate/up projection "
                        "(blocks.<i>.mlp.down of a Llama-style model).")
     s = (torch.ones(down.in_features) if scales is None else scales.detach().float()).to(down.weight.device)
+    if s.shape != (down.in_features,):
+        raise LabError(f"scales must hold one value per input channel of {name}: shape ({down.in_features},), "
+                       f"got {tuple(s.shape)}.")
     up_rows = slice(gate_up.out_features // 2, gate_up.out_features)    # gate first, then up
     with torch.no_grad():
         saved = [p[up_rows].clone() for p in (gate_up.weight, gate_up.bias) if p is not None]
