@@ -211,21 +211,21 @@ def apply_delivery_cells(nb, notebook_name: str, repo: str = REPO, branch: str =
 
 
 def notebook_title(nb) -> str:
-    """'Where the time goes' from a title cell '# 00 · Where the time goes'.
-    Notebooks 00-07: the README's table."""
+    """'Where the time goes' from a title cell '# 00 · Where the time goes' (or '# 06b · ...').
+    Notebooks 00-09 (and 06b): the README's table."""
     heading = next((line for line in nb.cells[0].source.split("\n") if line.startswith("# ")), "# ?")
-    return re.sub(r"^#\s*\d+\s*[·:.-]?\s*", "", heading).strip()
+    return re.sub(r"^#\s*\d+[a-z]?\s*[·:.-]?\s*", "", heading).strip()
 
 
 def readme_block(notebooks: list[tuple[str, str]], repo: str = REPO, branch: str = BRANCH) -> str:
-    """The README's badge table: one row per notebook, plus the Binder badge. Notebooks 00-07."""
+    """The README's badge table: one row per notebook, plus the Binder badge. Notebooks 00-09 (and 06b)."""
     rows = [README_START,
             f"Everything at once on Binder (CPU, JupyterLab): {binder_badge(repo, branch)}",
             "",
             "| # | notebook | open it in Colab |",
             "|---|---|---|"]
     for name, title in notebooks:
-        rows.append(f"| {name[:2]} | {title} | {colab_badge(name, repo, branch)} |")
+        rows.append(f"| {name.split('_')[0]} | {title} | {colab_badge(name, repo, branch)} |")     # 06, 06b
     rows.append(README_END)
     return "\n".join(rows)
 

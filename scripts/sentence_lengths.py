@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--longest", type=int, default=0, help="print each notebook's N longest sentences")
     args = parser.parse_args(argv)
-    rows = report(sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")))
+    rows = report(sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb")))
     print(f"{'notebook':36} {'sentences':>9} {'mean words':>10} {'> 40 words':>10}")
     for row in rows:
         print(f"{row['notebook']:36} {row['sentences']:9d} {row['mean_words']:10.1f} {row['over_40']:10d}")

@@ -31,7 +31,7 @@ WIDTH, HEIGHT = 1366, 768
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="*", help="notebook numbers (default: all)")
+    parser.add_argument("notebooks", nargs="*", help="notebook numbers, e.g. 06 or 06b (default: all)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
     parser.add_argument("--timeout", type=float, default=900, help="seconds per notebook")
     args = parser.parse_args(argv)
@@ -41,8 +41,8 @@ def main(argv=None) -> int:
         return 2
     from playwright.sync_api import sync_playwright
 
-    paths = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")
-                   if not args.notebooks or p.name[:2] in args.notebooks)
+    paths = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb")
+                   if not args.notebooks or p.name.split("_")[0] in args.notebooks)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     failed = 0

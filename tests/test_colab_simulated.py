@@ -20,7 +20,7 @@ from labsupport.lab.workloads import PRESETS, preset
 
 from simulated_gpu import GPUS, simulated
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 
 def import_statements(nb) -> list[str]:

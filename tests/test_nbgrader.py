@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-PATHS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+PATHS = sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb"))
 AUTOGRADED = "01_kv_cache.ipynb"      # the notebook graded end to end (one of the quicker ones)
 
 

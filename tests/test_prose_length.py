@@ -12,7 +12,7 @@ _spec = importlib.util.spec_from_file_location("sentence_lengths", ROOT / "scrip
 sl = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sl)
 
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 
 def test_every_notebook_is_measured():

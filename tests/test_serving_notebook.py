@@ -169,3 +169,20 @@ def test_settings_figure_has_a_row_per_setting_named_in_one_line():
     assert list(fig.data[0].marker.opacity) == [1.0, 0.4]
     taller = settings_figure(rows * 6, current=rows[0]["label"])
     assert taller.layout.height - fig.layout.height == 10 * ROW_PX                   # grows with the settings
+
+
+def test_notebook_06s_explorer_offers_the_arrival_rate_and_the_policy_only(tiny_llama):
+    """chunking=False (notebook 06): no token budget or prefix cache control, and every setting is
+    served without either; 06b's explorer (the test above) adds both."""
+    from labsupport.explorers.serving import serving_explorer, short_label
+    requests = make_workload([[1, 2, 3, 4, 5], [6, 7, 8]], count=4, median_new_tokens=3, max_new_tokens=5, seed=3)
+    opened = Engine(tiny_llama, max_slots=2, block_size=4, policy="static").run(requests)
+    explorer = serving_explorer(tiny_llama, requests, capacity=50.0, max_slots=2, block_size=4, chunking=False,
+                                opening={("all at once", "static", None, False): opened}, use_widget=False,
+                                loads={"all at once": None, "90% of capacity": 0.9})
+    assert set(explorer.controls) == {"load", "policy"} and "token budget" not in explorer.title
+    assert explorer.controls["policy"].value == "static"
+    explorer.controls["load"].value = "90% of capacity"
+    labels = list(explorer.figures[1].figure.to_plotly_json()["data"][0]["y"])
+    assert labels == [short_label("all at once", "static", None, False),
+                      short_label("90% of capacity", "static", None, False)]

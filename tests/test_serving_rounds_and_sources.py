@@ -71,3 +71,25 @@ def test_losses_ledger_names_what_did_not_pay_and_why():
                            {"without": {"itl_p99": 0.3, "throughput": 10.0}, "with": {"itl_p99": 0.1, "throughput": 9.5}},
                            costs={"gather_share": 0.02, "table_build_share": 0.01})
     assert quiet == [quiet[0]] and quiet[0].startswith("Nothing measured here lost")
+
+
+def test_each_notebook_has_its_half_of_the_ledger():
+    """06 reads `batching_losses`, 06b `engine_losses`; together they are the bench's `serving_losses`."""
+    from labsupport.claims.serving import batching_losses, engine_losses, serving_losses
+    speed = {"static": 10.0, "continuous": 10.2, "hf": 12.0}
+    metrics = {"static": _metrics(0.5, 40, 1.0, 100), "continuous": _metrics(0.8, 30, 0.8, 100)}
+    prefix = {"without": metrics["continuous"], "with": _metrics(0.8, 30, 0.7, 40)}
+    chunked = {"without": {"itl_p99": 0.2, "throughput": 10.0}, "with": {"itl_p99": 0.18, "throughput": 8.0}}
+    costs = {"gather_share": 0.2, "table_build_share": 0.02}
+    first = batching_losses(speed, metrics, costs=costs, busy={"costs": "the load average was 3.0 per core"})
+    second = engine_losses({"ratio": 1.3}, prefix, chunked, busy={"prefix": "a round spread 40%"})
+    assert len(first) == 3 and "static" in first[0] and "gathering" in first[2]
+    assert "timed while the load average was 3.0 per core" in first[2] and "timed while" not in first[0]
+    assert not any("Chunked" in line or "Prefix" in line for line in first)
+    assert len(second) == 3 and all("Chunked" in line or "Prefix" in line for line in second)
+    assert "timed while a round spread 40%" in second[2]
+    assert serving_losses(speed, metrics, {"ratio": 1.3}, prefix, chunked, costs=costs) == \
+        batching_losses(speed, metrics, costs=costs) + engine_losses({"ratio": 1.3}, prefix, chunked)
+    fast = {"static": 10.0, "continuous": 20.0, "hf": 10.0}
+    assert batching_losses(fast, metrics, costs={"gather_share": 0.02, "table_build_share": 0.01}) == []
+    assert batching_losses(fast, metrics) == []                                  # the decode costs not run

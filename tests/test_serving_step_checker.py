@@ -148,17 +148,19 @@ def test_the_write_checker_refuses_the_package_inside_a_helper():
 
 
 def test_the_notebooks_own_solutions_pass(capsys):
-    """Exercises 3 and 4 as the notebook writes them (its solution cells, run here) pass their checkers."""
+    """06's exercise 3 and 06b's exercise 1 as the notebooks write them (its solution cells, run here) pass their checkers."""
     import json
     from pathlib import Path
 
     import torch
 
-    path = Path(__file__).resolve().parent.parent / "notebooks" / "06_continuous_batching.ipynb"
-    cells = {c.get("id"): "".join(c["source"]) for c in json.loads(path.read_text())["cells"]}
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+    cells = {}
+    for name in ("06_continuous_batching.ipynb", "06b_chunked_prefill_and_prefix_caching.ipynb"):
+        cells.update({c.get("id"): "".join(c["source"]) for c in json.loads((notebooks / name).read_text())["cells"]})
     names = {"torch": torch}
     exec(cells["nb06-ex3-paged-write-solution"], names)
-    exec(cells["nb06-ex4-engine-step-solution"], names)
+    exec(cells["nb06b-ex1-engine-step-solution"], names)
     check_paged_write(names["paged_write"])
     check_engine_step(names["engine_step"])
     assert capsys.readouterr().out.count("Correct") == 2

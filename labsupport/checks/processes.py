@@ -1,4 +1,4 @@
-"""What `check_block_hash` (notebook 06, continuous batching) needs to tell a stable hash from
+"""What `check_block_hash` (notebook 06b, chunked prefill and prefix caching) needs to tell a stable hash from
 Python's salted one: the learner's function run in two fresh Pythons of different hash seeds,
 with the helpers it calls, and a watch on the built-in hash() while it runs in this process."""
 

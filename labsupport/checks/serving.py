@@ -171,7 +171,7 @@ HASH = "the hash of a block and its prefix"
 def check_block_hash(fn) -> None:
     """Check `fn(parent_hash, block_tokens) -> int`, a block's name in the prefix cache: an
     integer that depends on every token, their order and the parent's hash, the same on every
-    call and in every process. Introduced in notebook 06 (continuous batching).
+    call and in every process. Introduced in notebook 06b (chunked prefill and prefix caching).
 
     The last check runs `fn` (with the helpers it calls) in two fresh Pythons of different hash
     seeds; a call of the built-in hash() on text, even inside a helper, is refused before it."""

@@ -1,4 +1,4 @@
-"""The checker of notebook 06's exercise 4: one whole engine step (preemption, decodes, admission,
+"""The checker of notebook 06b's exercise 1: one whole engine step (preemption, decodes, admission,
 chunked prefill under a token budget, one forward pass, finishing), written on plain Python data.
 
 The learner's `engine_step(state, model, max_slots, token_budget, block_size)` runs in a loop over
@@ -6,7 +6,7 @@ simulated workloads, with a counting model (its next token is the row's last tok
 After every step the queue, the batch, the free blocks, each sequence's counters and the model's
 rows are compared with what the package's own `Scheduler` (continuous batching with a token budget,
 driven as `Engine.step` drives it) did at that step. At the first difference the checker names
-the phase that went wrong, with one hint. Introduced in notebook 06 (continuous batching).
+the phase that went wrong, with one hint. Introduced in notebook 06b (chunked prefill and prefix caching).
 
 The plain data (one dict per sequence)::
 
@@ -98,7 +98,7 @@ def check_engine_step(fn, requests=None, token_budget: int | None = None, max_sl
     """Check `fn(state, model, max_slots, token_budget, block_size)`, one engine step on plain data,
     by serving whole workloads with it, step by step against the package's own scheduler.
 
-    Introduced in notebook 06 (continuous batching). requests, token_budget, max_slots: the
+    Introduced in notebook 06b (chunked prefill and prefix caching). requests, token_budget, max_slots: the
     notebook's workload (the requests of its load curve), its budget and its slots, served after the
     three made-up workloads (up to 64 requests, one arriving per step, in a small cache).
     """

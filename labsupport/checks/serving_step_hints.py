@@ -1,7 +1,7 @@
-"""The hints of notebook 06's exercise 4 (one whole engine step): at the first step where a
+"""The hints of notebook 06b's exercise 1 (one whole engine step): at the first step where a
 learner's step differs from the package's scheduler, the phase that went wrong (preemption,
 admission, the forward pass's rows, the counters and tokens, finishing and blocks) and one hint
-for it. Used by `checks.serving_step`. Introduced in notebook 06 (continuous batching).
+for it. Used by `checks.serving_step`. Introduced in notebook 06b (chunked prefill and prefix caching).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The reference of notebook 06's exercise 4, one whole engine step on plain Python data, and the
+"""The reference of notebook 06b's exercise 1, one whole engine step on plain Python data, and the
 package's own scheduler driven over the same workloads (`package_steps`): the two take the same
 decisions at every step (tests/test_serving_step_checker.py), so the exercise asks for exactly
-what the package does. `checks.serving_step` grades with them. Introduced in notebook 06
-(continuous batching).
+what the package does. `checks.serving_step` grades with them. Introduced in notebook 06b
+(chunked prefill and prefix caching).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ MAX_STEPS = 5000                    # a workload that runs longer than this is a
 
 def reference_engine_step(state: dict, model, max_slots: int, token_budget: int, block_size: int) -> dict:
     """One step of a continuous-batching engine with chunked prefill, on plain data (see the module's
-    docstring); changes `state` and its sequences in place. Introduced in notebook 06 (continuous batching).
+    docstring); changes `state` and its sequences in place. Introduced in notebook 06b (chunked prefill and prefix caching).
 
     1. room to decode: each running sequence will hold computed + 1 positions; when that needs a
        block and none is free, the newest running sequence is preempted (its blocks back, computed

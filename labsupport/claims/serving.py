@@ -1,4 +1,5 @@
-"""The handbook chapter's claims of notebook 06 (continuous batching), each set against this run's measurements.
+"""The handbook chapter's claims of notebooks 06 (continuous batching) and 06b (chunked prefill and prefix
+caching), each set against this run's measurements.
 
 Every verdict is computed here, with its thresholds in the docstring, and tested. A verdict
 that rests on timings goes through `busy.judge`: when the load probe or the spread of the
@@ -118,7 +119,7 @@ PREFILL_SHARE = 0.5         # prefix caching computes at most half the prompt to
 def prefill_stall(run) -> dict:
     """How much longer the steps that prefilled a newcomer lasted than the steps that only decoded.
 
-    Introduced in notebook 06 (continuous batching). run: a `ServingResult` without a token
+    Introduced in notebook 06b (chunked prefill and prefix caching). run: a `ServingResult` without a token
     budget (each newcomer prefilled whole, before the decode batch). Returns {"prefill_step_s",
     "decode_step_s" (medians), "prefill_steps", "decode_steps", "ratio"}; nan where a kind of
     step is missing.
@@ -135,9 +136,9 @@ def prefill_stall(run) -> dict:
 
 def engine_claims(stall: Mapping[str, float], prefix: Mapping[str, dict], chunked: Mapping[str, dict],
                   curve: list[dict], busy: Mapping[str, str | None] | None = None) -> list[dict]:
-    """The claims of notebook 06's second half (chunked prefill, prefix caching, the load curve), with verdicts.
+    """The claims of notebook 06b (chunked prefill, prefix caching, the load curve), with verdicts.
 
-    Introduced in notebook 06 (continuous batching).
+    Introduced in notebook 06b (chunked prefill and prefix caching).
     stall: `prefill_stall` of a continuous run without a token budget; prefix: `metrics()` of
     "without" and "with" prefix caching on the chat workload; chunked: load-curve rows (or
     metrics with "itl_p99" and "throughput") "without" and "with" chunked prefill at a rate near
@@ -221,23 +222,17 @@ def serving_section_claims(section: dict) -> list[dict]:
     return rows
 
 
-def serving_losses(speed: Mapping[str, float], metrics: Mapping[str, dict], stall: Mapping[str, float],
-                   prefix: Mapping[str, dict], chunked: Mapping[str, dict], costs: Mapping[str, float] | None = None,
-                   sources: Mapping[str, int] | None = None, busy: Mapping[str, str | None] | None = None) -> list[str]:
-    """Where notebook 06's techniques did not pay on this machine, one sentence each, from this
-    run's measurements. Introduced in notebook 06 (continuous batching): its "where it loses
-    here" ledger.
+def batching_losses(speed: Mapping[str, float], metrics: Mapping[str, dict], costs: Mapping[str, float] | None = None,
+                    busy: Mapping[str, str | None] | None = None) -> list[str]:
+    """Where continuous batching and the paged cache did not pay on this machine, one sentence
+    each (none when nothing lost). Introduced in notebook 06 (continuous batching): its "where
+    it loses here" ledger.
 
-    speed, metrics: as for `serving_claims` ("static", "continuous", "hf"); stall, prefix,
-    chunked: as for `engine_claims`; costs: `decode_cost.decode_step_costs` (None: not run);
-    sources: `serving_metrics.prefix_cache_sources` of the prefix-caching run; busy: the busy
-    reason of "speed", "chunked", "prefix" and "costs", carried by the lines timed then.
-    Thresholds are `serving_claims`' and `engine_claims`' (FASTER, LATENCY_GAIN,
-    THROUGHPUT_KEPT); a decode step's gather "costs" from a tenth of the step."""
-    busy = busy or {}
-
-    def note(key):
-        return f" (timed while {busy[key]})" if busy.get(key) else ""
+    speed, metrics: as for `serving_claims` ("static", "continuous", "hf"); costs:
+    `decode_cost.decode_step_costs` (None: not run); busy: the busy reason of "speed" and
+    "costs", carried by the lines timed then. Thresholds are `serving_claims`' (FASTER); a
+    decode step's gather "costs" from a tenth of the step."""
+    note = _busy_note(busy)
     lines = []
     static, continuous = metrics["static"], metrics["continuous"]
     ratio = speed["continuous"] / speed["static"]
@@ -251,6 +246,26 @@ def serving_losses(speed: Mapping[str, float], metrics: Mapping[str, dict], stal
         lines.append(f"Our continuous engine ran at {versus_hf:.2f}x Hugging Face's manager{note('speed')}: "
                      "transformers prefills in chunks and shares prefixes by default, and our paged step copies "
                      "every row's context out of the pool in every layer.")
+    if costs is not None and costs["gather_share"] + costs["table_build_share"] >= 0.1:
+        lines.append(f"The paged decode step spent {costs['gather_share']:.0%} of its time gathering each row's "
+                     f"context out of the pool and {costs['table_build_share']:.0%} building block tables"
+                     f"{note('costs')}: without a kernel that reads the block table in place (vLLM's PagedAttention), "
+                     "paging costs a copy per layer and step.")
+    return lines
+
+
+def engine_losses(stall: Mapping[str, float], prefix: Mapping[str, dict], chunked: Mapping[str, dict],
+                  sources: Mapping[str, int] | None = None, busy: Mapping[str, str | None] | None = None) -> list[str]:
+    """Where chunked prefill and prefix caching did not pay on this machine, one sentence each
+    (none when nothing lost). Introduced in notebook 06b (chunked prefill and prefix caching):
+    its "where it loses here" ledger.
+
+    stall, prefix, chunked: as for `engine_claims`; sources:
+    `serving_metrics.prefix_cache_sources` of the prefix-caching run; busy: the busy reason of
+    "chunked" and "prefix", carried by the lines timed then. Thresholds are `engine_claims`'
+    (LATENCY_GAIN, THROUGHPUT_KEPT)."""
+    note = _busy_note(busy)
+    lines = []
     without, with_ = chunked["without"], chunked["with"]
     gain, kept = without["itl_p99"] / with_["itl_p99"], with_["throughput"] / without["throughput"]
     if kept < THROUGHPUT_KEPT:
@@ -260,7 +275,7 @@ def serving_losses(speed: Mapping[str, float], metrics: Mapping[str, dict], stal
     if gain < LATENCY_GAIN:
         lines.append(f"Chunked prefill shortened the p99 inter-token latency only {gain:.2f}x{note('chunked')}: the "
                      f"stalls it removes were short here, a step with a whole prefill lasting {stall['ratio']:.2f}x "
-                     "a decode-only one (section 5).")
+                     "a decode-only one.")
     plain, cached = prefix["without"], prefix["with"]
     faster = plain["ttft_p50"] / cached["ttft_p50"]
     if faster < LATENCY_GAIN:
@@ -273,12 +288,24 @@ def serving_losses(speed: Mapping[str, float], metrics: Mapping[str, dict], stal
                      f"came from the {sources['repeated_requests']} requests that repeat an earlier prompt word for "
                      f"word; with distinct prompts only the {sources['common_prefix']} tokens every prompt shares "
                      "(the chat template's system prompt, in full blocks) would be saved.")
-    if costs is not None and costs["gather_share"] + costs["table_build_share"] >= 0.1:
-        lines.append(f"The paged decode step spent {costs['gather_share']:.0%} of its time gathering each row's "
-                     f"context out of the pool and {costs['table_build_share']:.0%} building block tables"
-                     f"{note('costs')}: without a kernel that reads the block table in place (vLLM's PagedAttention), "
-                     "paging costs a copy per layer and step.")
-    if not lines:
-        lines.append("Nothing measured here lost to its baseline: every speed ratio was above 1/1.05, chunked "
-                     "prefill kept its throughput and prefix caching shortened the first token 1.5x or more.")
     return lines
+
+
+def _busy_note(busy: Mapping[str, str | None] | None):
+    """A function of a key: " (timed while ...)" where `busy` names a reason for it, else ""."""
+    busy = busy or {}
+    return lambda key: f" (timed while {busy[key]})" if busy.get(key) else ""
+
+
+NOTHING_LOST = ("Nothing measured here lost to its baseline: every speed ratio was above 1/1.05, chunked "
+                "prefill kept its throughput and prefix caching shortened the first token 1.5x or more.")
+
+
+def serving_losses(speed: Mapping[str, float], metrics: Mapping[str, dict], stall: Mapping[str, float],
+                   prefix: Mapping[str, dict], chunked: Mapping[str, dict], costs: Mapping[str, float] | None = None,
+                   sources: Mapping[str, int] | None = None, busy: Mapping[str, str | None] | None = None) -> list[str]:
+    """Both ledgers in one list, for the bench's serving section, which measures both halves:
+    `batching_losses` then `engine_losses`, or one line saying nothing lost. Introduced in
+    notebook 06 (continuous batching); the arguments are theirs."""
+    lines = batching_losses(speed, metrics, costs, busy) + engine_losses(stall, prefix, chunked, sources, busy)
+    return lines or [NOTHING_LOST]

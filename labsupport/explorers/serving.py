@@ -1,6 +1,6 @@
-"""Notebook 06's explorer: arrival rate, policy, token budget and prefix caching, live.
+"""Notebooks 06 and 06b's explorer: arrival rate and policy (06), token budget and prefix caching (06b), live.
 
-Introduced in notebook 06 (continuous batching).
+Introduced in notebook 06 (continuous batching) and notebook 06b (chunked prefill and prefix caching).
 
 Each setting serves one small seeded workload (the same requests every time; only their
 arrival times change with the rate) with the real engine on the notebook's model, on the
@@ -47,10 +47,13 @@ def short_label(load: str, policy: str, budget: int | None, prefix: bool) -> str
 
 def serving_explorer(model, requests: Sequence, capacity: float, max_slots: int = 8, block_size: int = 16,
                      budgets: Sequence[int] = (16, 32, 64), opening: Mapping[tuple, object] | None = None,
-                     loads: Mapping[str, float | None] = LOADS, use_widget: bool | None = None) -> Explorer:
+                     loads: Mapping[str, float | None] = LOADS, chunking: bool = True,
+                     use_widget: bool | None = None) -> Explorer:
     """Controls: arrival rate (a fraction of `capacity`), policy, token budget, prefix caching.
 
-    Introduced in notebook 06 (continuous batching).
+    Introduced in notebook 06 (continuous batching) with chunking=False: the arrival rate and
+    the policy only; notebook 06b (chunked prefill and prefix caching) adds the token budget
+    and the prefix cache.
     requests: the workload (`make_workload`; its arrival times are replaced at each rate);
     capacity: requests per second served when all arrive at once (`load_curve.saturation_rate`);
     budgets: the token budgets offered besides "off" (each at least `max_slots`); loads: the
@@ -91,8 +94,8 @@ def serving_explorer(model, requests: Sequence, capacity: float, max_slots: int 
         keep(tuple(key), run, float("nan"))
 
     def render(values):
-        budget = None if values["budget"] == "off" else int(values["budget"])
-        current = measure((values["load"], values["policy"], budget, values["prefix"] == "on"))
+        budget = None if values.get("budget", "off") == "off" else int(values["budget"])
+        current = measure((values["load"], values["policy"], budget, values.get("prefix") == "on"))
         row = current["row"]
         title = (f"{row['name']}<br><sup>{row['tokens']} tokens at {row['throughput']:.1f} tokens/s; inter-token "
                  f"latency p99 {1e3 * row['itl_p99']:.0f} ms<br>{row['computed']} prompt tokens computed, "
@@ -111,7 +114,10 @@ def serving_explorer(model, requests: Sequence, capacity: float, max_slots: int 
         "prefix": widgets.ToggleButtons(options=["off", "on"], value="on" if first[3] else "off",
                                         description="prefix cache"),
     }
-    explorer = Explorer(controls, render, title="Serving: arrival rate, policy, token budget, prefix caching",
-                        use_widget=use_widget)
+    title = "Serving: arrival rate, policy, token budget, prefix caching"
+    if not chunking:
+        controls = {name: controls[name] for name in ("load", "policy")}
+        title = "Serving: arrival rate and policy"
+    explorer = Explorer(controls, render, title=title, use_widget=use_widget)
     holder["explorer"] = explorer
     return explorer

@@ -1,6 +1,6 @@
 """The throughput-latency curve: one seeded workload served at rising Poisson arrival rates.
 
-Introduced in notebook 06 (continuous batching).
+Introduced in notebook 06b (chunked prefill and prefix caching).
 
 At a low arrival rate a server is mostly idle: each request is served almost alone,
 its time to first token is one prefill and its inter-token latency one small decode
@@ -33,7 +33,7 @@ def configurations(token_budget: int) -> dict[str, dict]:
     """The engine settings a load curve compares, by name: static; continuous; continuous with
     chunked prefill under `token_budget` tokens per step; and that with prefix caching.
 
-    Introduced in notebook 06 (continuous batching). Each value is keyword arguments of `Engine`."""
+    Introduced in notebook 06b (chunked prefill and prefix caching). Each value is keyword arguments of `Engine`."""
     token_budget = whole_number(token_budget, "token_budget (tokens per engine step)")
     return {"static": {"policy": "static"},
             "continuous": {"policy": "continuous"},
@@ -45,7 +45,7 @@ def configurations(token_budget: int) -> dict[str, dict]:
 def engine_row(result) -> dict:
     """The curve's figures of one engine run (`ServingResult`): throughput (tokens per second),
     TTFT, inter-token latency and time per output token percentiles, prompt tokens computed and
-    taken from the prefix cache, and its decode path (`Engine.decode_path`). Introduced in notebook 06 (continuous batching)."""
+    taken from the prefix cache, and its decode path (`Engine.decode_path`). Introduced in notebook 06b (chunked prefill and prefix caching)."""
     m = summarize(result)
     return {"throughput": m["throughput_tokens_per_s"], "ttft_p50": m["ttft_p50"], "ttft_p99": m["ttft_p99"],
             "itl_p50": m["itl_p50"], "itl_p99": m["itl_p99"], "tpot_p50": m["tpot_p50"],
@@ -75,7 +75,7 @@ def peer_row(arrivals: Mapping, token_times: Mapping) -> dict:
 
 def saturation_rate(model, requests: Sequence, max_slots: int, block_size: int = 16) -> float:
     """Requests per second our continuous engine serves when `requests` all arrive at once:
-    the capacity a load curve's rates are fractions of. Introduced in notebook 06 (continuous batching)."""
+    the capacity a load curve's rates are fractions of. Introduced in notebook 06b (chunked prefill and prefix caching)."""
     at_once = [_at(r, 0.0) for r in requests]
     longest = max(r.max_length for r in at_once)
     result = Engine(model, max_slots=max_slots, block_size=block_size,
@@ -90,7 +90,7 @@ def _at(request, arrival: float):
 
 def at_rate(requests: Sequence, rate: float | None, seed: int = 0) -> list:
     """The same requests (prompts, lengths, sampling) arriving as a seeded Poisson process at
-    `rate` requests per second; None: all at once. Introduced in notebook 06 (continuous batching)."""
+    `rate` requests per second; None: all at once. Introduced in notebook 06b (chunked prefill and prefix caching)."""
     return [_at(r, t) for r, t in zip(requests, arrival_times(len(requests), rate, seed))]
 
 
@@ -101,7 +101,7 @@ def load_curve(model, prompts: list[list[int]], rates: Sequence[float], count: i
                progress: Callable[[str, float], None] | None = None) -> list[dict]:
     """Serve one seeded workload at each Poisson arrival rate with each configuration.
 
-    Introduced in notebook 06 (continuous batching).
+    Introduced in notebook 06b (chunked prefill and prefix caching).
     prompts: token ids, reused in turn for `count` requests (answer lengths log-normal, median
     `median_new_tokens`, spread `sigma`, at most `max_new_tokens`, end-of-sequence ignored);
     rates: requests per second (wall clock), each > 0; settings: name -> `Engine` keyword
@@ -146,7 +146,7 @@ def load_curve(model, prompts: list[list[int]], rates: Sequence[float], count: i
 
 def near_saturation(rows: list[dict], saturation: float) -> float:
     """The rate of a load curve's `rows` closest to `saturation` from below (or the lowest
-    above it): where the chunked-prefill figure is read. Introduced in notebook 06 (continuous batching)."""
+    above it): where the chunked-prefill figure is read. Introduced in notebook 06b (chunked prefill and prefix caching)."""
     rates = sorted({r["rate"] for r in rows})
     below = [r for r in rates if r <= saturation * 1.0001]
     return below[-1] if below else rates[0]
@@ -154,6 +154,6 @@ def near_saturation(rows: list[dict], saturation: float) -> float:
 
 def curve_of(rows: Sequence[dict], configuration: str, key: str) -> tuple[list[float], list[float]]:
     """(rates, values of `key`) of one configuration, in order of rate: one line of the curve.
-    Introduced in notebook 06 (continuous batching)."""
+    Introduced in notebook 06b (chunked prefill and prefix caching)."""
     points = sorted((r["rate"], r[key]) for r in rows if r["configuration"] == configuration)
     return [p[0] for p in points], [p[1] for p in points]

@@ -107,7 +107,7 @@ def prefix_cache_sources(result) -> dict:
     prompt), an earlier request with the very same prompt (a workload that repeats its
     questions), or another earlier prompt that begins alike beyond the shared prefix.
 
-    Introduced in notebook 06 (continuous batching). Rebuilt from the prompts and the order of
+    Introduced in notebook 06b (chunked prefill and prefix caching). Rebuilt from the prompts and the order of
     admission: a newcomer finds the full blocks of the prompts admitted in earlier steps (whole
     prompts prefilled at admission, i.e. no token budget) and computes at least its last prompt
     token. `matches_run` says whether the rebuilt total equals the run's own count (False when

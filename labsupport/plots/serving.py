@@ -1,6 +1,6 @@
-"""Figures of notebook 06 (continuous batching): block tables into the paged pool, the
-slot timeline, slot use over time, cache blocks over the run, and throughput / latency
-per setting.
+"""Figures of notebooks 06 (continuous batching) and 06b (chunked prefill and prefix caching):
+block tables into the paged pool, the slot timeline, slot use over time, cache blocks over
+the run, phases and load curves, and throughput / latency per setting.
 
 Introduced in notebook 06 (continuous batching). Pure functions: `ServingResult`s
 (or the dicts of `labsupport.lab.serving_metrics`) in, plotly figures out.
@@ -234,7 +234,7 @@ def phase_timeline_figure(result, clock: str = "wall", title: str | None = None)
     taken from the prefix cache (hatched green: cached blocks, never computed), with the
     token budget as a dashed line when the run had one.
 
-    Introduced in notebook 06 (continuous batching). result: a `ServingResult`."""
+    Introduced in notebook 06b (chunked prefill and prefix caching). result: a `ServingResult`."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, row_heights=[0.55, 0.45],
                         subplot_titles=("who is in which slot: prefilling or decoding", "tokens of each engine step"))
     bars = slot_bars(result)
@@ -282,7 +282,7 @@ def load_curve_figure(rows: Sequence[dict], title: str | None = None) -> go.Figu
     """The throughput-latency curve: for each configuration, one point per arrival rate, at its
     throughput (x) and its time to first token p99 (left) and inter-token latency p99 (right).
 
-    Introduced in notebook 06 (continuous batching). rows: `load_curve.load_curve`'s."""
+    Introduced in notebook 06b (chunked prefill and prefix caching). rows: `load_curve.load_curve`'s."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=("time to first token, p99 (s)", "inter-token latency, p99 (ms)"))
     names = list(dict.fromkeys(r["configuration"] for r in rows))

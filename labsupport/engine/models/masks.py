@@ -18,7 +18,7 @@ padding key, and (with a window W) none more than W - 1 positions back":
   cache of notebook 06);
 * `chunk_mask`: rows that each add a chunk of queries after their own cached context,
   and `packed_mask`: chunks of different lengths packed into one row (chunked prefill
-  and decodes in one pass, notebook 06).
+  and decodes in one pass, notebook 06b).
 
 Every builder that says which keys a query sees takes `window` (keyword, no default:
 `model.config.attention_window`, None for every earlier key), so that no path can forget

@@ -1,6 +1,6 @@
 """Prefix caching: blocks of keys and values that several requests share.
 
-Introduced in notebook 06 (continuous batching).
+Introduced in notebook 06b (chunked prefill and prefix caching).
 
 Chat requests start with the same system prompt, so their first cache blocks hold
 the same keys and values. A prefix cache (vLLM's automatic prefix caching, SGLang's
@@ -39,7 +39,7 @@ def block_hash(parent_hash: int | None, block_tokens: Sequence[int]) -> int:
     (None for a sequence's first block) and of the block's token ids, so that a block's
     name stands for its whole prefix. hashlib, not Python's salted `hash`: the same
     tokens give the same name in every process. Two prefixes may still share a name, so
-    `PrefixCache.lookup` compares tokens too. Introduced in notebook 06 (continuous batching)."""
+    `PrefixCache.lookup` compares tokens too. Introduced in notebook 06b (chunked prefill and prefix caching)."""
     text = f"{'-' if parent_hash is None else int(parent_hash)}|{','.join(str(int(t)) for t in block_tokens)}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 

@@ -48,7 +48,7 @@ def budget_prefill_chunks(token_budget: int, num_decodes: int, remaining: list[i
     the `num_decodes` decoding sequences costs one token; the rest goes to the prompts in order
     (remaining[i]: prompt tokens sequence i still has to compute), greedily: the first gets
     min(remaining[0], left), then the next, ... (zeros once the budget is spent).
-    Introduced in notebook 06 (continuous batching)."""
+    Introduced in notebook 06b (chunked prefill and prefix caching)."""
     left = token_budget - num_decodes
     if left < 0:
         raise LabError(f"{num_decodes} decoding sequences need {num_decodes} tokens but the budget is "
