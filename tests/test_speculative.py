@@ -274,3 +274,17 @@ def test_prompt_lookup_copies_what_followed_the_last_ngram():
     assert tokens == [8, 9, 1] and probs is None
     assert draft.propose([1, 2, 3], k=3) == ([], None)          # nothing to copy
     assert PromptLookupDraft(ngram=3, k=2).propose([4, 5, 6, 7, 4, 5, 6], k=5)[0] == [7, 4]
+
+
+def test_stats_add_sums_every_count_and_time_in_place():
+    """`SpeculativeStats.add`: notebook 07's speculative stage sums its requests' stats with it."""
+    from labsupport.engine.speculative import SpeculativeStats
+    total = SpeculativeStats()
+    one = SpeculativeStats(drafted=8, accepted=5, rejected=2, replaced=2, bonus=1, target_calls=3,
+                           draft_seconds=0.5, target_seconds=1.0, prefill_seconds=0.25)
+    two = SpeculativeStats(drafted=4, accepted=1, rejected=1, replaced=1, bonus=0, target_calls=2, target_seconds=0.5)
+    total.add(one)
+    total.add(two)
+    assert (total.drafted, total.accepted, total.rejected, total.target_calls) == (12, 6, 3, 5)
+    assert total.tokens == one.tokens + two.tokens == 10 and total.target_seconds == 1.5
+    assert total.alpha == 6 / 9 and one.drafted == 8                      # `other` left as it was

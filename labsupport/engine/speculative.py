@@ -134,6 +134,12 @@ class SpeculativeStats:
     def tokens_per_call(self) -> float:
         return self.tokens / self.target_calls if self.target_calls else float("nan")
 
+    def add(self, other: "SpeculativeStats") -> None:
+        """Add `other`'s counts and times to these, in place: the stats of several generations summed
+        (notebook 07's speculative stage, over every request it served)."""
+        for name, value in other.__dict__.items():
+            setattr(self, name, getattr(self, name) + value)
+
     def to_dict(self) -> dict:
         return {**self.__dict__, "tokens": self.tokens, "acceptance_rate": self.acceptance_rate,
                 "alpha": self.alpha, "tokens_per_target_call": self.tokens_per_call}

@@ -42,6 +42,7 @@ from ..errors import LabError
 from ..engine.generation import generate, generate_naive
 from ..engine.hardware import bf16_supported
 from ..engine.kv_cache import kv_cache_bytes
+from ..engine.speculative import PromptLookupDraft, SpeculativeStats, speculative_generate
 from .measure import NOT_GRAPHED, require_graphed, time_side_by_side, timed_compile
 from .quality import top1_agreement
 from .variants import ModelVariants
@@ -61,7 +62,8 @@ class Stage:
     variant: tuple[str, str] | None = None     # (precision, weights) of its `ModelVariants` model; None for a peer
     cached_sequences: int = 0                  # sequences whose KV cache it holds at once (0: no cache)
     decode_paths: set = field(default_factory=set, repr=False)   # what its steps ran on (`serve_fn`)
-    speculation: dict | None = field(default=None, repr=False)   # speculation's counts, summed (`serve_fn`)
+    speculation: SpeculativeStats | None = field(default=None, repr=False)   # its drafts' stats, summed (`serve_fn`)
+    draft_k: int | None = None                 # the draft length of a speculative stage
 
 
 def low_precision(device) -> tuple[torch.dtype | None, str]:
@@ -81,7 +83,7 @@ INT4_BATCH_1 = "+ int4, batch 1"             # the int4 model one request at a t
 
 def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching: str = "none",
              precision: str = "fp32", weights: str = "float", speculative: bool = False,
-             slots: int = 8, draft_k: int = 4, paths: set | None = None, speculation: dict | None = None):
+             slots: int = 8, draft_k: int = 4, paths: set | None = None, speculation: SpeculativeStats | None = None):
     """A function that serves every request with one combination of the techniques and
     returns {request_id: tokens}. Notebook 07's explorer turns these switches.
 
@@ -91,15 +93,13 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
     (`measure.timed_compile`), else a LabError (`measure.require_graphed`); the serving engine
     and the chapter's loop without a cache run their own step loops: on a GPU they say
     "eager (not graphed)", and `run_stack` marks their rows as not graphed measurements.
-    speculation: a dict to which speculative decoding adds its counts on every call (drafted,
-    accepted, rejected, target_calls, tokens: `SpeculativeStats`); notebook 07's cost model
-    reads the acceptance rate alpha off them.
+    speculation: a `SpeculativeStats` to which speculative decoding adds each call's stats
+    (`SpeculativeStats.add`); notebook 07's cost model reads the acceptance rate alpha off them.
 
     Without the cache only the chapter's loop exists (one request at a time); speculative
     decoding runs one request at a time (with the cache), so it excludes batching.
     """
     from ..engine.serving.engine import Engine
-    from ..engine.speculative import PromptLookupDraft, speculative_generate
 
     if batching not in BATCHING:
         raise LabError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}.")
@@ -130,15 +130,14 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
         return one_at_a_time(lambda r: own(generate_naive(model, r.prompt, r.max_new_tokens, eos_token_ids=())).row(0))
     if speculative:
         lookup = PromptLookupDraft(ngram=3)
-        counts = {} if speculation is None else speculation
+        summed = SpeculativeStats() if speculation is None else speculation
 
         def speculate(r):
             result = path(require_graphed(
                 speculative_generate(model, lookup, r.prompt, r.max_new_tokens, k=draft_k, eos_token_ids=(),
                                      compile=graphed),
                 f"the stage's speculative decoding ({precision}, {weights})", model.device))
-            for name in ("drafted", "accepted", "rejected", "target_calls", "tokens"):
-                counts[name] = counts.get(name, 0) + getattr(result.stats, name)
+            summed.add(result.stats)
             return result.tokens
         return one_at_a_time(speculate)
     if batching == "none":
@@ -180,10 +179,11 @@ def build_stages(model, requests, slots: int = 8, draft_k: int = 4,
         cached = 0 if not switches.get("kv_cache", True) else (
             1 if switches.get("batching", "none") == "none" else slots)
         paths: set = set()
-        counts = {"k": draft_k} if switches.get("speculative") else None
+        summed = SpeculativeStats() if switches.get("speculative") else None
         return Stage(name, technique, serve_fn(variants, requests, slots=slots, draft_k=draft_k, paths=paths,
-                                               speculation=counts, **switches),
-                     builds_on, label, note, (switches["precision"], weights), cached, paths, counts)
+                                               speculation=summed, **switches),
+                     builds_on, label, note, (switches["precision"], weights), cached, paths, summed,
+                     draft_k if summed is not None else None)
 
     stages = [
         stage("naive loop", "the chapter's loop: no cache, one request at a time", kv_cache=False),
@@ -226,16 +226,15 @@ def _count_weight_passes(stages, variants: ModelVariants):
     return passes, lambda name: current.__setitem__(0, name), lambda: [h.remove() for h in handles]
 
 
-def _speculation(counts: dict | None) -> dict | None:
+def _speculation(stats: SpeculativeStats | None, k: int | None) -> dict | None:
     """A speculative stage's draft length k and what its drafts did, summed over its runs: alpha
-    (accepted / checked, the alpha of `speculative_math.expected_tokens_per_call`), drafted and
-    kept tokens per target pass. None for the other stages (and before any target pass)."""
-    if not counts or not counts.get("target_calls"):
+    (`SpeculativeStats.alpha`, the alpha of `speculative_math.expected_tokens_per_call`; 0 when no
+    draft was checked), drafted and kept tokens per target pass. None for the other stages (and
+    before any target pass)."""
+    if stats is None or not stats.target_calls:
         return None
-    checked = counts["accepted"] + counts["rejected"]
-    return {"k": counts["k"], "alpha": counts["accepted"] / checked if checked else 0.0,
-            "drafted_per_pass": counts["drafted"] / counts["target_calls"],
-            "tokens_per_pass": counts["tokens"] / counts["target_calls"]}
+    return {"k": k, "alpha": stats.alpha if stats.accepted + stats.rejected else 0.0,
+            "drafted_per_pass": stats.drafted / stats.target_calls, "tokens_per_pass": stats.tokens_per_call}
 
 
 def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progress=None,
@@ -268,7 +267,7 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
     stages = build_stages(model, requests, slots, variants=variants) + list(peers)
     for stage in stages:                      # counts from the timed runs only
         if stage.speculation is not None:
-            stage.speculation.update(drafted=0, accepted=0, rejected=0, target_calls=0, tokens=0)
+            stage.speculation.__init__()         # back to zero, in place: its `serve_fn` holds it
     outputs: dict = {}
     passes, set_current, remove_hooks = _count_weight_passes(stages, variants)
     runs = dict.fromkeys((s.name for s in stages), 0)      # warm-up calls included, as in passes
@@ -303,7 +302,7 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
                "cumulative": speed[stage.name] / speed["naive loop"],
                "same_tokens_as_fp32": same / tokens, "top1_agreement": None,
                "weight_bytes": None, "kv_cache_bytes": None, "weight_passes": None, "bandwidth_fraction": None,
-               "batch_rows": None, "speculation": _speculation(stage.speculation),
+               "batch_rows": None, "speculation": _speculation(stage.speculation, stage.draft_k),
                "decode_path": ", ".join(sorted(stage.decode_paths)) or None,
                "decode_paths": sorted(stage.decode_paths),
                "graphed": None if NOT_GRAPHED not in stage.decode_paths else False}
