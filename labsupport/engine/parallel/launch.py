@@ -1,0 +1,148 @@
+"""Starting the ranks: one process per rank, a real `torch.distributed` group between them.
+
+Introduced in notebook 10 (past one device).
+
+`run_tensor_parallel(model, world, fn)` starts `world` processes (spawned, so that a notebook,
+the CLI and the tests start them alike), each with `threads` CPU threads. They meet at
+127.0.0.1 on a free port: gloo on a CPU, NCCL with one GPU per rank on CUDA. Each rank builds its
+share of `model` (`tensor.shard_model`; the model's tensors reach the processes through shared
+memory, not a copy per rank) and calls `fn(rank_model, rank, world, *args)`. The results come
+back in rank order.
+
+Nothing here may hang. A rank that raises sends its error back, and the parent raises it as one
+sentence. A rank that dies without a word is seen by its exit code. Either way every other rank
+is stopped. The collectives themselves time out after `timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue as queues
+import socket
+import time
+from datetime import timedelta
+
+import torch
+
+from ...errors import LabError
+from .tensor import Collectives, plan_split, shard_model
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now. Notebook 10 (past one device)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _check_port(port: int) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+        raise LabError(f"The port must be a whole number from 1024 to 65535, got {port!r}.")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            raise LabError(f"Port {port} on 127.0.0.1 is in use: pick another one, or leave port=None "
+                           "for a free one.") from None
+
+
+def _check_room(world: int, threads: int, device: torch.device) -> None:
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise LabError(f"threads (CPU threads per rank) must be a whole number, 1 or more; got {threads!r}.")
+    if device.type == "cuda":
+        if world > torch.cuda.device_count():
+            raise LabError(f"{world} ranks need {world} GPUs, one each; this machine has "
+                           f"{torch.cuda.device_count()}. Use fewer ranks.")
+        return
+    cores = os.cpu_count() or 1
+    if world * threads > cores:
+        raise LabError(f"{world} ranks of {threads} thread(s) need {world * threads} cores; this machine has "
+                       f"{cores}. Use fewer ranks or threads: ranks sharing a core only take turns.")
+
+
+def run_tensor_parallel(model, world: int, fn, args: tuple = (), threads: int = 1, port: int | None = None,
+                        timeout: float = 300.0) -> list:
+    """`fn(rank_model, rank, world, *args)` on `world` ranks of `model`, each in its own process;
+    returns each rank's result, in rank order.
+
+    Notebook 10 (past one device). fn must be importable by name (a module's function, not a
+    lambda), and its result picklable. Refuses, in one sentence: a degree the model cannot be
+    split into (`plan_split`), more ranks x threads than cores (more ranks than GPUs), a port in
+    use. timeout: seconds for the whole run and for each collective.
+    """
+    plan_split(model.config, world)                         # refuses a degree the heads cannot take
+    device = model.device
+    _check_room(world, threads, device)
+    if port is None:
+        port = free_port()
+    else:
+        _check_port(port)
+    context = torch.multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ranks = [context.Process(target=_rank_main, daemon=True,
+                             args=(rank, world, port, threads, timeout, model, fn, args, results))
+             for rank in range(world)]
+    for process in ranks:
+        process.start()
+    try:
+        return _collect(ranks, results, timeout)
+    finally:
+        for process in ranks:
+            if process.is_alive():
+                process.terminate()
+            process.join(timeout=10)
+
+
+def _collect(ranks, results, timeout: float) -> list:
+    """Each rank's result, or one sentence for the first rank that failed or died."""
+    out: dict[int, object] = {}
+    deadline = time.monotonic() + timeout
+    while len(out) < len(ranks):
+        try:
+            status, rank, value = results.get(timeout=0.2)
+        except queues.Empty:
+            _raise_if_one_died(ranks, out)
+            if time.monotonic() > deadline:
+                raise LabError(f"The {len(ranks)} ranks did not finish within {timeout:.0f} s; they were "
+                               "stopped. Give a longer timeout, or less work.") from None
+            continue
+        if status == "error":
+            # A rank whose peer died fails in its next collective ("connection closed by peer"):
+            # the death is the cause to report, so give it a moment to show.
+            for _ in range(10):
+                _raise_if_one_died(ranks, out)
+                time.sleep(0.1)
+            raise LabError(f"Rank {rank} of {len(ranks)} failed: {value} The other ranks were stopped.")
+        out[rank] = pickle.loads(value)
+    return [out[rank] for rank in range(len(ranks))]
+
+
+def _raise_if_one_died(ranks, finished) -> None:
+    dead = [(r, p.exitcode) for r, p in enumerate(ranks) if p.exitcode not in (None, 0) and r not in finished]
+    if dead:
+        rank, code = dead[0]
+        raise LabError(f"Rank {rank} of {len(ranks)} died (exit code {code}) before it finished; "
+                       "the other ranks were stopped.") from None
+
+
+def _rank_main(rank, world, port, threads, timeout, model, fn, args, results) -> None:
+    """One rank's process: join the group, build this rank's model, run fn, send the result back."""
+    try:
+        torch.set_num_threads(threads)
+        device = model.device
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(rank)
+            model = model.to(f"cuda:{rank}")
+        torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                             world_size=world, timeout=timedelta(seconds=timeout))
+        try:
+            local = shard_model(model, rank, world, Collectives())
+            # by value (plain pickle): a tensor sent through shared memory would vanish with this process
+            results.put(("ok", rank, pickle.dumps(fn(local, rank, world, *args))))
+        finally:
+            torch.distributed.destroy_process_group()
+    except BaseException as error:             # noqa: BLE001 - sent back as one sentence, never a traceback here
+        message = str(error).strip() or type(error).__name__
+        results.put(("error", rank, message if message.endswith(".") else message + "."))

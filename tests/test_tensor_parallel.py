@@ -1,0 +1,153 @@
+"""Tensor parallelism (notebook 10): the split covers every head and unit once, TP=2 gives TP=1's
+logits and greedy tokens on two real processes over 127.0.0.1 (gloo), and every bad input or dying
+rank ends in one sentence, never a hang."""
+
+import os
+import socket
+import time
+
+import pytest
+import torch
+
+from labsupport.engine.generation import generate
+from labsupport.engine.models.config import PRESETS
+from labsupport.engine.parallel import plan_split, run_tensor_parallel, shard_model
+from labsupport.errors import LabError
+from labsupport.weights.fixtures import random_model
+
+PROMPT = torch.tensor([[1, 5, 9, 13, 200, 3, 77]])
+UNEVEN = PRESETS["tiny-llama"].with_(hidden_size=48, num_heads=6, num_kv_heads=3, intermediate_size=130, name="tiny-uneven")
+
+
+# --- functions the ranks run (importable by name: the ranks are spawned processes) ---------
+
+def logits_and_tokens(model, rank, world, prompt):
+    with torch.inference_mode():
+        logits = model.logits(model(prompt))
+    return logits, generate(model, prompt[0].tolist(), 6, eos_token_ids=()).tokens, model.config.num_kv_heads
+
+
+def die_on_rank_one(model, rank, world):
+    if rank == 1:
+        os._exit(3)                                           # no word, no exception: the process is gone
+    torch.distributed.barrier()                               # rank 0 waits for rank 1, which never comes
+
+
+def raise_on_rank_one(model, rank, world):
+    if rank == 1:
+        raise ValueError("a learner's bug on rank 1")
+    return rank
+
+
+# --- the split ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config, world", [(PRESETS["smollm2-135m"], 2), (PRESETS["smollm2-135m"], 3),
+                                           (PRESETS["tiny-llama"], 2), (UNEVEN, 2)])
+def test_the_split_covers_every_head_unit_and_word_once(config, world):
+    shares = plan_split(config, world)
+    group = config.num_heads // config.num_kv_heads
+    assert [h for s in shares for h in s.kv_heads] == list(range(config.num_kv_heads))
+    assert [h for s in shares for h in s.q_heads] == list(range(config.num_heads))
+    assert all(s.q_heads == range(s.kv_heads.start * group, s.kv_heads.stop * group) for s in shares)
+    assert [u for s in shares for u in s.mlp_units] == list(range(config.intermediate_size))
+    assert len({len(s.vocab) for s in shares}) == 1 and shares[-1].vocab.stop >= config.vocab_size
+    assert max(len(s.kv_heads) for s in shares) - min(len(s.kv_heads) for s in shares) <= 1
+
+
+def test_smollm2_135m_splits_unevenly_on_two_ranks():
+    """9 query heads, 3 key/value heads: vLLM refuses TP=2; here ranks hold 2 and 1 whole groups."""
+    shares = plan_split(PRESETS["smollm2-135m"], 2)
+    assert [len(s.kv_heads) for s in shares] == [2, 1] and [len(s.q_heads) for s in shares] == [6, 3]
+    assert [len(s.mlp_units) for s in shares] == [768, 768]
+
+
+@pytest.mark.parametrize("world, words", [(0, "1 or more"), (-1, "1 or more"), (True, "whole number"),
+                                          (1.5, "whole number"), (4, "at least 4 key/value heads")])
+def test_a_degree_the_model_cannot_take_is_one_sentence(world, words):
+    with pytest.raises(LabError, match=words):
+        plan_split(PRESETS["smollm2-135m"], world)
+
+
+def test_gpt2_is_refused_in_one_sentence():
+    with pytest.raises(LabError, match="Llama-family"):
+        plan_split(PRESETS["tiny-gpt2"], 2)
+
+
+def test_one_rank_is_the_model_itself():
+    model = random_model("tiny-llama")
+    local = shard_model(model, 0, 1)
+    with torch.inference_mode():
+        assert torch.equal(local.logits(local(PROMPT)), model.logits(model(PROMPT)))
+    assert local.embed is model.embed                                       # shared, not copied
+
+
+def test_a_shard_of_two_outside_a_process_group_is_refused():
+    with pytest.raises(LabError, match="run_tensor_parallel"):
+        shard_model(random_model("tiny-llama"), 0, 2)
+
+
+# --- two real ranks -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tiny-llama", "uneven"])
+def test_two_ranks_give_one_ranks_logits_and_greedy_tokens(name):
+    model = random_model(UNEVEN if name == "uneven" else name)
+    with torch.inference_mode():
+        reference = model.logits(model(PROMPT))
+    tokens = generate(model, PROMPT[0].tolist(), 6, eos_token_ids=()).tokens
+    ranks = run_tensor_parallel(model, 2, logits_and_tokens, (PROMPT,), threads=1, timeout=120)
+    assert len(ranks) == 2
+    for logits, rank_tokens, _ in ranks:
+        assert logits.shape == reference.shape
+        torch.testing.assert_close(logits, reference, atol=1e-5, rtol=1e-5)     # fp32 rounding only
+        assert torch.equal(rank_tokens, tokens)
+    assert [kv for _, _, kv in ranks] == [len(s.kv_heads) for s in plan_split(model.config, 2)]
+
+
+def test_a_rank_that_dies_ends_the_group_in_one_sentence():
+    started = time.monotonic()
+    with pytest.raises(LabError, match=r"Rank 1 of 2 died \(exit code 3\)"):
+        run_tensor_parallel(random_model("tiny-llama"), 2, die_on_rank_one, threads=1, timeout=60)
+    assert time.monotonic() - started < 60                                     # seen by its exit code
+
+
+def test_a_rank_that_raises_sends_its_sentence_back():
+    with pytest.raises(LabError, match="Rank 1 of 2 failed: a learner's bug on rank 1"):
+        run_tensor_parallel(random_model("tiny-llama"), 2, raise_on_rank_one, threads=1, timeout=60)
+
+
+def test_a_port_in_use_is_one_sentence():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(LabError, match=f"Port {port} on 127.0.0.1 is in use"):
+            run_tensor_parallel(random_model("tiny-llama"), 2, raise_on_rank_one, port=port)
+    with pytest.raises(LabError, match="1024 to 65535"):
+        run_tensor_parallel(random_model("tiny-llama"), 2, raise_on_rank_one, port=80)
+
+
+def test_more_ranks_than_cores_is_one_sentence(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    with pytest.raises(LabError, match="2 ranks of 1 thread\\(s\\) need 2 cores; this machine has 1"):
+        run_tensor_parallel(random_model("tiny-llama"), 2, raise_on_rank_one)
+    with pytest.raises(LabError, match="threads"):
+        run_tensor_parallel(random_model("tiny-llama"), 1, raise_on_rank_one, threads=0)
+
+
+def test_the_measurement_runs_both_degrees_side_by_side_with_the_same_tokens():
+    from labsupport.lab.tensor_parallel import link_arithmetic, measure_tensor_parallel
+    model = random_model("tiny-llama")
+    result = measure_tensor_parallel(model, [1, 2, 3, 4], degrees=(1, 2), cores=2, new_tokens=4,
+                                     prefill_tokens=32, rounds=1, timeout=120)
+    one, two = result["degrees"][1], result["degrees"][2]
+    assert one["threads_per_rank"] == 2 and two["threads_per_rank"] == 1
+    assert two["same_tokens"] and two["all_reduces_per_step"] == 2 * model.config.num_layers
+    assert two["prefill_all_reduces"] == 2 * model.config.num_layers
+    assert 0 < two["all_reduce_share_of_decode"] < 1 and two["all_reduce_latency"]["decode_row"]["median_s"] > 0
+    assert [s["kv_heads"] for s in two["shares"]] == [1, 1]
+    rows = link_arithmetic(result, model.config)
+    assert {r["link"] for r in rows} == {"NVLink 4 (H100 SXM)", "PCIe 4.0 x16"}
+    nvlink = next(r for r in rows if r["link"].startswith("NVLink"))
+    assert nvlink["seconds_per_step"] == pytest.approx(2 * model.config.num_layers * (5e-6 + 64 * 4 / 450e9))   # 2 (w - 1) / w = 1
+    with pytest.raises(LabError, match="cannot be shared evenly"):
+        measure_tensor_parallel(model, [1, 2], degrees=(1, 2), cores=3)
