@@ -120,7 +120,7 @@ def test_compile_rows_are_validated():
 
 def test_compile_and_http_serving_sections_are_only_run_when_named():
     from labsupport.bench.suite import SECTIONS
-    only_named = {"compile", "http_serving"}          # minutes of compiling; servers in subprocesses
+    only_named = {"compile", "http_serving", "tensor_parallel"}   # minutes of compiling; processes of their own
     assert all(SECTIONS[name].in_default_run is False for name in only_named)
     assert all(s.in_default_run for name, s in SECTIONS.items() if name not in only_named)
 

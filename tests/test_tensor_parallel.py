@@ -151,3 +151,68 @@ def test_the_measurement_runs_both_degrees_side_by_side_with_the_same_tokens():
     assert nvlink["seconds_per_step"] == pytest.approx(2 * model.config.num_layers * (5e-6 + 64 * 4 / 450e9))   # 2 (w - 1) / w = 1
     with pytest.raises(LabError, match="cannot be shared evenly"):
         measure_tensor_parallel(model, [1, 2], degrees=(1, 2), cores=3)
+
+
+def test_the_bench_section_writes_ratios_and_leaves_out_what_the_machine_cannot_run(monkeypatch):
+    """`bench --sections tensor_parallel`: only when named; a degree the cores cannot take is left out
+    with a sentence, not an error; two degrees give decode, prefill and all-reduce figures."""
+    from labsupport.bench import tensor_parallel as section
+    from labsupport.bench.suite import SECTIONS
+    from labsupport.plots.sections import tensor_parallel_figures
+    assert not SECTIONS["tensor_parallel"].in_default_run and SECTIONS["tensor_parallel"].notebook.startswith("10")
+
+    class Tokenizer:
+        def encode(self, text):
+            return [1, 2, 3, 4, 5]
+
+    class Context:
+        def model(self, dtype):
+            return random_model("tiny-llama"), Tokenizer()
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    out = section.section_tensor_parallel(Context(), section.TensorParallelOptions(
+        degrees=(1, 2, 4), decode_tokens=4, prefill_tokens=32, rounds=1))
+    assert out["left_out"] == [4] and "this machine has 2 core(s)" in out["left_out_note"]
+    names = [f["name"] for f in out["figures"]]
+    assert names[0] == "decode at batch 1, TP=2 / TP=1" and len(names) == 4
+    assert out["result"]["degrees"][2]["same_tokens"] and len(out["links"]) == 2
+    assert len(tensor_parallel_figures(out)) == 1
+    alone = section.section_tensor_parallel(Context(), section.TensorParallelOptions(degrees=(1, 4)))
+    assert alone["result"] is None and alone["figures"] == [] and alone["left_out"] == [4]
+
+
+def test_the_split_figure_draws_every_rank_in_every_matrix():
+    from labsupport.plots.tensor_parallel import split_figure
+    config = PRESETS["smollm2-135m"]
+    fig = split_figure(config, plan_split(config, 2))
+    assert len(fig.data) == 5 * 2
+    widths = {}
+    for bar in fig.data:
+        widths.setdefault(bar.y[0], []).append(bar.x[0])
+    assert all(abs(sum(w) - 1) < 1e-9 for w in widths.values())
+    assert widths["qkv (column-parallel: queries, keys, values)"] == [6 / 9, 3 / 9]
+
+
+def _result(tp_speed=10.0, same=True, decode_share=0.5, prefill_share=0.2, per_step=60.0):
+    degree = {"decode_tokens_per_s": 20.0, "prefill_s": 0.6, "same_tokens": True, "all_reduces_per_step": 60.0,
+              "prefill_all_reduces": 60, "all_reduce_share_of_decode": 0.0, "all_reduce_share_of_prefill": 0.0}
+    tp = dict(degree, decode_tokens_per_s=tp_speed, same_tokens=same, all_reduce_share_of_decode=decode_share,
+              all_reduce_share_of_prefill=prefill_share, all_reduces_per_step=per_step)
+    return {"prefill_tokens": 512, "degrees": {1: degree, 2: tp}}
+
+
+def test_the_claims_judge_what_was_measured_and_withhold_on_a_busy_machine():
+    from labsupport.claims import tensor_parallel_claims, tensor_parallel_section_claims
+    rows = tensor_parallel_claims(_result())
+    assert [r["verdict"] for r in rows] == ["holds"] * 4
+    assert "0.50x" in rows[2]["measured"] and "50% of a step" in rows[2]["measured"]
+    wrong = tensor_parallel_claims(_result(tp_speed=30.0, same=False, decode_share=0.1, prefill_share=0.3,
+                                           per_step=61.0))
+    assert wrong[0]["verdict"] == "does not hold" and wrong[1]["verdict"] == "does not hold"
+    assert wrong[2]["verdict"] == "not here: TP=2 decoded 1.50x faster"
+    assert wrong[3]["verdict"] == "does not hold here"
+    assert tensor_parallel_claims(_result(tp_speed=20.5))[2]["verdict"] == "holds: no measurable gain"
+    busy = tensor_parallel_claims(_result(), busy="the load average was 3.0 per core")
+    assert busy[0]["verdict"] == "holds" and busy[2]["verdict"].startswith("the machine was busy")
+    assert tensor_parallel_section_claims({"result": None}) == []
+    assert len(tensor_parallel_section_claims({"result": _result(), "load": 0.1})) == 4

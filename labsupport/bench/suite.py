@@ -22,7 +22,7 @@ from ..lab.busy import busy_reason, load_per_core
 from ..lab.progress import section_bar
 from ..plots import sections as plots
 from . import (baseline, batching, compiled_decode, engines, http_serving, kv_cache, long_context, precision,
-               quantization, roofline, serving, speculative, stack)
+               quantization, roofline, serving, speculative, stack, tensor_parallel)
 from .compile_options import CompileOptions
 from .core import BenchContext, machine_info
 from .options import SectionOptions
@@ -79,6 +79,10 @@ SECTIONS: dict[str, Section] = {
     "http_serving": Section("09 serving over HTTP", http_serving.section_http_serving,
                             http_serving.HttpServingOptions, None, plots.http_serving_figures,
                             in_default_run=False),
+    "tensor_parallel": Section("10 past one device", tensor_parallel.section_tensor_parallel,
+                               tensor_parallel.TensorParallelOptions, claims.tensor_parallel_section_claims,
+                               plots.tensor_parallel_figures,
+                               in_default_run=False),
 }
 
 
@@ -88,7 +92,8 @@ SECTIONS: dict[str, Section] = {
 # estimate where this machine has no report yet.
 REFERENCE_SECONDS = {"baseline": 58, "engines": 83, "roofline": 6, "kv_cache": 117, "batching": 127,
                      "precision": 20, "quantization": 34, "speculative": 131, "serving": 126, "stack": 60,
-                     "long_context": 8, "compile": 300, "http_serving": 200}
+                     "long_context": 8, "compile": 300, "http_serving": 200,
+                     "tensor_parallel": 45}
 
 
 @dataclass(frozen=True)

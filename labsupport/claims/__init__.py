@@ -19,6 +19,7 @@ machine was busy while it measured (`busy.busy_reason`), a verdict says so inste
     engine_claims         06  the prefill stall, chunked prefill, prefix caching, the load curve
     stack_claims          07  every technique of the chapter beside the stack's run
     long_context_claims   08  naive vs fused attention, decode at long context, fewer kv-heads, int8 cache, window
+    tensor_parallel_claims 10 the same tokens, two all-reduces per layer, where tensor parallelism pays
 """
 
 from .batching import batching_claims, batching_section_claims
@@ -31,13 +32,15 @@ from .roofline import claims_summary, roofline_claims, roofline_section_claims, 
 from .serving import engine_claims, prefill_stall, serving_claims, serving_section_claims
 from .speculative import speculative_claims, speculative_section_claims
 from .stack import measured_stack_claims, stack_claims, stack_section_claims
+from .tensor_parallel import tensor_parallel_claims, tensor_parallel_section_claims
 
 __all__ = ["roofline_claims", "claims_summary", "sweep_busy_reason", "kv_cache_claims", "step_busy_reason",
            "batching_claims", "precision_claims", "measured_precision_claims", "summarize_verdicts",
            "QUANTIZATION_CLAIMS", "quantization_claim", "quantization_claims", "quantization_conclusions",
            "speculative_claims", "serving_claims", "engine_claims", "prefill_stall", "stack_claims",
-           "measured_stack_claims", "long_context_claims", "long_context_busy_reason",
+           "measured_stack_claims", "long_context_claims", "long_context_busy_reason", "tensor_parallel_claims",
            # the bench sections' claims: each takes the dict its section returned (`bench.suite.SECTIONS`)
            "roofline_section_claims", "kv_cache_section_claims", "batching_section_claims",
            "precision_section_claims", "quantization_section_claims", "speculative_section_claims",
-           "serving_section_claims", "stack_section_claims", "long_context_section_claims"]
+           "serving_section_claims", "stack_section_claims", "long_context_section_claims",
+           "tensor_parallel_section_claims"]

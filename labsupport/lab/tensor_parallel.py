@@ -73,6 +73,7 @@ def measure_rank(model, rank: int, world: int, prompt: list[int], new_tokens: in
     steps = result.tokens.shape[1] - 1
     return {"rank": rank, "tokens": result.tokens[0].tolist(), "decode_tokens_per_s": result.decode_tokens_per_s,
             "decode_step_s": result.decode_seconds / max(steps, 1), "decode_steps": steps,
+            "generate_s": result.prefill_seconds + result.decode_seconds,     # the span decode_collectives cover
             "decode_collectives": decode_comm, "prefill_s": prefill_s, "prefill_tokens": prefill_tokens,
             "prefill_collectives": prefill_comm, "all_reduce_latency": latency,
             "threads": torch.get_num_threads(), "layers": model.config.num_layers,
@@ -109,7 +110,7 @@ def measure_tensor_parallel(model, prompt: list[int], degrees=(1, 2), cores: int
         last = per_round[-1]
         decode_comm = first[-1]["decode_collectives"].get("all_reduce", {"calls": 0, "seconds": 0.0, "bytes": 0})
         prefill_comm = first[-1]["prefill_collectives"].get("all_reduce", {"calls": 0, "seconds": 0.0, "bytes": 0})
-        steps = first[-1]["decode_steps"] + 1                                   # the prefill's pass counted too
+        steps = first[-1]["decode_steps"] + 1          # forward passes of `generate`: its prefill's counted too
         out["degrees"][world] = {
             "threads_per_rank": cores // world,
             "decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in first),
@@ -117,8 +118,7 @@ def measure_tensor_parallel(model, prompt: list[int], degrees=(1, 2), cores: int
             "prefill_s": statistics.median(r["prefill_s"] for r in first),
             "prefill_s_rounds": [r["prefill_s"] for r in first],
             "all_reduces_per_step": decode_comm["calls"] / steps,
-            "all_reduce_share_of_decode": decode_comm["seconds"] / (first[-1]["decode_step_s"] * steps)
-            if world > 1 else 0.0,
+            "all_reduce_share_of_decode": decode_comm["seconds"] / first[-1]["generate_s"] if world > 1 else 0.0,
             "prefill_all_reduces": prefill_comm["calls"],
             "all_reduce_share_of_prefill": prefill_comm["seconds"] / first[-1]["prefill_s"] if world > 1 else 0.0,
             "all_reduce_latency": first[-1]["all_reduce_latency"] if world > 1 else None,

@@ -239,3 +239,10 @@ def ratio_figures(section: dict) -> list:
                           font=dict(size=12), legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
         figs.append(fig)
     return figs
+
+
+def tensor_parallel_figures(section: dict) -> list:
+    """The bench section's plot: decode and prefill speed per tensor-parallel degree, with the
+    share of each spent inside the all-reduces. Notebook 10 (past one device)."""
+    from .tensor_parallel import degrees_figure
+    return [degrees_figure(section["result"])] if section.get("result") else []

@@ -1,0 +1,55 @@
+"""The claims of notebook 10 (past one device), each set against this run's measurements.
+
+Introduced in notebook 10 (past one device). The handbook chapter ends before parallelism; these
+are the course's own claims (Megatron-LM's layout, and the lesson that communication is a cost
+the roofline does not draw), each with a computed verdict, withheld on a busy machine."""
+
+from __future__ import annotations
+
+from ..lab.busy import busy_reason, judge
+from .ratios import MARGIN, compare_speed
+
+
+def tensor_parallel_claims(result: dict, busy: str | None = None) -> list[dict]:
+    """Rows of claim, measured and verdict from `lab.tensor_parallel.measure_tensor_parallel`'s
+    result (its first degree is the base, normally TP=1, the next the one judged).
+
+    Introduced in notebook 10 (past one device). Thresholds: the tokens "hold" when every
+    degree gave the base's greedy tokens; two all-reduces per layer "hold" at exactly
+    2 x layers per forward pass; decode at batch 1 "does not pay" when TP's speed is below
+    1/MARGIN (1.05) of the base, "pays" above MARGIN; the prefill amortizes the communication
+    when its share of time inside the all-reduces is below the decode step's. `busy`: the
+    machine's busy reason, which withholds the timed verdicts."""
+    degrees = list(result["degrees"])
+    base, world = result["degrees"][degrees[0]], degrees[1]
+    tp = result["degrees"][world]
+    layers = tp["prefill_all_reduces"] / 2
+    ratio = tp["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+    pays = compare_speed(ratio, MARGIN)
+    rows = [
+        {"claim": f"(course) TP={world} gives TP={degrees[0]}'s greedy tokens",
+         "measured": "the same tokens in every round" if tp["same_tokens"] else "different tokens",
+         "verdict": "holds" if tp["same_tokens"] else "does not hold"},
+        {"claim": "(Megatron-LM) a layer split column- then row-parallel needs two all-reduces",
+         "measured": f"{tp['all_reduces_per_step']:.0f} all-reduces per decode step for {layers:.0f} layers",
+         "verdict": "holds" if tp["all_reduces_per_step"] == 2 * layers else "does not hold"},
+        {"claim": "(course) at batch 1, tensor parallelism over a slow link does not speed decoding up",
+         "measured": f"TP={world}: {tp['decode_tokens_per_s']:.1f} tokens/s against {base['decode_tokens_per_s']:.1f} "
+                     f"({ratio:.2f}x); {tp['all_reduce_share_of_decode']:.0%} of a step inside the all-reduces",
+         "verdict": judge({"slower": "holds", "same": "holds: no measurable gain",
+                           "faster": f"not here: TP={world} decoded {ratio:.2f}x faster"}[pays], busy)},
+        {"claim": "(course) a long prefill amortizes the all-reduces better than a decode step",
+         "measured": f"time inside the all-reduces: {tp['all_reduce_share_of_prefill']:.0%} of the prefill of "
+                     f"{result['prefill_tokens']} tokens, {tp['all_reduce_share_of_decode']:.0%} of a decode step",
+         "verdict": judge("holds" if tp["all_reduce_share_of_prefill"] < tp["all_reduce_share_of_decode"]
+                          else "does not hold here", busy)},
+    ]
+    return rows
+
+
+def tensor_parallel_section_claims(section: dict) -> list[dict]:
+    """The bench section's claims: `tensor_parallel_claims` of its result (none where fewer than
+    two degrees ran). Introduced in notebook 10 (past one device)."""
+    if not section.get("result"):
+        return []
+    return tensor_parallel_claims(section["result"], busy_reason({}, load=section.get("load")))
