@@ -2,12 +2,13 @@
 
 Introduced in notebook 10 (past one device).
 
-`run_tensor_parallel(model, world, fn)` starts `world` processes (spawned, so that a notebook,
+`run_ranks(world, fn)` starts `world` processes (spawned, so that a notebook,
 the CLI and the tests start them alike), each with `threads` CPU threads. They meet at
-127.0.0.1 on a free port: gloo on a CPU, NCCL with one GPU per rank on CUDA. Each rank builds its
-share of `model` (`tensor.shard_model`; the model's tensors reach the processes through shared
-memory, not a copy per rank) and calls `fn(rank_model, rank, world, *args)`. The results come
-back in rank order.
+127.0.0.1 on a free port: gloo on a CPU, NCCL with one GPU per rank on CUDA. Each calls
+`fn(rank, world, *args)`; the results come back in rank order. `run_tensor_parallel(model,
+world, fn)` runs on it: each rank builds its share of `model` (`tensor.shard_model`; the model's
+tensors reach the processes through shared memory, not a copy per rank) and calls
+`fn(rank_model, rank, world, *args)`.
 
 Nothing here may hang. A rank that raises sends its error back, and the parent raises it as one
 sentence. A rank that dies without a word is seen by its exit code. Either way every other rank
@@ -72,7 +73,26 @@ def run_tensor_parallel(model, world: int, fn, args: tuple = (), threads: int = 
     use. timeout: seconds for the whole run and for each collective.
     """
     plan_split(model.config, world)                         # refuses a degree the heads cannot take
-    device = model.device
+    return run_ranks(world, _sharded, (model, fn, args), threads=threads, port=port, timeout=timeout,
+                     device=model.device)
+
+
+def _sharded(rank, world, model, fn, args):
+    """One rank of `run_tensor_parallel`: its share of `model` (on its own GPU on CUDA), then fn."""
+    if model.device.type == "cuda":
+        model = model.to(f"cuda:{rank}")
+    return fn(shard_model(model, rank, world, Collectives()), rank, world, *args)
+
+
+def run_ranks(world: int, fn, args: tuple = (), threads: int = 1, port: int | None = None,
+              timeout: float = 300.0, device="cpu") -> list:
+    """`fn(rank, world, *args)` in `world` processes joined in one `torch.distributed` group at
+    127.0.0.1 (gloo; NCCL with one GPU per rank when `device` is CUDA); returns each rank's
+    result, in rank order. Notebook 10 (past one device): `run_tensor_parallel` and the
+    checkers run their ranks through it. The same refusals and timeout as `run_tensor_parallel`."""
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise LabError(f"The number of ranks must be a whole number, 1 or more; got {world!r}.")
+    device = torch.device(device)
     _check_room(world, threads, device)
     if port is None:
         port = free_port()
@@ -81,7 +101,7 @@ def run_tensor_parallel(model, world: int, fn, args: tuple = (), threads: int = 
     context = torch.multiprocessing.get_context("spawn")
     results = context.Queue()
     ranks = [context.Process(target=_rank_main, daemon=True,
-                             args=(rank, world, port, threads, timeout, model, fn, args, results))
+                             args=(rank, world, port, threads, timeout, device.type, fn, args, results))
              for rank in range(world)]
     for process in ranks:
         process.start()
@@ -126,21 +146,18 @@ def _raise_if_one_died(ranks, finished) -> None:
                        "the other ranks were stopped.") from None
 
 
-def _rank_main(rank, world, port, threads, timeout, model, fn, args, results) -> None:
-    """One rank's process: join the group, build this rank's model, run fn, send the result back."""
+def _rank_main(rank, world, port, threads, timeout, device_type, fn, args, results) -> None:
+    """One rank's process: join the group, run fn, send the result back (or one sentence)."""
     try:
         torch.set_num_threads(threads)
-        device = model.device
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda":
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        if device_type == "cuda":
             torch.cuda.set_device(rank)
-            model = model.to(f"cuda:{rank}")
         torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                              world_size=world, timeout=timedelta(seconds=timeout))
         try:
-            local = shard_model(model, rank, world, Collectives())
             # by value (plain pickle): a tensor sent through shared memory would vanish with this process
-            results.put(("ok", rank, pickle.dumps(fn(local, rank, world, *args))))
+            results.put(("ok", rank, pickle.dumps(fn(rank, world, *args))))
         finally:
             torch.distributed.destroy_process_group()
     except BaseException as error:             # noqa: BLE001 - sent back as one sentence, never a traceback here
