@@ -216,3 +216,40 @@ def test_the_claims_judge_what_was_measured_and_withhold_on_a_busy_machine():
     assert busy[0]["verdict"] == "holds" and busy[2]["verdict"].startswith("the machine was busy")
     assert tensor_parallel_section_claims({"result": None}) == []
     assert len(tensor_parallel_section_claims({"result": _result(), "load": 0.1})) == 4
+
+
+def test_the_explorer_moves_the_balance_between_compute_and_communication():
+    from labsupport.explorers.tensor_parallel import all_reduce_seconds, compute_seconds, measured_link, \
+        tensor_parallel_explorer
+    result = _result()
+    result["degrees"][2]["all_reduce_latency"] = {"decode_row": {"bytes": 2304, "median_s": 2.5e-4},
+                                                 "prefill": {"bytes": 2304 * 512, "median_s": 2.5e-4 + 0.01}}
+    link = measured_link(result)
+    assert link["latency_us"] == pytest.approx(250) and link["gb_per_s"] == pytest.approx(2304 * 511 / 0.01 / 1e9)
+    assert compute_seconds(result, 1) == pytest.approx(1 / 20) and compute_seconds(result, 3) > compute_seconds(result, 1)
+    assert all_reduce_seconds(30, 576, 1, 1, 25.0, 15.0) == 0.0
+    assert all_reduce_seconds(30, 576, 1, 2, 25.0, 15.0) == pytest.approx(60 * (15e-6 + 2304 / 25e9))
+    explorer = tensor_parallel_explorer(result, PRESETS["smollm2-135m"], use_widget=False)
+    first = explorer.figures[0].figure
+    explorer.controls["link"].value = "NVLink 4 (H100 SXM)"
+    nvlink = explorer.figures[0].figure
+    assert list(first.data[1].y)[0] == 0 and list(nvlink.data[1].y)[1] < list(first.data[1].y)[1]
+    explorer.controls["tokens"].value = 2048
+    assert list(explorer.figures[0].figure.data[0].y)[0] > list(nvlink.data[0].y)[0]
+    assert "TP=2 takes" in explorer.figures[0].figure.layout.title.text
+
+
+def test_the_ledger_says_where_tensor_parallelism_lost_and_why():
+    from labsupport.claims.tensor_parallel import tensor_parallel_losses
+    result = _result()
+    result["degrees"][2]["prefill_s"] = 0.9
+    result["degrees"][2]["shares"] = [{"kv_heads": 2}, {"kv_heads": 1}]
+    lines = tensor_parallel_losses(result, [{"link": "NVLink 4 (H100 SXM)", "all_reduces_per_step": 60,
+                                             "seconds_per_step": 3e-4, "share_of_measured_step": 0.004}])
+    text = " ".join(lines)
+    assert "0.50x TP=1's speed" in text and "50% of the step" in text and "ran at 0.67x" in text
+    assert "split 2 + 1" in text and "0.4%" in text
+    fast = _result(tp_speed=40.0)
+    fast["degrees"][2]["prefill_s"] = 0.3
+    fast["degrees"][2]["shares"] = [{"kv_heads": 1}, {"kv_heads": 1}]
+    assert tensor_parallel_losses(fast, []) == ["Nothing measured here lost to its baseline."]

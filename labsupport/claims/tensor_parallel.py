@@ -53,3 +53,37 @@ def tensor_parallel_section_claims(section: dict) -> list[dict]:
     if not section.get("result"):
         return []
     return tensor_parallel_claims(section["result"], busy_reason({}, load=section.get("load")))
+
+
+def tensor_parallel_losses(result: dict, links: list[dict]) -> list[str]:
+    """Where tensor parallelism did not pay on this machine, one sentence each, from this run's
+    measurements (`measure_tensor_parallel`, `link_arithmetic`). Introduced in notebook 10 (past
+    one device): its "where it loses here" ledger. Thresholds: a degree "loses" below 1/MARGIN
+    of the base's speed."""
+    degrees = list(result["degrees"])
+    base, lines = result["degrees"][degrees[0]], []
+    for world in degrees[1:]:
+        d = result["degrees"][world]
+        decode = d["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+        prefill = base["prefill_s"] / d["prefill_s"]
+        if compare_speed(decode, MARGIN) == "slower":
+            lines.append(f"Decoding at batch 1, TP={world} ran at {decode:.2f}x TP={degrees[0]}'s speed: each step made "
+                         f"{d['all_reduces_per_step']:.0f} all-reduces of one row, and {d['all_reduce_share_of_decode']:.0%} "
+                         "of the step went inside them (their latency, and waiting for the slower rank).")
+        if compare_speed(prefill, MARGIN) == "slower":
+            lines.append(f"The prefill of {result['prefill_tokens']} tokens ran at {prefill:.2f}x: on one machine's "
+                         "cores, two processes of one thread do not multiply faster than one process of two, so "
+                         "splitting the weights bought nothing the communication did not take back.")
+        uneven = {s["kv_heads"] for s in d["shares"]}
+        if len(uneven) > 1:
+            lines.append(f"The {sum(s['kv_heads'] for s in d['shares'])} key/value heads split "
+                         f"{' + '.join(str(s['kv_heads']) for s in d['shares'])}: the rank with more attention "
+                         "sets the pace, and the others wait for it at every all-reduce.")
+    for row in links:
+        if row["share_of_measured_step"] < 0.05:
+            lines.append(f"Over {row['link']} the same {row['all_reduces_per_step']:.0f} all-reduces would take "
+                         f"{row['seconds_per_step'] * 1e3:.2f} ms, {row['share_of_measured_step']:.1%} of this "
+                         "machine's decode step: the link is not what makes tensor parallelism lose here; a GPU's "
+                         "step is 10-100x shorter, so there the same link costs that much more of it.")
+            break
+    return lines or ["Nothing measured here lost to its baseline."]

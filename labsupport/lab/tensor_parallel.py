@@ -144,3 +144,13 @@ def link_arithmetic(result: dict, model_config, links: dict = LINKS) -> list[dic
             rows.append({"degree": world, "link": name, "all_reduces_per_step": per_step,
                          "seconds_per_step": per_step * call_s, "share_of_measured_step": per_step * call_s / step_s})
     return rows
+
+
+def rank_logits_and_tokens(model, rank: int, world: int, prompt: list[int], new_tokens: int) -> dict:
+    """One rank's logits of `prompt` (every position) and its greedy tokens: what notebook 10 compares
+    with the whole model's. Notebook 10 (past one device)."""
+    with torch.inference_mode():
+        logits = model.logits(model(torch.tensor([prompt], device=model.device)))
+    tokens = generate(model, prompt, new_tokens, eos_token_ids=()).tokens[0].tolist()
+    return {"rank": rank, "logits": logits.cpu(), "tokens": tokens, "kv_heads": model.config.num_kv_heads,
+            "mlp_units": model.config.intermediate_size}
