@@ -28,10 +28,11 @@ from checker_cases.nb06_serving import NOTEBOOK_06
 from checker_cases.nb07_stack import NOTEBOOK_07
 from checker_cases.nb08_long_context import NOTEBOOK_08
 from checker_cases.nb09_serving_http import NOTEBOOK_09
+from checker_cases.nb10_tensor_parallel import NOTEBOOK_10
 
 
 CASES = (NOTEBOOK_00 + NOTEBOOK_01 + NOTEBOOK_02 + NOTEBOOK_03 + NOTEBOOK_04 + NOTEBOOK_05 + NOTEBOOK_06 + NOTEBOOK_07
-         + NOTEBOOK_08 + NOTEBOOK_09)
+         + NOTEBOOK_08 + NOTEBOOK_09 + NOTEBOOK_10)
 
 
 def case_id(case: Case) -> str:

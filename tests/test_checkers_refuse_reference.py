@@ -23,6 +23,7 @@ from labsupport.checks.long_context import check_int8_crossover
 from labsupport.checks.quantize_w4a8 import check_w4a8_matmul
 from labsupport.checks.roofline import check_decode_step_cost
 from labsupport.checks.serving import check_block_hash
+from labsupport.checks.tensor_parallel import check_all_reduce_cost, check_mlp_split
 from labsupport.checks.tiled_attention import check_tiled_attention
 from labsupport.engine import padding
 from labsupport.engine.kv_quant import int8_kv_cache_bytes
@@ -33,6 +34,7 @@ from labsupport.lab.prefill_attention import tiled_attention as package_tiled
 from checker_cases.nb02_batching import trim_after_end as trim
 from checker_cases.nb04_quantize import w4a8_matmul
 from checker_cases.nb08_long_context import reference_tiled
+from checker_cases.nb10_tensor_parallel import cost_from_the_package, split_from_the_package
 
 WRITE_IT = "write the steps yourself"
 
@@ -65,6 +67,8 @@ REFERENCE_ANSWERS = [
     (check_tiled_attention, package_tiled),
     (check_int8_crossover, crossover_from_the_package),
     (check_w4a8_matmul, w4a8_from_the_package),
+    (check_mlp_split, split_from_the_package),           # refused from its source, before any rank starts
+    (check_all_reduce_cost, cost_from_the_package),
 ]
 
 

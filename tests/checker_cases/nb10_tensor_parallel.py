@@ -1,0 +1,161 @@
+"""Checker cases of notebook 10 (past one device): the reference and each typical mistake.
+
+The split's answers run on two spawned ranks, which get their source (not an import), so each
+answer is a function of its own, written as a learner would, and helpers are module functions."""
+
+import types
+
+import torch.nn.functional as F
+
+from labsupport.checks.tensor_parallel import check_all_reduce_cost, check_mlp_split, reference_all_reduce_seconds
+from labsupport.lab.tensor_parallel import link_arithmetic
+
+from checker_cases.common import accepts, refuses
+
+
+# --- exercise 1: one MLP split across two real ranks ---------------------------------------
+
+def mlp_on_rank(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    """The notebook's solution."""
+    inner = down_weight.shape[1]
+    start, stop = rank * inner // world, (rank + 1) * inner // world
+    gate = gate_up_weight[start:stop]                               # (units, hidden)
+    up = gate_up_weight[inner + start: inner + stop]                # (units, hidden)
+    h = F.silu(x @ gate.T) * (x @ up.T)                             # (T, units)
+    partial = h @ down_weight[:, start:stop].T                      # (T, hidden): this rank's partial sum
+    return all_reduce(partial)
+
+
+def my_units(inner, rank, world):
+    return slice(rank * inner // world, (rank + 1) * inner // world)
+
+
+def mlp_by_chunks(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    """Another right answer: gate_up chunked in two first, the slice from a helper, F.linear."""
+    gate, up = gate_up_weight.chunk(2)
+    units = my_units(down_weight.shape[1], rank, world)
+    h = F.silu(F.linear(x, gate[units])) * F.linear(x, up[units])
+    return all_reduce(F.linear(h, down_weight[:, units]))
+
+
+def no_all_reduce(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    inner = down_weight.shape[1]
+    start, stop = rank * inner // world, (rank + 1) * inner // world
+    h = F.silu(x @ gate_up_weight[start:stop].T) * (x @ gate_up_weight[inner + start:inner + stop].T)
+    return h @ down_weight[:, start:stop].T                         # the partial sum, never added up
+
+
+def halves_of_gate_up(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    inner = down_weight.shape[1]
+    start, stop = rank * inner // world, (rank + 1) * inner // world
+    rows = 2 * inner // world                                       # rank 0: all the gate rows; rank 1: all up
+    gate, up = gate_up_weight[rank * rows:(rank + 1) * rows].chunk(2)
+    return all_reduce((F.silu(x @ gate.T) * (x @ up.T)) @ down_weight[:, start:stop].T)
+
+
+def rows_of_down(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    inner = down_weight.shape[1]
+    start, stop = rank * inner // world, (rank + 1) * inner // world
+    h = F.silu(x @ gate_up_weight[start:stop].T) * (x @ gate_up_weight[inner + start:inner + stop].T)
+    return all_reduce(h @ down_weight[start:stop].T)               # rows, not columns
+
+
+def all_reduce_of_h(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    inner = down_weight.shape[1]
+    start, stop = rank * inner // world, (rank + 1) * inner // world
+    h = F.silu(x @ gate_up_weight[start:stop].T) * (x @ gate_up_weight[inner + start:inner + stop].T)
+    return all_reduce(h) @ down_weight[:, start:stop].T
+
+
+def whole_mlp(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    gate, up = gate_up_weight.chunk(2)                               # every rank computes everything
+    return (F.silu(x @ gate.T) * (x @ up.T)) @ down_weight.T
+
+
+def two_all_reduces(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    partial = mlp_on_rank(x, gate_up_weight, down_weight, rank, world, lambda t: t)
+    all_reduce(partial)
+    return all_reduce(partial)
+
+
+def divided_by_world(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    return mlp_on_rank(x, gate_up_weight, down_weight, rank, world, all_reduce) / world    # a mean
+
+
+def interleaved(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    inner = down_weight.shape[1]
+    gate, up = gate_up_weight[rank:inner:world], gate_up_weight[inner + rank::world]     # every world-th unit
+    return all_reduce((F.silu(x @ gate.T) * (x @ up.T)) @ down_weight[:, rank::world].T)
+
+
+def split_from_the_package(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    """The right numbers, with the slice from the package's plan_split."""
+    from labsupport.engine.parallel import plan_split
+    inner = down_weight.shape[1]
+    config = types.SimpleNamespace(family="llama", name="mlp", num_heads=world, num_kv_heads=world,
+                                   intermediate_size=inner, vocab_size=world)
+    units = plan_split(config, world)[rank].mlp_units
+    start, stop = units.start, units.stop
+    h = F.silu(x @ gate_up_weight[start:stop].T) * (x @ gate_up_weight[inner + start:inner + stop].T)
+    return all_reduce(h @ down_weight[:, start:stop].T)
+
+
+# --- exercise 2: the seconds in all-reduces -------------------------------------------------
+
+def all_reduce_seconds_per_step(layers, hidden, tokens, bytes_per_value, world, gb_per_s, latency_us):
+    """The notebook's solution."""
+    if world == 1:
+        return 0.0
+    message = tokens * hidden * bytes_per_value
+    return 2 * layers * (latency_us * 1e-6 + 2 * (world - 1) / world * message / (gb_per_s * 1e9))
+
+
+def seconds(per_layer=2, ring=lambda w: 2 * (w - 1) / w, gb=1e9, latency=1e-6, one_is_zero=True, bits=1,
+            with_tokens=True):
+    """The solution with one slip, a keyword away from its default."""
+    def slipped(layers, hidden, tokens, bytes_per_value, world, gb_per_s, latency_us):
+        if world == 1 and one_is_zero:
+            return 0.0
+        message = (tokens if with_tokens else 1) * hidden * bytes_per_value * bits
+        return per_layer * layers * (latency_us * latency + ring(world) * message / (gb_per_s * gb))
+    return slipped
+
+
+def cost_from_the_package(layers, hidden, tokens, bytes_per_value, world, gb_per_s, latency_us):
+    """The right numbers, from the package's link_arithmetic."""
+    if world == 1:
+        return 0.0
+    config = types.SimpleNamespace(hidden_size=tokens * hidden * bytes_per_value / 4)    # it counts 4-byte values
+    result = {"degrees": {world: {"all_reduces_per_step": 2 * layers, "decode_tokens_per_s": 1.0}}}
+    links = {"link": {"gb_per_s": gb_per_s, "latency_us": latency_us}}
+    return link_arithmetic(result, config, links)[0]["seconds_per_step"]
+
+
+NOTEBOOK_10 = [
+    accepts(check_mlp_split, "reference", mlp_on_rank),
+    accepts(check_mlp_split, "chunks-a-helper-and-F.linear", mlp_by_chunks),
+    refuses(check_mlp_split, "no-all-reduce", "returned its own partial sum", no_all_reduce),
+    refuses(check_mlp_split, "gate_up-cut-in-contiguous-halves", "rank 0 only gate rows", halves_of_gate_up),
+    refuses(check_mlp_split, "rows-of-down", r"its columns, down_weight\[:, start:stop\]", rows_of_down),
+    refuses(check_mlp_split, "all-reduce-of-h-before-down", "nothing to add before down", all_reduce_of_h),
+    refuses(check_mlp_split, "whole-mlp-on-every-rank", "used weights outside its share: it computed the whole MLP",
+            whole_mlp),
+    refuses(check_mlp_split, "two-all-reduces", "one all-reduce per MLP", two_all_reduces),
+    refuses(check_mlp_split, "divided-by-world", "do not divide it by world", divided_by_world),
+    refuses(check_mlp_split, "interleaved-split", "not every world-th unit", interleaved),
+    refuses(check_mlp_split, "the-packages-split", "write the steps yourself", split_from_the_package),
+    accepts(check_all_reduce_cost, "reference", all_reduce_seconds_per_step),
+    accepts(check_all_reduce_cost, "the-checkers-reference", reference_all_reduce_seconds),
+    refuses(check_all_reduce_cost, "one-per-layer", "two all-reduces", seconds(per_layer=1)),
+    refuses(check_all_reduce_cost, "no-ring-factor", "multiply the bytes by it", seconds(ring=lambda w: 1.0)),
+    refuses(check_all_reduce_cost, "half-the-ring-factor", r"not \(world - 1\) / world",
+            seconds(ring=lambda w: (w - 1) / w)),
+    refuses(check_all_reduce_cost, "gib", "GiB", seconds(gb=2**30)),
+    refuses(check_all_reduce_cost, "latency-in-ms", "reads it as ms", seconds(latency=1e-3)),
+    refuses(check_all_reduce_cost, "latency-forgotten", "also costs its latency", seconds(latency=0.0)),
+    refuses(check_all_reduce_cost, "world-1-not-zero", "return 0.0 when world == 1", seconds(one_is_zero=False)),
+    refuses(check_all_reduce_cost, "bits", "that is bits", seconds(bits=8)),
+    refuses(check_all_reduce_cost, "message-without-tokens", "every token's row", seconds(with_tokens=False)),
+    refuses(check_all_reduce_cost, "world-1-none", "return 0.0", lambda *a: None if a[4] == 1 else 1.0),
+    refuses(check_all_reduce_cost, "link_arithmetic", "write the steps yourself", cost_from_the_package),
+]

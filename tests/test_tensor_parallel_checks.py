@@ -1,0 +1,179 @@
+"""Notebook 10's checkers (labsupport/checks/tensor_parallel.py), beyond the table of
+tests/test_checkers.py: what a notebook's function is (not importable by the ranks, sent as
+source with its helpers), a learner's error or a rank left waiting ending in one sentence and
+never a hang, the package's split refused on the ranks too, and the NaN outside each share."""
+
+import linecache
+import time
+
+import pytest
+import torch
+
+from labsupport.checks import CheckFailed
+from labsupport.checks import tensor_parallel as checks
+from labsupport.checks.tensor_parallel import check_all_reduce_cost, check_mlp_split
+from labsupport.engine.parallel import plan_split
+
+from checker_cases.nb10_tensor_parallel import all_reduce_seconds_per_step, mlp_on_rank
+
+
+def from_a_notebook(source: str, name: str, **names):
+    """`name` defined by `source` as a notebook cell defines it: in a module called __main__ that a
+    spawned rank cannot import, its source in linecache (as IPython keeps its cells)."""
+    filename = f"<nb10-cell-{name}-{time.monotonic_ns()}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"__name__": "__main__", **names}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[name]
+
+
+NOTEBOOK_CELL = '''
+import torch.nn.functional as F
+
+
+def mlp_on_rank(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    ### BEGIN SOLUTION
+    inner = down_weight.shape[1]
+    start, stop = rank * inner // world, (rank + 1) * inner // world
+    gate = gate_up_weight[start:stop]                               # (units, hidden)
+    up = gate_up_weight[inner + start: inner + stop]                # (units, hidden)
+    h = F.silu(x @ gate.T) * (x @ up.T)                             # (T, units)
+    partial = h @ down_weight[:, start:stop].T                      # (T, hidden): this rank's partial sum
+    return all_reduce(partial)
+    ### END SOLUTION
+'''
+
+WITH_HELPERS = '''
+import torch
+from torch.nn.functional import silu
+
+
+def units_of(inner, rank, world):
+    return rank * inner // world, (rank + 1) * inner // world
+
+
+def mlp_on_rank(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    inner = down_weight.shape[1]
+    start, stop = units_of(inner, rank, world)
+    h = silu(x @ gate_up_weight[start:stop].T) * (x @ gate_up_weight[inner + start:inner + stop].T)
+    partial = h @ down_weight[:, start:stop].T
+    torch.distributed.all_reduce(partial)            # the collective itself: a real all-reduce too
+    return partial
+'''
+
+
+@pytest.mark.parametrize("source", [NOTEBOOK_CELL, WITH_HELPERS], ids=["the-notebooks-cell", "helpers-and-imports"])
+def test_a_notebooks_function_is_checked_on_the_ranks(source, capsys):
+    """The notebook's own solution cell, and one with a helper, a function imported by name and
+    torch.distributed called directly: each travels to the ranks as source and passes."""
+    started = time.monotonic()
+    check_mlp_split(from_a_notebook(source, "mlp_on_rank"))
+    out = capsys.readouterr().out
+    assert out.count("Correct: ") == 1 and "Two all-reduces per layer" in out
+    assert time.monotonic() - started < 60
+
+
+def test_a_notebook_variable_the_function_needs_is_named_in_one_sentence():
+    source = '''
+def mlp_on_rank(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    start, stop = rank * INNER // world, (rank + 1) * INNER // world
+    return all_reduce(x @ gate_up_weight[start:stop].T @ down_weight[:, start:stop].T)
+'''
+    with pytest.raises(CheckFailed, match="NameError.*keep what it needs inside it") as refused:
+        check_mlp_split(from_a_notebook(source, "mlp_on_rank", INNER=96))
+    assert "\n" not in str(refused.value) and "Traceback" not in str(refused.value)
+
+
+def raises_on_rank_one(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    if rank == 1:
+        raise ValueError("a bug on rank 1")
+    return mlp_on_rank(x, gate_up_weight, down_weight, rank, world, all_reduce)   # rank 0 waits in all_reduce
+
+
+def test_a_learners_error_on_one_rank_is_one_sentence_and_no_hang():
+    started = time.monotonic()
+    with pytest.raises(CheckFailed, match="got ValueError on rank 1: a bug on rank 1. Hint: ") as refused:
+        check_mlp_split(raises_on_rank_one)
+    assert "\n" not in str(refused.value) and "Hint: " in str(refused.value)
+    assert time.monotonic() - started < 30                      # rank 0 is stopped, not left in its all-reduce
+
+
+def only_rank_zero_reduces(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    partial = mlp_on_rank(x, gate_up_weight, down_weight, rank, world, lambda t: t)
+    return all_reduce(partial) if rank == 0 else partial
+
+
+def test_a_rank_left_waiting_in_its_all_reduce_ends_in_one_sentence(monkeypatch):
+    monkeypatch.setattr(checks, "TIMEOUT_S", 8.0)
+    started = time.monotonic()
+    with pytest.raises(CheckFailed, match="same number of times"):
+        check_mlp_split(only_rank_zero_reduces)
+    assert time.monotonic() - started < 40
+
+
+def not_written_yet(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    raise NotImplementedError("write mlp_on_rank")
+
+
+def test_a_stub_is_not_done_yet_not_a_wrong_answer():
+    with pytest.raises(NotImplementedError, match="write mlp_on_rank"):
+        check_mlp_split(not_written_yet)
+
+
+def package_split_by_getattr(x, gate_up_weight, down_weight, rank, world, all_reduce):
+    import importlib
+    import types
+    split = getattr(importlib.import_module("labsupport.engine.parallel"), "plan" + "_split")
+    config = types.SimpleNamespace(family="llama", name="mlp", num_heads=world, num_kv_heads=world,
+                                   intermediate_size=down_weight.shape[1], vocab_size=world)
+    units = split(config, world)[rank].mlp_units
+    inner, start, stop = down_weight.shape[1], units.start, units.stop
+    h = torch.nn.functional.silu(x @ gate_up_weight[start:stop].T) * (x @ gate_up_weight[inner + start:inner + stop].T)
+    return all_reduce(h @ down_weight[:, start:stop].T)
+
+
+def test_the_packages_split_is_refused_on_the_ranks_too():
+    """A name the source does not show (getattr) still meets the stand-in the ranks put there."""
+    with pytest.raises(CheckFailed, match="write the steps yourself; plan_split"):
+        check_mlp_split(package_split_by_getattr)
+
+
+@pytest.mark.parametrize("answer, words", [
+    (plan_split, "write the steps yourself"),
+    (lambda x, g, d, rank, world, all_reduce: x, "define mlp_on_rank with def"),
+    (all_reduce_seconds_per_step, "keep the six arguments"),
+    ("mlp_on_rank", "define mlp_on_rank with def"),
+])
+def test_what_is_not_a_learners_function_is_refused_before_any_rank_starts(answer, words):
+    started = time.monotonic()
+    with pytest.raises(CheckFailed, match=words):
+        check_mlp_split(answer)
+    assert time.monotonic() - started < 2
+
+
+def test_each_rank_sees_nan_outside_its_share_and_its_share_whole():
+    case = checks._mlp_cases()[0]
+    inner = case["down"].shape[1]
+    for rank in range(2):
+        gate_up, down = checks._masked(case["gate_up"], case["down"], rank, 2)
+        mine = range(rank * inner // 2, (rank + 1) * inner // 2)
+        rows = [*mine, *(inner + u for u in mine)]
+        assert torch.equal(gate_up[rows], case["gate_up"][rows]) and torch.equal(down[:, mine], case["down"][:, mine])
+        others = [r for r in range(2 * inner) if r not in rows]
+        assert gate_up[others].isnan().all() and down[:, [u for u in range(inner) if u not in mine]].isnan().all()
+
+
+def test_the_slips_numbers_differ_from_the_right_ones():
+    """Each slip the diagnosis names gives other numbers than the right partial sum on every case,
+    so a right answer is never told it made one."""
+    for case in checks._mlp_cases():
+        for rank in range(2):
+            want = checks._candidates(case, rank)
+            for slip in ("halves", "interleaved", "whole"):
+                assert not checks._same(want[slip], want["partial"])
+
+
+def test_the_cost_checker_prints_one_line_and_names_the_link(capsys):
+    check_all_reduce_cost(all_reduce_seconds_per_step)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("Correct: ") and "NVLink" in out
