@@ -1,4 +1,5 @@
-"""How labsupport is cut (docs: COURSE.md, "labsupport: how it is cut"), checked from the source.
+"""How labsupport is cut (the course's design, COURSE.md beside this repository: "labsupport: how it is
+cut"), checked from the source.
 
 Every module is parsed with `ast`; every import counts, at the top of a module and
 inside functions alike, relative (``from .x import y``) and absolute

@@ -2,13 +2,11 @@
 
 Introduced in notebook 00 (where the time goes). Text generation is limited
 either by how fast memory can be read (bandwidth, bytes/s) or by how fast
-the chip can multiply (FLOP/s). This module measures both on the device you
-actually have, so notebook 00 can draw a roofline from real numbers:
+the chip can multiply (FLOP/s). Notebook 00 measures both on the device you
+actually have (`labsupport.lab.roofs.probe`, which uses this module's `synchronize`), so it
+can draw a roofline from real numbers.
 
-    profile = probe()                 # measures once, then remembers
-    profile.ridge("float32")          # FLOP per byte where the two limits meet
-
-It also answers the practical questions every later notebook asks: which
+This module answers the practical questions every later notebook asks: which
 device to use (`pick_device`), which dtype it runs well (`pick_dtype`,
 `require_usable_dtype`), and how to wait for it to finish (`synchronize`).
 Device and dtype always come from arguments; nothing here assumes a GPU.

@@ -2,7 +2,7 @@
 
 Introduced in notebook 04 (quantization).
 
-The weights are our int4 groupwise format with groups of 32 (quantize_formats.py: q in 0..15,
+The weights are our int4 groupwise format with groups of 32 (formats.py: q in 0..15,
 w ~ q * scale + zero), which is GGUF's Q4_1 block. Each activation row is quantized per call
 to int8 in blocks of 32 (symmetric: dx = max|x| / 127), so that one block's contribution is
 
