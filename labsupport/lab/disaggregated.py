@@ -1,0 +1,196 @@
+"""Disaggregated prefill and decode: one process only prefills, another only decodes, and every
+finished prefill hands its KV cache over.
+
+Introduced in notebook 10 (past one device).
+
+Two ranks of one thread each, joined by `torch.distributed` (gloo over 127.0.0.1), share the
+clock of the machine (`time.monotonic` is system-wide):
+
+* rank 0, the prefill worker, takes the requests in order of arrival. It waits for each to
+  arrive, prefills its prompt alone through a paged cache, and picks the first token (greedy).
+  That is the request's first token, so its time to first token ends here. Then it sends the
+  prompt's keys and values to rank 1 without waiting for it (`isend`): a header (which request,
+  how many positions, the first token) and one tensor of (2, layers, positions, kv_heads,
+  head_dim). Rank 1 records each handover's bytes and the seconds its receive took.
+* rank 1, the decode worker, runs continuous batching over decodes only. Between two steps it
+  takes whatever handovers have arrived (a posted receive it tests, so a step never waits for a
+  prefill), writes each into its own paged pool through the request's block table, and seats
+  the request in a free slot. A step decodes every seated request by one token.
+
+`compare_with_colocated` serves the same requests with one engine on the same two cores, with
+chunked prefill, and judges both by goodput: the requests per second that met both service-level
+objectives (time to first token and time per output token).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ..engine.parallel import run_ranks
+from ..engine.serving import BlockManager, Engine, PagedKVCache, ServedSequence
+from ..engine.serving.block_manager import blocks_needed
+from ..engine.serving.model_runner import ModelRunner
+from ..errors import LabError
+
+END = -1                                   # a header whose request index is END: no more requests
+
+
+def _pool(model, positions: int, block_size: int):
+    blocks = BlockManager(blocks_needed(positions, block_size), block_size)
+    cache = PagedKVCache(model.config, blocks.num_free, block_size, device=model.device, dtype=model.dtype)
+    return blocks, cache, ModelRunner(model, cache, blocks)
+
+
+def _slots(cache, blocks, index: int, length: int) -> torch.Tensor:
+    table = torch.tensor([blocks.table(index)], device=cache.device)                  # (1, blocks)
+    return cache.slots(table, torch.arange(length, device=cache.device)[None])[0]     # (length,)
+
+
+def _prefill_worker(model, requests, start: float, block_size: int) -> dict:
+    """Rank 0: prefill each request as it arrives, send its cache to rank 1."""
+    longest = max(len(r.prompt) for r in requests)
+    blocks, cache, runner = _pool(model, longest, block_size)
+    first_token_at, in_flight = {}, []
+    for index, request in sorted(enumerate(requests), key=lambda pair: pair[1].arrival):
+        time.sleep(max(0.0, start + request.arrival - time.monotonic()))
+        seq = ServedSequence(request, index, model.device)
+        T = len(request.prompt)
+        blocks.grow(index, T)
+        first = int(runner.prefill(seq).argmax())
+        first_token_at[index] = time.monotonic() - start
+        slots = _slots(cache, blocks, index, T)
+        kv = torch.stack([cache.keys[:, slots], cache.values[:, slots]])   # (2, layers, T, kv_heads, D)
+        header, kv = torch.tensor([index, T, first]), kv.contiguous()
+        # sent without waiting (isend): the next prompt's prefill need not wait for the decode worker to take this one
+        in_flight += [(header, torch.distributed.isend(header, dst=1)), (kv, torch.distributed.isend(kv, dst=1))]
+        blocks.release(index)
+    torch.distributed.send(torch.tensor([END, 0, 0]), dst=1)
+    for _, work in in_flight:
+        work.wait()
+    return {"first_token_at": first_token_at}
+
+
+def _decode_worker(model, requests, start: float, slots: int, block_size: int) -> dict:
+    """Rank 1: seat each handed-over request, decode every seated one by a token per step."""
+    room = sum(len(r.prompt) + r.max_new_tokens + block_size for r in requests)
+    blocks, cache, runner = _pool(model, room, block_size)
+    config = model.config
+    waiting, running, done, handovers = [], [], {}, []
+    token_times: dict[int, list[float]] = {}
+    header = torch.zeros(3, dtype=torch.long)
+    posted, finished_sending = torch.distributed.irecv(header, src=0), False
+    while not finished_sending or waiting or running:
+        while not finished_sending and (posted.is_completed() or not (waiting or running)):
+            posted.wait()                                    # returns at once when already completed
+            index, T, first = header.tolist()
+            if index == END:
+                finished_sending = True
+                break
+            kv = torch.empty(2, config.num_layers, T, config.num_kv_heads, config.head_dim, dtype=model.dtype)
+            received = time.perf_counter()
+            torch.distributed.recv(kv, src=0)
+            handovers.append({"bytes": kv.nbytes, "seconds": time.perf_counter() - received})
+            waiting.append((index, T, first, kv))
+            posted = torch.distributed.irecv(header, src=0)
+        while waiting and len(running) < slots:
+            index, T, first, kv = waiting.pop(0)
+            seq = ServedSequence(requests[index], index, model.device)
+            blocks.grow(index, T + 1)
+            positions = _slots(cache, blocks, index, T)
+            cache.keys[:, positions], cache.values[:, positions] = kv[0], kv[1]
+            seq.num_cached, seq.output = T, [first]
+            token_times[index] = []
+            running.append(seq)
+        finished = [s for s in running if len(s.output) >= s.request.max_new_tokens]
+        for seq in finished:
+            running.remove(seq)
+            blocks.release(seq.index)
+            done[seq.index] = seq.output
+        if not running:
+            continue
+        for seq in running:
+            blocks.grow(seq.index, len(seq.tokens))         # room for the position this step writes
+        logits = runner.decode(running)                      # (rows, vocab)
+        now = time.monotonic() - start
+        for seq, token in zip(running, logits.argmax(dim=-1).tolist()):
+            seq.output.append(token)
+            token_times[seq.index].append(now)
+    return {"tokens": done, "token_times": token_times, "handovers": handovers}
+
+
+def _rank(rank: int, world: int, model, requests, slots: int, block_size: int) -> dict:
+    start = torch.tensor([time.monotonic() + 0.5], dtype=torch.float64)  # both begin half a second from now
+    torch.distributed.broadcast(start, src=0)
+    with torch.inference_mode():
+        if rank == 0:
+            return _prefill_worker(model, requests, float(start), block_size)
+        return _decode_worker(model, requests, float(start), slots, block_size)
+
+
+def serve_disaggregated(model, requests: list, slots: int = 4, block_size: int = 16, timeout: float = 600.0) -> dict:
+    """Serve `requests` (`Request`s with arrival times, greedy, every answer its full length) on a
+    prefill rank and a decode rank, one thread each. Notebook 10 (past one device).
+
+    Returns, per request (in the order given): its tokens, its time to first token and its time
+    per output token; and every handover's bytes and seconds."""
+    if not requests:
+        raise LabError("serve_disaggregated needs at least one request.")
+    if any(r.max_new_tokens < 2 for r in requests):
+        raise LabError("Every request needs max_new_tokens of 2 or more: the decode worker makes the tokens after "
+                       "the first.")
+    prefill, decode = run_ranks(2, _rank, (model, requests, slots, block_size), threads=1, timeout=timeout)
+    out = []
+    for index, request in enumerate(requests):
+        first, times = prefill["first_token_at"][index], decode["token_times"][index]
+        out.append({"tokens": decode["tokens"][index], "ttft": first - request.arrival,
+                    "tpot": (times[-1] - first) / len(times), "finished": times[-1]})
+    return {"requests": out, "handovers": decode["handovers"]}
+
+
+def goodput(rows: list[dict], ttft_slo: float, tpot_slo: float) -> dict:
+    """Requests per second meeting both objectives over the trace's span (first arrival, at 0,
+    to the last token), and the share that met them. rows: dicts with "ttft", "tpot" and
+    "finished" (seconds from the start). Notebook 10 (past one device)."""
+    met = sum(r["ttft"] <= ttft_slo and r["tpot"] <= tpot_slo for r in rows)
+    span = max(r["finished"] for r in rows)
+    return {"goodput": met / span, "met": met / len(rows), "ttft_slo": ttft_slo, "tpot_slo": tpot_slo}
+
+
+def colocated_rows(result) -> list[dict]:
+    """The same per-request figures from one engine's `ServingResult` (wall clock).
+    Notebook 10 (past one device)."""
+    rows = []
+    for seq in sorted(result.sequences, key=lambda s: s.index):
+        first, times = seq.first_token_at, seq.token_times
+        rows.append({"tokens": list(seq.output), "ttft": first - seq.request.arrival,
+                     "tpot": (times[-1] - first) / max(len(times) - 1, 1), "finished": times[-1]})
+    return rows
+
+
+def compare_with_colocated(model, requests: list, slots: int = 4, token_budget: int = 32,
+                           ttft_slo: float = 1.0, tpot_slo: float = 0.2, cores: int = 2) -> dict:
+    """The same requests served two ways on the same `cores`: disaggregated (a prefill rank and a
+    decode rank, one thread each) and colocated (one engine, `cores` threads, chunked prefill
+    under `token_budget`). Notebook 10 (past one device). Returns each design's per-request
+    rows, their TTFT and TPOT medians, goodput under the objectives, the handovers, and
+    whether every request got the same tokens both ways."""
+    disaggregated = serve_disaggregated(model, requests, slots)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        colocated = colocated_rows(Engine(model, max_slots=slots, token_budget=token_budget).run(requests))
+    finally:
+        torch.set_num_threads(threads)
+    out = {"requests": len(requests), "slots": slots, "token_budget": token_budget}
+    for name, rows in (("disaggregated", disaggregated["requests"]), ("colocated", colocated)):
+        out[name] = {"ttft_p50": statistics.median(r["ttft"] for r in rows),
+                     "tpot_p50": statistics.median(r["tpot"] for r in rows),
+                     **goodput(rows, ttft_slo, tpot_slo), "rows": rows}
+    handovers = disaggregated["handovers"]
+    out["handover"] = {"count": len(handovers), "bytes_per_request": statistics.mean(h["bytes"] for h in handovers),
+                       "seconds_per_request": statistics.median(h["seconds"] for h in handovers)}
+    out["same_tokens"] = all(a["tokens"] == b["tokens"] for a, b in zip(disaggregated["requests"], colocated))
+    return out

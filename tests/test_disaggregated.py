@@ -1,0 +1,50 @@
+"""Disaggregated prefill and decode (notebook 10): a prefill rank hands each prompt's KV cache to a
+decode rank; every request's tokens equal the request alone, and both designs are judged by goodput."""
+
+import pytest
+
+from labsupport.engine.generation import generate
+from labsupport.engine.serving import Request
+from labsupport.errors import LabError
+from labsupport.lab.disaggregated import compare_with_colocated, goodput, serve_disaggregated
+from labsupport.weights.fixtures import random_model
+
+
+def workload(n=6):
+    return [Request(list(range(1 + i, 20 + 3 * i)), max_new_tokens=4 + i % 3, arrival=0.03 * i, request_id=i)
+            for i in range(n)]
+
+
+def test_every_request_gets_the_tokens_it_gets_alone_and_every_cache_is_handed_over():
+    model = random_model("tiny-llama")
+    requests = workload()
+    out = serve_disaggregated(model, requests, slots=2, block_size=4, timeout=120)
+    config = model.config
+    for request, row in zip(requests, out["requests"]):
+        alone = generate(model, request.prompt, request.max_new_tokens, eos_token_ids=()).tokens[0].tolist()
+        assert row["tokens"] == alone
+        assert row["ttft"] > 0 and row["tpot"] > 0 and row["finished"] >= request.arrival + row["ttft"]
+    assert [h["bytes"] for h in out["handovers"]] == [
+        2 * config.num_layers * len(r.prompt) * config.num_kv_heads * config.head_dim * 4 for r in requests]
+
+
+def test_the_comparison_serves_the_same_requests_both_ways():
+    model = random_model("tiny-llama")
+    out = compare_with_colocated(model, workload(4), slots=2, token_budget=8, ttft_slo=5.0, tpot_slo=5.0)
+    assert out["same_tokens"] and out["handover"]["count"] == 4
+    for name in ("disaggregated", "colocated"):
+        assert out[name]["met"] == 1.0 and out[name]["goodput"] > 0 and len(out[name]["rows"]) == 4
+
+
+def test_goodput_counts_requests_meeting_both_objectives_over_the_span():
+    rows = [{"ttft": 0.5, "tpot": 0.1, "finished": 2.0}, {"ttft": 1.5, "tpot": 0.1, "finished": 3.0},
+            {"ttft": 0.5, "tpot": 0.3, "finished": 4.0}]
+    assert goodput(rows, 1.0, 0.2) == {"goodput": 0.25, "met": 1 / 3, "ttft_slo": 1.0, "tpot_slo": 0.2}
+
+
+def test_bad_workloads_are_one_sentence():
+    model = random_model("tiny-llama")
+    with pytest.raises(LabError, match="at least one request"):
+        serve_disaggregated(model, [])
+    with pytest.raises(LabError, match="max_new_tokens of 2 or more"):
+        serve_disaggregated(model, [Request([1, 2, 3], max_new_tokens=1)])
