@@ -18,6 +18,7 @@ import torch
 import labsupport as ls
 from labsupport.checks import CheckFailed
 from labsupport.checks.batching import check_batched_generation, check_left_pad
+from labsupport.checks.goodput import check_goodput
 from labsupport.checks.kv_cache import check_cached_generation
 from labsupport.checks.long_context import check_int8_crossover
 from labsupport.checks.quantize_w4a8 import check_w4a8_matmul
@@ -34,7 +35,7 @@ from labsupport.lab.prefill_attention import tiled_attention as package_tiled
 from checker_cases.nb02_batching import trim_after_end as trim
 from checker_cases.nb04_quantize import w4a8_matmul
 from checker_cases.nb08_long_context import reference_tiled
-from checker_cases.nb10_tensor_parallel import cost_from_the_package, split_from_the_package
+from checker_cases.nb10_tensor_parallel import cost_from_the_package, goodput_from_the_package, split_from_the_package
 
 WRITE_IT = "write the steps yourself"
 
@@ -69,6 +70,7 @@ REFERENCE_ANSWERS = [
     (check_w4a8_matmul, w4a8_from_the_package),
     (check_mlp_split, split_from_the_package),           # refused from its source, before any rank starts
     (check_all_reduce_cost, cost_from_the_package),
+    (check_goodput, goodput_from_the_package),
 ]
 
 

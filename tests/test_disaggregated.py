@@ -48,3 +48,24 @@ def test_bad_workloads_are_one_sentence():
         serve_disaggregated(model, [])
     with pytest.raises(LabError, match="max_new_tokens of 2 or more"):
         serve_disaggregated(model, [Request([1, 2, 3], max_new_tokens=1)])
+
+
+def test_the_claims_and_the_ledger_judge_the_comparison():
+    from labsupport.claims.tensor_parallel import disaggregation_claims, tensor_parallel_losses
+    row = {"ttft_slo": 1.0, "tpot_slo": 0.15}
+    comparison = {"requests": 12, "same_tokens": True, "handover": {"bytes_per_request": 2 ** 21,
+                                                                    "seconds_per_request": 0.0016},
+                  "disaggregated": dict(row, goodput=0.74, tpot_p50=0.149),
+                  "colocated": dict(row, goodput=2.44, tpot_p50=0.051)}
+    claims = disaggregation_claims(comparison)
+    assert claims[0]["verdict"] == "holds" and claims[1]["verdict"] == "not here: 0.30x the colocated engine's goodput"
+    assert "2.0 MiB took 1.6 ms" in claims[1]["measured"]
+    assert disaggregation_claims(comparison, busy="a busy machine")[1]["verdict"].startswith("the machine was busy")
+    better = dict(comparison, disaggregated=dict(row, goodput=3.0, tpot_p50=0.05))
+    assert disaggregation_claims(better)[1]["verdict"] == "holds"
+    tp = {"prefill_tokens": 512, "degrees": {1: {"decode_tokens_per_s": 20.0, "prefill_s": 0.6},
+                                             2: {"decode_tokens_per_s": 20.0, "prefill_s": 0.6,
+                                                 "shares": [{"kv_heads": 1}, {"kv_heads": 1}]}}}
+    lines = tensor_parallel_losses(tp, [], comparison)
+    assert len(lines) == 1 and "0.74 requests/s of goodput against the colocated engine's 2.44" in lines[0]
+    assert tensor_parallel_losses(tp, [], better) == ["Nothing measured here lost to its baseline."]

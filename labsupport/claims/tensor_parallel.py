@@ -55,11 +55,12 @@ def tensor_parallel_section_claims(section: dict) -> list[dict]:
     return tensor_parallel_claims(section["result"], busy_reason({}, load=section.get("load")))
 
 
-def tensor_parallel_losses(result: dict, links: list[dict]) -> list[str]:
-    """Where tensor parallelism did not pay on this machine, one sentence each, from this run's
-    measurements (`measure_tensor_parallel`, `link_arithmetic`). Introduced in notebook 10 (past
-    one device): its "where it loses here" ledger. Thresholds: a degree "loses" below 1/MARGIN
-    of the base's speed."""
+def tensor_parallel_losses(result: dict, links: list[dict], disaggregation: dict | None = None) -> list[str]:
+    """Where tensor parallelism (and disaggregated serving) did not pay on this machine, one
+    sentence each, from this run's measurements (`measure_tensor_parallel`, `link_arithmetic`,
+    `disaggregated.compare_with_colocated`). Introduced in notebook 10 (past one device): its
+    "where it loses here" ledger. Thresholds: a degree "loses" below 1/MARGIN of the base's
+    speed; disaggregation loses below 1/MARGIN of the colocated engine's goodput."""
     degrees = list(result["degrees"])
     base, lines = result["degrees"][degrees[0]], []
     for world in degrees[1:]:
@@ -86,4 +87,34 @@ def tensor_parallel_losses(result: dict, links: list[dict]) -> list[str]:
                          "machine's decode step: the link is not what makes tensor parallelism lose here; a GPU's "
                          "step is 10-100x shorter, so there the same link costs that much more of it.")
             break
+    if disaggregation is not None:
+        split, together = disaggregation["disaggregated"], disaggregation["colocated"]
+        if together["goodput"] and compare_speed(split["goodput"] / together["goodput"], MARGIN) == "slower":
+            lines.append(f"Disaggregated serving reached {split['goodput']:.2f} requests/s of goodput against the "
+                         f"colocated engine's {together['goodput']:.2f}: its decode worker had one of the two cores, "
+                         f"so a token took {split['tpot_p50'] * 1e3:.0f} ms at the median against "
+                         f"{together['tpot_p50'] * 1e3:.0f} ms; the stall it removes was already bounded by chunked prefill.")
     return lines or ["Nothing measured here lost to its baseline."]
+
+
+def disaggregation_claims(comparison: dict, busy: str | None = None) -> list[dict]:
+    """Rows of claim, measured and verdict from `lab.disaggregated.compare_with_colocated`.
+    Introduced in notebook 10 (past one device). Thresholds: the tokens "hold" when every request
+    got the same tokens both ways; DistServe's claim "holds" when disaggregated goodput is at
+    least MARGIN (1.05) times the colocated engine's, "no measurable difference" within it, and
+    "not here" below it. `busy` withholds the timed verdict."""
+    split, together = comparison["disaggregated"], comparison["colocated"]
+    ratio = split["goodput"] / together["goodput"] if together["goodput"] else float("inf")
+    verdict = {"faster": "holds", "same": "no measurable difference here",
+               "slower": f"not here: {ratio:.2f}x the colocated engine's goodput"}[compare_speed(ratio, MARGIN)]
+    handover = comparison["handover"]
+    return [
+        {"claim": "(course) a request served disaggregated gets the tokens it gets from one engine",
+         "measured": f"{comparison['requests']} requests, every one the same" if comparison["same_tokens"]
+         else "some requests differ", "verdict": "holds" if comparison["same_tokens"] else "does not hold"},
+        {"claim": "(DistServe) separating prefill from decode raises goodput under latency objectives",
+         "measured": f"goodput {split['goodput']:.2f} against {together['goodput']:.2f} requests/s "
+                     f"(TTFT <= {split['ttft_slo']:g} s, TPOT <= {split['tpot_slo']:g} s); a handover of "
+                     f"{handover['bytes_per_request'] / 2**20:.1f} MiB took {handover['seconds_per_request'] * 1e3:.1f} ms",
+         "verdict": judge(verdict, busy)},
+    ]

@@ -7,7 +7,9 @@ import types
 
 import torch.nn.functional as F
 
+from labsupport.checks.goodput import check_goodput, reference_goodput
 from labsupport.checks.tensor_parallel import check_all_reduce_cost, check_mlp_split, reference_all_reduce_seconds
+from labsupport.lab import disaggregated
 from labsupport.lab.tensor_parallel import link_arithmetic
 
 from checker_cases.common import accepts, refuses
@@ -131,6 +133,42 @@ def cost_from_the_package(layers, hidden, tokens, bytes_per_value, world, gb_per
     return link_arithmetic(result, config, links)[0]["seconds_per_step"]
 
 
+# --- exercise 3: the goodput of a trace -----------------------------------------------------
+
+def goodput(rows, ttft_slo, tpot_slo):
+    """The notebook's solution."""
+    met = sum(r["ttft"] <= ttft_slo and r["tpot"] <= tpot_slo for r in rows)
+    return met / max(r["finished"] for r in rows)
+
+
+def goodput_in_a_loop(rows, ttft_slo, tpot_slo):
+    """Another right answer: a loop, the rows sorted by finish first (in place), an int 0 when none met."""
+    rows.sort(key=lambda r: r["finished"])
+    met = 0
+    for row in rows:
+        if row["ttft"] <= ttft_slo and row["tpot"] <= tpot_slo:
+            met += 1
+    return met / rows[-1]["finished"] if met else 0
+
+
+def rate(meets=lambda r, a, b: r["ttft"] <= a and r["tpot"] <= b, span=lambda rows: max(r["finished"] for r in rows)):
+    """The solution with one slip, a keyword away from its default."""
+    def slipped(rows, ttft_slo, tpot_slo):
+        return sum(1 for r in rows if meets(r, ttft_slo, tpot_slo)) / span(rows)
+    return slipped
+
+
+def goodput_as_a_dict(rows, ttft_slo, tpot_slo):
+    met = sum(r["ttft"] <= ttft_slo and r["tpot"] <= tpot_slo for r in rows)
+    return {"goodput": met / max(r["finished"] for r in rows), "met": met / len(rows)}
+
+
+def goodput_from_the_package(rows, ttft_slo, tpot_slo):
+    """The right numbers, from the package's goodput."""
+    return disaggregated.goodput(rows, ttft_slo, tpot_slo)["goodput"]
+
+
+
 NOTEBOOK_10 = [
     accepts(check_mlp_split, "reference", mlp_on_rank),
     accepts(check_mlp_split, "chunks-a-helper-and-F.linear", mlp_by_chunks),
@@ -158,4 +196,30 @@ NOTEBOOK_10 = [
     refuses(check_all_reduce_cost, "message-without-tokens", "every token's row", seconds(with_tokens=False)),
     refuses(check_all_reduce_cost, "world-1-none", "return 0.0", lambda *a: None if a[4] == 1 else 1.0),
     refuses(check_all_reduce_cost, "link_arithmetic", "write the steps yourself", cost_from_the_package),
+    accepts(check_goodput, "reference", goodput),
+    accepts(check_goodput, "a-loop-over-rows-sorted-in-place", goodput_in_a_loop),
+    accepts(check_goodput, "the-checkers-reference", reference_goodput),
+    refuses(check_goodput, "either-objective", "meets both objectives: .* not or",
+            rate(meets=lambda r, a, b: r["ttft"] <= a or r["tpot"] <= b)),
+    refuses(check_goodput, "throughput", "that is the throughput", rate(meets=lambda r, a, b: True)),
+    refuses(check_goodput, "the-share", "the share of the requests .* not a rate", rate(span=len)),
+    refuses(check_goodput, "the-count", "that is how many requests met both", rate(span=lambda rows: 1)),
+    refuses(check_goodput, "strict-less-than", "compare with <=, not <",
+            rate(meets=lambda r, a, b: r["ttft"] < a and r["tpot"] < b)),
+    refuses(check_goodput, "ttft-only", "keep its pace too", rate(meets=lambda r, a, b: r["ttft"] <= a)),
+    refuses(check_goodput, "tpot-only", "first token on time too", rate(meets=lambda r, a, b: r["tpot"] <= b)),
+    refuses(check_goodput, "objectives-swapped", "ttft with ttft_slo and its tpot with tpot_slo",
+            rate(meets=lambda r, a, b: r["ttft"] <= b and r["tpot"] <= a)),
+    refuses(check_goodput, "span-from-the-first-finish", "not at the first finish",
+            rate(span=lambda rows: max(r["finished"] for r in rows) - min(r["finished"] for r in rows))),
+    refuses(check_goodput, "span-from-the-last-row", "not of finish",
+            rate(span=lambda rows: rows[-1]["finished"])),
+    refuses(check_goodput, "span-as-the-sum-of-finishes", "adding up their durations",
+            rate(span=lambda rows: sum(r["finished"] for r in rows))),
+    refuses(check_goodput, "span-as-the-sum-of-durations", "adding up their durations",
+            rate(span=lambda rows: sum(r["ttft"] + r["tpot"] * (len(r["tokens"]) - 1) for r in rows))),
+    refuses(check_goodput, "a-dict", "not a dict", goodput_as_a_dict),
+    refuses(check_goodput, "none", "as a number", lambda rows, ttft_slo, tpot_slo: None),
+    refuses(check_goodput, "the-packages-goodput", "write the steps yourself", goodput_from_the_package),
+    refuses(check_goodput, "the-packages-goodput-itself", "write the steps yourself", disaggregated.goodput),
 ]
