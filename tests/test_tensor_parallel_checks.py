@@ -3,8 +3,10 @@ tests/test_checkers.py: what a notebook's function is (not importable by the ran
 source with its helpers), a learner's error or a rank left waiting ending in one sentence and
 never a hang, the package's split refused on the ranks too, and the NaN outside each share."""
 
+import json
 import linecache
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,21 +29,9 @@ def from_a_notebook(source: str, name: str, **names):
     return namespace[name]
 
 
-NOTEBOOK_CELL = '''
-import torch.nn.functional as F
-
-
-def mlp_on_rank(x, gate_up_weight, down_weight, rank, world, all_reduce):
-    ### BEGIN SOLUTION
-    inner = down_weight.shape[1]
-    start, stop = rank * inner // world, (rank + 1) * inner // world
-    gate = gate_up_weight[start:stop]                               # (units, hidden)
-    up = gate_up_weight[inner + start: inner + stop]                # (units, hidden)
-    h = F.silu(x @ gate.T) * (x @ up.T)                             # (T, units)
-    partial = h @ down_weight[:, start:stop].T                      # (T, hidden): this rank's partial sum
-    return all_reduce(partial)
-    ### END SOLUTION
-'''
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "10_past_one_device.ipynb"
+NOTEBOOK_CELL = next("".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"]
+                     if c.get("id") == "nb10-ex1-solution")          # exercise 1 as the notebook writes it
 
 WITH_HELPERS = '''
 import torch
