@@ -161,9 +161,9 @@ def test_the_bench_section_writes_ratios_and_leaves_out_what_the_machine_cannot_
     from labsupport.plots.sections import tensor_parallel_figures
     assert not SECTIONS["tensor_parallel"].in_default_run and SECTIONS["tensor_parallel"].notebook.startswith("10")
 
-    class Tokenizer:
-        def encode(self, text):
-            return [1, 2, 3, 4, 5]
+    class Tokenizer:                                      # bytes as token ids: tiny-llama's 260 words hold them
+        def encode(self, text, add_special_tokens=True):
+            return list(text.encode()[:24])
 
     class Context:
         def model(self, dtype):
@@ -171,10 +171,17 @@ def test_the_bench_section_writes_ratios_and_leaves_out_what_the_machine_cannot_
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     out = section.section_tensor_parallel(Context(), section.TensorParallelOptions(
-        degrees=(1, 2, 4), decode_tokens=4, prefill_tokens=32, rounds=1))
+        degrees=(1, 2, 4), decode_tokens=4, prefill_tokens=32, rounds=1, disaggregation_rates=(20,),
+        disaggregation_requests=3))
     assert out["left_out"] == [4] and "this machine has 2 core(s)" in out["left_out_note"]
     names = [f["name"] for f in out["figures"]]
-    assert names[0] == "decode at batch 1, TP=2 / TP=1" and len(names) == 4
+    assert names[0] == "decode at batch 1, TP=2 / TP=1" and len(names) == 5
+    assert names[-1] == "goodput at 20 requests/s, disaggregated / colocated"
+    assert out["disaggregation"][20]["same_tokens"] and "rows" not in out["disaggregation"][20]["colocated"]
+    import json
+    from labsupport.claims import tensor_parallel_section_claims
+    claims = tensor_parallel_section_claims(json.loads(json.dumps(out, default=str)))       # as the JSON holds it
+    assert len(claims) == 6 and claims[-1]["claim"].startswith("(DistServe)")
     assert out["result"]["degrees"][2]["same_tokens"] and len(out["links"]) == 2
     assert len(tensor_parallel_figures(out)) == 1
     alone = section.section_tensor_parallel(Context(), section.TensorParallelOptions(degrees=(1, 4)))

@@ -93,7 +93,7 @@ SECTIONS: dict[str, Section] = {
 REFERENCE_SECONDS = {"baseline": 58, "engines": 83, "roofline": 6, "kv_cache": 117, "batching": 127,
                      "precision": 20, "quantization": 34, "speculative": 131, "serving": 126, "stack": 60,
                      "long_context": 8, "compile": 300, "http_serving": 200,
-                     "tensor_parallel": 45}
+                     "tensor_parallel": 80}
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Notebook 10's section (``tensor_parallel``, only when named): tensor parallelism on this
-machine's cores, TP=1 against TP=2, and the all-reduce it pays.
+machine's cores, TP=1 against TP=2, and the all-reduce it pays; then disaggregated prefill and
+decode against one colocated engine, by goodput (`lab.disaggregated`).
 
 Introduced in notebook 10 (past one device); ``python -m labsupport bench --sections tensor_parallel``.
 Each degree runs in its own processes over 127.0.0.1 (`engine.parallel`: gloo on a CPU, NCCL
@@ -25,13 +26,17 @@ class TensorParallelOptions(SectionOptions):
 
     degrees: the tensor-parallel degrees, side by side (each must divide the cores, or fit the
     GPUs); decode_tokens: decode steps timed at batch 1; prefill_tokens: the long prefill's
-    length; rounds: rotated rounds (each figure is their median)."""
+    length; rounds: rotated rounds (each figure is their median); disaggregation_rates: the
+    Poisson arrival rates (requests/s) of the disaggregated-against-colocated comparison, each
+    with `disaggregation_requests` chat requests (on this machine's CPU cores, two of them)."""
 
     SECTION = "tensor_parallel"
     degrees: tuple[int, ...] = counts((1, 2))
     decode_tokens: int = count(32)
     prefill_tokens: int = count(512)
     rounds: int = count(3)
+    disaggregation_rates: tuple[int, ...] = counts((1, 3))
+    disaggregation_requests: int = count(12)
 
 
 def section_tensor_parallel(ctx: BenchContext, options: TensorParallelOptions) -> dict:
@@ -78,4 +83,31 @@ def section_tensor_parallel(ctx: BenchContext, options: TensorParallelOptions) -
                      d["all_reduce_share_of_prefill"], "fraction", higher_is_better=False, busy=busy),
         ]
     out.update(result=result, figures=figures, links=link_arithmetic(result, model.config), load=load_per_core())
+    out.update(_disaggregation(ctx, options, tokenizer))
+    out["figures"] += out.pop("disaggregation_figures", [])
     return out
+
+
+def _disaggregation(ctx: BenchContext, options: TensorParallelOptions, tokenizer) -> dict:
+    """Disaggregated prefill and decode against one colocated engine, at each rate, on two CPU cores."""
+    from ..lab.disaggregated import compare_with_colocated
+    from ..lab.serving_workload import chat_prompts, make_workload
+    if (os.cpu_count() or 1) < 2:
+        return {"disaggregation": None, "disaggregation_note": "disaggregation left out: it needs two CPU cores"}
+    model = ctx.model(torch.float32)[0]
+    if model.device.type != "cpu":
+        return {"disaggregation": None, "disaggregation_note": "disaggregation runs on the CPU cores only"}
+    comparisons, figures = {}, []
+    for rate in options.disaggregation_rates:
+        trace = make_workload(chat_prompts(tokenizer, options.disaggregation_requests), rate=float(rate),
+                              median_new_tokens=12, sigma=0.5, max_new_tokens=24, seed=0)
+        c = compare_with_colocated(model, trace, slots=4, token_budget=32, ttft_slo=1.0, tpot_slo=0.15, cores=2)
+        comparisons[rate] = {k: ({kk: vv for kk, vv in v.items() if kk != "rows"} if isinstance(v, dict) else v)
+                             for k, v in c.items()}
+        busy = busy_reason({}, load=load_per_core())
+        split, together = c["disaggregated"], c["colocated"]
+        figures.append(reported(f"goodput at {rate} requests/s, disaggregated / colocated",
+                                split["goodput"] / together["goodput"] if together["goodput"] else float("nan"), "x",
+                                note=f"{split['goodput']:.2f} against {together['goodput']:.2f} requests/s; TTFT <= 1 s, "
+                                     f"TPOT <= 0.15 s; same tokens: {c['same_tokens']}", busy=busy))
+    return {"disaggregation": comparisons, "disaggregation_figures": figures}

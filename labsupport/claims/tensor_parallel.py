@@ -49,10 +49,14 @@ def tensor_parallel_claims(result: dict, busy: str | None = None) -> list[dict]:
 
 def tensor_parallel_section_claims(section: dict) -> list[dict]:
     """The bench section's claims: `tensor_parallel_claims` of its result (none where fewer than
-    two degrees ran). Introduced in notebook 10 (past one device)."""
-    if not section.get("result"):
-        return []
-    return tensor_parallel_claims(section["result"], busy_reason({}, load=section.get("load")))
+    two degrees ran) and `disaggregation_claims` at its highest arrival rate. Introduced in
+    notebook 10 (past one device)."""
+    rows = []
+    if section.get("result"):
+        rows += tensor_parallel_claims(section["result"], busy_reason({}, load=section.get("load")))
+    if section.get("disaggregation"):
+        rows += disaggregation_claims(list(section["disaggregation"].values())[-1])   # the last (highest) rate
+    return rows
 
 
 def tensor_parallel_losses(result: dict, links: list[dict], disaggregation: dict | None = None) -> list[str]:
