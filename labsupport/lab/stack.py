@@ -42,7 +42,7 @@ from ..errors import LabError
 from ..engine.generation import generate, generate_naive
 from ..engine.hardware import bf16_supported
 from ..engine.kv_cache import kv_cache_bytes
-from ..engine.speculative import PromptLookupDraft, SpeculativeStats, speculative_generate
+from ..engine.speculative import SpeculativeStats
 from .measure import NOT_GRAPHED, require_graphed, time_side_by_side, timed_compile
 from .quality import top1_agreement
 from .variants import ModelVariants
@@ -100,6 +100,7 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
     decoding runs one request at a time (with the cache), so it excludes batching.
     """
     from ..engine.serving.engine import Engine
+    from ..engine.speculative import PromptLookupDraft, speculative_generate   # looked up per call: tests spy on it
 
     if batching not in BATCHING:
         raise LabError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}.")
