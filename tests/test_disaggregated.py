@@ -69,3 +69,37 @@ def test_the_claims_and_the_ledger_judge_the_comparison():
     lines = tensor_parallel_losses(tp, [], comparison)
     assert len(lines) == 1 and "0.74 requests/s of goodput against the colocated engine's 2.44" in lines[0]
     assert tensor_parallel_losses(tp, [], better) == ["Nothing measured here lost to its baseline."]
+
+
+def test_each_request_passes_from_rank_0_to_rank_1_in_order_and_the_figure_draws_every_phase():
+    from labsupport.plots.tensor_parallel import HANDOVER_PHASES, handover_figure
+    model = random_model("tiny-llama")
+    rows = serve_disaggregated(model, workload(4), slots=1, block_size=4, timeout=120)["requests"]
+    for row in rows:
+        # the prefill cannot start before the arrival, the cache cannot arrive before the first token...
+        moments = [row["arrival"], row["prefill_from"], row["first_token"], row["received"], row["seated"],
+                   row["finished"]]
+        assert moments == sorted(moments), moments
+    fig = handover_figure(rows)
+    assert [bar.name for bar in fig.data] == [label for label, *_ in HANDOVER_PHASES]
+    for bar in fig.data:
+        assert len(bar.x) == 4 and min(bar.x) >= 0
+    decode = fig.data[-1]
+    assert list(decode.base) == [r["seated"] for r in rows]
+    assert [b + x for b, x in zip(decode.base, decode.x)] == pytest.approx([r["finished"] for r in rows])
+
+
+def test_a_receiver_that_fails_posts_its_error_for_the_decode_loop_instead_of_leaving_it_waiting(monkeypatch):
+    import queue
+
+    import torch
+
+    from labsupport.lab import disaggregated
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Connection closed by peer")
+    monkeypatch.setattr(torch.distributed, "recv", broken)
+    arrived = queue.Queue()
+    disaggregated._receive_handovers(random_model("tiny-llama").config, torch.float32, 0.0, arrived)
+    error = arrived.get(timeout=1)
+    assert isinstance(error, RuntimeError) and "closed by peer" in str(error)

@@ -12,10 +12,10 @@ clock of the machine (`time.monotonic` is system-wide):
   prompt's keys and values to rank 1 without waiting for it (`isend`): a header (which request,
   how many positions, the first token) and one tensor of (2, layers, positions, kv_heads,
   head_dim). Rank 1 records each handover's bytes and the seconds its receive took.
-* rank 1, the decode worker, runs continuous batching over decodes only. Between two steps it
-  takes whatever handovers have arrived (a posted receive it tests, so a step never waits for a
-  prefill), writes each into its own paged pool through the request's block table, and seats
-  the request in a free slot. A step decodes every seated request by one token.
+* rank 1, the decode worker, runs continuous batching over decodes only. A receiver thread takes
+  each handover as it lands. Between two steps the decode loop seats whatever has arrived, so a
+  step never waits for a prefill. It writes each cache into its own paged pool through the
+  request's block table, and seats the request in a free slot. A step decodes every seated request by one token.
 
 `compare_with_colocated` serves the same requests with one engine on the same two cores, with
 chunked prefill, and judges both by goodput: the requests per second that met both service-level
@@ -24,7 +24,9 @@ objectives (time to first token and time per output token).
 
 from __future__ import annotations
 
+import queue
 import statistics
+import threading
 import time
 
 import torch
@@ -53,9 +55,10 @@ def _prefill_worker(model, requests, start: float, block_size: int) -> dict:
     """Rank 0: prefill each request as it arrives, send its cache to rank 1."""
     longest = max(len(r.prompt) for r in requests)
     blocks, cache, runner = _pool(model, longest, block_size)
-    first_token_at, in_flight = {}, []
+    prefill_from, first_token_at, in_flight = {}, {}, []
     for index, request in sorted(enumerate(requests), key=lambda pair: pair[1].arrival):
         time.sleep(max(0.0, start + request.arrival - time.monotonic()))
+        prefill_from[index] = time.monotonic() - start
         seq = ServedSequence(request, index, model.device)
         T = len(request.prompt)
         blocks.grow(index, T)
@@ -70,31 +73,58 @@ def _prefill_worker(model, requests, start: float, block_size: int) -> dict:
     torch.distributed.send(torch.tensor([END, 0, 0]), dst=1)
     for _, work in in_flight:
         work.wait()
-    return {"first_token_at": first_token_at}
+    return {"prefill_from": prefill_from, "first_token_at": first_token_at}
+
+
+def _receive_handovers(config, dtype, start: float, arrived: queue.Queue) -> None:
+    """Rank 1's receiver thread: take each handover as soon as it lands, whatever the decode loop
+    is doing, and post it to `arrived`; None once rank 0 has sent them all. (A thread, because
+    gloo's `irecv(...).is_completed()` stays False until `wait()` is called, even after the data
+    has arrived, so a decode loop that polled it would take handovers only when it ran dry.)"""
+    try:
+        _receive_each(config, dtype, start, arrived)
+    except BaseException as error:                      # the decode loop re-raises it: never a silent hang
+        arrived.put(error)
+
+
+def _receive_each(config, dtype, start: float, arrived: queue.Queue) -> None:
+    header = torch.zeros(3, dtype=torch.long)
+    while True:
+        torch.distributed.recv(header, src=0)
+        index, T, first = header.tolist()
+        if index == END:
+            arrived.put(None)
+            return
+        kv = torch.empty(2, config.num_layers, T, config.num_kv_heads, config.head_dim, dtype=dtype)
+        began = time.perf_counter()
+        torch.distributed.recv(kv, src=0)
+        arrived.put({"index": index, "T": T, "first": first, "kv": kv, "bytes": kv.nbytes,
+                     "seconds": time.perf_counter() - began, "received_at": time.monotonic() - start})
 
 
 def _decode_worker(model, requests, start: float, slots: int, block_size: int) -> dict:
     """Rank 1: seat each handed-over request, decode every seated one by a token per step."""
     room = sum(len(r.prompt) + r.max_new_tokens + block_size for r in requests)
     blocks, cache, runner = _pool(model, room, block_size)
-    config = model.config
     waiting, running, done, handovers = [], [], {}, []
     token_times: dict[int, list[float]] = {}
-    header = torch.zeros(3, dtype=torch.long)
-    posted, finished_sending = torch.distributed.irecv(header, src=0), False
+    received_at, seated_at = {}, {}
+    arrived: queue.Queue = queue.Queue()
+    receiver = threading.Thread(target=_receive_handovers, args=(model.config, model.dtype, start, arrived),
+                                daemon=True)
+    receiver.start()
+    finished_sending = False
     while not finished_sending or waiting or running:
-        while not finished_sending and (posted.is_completed() or not (waiting or running)):
-            posted.wait()                                    # returns at once when already completed
-            index, T, first = header.tolist()
-            if index == END:
+        while not finished_sending and (not arrived.empty() or not (waiting or running)):
+            handover = arrived.get()                         # blocks only when there is nothing to decode
+            if handover is None:
                 finished_sending = True
                 break
-            kv = torch.empty(2, config.num_layers, T, config.num_kv_heads, config.head_dim, dtype=model.dtype)
-            received = time.perf_counter()
-            torch.distributed.recv(kv, src=0)
-            handovers.append({"bytes": kv.nbytes, "seconds": time.perf_counter() - received})
-            waiting.append((index, T, first, kv))
-            posted = torch.distributed.irecv(header, src=0)
+            if isinstance(handover, BaseException):
+                raise LabError(f"The decode worker's receiver failed: {handover}") from handover
+            handovers.append({"bytes": handover["bytes"], "seconds": handover["seconds"]})
+            received_at[handover["index"]] = handover["received_at"]
+            waiting.append((handover["index"], handover["T"], handover["first"], handover["kv"]))
         while waiting and len(running) < slots:
             index, T, first, kv = waiting.pop(0)
             seq = ServedSequence(requests[index], index, model.device)
@@ -103,6 +133,7 @@ def _decode_worker(model, requests, start: float, slots: int, block_size: int) -
             cache.keys[:, positions], cache.values[:, positions] = kv[0], kv[1]
             seq.num_cached, seq.output = T, [first]
             token_times[index] = []
+            seated_at[index] = time.monotonic() - start
             running.append(seq)
         finished = [s for s in running if len(s.output) >= s.request.max_new_tokens]
         for seq in finished:
@@ -118,7 +149,8 @@ def _decode_worker(model, requests, start: float, slots: int, block_size: int) -
         for seq, token in zip(running, logits.argmax(dim=-1).tolist()):
             seq.output.append(token)
             token_times[seq.index].append(now)
-    return {"tokens": done, "token_times": token_times, "handovers": handovers}
+    return {"tokens": done, "token_times": token_times, "handovers": handovers, "received_at": received_at,
+            "seated_at": seated_at}
 
 
 def _rank(rank: int, world: int, model, requests, slots: int, block_size: int) -> dict:
@@ -134,8 +166,9 @@ def serve_disaggregated(model, requests: list, slots: int = 4, block_size: int =
     """Serve `requests` (`Request`s with arrival times, greedy, every answer its full length) on a
     prefill rank and a decode rank, one thread each. Notebook 10 (past one device).
 
-    Returns, per request (in the order given): its tokens, its time to first token and its time
-    per output token; and every handover's bytes and seconds."""
+    Returns, per request (in the order given): its tokens, its time to first token, its time per
+    output token, and its timeline in seconds from the start (arrival, prefill from, first token,
+    cache received, seated, finished); and every handover's bytes and seconds."""
     if not requests:
         raise LabError("serve_disaggregated needs at least one request.")
     if any(r.max_new_tokens < 2 for r in requests):
@@ -146,7 +179,10 @@ def serve_disaggregated(model, requests: list, slots: int = 4, block_size: int =
     for index, request in enumerate(requests):
         first, times = prefill["first_token_at"][index], decode["token_times"][index]
         out.append({"tokens": decode["tokens"][index], "ttft": first - request.arrival,
-                    "tpot": (times[-1] - first) / len(times), "finished": times[-1]})
+                    "tpot": (times[-1] - first) / len(times), "arrival": request.arrival,
+                    "prefill_from": prefill["prefill_from"][index], "first_token": first,
+                    "received": decode["received_at"][index], "seated": decode["seated_at"][index],
+                    "finished": times[-1]})
     return {"requests": out, "handovers": decode["handovers"]}
 
 

@@ -64,3 +64,30 @@ def degrees_figure(result: dict, title: str | None = None) -> go.Figure:
     fig.update_layout(barmode="stack", height=380, margin=dict(l=10, r=10, t=70, b=40),
                       title=title or f"tensor parallelism on {result['cores']} core(s), the same cores shared out")
     return fig
+
+
+HANDOVER_PHASES = (  # (label, where the phase starts, where it ends, colour): one request's life, in order
+    ("queued for rank 0", "arrival", "prefill_from", "#c7c7c7"),
+    ("prefill on rank 0", "prefill_from", "first_token", "#1f77b4"),
+    ("handover: keys and values sent to rank 1", "first_token", "received", "#d62728"),
+    ("waiting for a decode slot", "received", "seated", "#ffbb78"),
+    ("decode on rank 1", "seated", "finished", "#ff7f0e"),
+)
+
+
+def handover_figure(rows: list[dict], title: str | None = None) -> go.Figure:
+    """The handover drawn from a run: each request's life as one bar, queued, prefilled on rank 0,
+    its KV cache in flight to rank 1, waiting for a slot, and decoded on rank 1.
+    Notebook 10 (past one device). rows: `lab.disaggregated.serve_disaggregated`'s requests."""
+    fig = go.Figure()
+    names = [f"request {i}" for i in range(len(rows))]
+    for label, begin, end, color in HANDOVER_PHASES:
+        fig.add_trace(go.Bar(
+            y=names, x=[max(r[end] - r[begin], 0.0) for r in rows], base=[r[begin] for r in rows],
+            orientation="h", name=label, marker_color=color,
+            hovertemplate=f"%{{y}}: {label}<br>%{{base:.3f}} s, for %{{x:.4f}} s<extra></extra>"))
+    fig.update_layout(barmode="overlay", height=120 + 24 * len(rows), margin=dict(l=10, r=10, t=60, b=40),
+                      title=title or "disaggregated serving: where each request spends its time",
+                      xaxis=dict(title="seconds from the first arrival"), yaxis=dict(autorange="reversed"),
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
