@@ -30,13 +30,14 @@ The folders show the architecture (tests/test_layering.py enforces it):
 """
 
 from .errors import LabError
-from .engine.generation import (GenerationResult, TextStreamer, chat_prompt, decode_step, generate,
-                                generate_naive, generate_text, prefill)
+from .engine.generation import GenerationResult, decode_step, generate, generate_naive, prefill
 from .engine.hardware import require_supported_platform, pick_device, pick_dtype
 from .lab.roofs import probe
 from .engine.kv_cache import StaticKVCache, kv_cache_bytes
 from .engine.models.config import PRESETS, ModelConfig
+from .weights.chat import chat_prompt
 from .weights.loading import course_model_name, load_hf_model, load_model, model_config
+from .serve.text import TextStreamer, generate_text
 from .engine.sampling import GREEDY, SamplingConfig
 
 __version__ = "0.1.0"

@@ -15,10 +15,10 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Lla
                           PreTrainedTokenizerFast)
 
 from labsupport.errors import ModelUnavailable
-from labsupport.engine.models.config import config_from_hf
+from labsupport.weights.hf_config import config_from_hf
 from labsupport.weights.loading import load_model
 from labsupport.weights.fixtures import random_model
-from labsupport.engine.models.weights import from_hf
+from labsupport.weights.hf_import import from_hf
 
 TOKENS = torch.randint(0, 300, (2, 13), generator=torch.Generator().manual_seed(1))
 

@@ -171,7 +171,7 @@ def test_our_models_predict_llama_cpps_greedy_tokens_on_its_own_gguf(smollm):
     point that moves with the CPU's kernels (6 to 12 tokens for the same int4 model)."""
     import copy
 
-    from labsupport.engine.generation import chat_prompt
+    from labsupport.weights.chat import chat_prompt
     from labsupport.engine.quant import quantize_model
     from labsupport.lab.workloads import CREATIVE_PROMPT, DEFAULT_PROMPT
     from labsupport.weights.embedded import find_gguf

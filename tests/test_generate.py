@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.engine.generation import (chat_prompt, decode_step, generate, generate_naive, generate_text,
-                                          prefill)
+from labsupport.engine.generation import decode_step, generate, generate_naive, prefill
+from labsupport.serve.text import TextStreamer, generate_text
+from labsupport.weights.chat import chat_prompt
 from labsupport.engine.kv_cache import KVCache, KVWriter, StaticKVCache, kv_cache_bytes
 from labsupport.engine.sampling import SamplingConfig, probabilities, sample
 
@@ -234,3 +235,23 @@ def test_checking_for_the_end_every_few_steps_gives_the_same_result(monkeypatch)
     assert sparse.tokens.tolist() == every_step.tokens.tolist()
     assert sparse.new_token_counts == every_step.new_token_counts
     assert len(sparse.logits) == len(every_step.logits) == 9
+
+
+class HalfCharacters:
+    """A tokenizer whose token 1 is the first half of "é" and token 2 the second half."""
+    def decode(self, ids, skip_special_tokens=True):
+        text = ""
+        for i, token in enumerate(ids):
+            if token == 2 and i and ids[i - 1] == 1:
+                text = text[:-1] + "é"
+            else:
+                text += {0: "a", 1: "\ufffd", 2: "\ufffd"}[token]
+        return text
+
+
+def test_the_streamer_prints_a_character_split_over_two_tokens_once_whole():
+    printed = []
+    streamer = TextStreamer(HalfCharacters(), print_fn=printed.append)
+    for token in (0, 1, 2, 0):
+        streamer(torch.tensor([token]))
+    assert printed == ["a", "é", "a"]

@@ -214,6 +214,38 @@ def test_the_folders_import_only_what_the_rule_allows():
     assert not wrong, "; ".join(wrong)
 
 
+# --- the engine only runs a model (issue 39): importing a checkpoint is weights/' job ----------
+
+HUGGING_FACE = ("transformers", "huggingface_hub", "safetensors", "tokenizers", "gguf")
+
+
+def hugging_face_imports(source: str) -> list[str]:
+    """The Hugging Face (or checkpoint-format) packages `source` imports, wherever the import stands,
+    and the definitions that translate from them (a name with "hf" as a word in it)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+        found += [f"imports {name}" for name in names if name.split(".")[0] in HUGGING_FACE]
+        if (isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                and re.search(r"(^|_)hf(_|$)", node.name.lower())):
+            found.append(f"defines {node.name}")
+    return found
+
+
+def test_the_hugging_face_rule_is_what_the_test_checks():
+    assert hugging_face_imports("import transformers") == ["imports transformers"]
+    assert hugging_face_imports("def f():\n    from safetensors.torch import load_file") == ["imports safetensors.torch"]
+    assert hugging_face_imports("def config_from_hf(c): pass") == ["defines config_from_hf"]
+    assert hugging_face_imports("import torch\ndef shelf(): pass") == []
+
+
+def test_nothing_in_the_engine_imports_or_translates_a_hugging_face_checkpoint():
+    found = [f"{module}: {what}" for module, path in MODULES.items() if module.startswith("labsupport.engine")
+             for what in hugging_face_imports(path.read_text(encoding="utf-8"))]
+    assert not found, "model import belongs in labsupport/weights/: " + "; ".join(found)
+
+
 def _long_file_params():
     for module, path in sorted(MODULES.items()):
         relative = path.relative_to(PACKAGE).as_posix()

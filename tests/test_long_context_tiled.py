@@ -40,7 +40,7 @@ def test_tiled_vs_fused_reports_times_and_the_largest_tensors():
 def test_decode_attention_intensity_on_a_hub_shaped_config():
     pytest.importorskip("transformers")
     from transformers import LlamaConfig
-    from labsupport.engine.models.config import config_from_hf
+    from labsupport.weights.hf_config import config_from_hf
     hub = config_from_hf(LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
                                      num_attention_heads=32, num_key_value_heads=32, vocab_size=49152))
     rows = decode_attention_intensity(hub, bytes_per_value=2)

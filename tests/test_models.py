@@ -8,7 +8,7 @@ from labsupport.errors import LabError, ModelUnavailable
 from labsupport.engine.models.config import PRESETS, ModelConfig
 from labsupport.weights.loading import load_model
 from labsupport.weights.fixtures import random_model
-from labsupport.engine.models.weights import from_hf
+from labsupport.weights.hf_import import from_hf
 
 
 def tiny_hf_llama(tie=True):

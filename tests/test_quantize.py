@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 
 from labsupport.errors import LabError
-from labsupport.engine.generation import generate, generate_text
+from labsupport.engine.generation import generate
+from labsupport.serve.text import generate_text
 from labsupport.weights.fixtures import ByteTokenizer, random_model
 from labsupport.engine.linear_swap import SwapHandle, swap_linears
 from labsupport.engine.models.layout import apply_layout, relayout

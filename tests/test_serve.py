@@ -17,7 +17,8 @@ import torch
 
 openai = pytest.importorskip("openai")
 
-from labsupport.engine.generation import chat_prompt, generate  # noqa: E402
+from labsupport.engine.generation import generate  # noqa: E402
+from labsupport.weights.chat import chat_prompt  # noqa: E402
 from labsupport.engine.sampling import GREEDY, SamplingConfig  # noqa: E402
 from labsupport.errors import LabError  # noqa: E402
 from labsupport.serve import BackgroundServer, create_app, is_loopback  # noqa: E402

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from labsupport.engine.models.config import config_from_hf
+from labsupport.weights.hf_config import config_from_hf
 from labsupport.engine.speculative import SpeculativeStats
 from labsupport.errors import LabError
 from labsupport.lab.speculative_k import (k_curve, self_draft_origin_note, summary_origin_line,

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from ..lab.busy import busy_reason
-from ..engine.generation import chat_prompt, generate
+from ..engine.generation import generate
+from ..weights.chat import chat_prompt
 from ..engine.kv_cache import kv_cache_bytes
 from ..lab.measure import (HF_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_side_by_side,
                            timed_compile, track_peak_memory)

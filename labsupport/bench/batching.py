@@ -14,7 +14,8 @@ from ..lab.batch_timing import batch_speedup
 from ..engine.padding import left_pad, padding_waste
 from ..lab.batching import sorted_batches
 from ..lab.busy import busy_reason
-from ..engine.generation import chat_prompt, generate
+from ..engine.generation import generate
+from ..weights.chat import chat_prompt
 from ..engine.hardware import bf16_supported
 from ..lab.measure import (HF_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_fn, time_side_by_side,
                            timed_compile)

@@ -22,7 +22,8 @@ import torch
 
 from ..lab.busy import busy_reason
 from ..engine.compiled import SHARED, CompiledDecoder
-from ..engine.generation import chat_prompt, generate
+from ..engine.generation import generate
+from ..weights.chat import chat_prompt
 from ..engine.hardware import bf16_supported
 from ..errors import LabError
 from ..lab.measure import require_graphed, time_side_by_side

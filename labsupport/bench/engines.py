@@ -44,7 +44,8 @@ import torch
 
 from ..errors import LabError
 from ..lab.busy import busy_reason
-from ..engine.generation import chat_prompt, generate
+from ..engine.generation import generate
+from ..weights.chat import chat_prompt
 from ..engine.kv_cache import kv_cache_bytes
 from ..engine.quant import quantize_model
 from ..lab.measure import (HF_GRAPHED, NOT_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed,

@@ -39,7 +39,8 @@ import torch
 
 from ..lab.busy import busy_reason
 from ..errors import LabError
-from ..engine.generation import chat_prompt, generate
+from ..engine.generation import generate
+from ..weights.chat import chat_prompt
 from ..engine.hardware import fp16_fast
 from ..lab.measure import Timing, require_graphed, time_side_by_side, timed_compile
 from ..lab.quality import (eval_tokens, logits_of, perplexity_from_logits, quantized_bytes, resident_bytes,

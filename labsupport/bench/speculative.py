@@ -12,7 +12,8 @@ import torch
 
 from ..lab.busy import busy_reason
 from ..errors import LabError
-from ..engine.generation import chat_prompt, generate
+from ..engine.generation import generate
+from ..weights.chat import chat_prompt
 from ..lab.measure import (HF_GRAPHED, NOT_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_side_by_side,
                            timed_compile)
 from ..engine.speculative import ModelDraft, PromptLookupDraft, SpeculativeResult, speculative_generate

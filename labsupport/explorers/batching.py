@@ -18,7 +18,7 @@ import ipywidgets as widgets
 from ..lab.batch_timing import measure_batch
 from ..lab.batching import batch_sizes, prompts_of_lengths, spread_lengths
 from ..engine.padding import padding_waste
-from ..engine.generation import chat_prompt
+from ..weights.chat import chat_prompt
 from ..plots.batching import padding_figure, scaling_figure
 from ..lab.workloads import BATCHING_SOURCE_TEXT, preset
 from .base import Explorer

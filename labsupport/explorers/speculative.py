@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from ..engine.generation import chat_prompt, generate
+from ..engine.generation import generate
+from ..weights.chat import chat_prompt
 from ..lab.measure import require_graphed, time_side_by_side, timed_compile
 from ..plots.speculative import acceptance_figure, speedup_figure
 from ..engine.sampling import SamplingConfig

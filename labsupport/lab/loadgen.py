@@ -124,7 +124,7 @@ def as_engine_requests(tokenizer, requests: list[LoadRequest]) -> list[Request]:
     """The same workload for the in-process engine: each question in the tokenizer's chat
     template (what a chat endpoint does with it), the same lengths and arrivals, end of
     sequence ignored. Notebook 09 (serving over HTTP)."""
-    from ..engine.generation import chat_prompt
+    from ..weights.chat import chat_prompt
     if any(r.system or r.history for r in requests):
         raise LabError("as_engine_requests takes single questions (chat_workload's); a conversation's turns "
                        "(agentic_workload's) are served over HTTP only.")

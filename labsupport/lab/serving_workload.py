@@ -31,7 +31,7 @@ QUESTIONS = CHAT_QUESTIONS                  # the chat questions of `workloads`,
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:
     """`count` prompts in the model's chat template, cycling through a few everyday questions.
     Notebook 06 (continuous batching)."""
-    from ..engine.generation import chat_prompt
+    from ..weights.chat import chat_prompt
     return [tokenizer.encode(chat_prompt(tokenizer, QUESTIONS[i % len(QUESTIONS)]), add_special_tokens=False)
             for i in range(count)]
 

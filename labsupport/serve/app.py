@@ -37,7 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from ..engine.generation import chat_prompt
+from ..weights.chat import chat_prompt
 from ..engine.sampling import SEED_MODULUS, SamplingConfig
 from ..engine.serving.engine import Engine
 from ..engine.serving.request import Request
@@ -256,7 +256,7 @@ class _Server:
         return ids
 
     def _chat_text(self, messages) -> str:
-        """The conversation in the tokenizer's chat template (`generation.chat_prompt` for a
+        """The conversation in the tokenizer's chat template (`weights.chat.chat_prompt` for a
         user message after at most one system message)."""
         turns = [{"role": "system" if m.role == "developer" else m.role, "content": _content(m)} for m in messages]
         if turns[-1]["role"] != "user":

@@ -20,6 +20,10 @@ the answer is; rescanning the whole text for every stop at every token would be 
 
 from __future__ import annotations
 
+from ..engine.generation import generate
+from ..engine.sampling import GREEDY, SamplingConfig
+from ..weights.chat import chat_prompt
+
 REPLACEMENT = "\ufffd"
 
 
@@ -113,3 +117,38 @@ class TextStream:
             return ""
         new, self.sent = text[len(self.sent):], text
         return new
+
+
+# --- text in, text out, in a notebook ------------------------------------------------
+
+class TextStreamer:
+    """A `stream` callback for `generate` that prints text as it is generated (batch 1), through
+    the same incremental detokenizer as the server (`TextStream`): a token that is half of a
+    character prints with the rest of it.
+
+    It streams notebook 01's `generate` (`generate_text(..., stream=True)`: the README's first example).
+    """
+
+    def __init__(self, tokenizer, print_fn=None):
+        self.text = TextStream(tokenizer)
+        self.print_fn = print_fn or (lambda text: print(text, end="", flush=True))
+
+    def __call__(self, next_tokens) -> None:
+        new = self.text.add(int(next_tokens[0]))
+        if new:
+            self.print_fn(new)
+
+
+def generate_text(model, tokenizer, message: str, max_new_tokens: int = 64,
+                  sampling: SamplingConfig = GREEDY, chat: bool = True, system: str | None = None,
+                  stream: bool = False) -> str:
+    """Reply to `message` (inside the chat template when `chat`), optionally printing as it goes.
+    Text in, text out around notebook 01's `generate` (the README's first example)."""
+    text = chat_prompt(tokenizer, message, system) if chat else message
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    eos = set(model.config.eos_token_ids)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(tokenizer.eos_token_id)
+    result = generate(model, ids, max_new_tokens, sampling, eos_token_ids=sorted(eos),
+                      stream=TextStreamer(tokenizer) if stream else None)
+    return tokenizer.decode(result.row(0), skip_special_tokens=True)

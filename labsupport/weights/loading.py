@@ -12,7 +12,7 @@ Names:
 A directory's weights are model.safetensors, else the shards its
 model.safetensors.index.json lists (as transformers chooses them); any other
 *.safetensors file there is not read. Its config is checked field by field
-(config.config_from_hf) and its tensors name by name and shape by shape
+(hf_config.config_from_hf) and its tensors name by name and shape by shape
 (weights.model_from_state_dict): what labsupport's Transformer does not
 implement is refused in one sentence, never loaded into wrong logits.
 """
@@ -28,10 +28,11 @@ import torch
 
 from ..errors import ModelUnavailable, first_line
 from ..engine.hardware import require_usable_dtype, pick_device
-from ..engine.models.config import PRESETS, config_from_hf
+from ..engine.models.config import PRESETS
+from .hf_config import config_from_hf
 from .embedded import embedded_model_dir
 from .fixtures import TINY, ByteTokenizer, random_model
-from ..engine.models.weights import model_from_state_dict
+from .hf_import import model_from_state_dict
 
 EMBEDDED = "smollm2-135m"
 HUB_ALIASES = {

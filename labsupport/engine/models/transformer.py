@@ -245,6 +245,21 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
+    @classmethod
+    def from_state_dict(cls, config: ModelConfig, state: dict, device="cpu", dtype=torch.float32) -> "Transformer":
+        """The model holding `state` (in this class's own names: `weights.hf_import` translates a
+        checkpoint's), with no random initialization first. Notebook 00 (where the time goes)."""
+        with torch.device("meta"):
+            model = cls(config)
+        # clone: tensors straight from safetensors are views of a memory-mapped file
+        model.load_state_dict({k: v.clone(memory_format=torch.contiguous_format) for k, v in state.items()},
+                              strict=True, assign=True)
+        if config.tie_embeddings:
+            model.lm_head.weight = model.embed.weight
+        if config.family == "llama":                 # not part of a checkpoint: computed for real
+            model.rope_cos, model.rope_sin = rope_tables(config)
+        return model.to(device=device, dtype=dtype).eval()
+
     @property
     def device(self) -> torch.device:
         return self.embed.weight.device

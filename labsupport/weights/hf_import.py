@@ -1,6 +1,7 @@
 """Import Hugging Face weights into labsupport's Transformer.
 
-Introduced in notebook 00 (where the time goes).
+Introduced in notebook 00 (where the time goes). Model import lives in `weights/`, beside the
+config translation (`weights.hf_config`), so that `engine/` only runs a model.
 
 Hugging Face stores q, k, v (and gate, up) as separate matrices; our model fuses
 them, so the import concatenates along the output dimension. GPT-2 checkpoints
@@ -22,10 +23,11 @@ import re
 
 import torch
 
-from ...errors import LabError, ModelUnavailable
-from .config import ModelConfig, config_from_hf
-from .layout import apply_layout
-from .transformer import Transformer
+from ..engine.models.config import ModelConfig
+from ..engine.models.layout import apply_layout
+from ..engine.models.transformer import Transformer
+from ..errors import LabError, ModelUnavailable
+from .hf_config import config_from_hf
 
 LLAMA_EMBEDDING, GPT2_EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "wte.weight", "lm_head.weight"
 
@@ -194,18 +196,7 @@ def model_from_state_dict(config: ModelConfig, hf_state: dict[str, torch.Tensor]
     except KeyError as missing:                 # cannot happen after the check; kept as a plain sentence
         raise LabError(f"The checkpoint lacks the weight {missing}; it does not look like a "
                        f"{config.family}-family model.") from None
-    with torch.device("meta"):
-        model = Transformer(config)
-    # clone: tensors straight from safetensors are views of a memory-mapped file
-    model.load_state_dict({k: v.clone(memory_format=torch.contiguous_format) for k, v in ours.items()},
-                          strict=True, assign=True)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.embed.weight
-    # The RoPE tables are not part of a checkpoint: compute them for real.
-    if config.family == "llama":
-        from .transformer import rope_tables
-        model.rope_cos, model.rope_sin = rope_tables(config)
-    model = model.to(device=device, dtype=dtype).eval()
+    model = Transformer.from_state_dict(config, ours, device=device, dtype=dtype)
     apply_layout(model)
     return model
 
