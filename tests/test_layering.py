@@ -246,6 +246,48 @@ def test_nothing_in_the_engine_imports_or_translates_a_hugging_face_checkpoint()
     assert not found, "model import belongs in labsupport/weights/: " + "; ".join(found)
 
 
+# --- one owner after each step (issue 39): only the scheduler moves `num_cached` -------------
+
+NUM_CACHED_WRITERS = {
+    "labsupport.engine.serving.scheduler": "admission (the prefix cache's hit), preemption, postprocess",
+    "labsupport.engine.serving.request": "the constructor: nothing computed yet",
+}
+# Modules outside the engine that drive a ModelRunner by hand and so stand in for its scheduler.
+OWN_SCHEDULERS = {
+    "labsupport.lab.disaggregated": "the decode worker seats handed-over caches and steps them itself",
+    "labsupport.lab.decode_cost": "times one decode step over and over, then moves on by hand",
+}
+
+
+def num_cached_writes(source: str) -> list[int]:
+    """The lines of `source` that assign to (or augment) an attribute named num_cached."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            for part in ast.walk(target):
+                if isinstance(part, ast.Attribute) and part.attr == "num_cached":
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_the_num_cached_rule_is_what_the_test_checks():
+    assert num_cached_writes("seq.num_cached += n") == [1]
+    assert num_cached_writes("x = 1\nseq.status, seq.num_cached = 0, 0") == [2]
+    assert num_cached_writes("n = seq.num_cached + 1") == []
+
+
+def test_one_writer_of_num_cached():
+    found = [f"{module}:{line}" for module, path in MODULES.items()
+             if module not in NUM_CACHED_WRITERS and module not in OWN_SCHEDULERS
+             for line in num_cached_writes(path.read_text(encoding="utf-8"))]
+    assert not found, ("only the scheduler moves num_cached (Scheduler.postprocess after a step); "
+                       "the runner computes and moves no counter: " + ", ".join(found))
+    assert all(num_cached_writes(MODULES[m].read_text(encoding="utf-8")) for m in OWN_SCHEDULERS), \
+        "an exception no longer needed: remove it from OWN_SCHEDULERS"
+
+
 def _long_file_params():
     for module, path in sorted(MODULES.items()):
         relative = path.relative_to(PACKAGE).as_posix()

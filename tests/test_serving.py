@@ -54,12 +54,15 @@ def test_paged_logits_equal_contiguous_cache(tiny_model_f64):
         static = StaticKVCache(tiny_model_f64.config, 1, 32, dtype=tiny_model_f64.dtype)
         reference = tiny_model_f64.logits(tiny_model_f64(torch.tensor([seq.tokens]), cache=static), at=-1)[0]
         torch.testing.assert_close(paged_prefill, reference, rtol=0, atol=1e-10)
+        assert seq.num_cached == 0                          # the runner is pure: it moves no counter
+        seq.num_cached = len(seq.tokens)                    # the scheduler's postprocess, by hand
         seq.output.append(int(reference.argmax()))
     for _ in range(3):                     # three batched decode steps
         logits = runner.decode(seqs)
         for row, seq in enumerate(seqs):
             full = tiny_model_f64.logits(tiny_model_f64(torch.tensor([seq.tokens])), at=-1)[0]   # no cache
             torch.testing.assert_close(logits[row], full, rtol=0, atol=1e-10)
+            seq.num_cached += 1
             seq.output.append(int(full.argmax()))
 
 
@@ -69,10 +72,11 @@ def test_padding_rows_do_not_touch_real_rows(tiny_model_f64):
     runner = ModelRunner(tiny_model_f64, cache, blocks.table)
     seq = ServedSequence(Request(prompts(1)[0], max_new_tokens=4), 0, "cpu")
     blocks.grow(0, len(seq.tokens) + 2)
-    seq.output.append(int(runner.prefill(seq).argmax()))
+    first = int(runner.prefill(seq).argmax())
+    seq.num_cached = len(seq.tokens)
+    seq.output.append(first)
     with_padding = runner.decode([seq], padding_rows=3)
-    seq.num_cached -= 1                                                    # redo the same step
-    without = runner.decode([seq])
+    without = runner.decode([seq])                                         # the same step again
     assert with_padding.shape == (1, tiny_model_f64.config.vocab_size)
     torch.testing.assert_close(with_padding, without, rtol=0, atol=1e-10)
 

@@ -62,13 +62,15 @@ def test_a_ragged_pass_of_chunks_and_decodes_gives_the_full_models_logits(tiny_m
         for seq in seqs:
             blocks.grow(seq.index, grown)
     runner.forward([seqs[0]], [5])                            # seq 0: whole prompt: next, a decode
+    seqs[0].num_cached = 5                                    # (the scheduler's postprocess, by hand)
     seqs[0].output.append(3)
     runner.forward([seqs[1]], [4])                            # seq 1: a first chunk of its prompt
+    seqs[1].num_cached = 4
     logits = runner.forward(seqs, [1, 3, 2])                  # a decode, a middle chunk, a first chunk
     for row, (seq, upto) in enumerate(zip(seqs, (6, 7, 2))):
         full = model.logits(model(torch.tensor([seq.tokens[:upto]])), at=-1)[0]             # no cache at all
         torch.testing.assert_close(logits[row], full, rtol=0, atol=1e-10)
-    assert [s.num_cached for s in seqs] == [6, 7, 2]
+    assert [s.num_cached for s in seqs] == [5, 4, 0]          # the runner is pure: no counter moved
 
 
 # --- the scheduler under a budget ----------------------------------------------------
@@ -82,14 +84,36 @@ def test_a_step_under_the_budget_decodes_first_then_fills_with_chunks():
     first = scheduler.schedule(now=0)
     assert first.decode == [] and first.prefill == seqs[:3] and first.chunks == [3, 4, 3]   # several newcomers
     assert list(scheduler.waiting) == [seqs[3]]               # no token left for it: not admitted yet
-    for s, n in zip(first.prefill, first.chunks):             # as the engine does after the pass
-        s.num_cached += n
-    for s in seqs[:2]:
-        s.output.append(7)                                    # prompts done: first tokens
+    finished, failed = scheduler.postprocess(first, [(seqs[0], 7), (seqs[1], 7)], now=1)   # prompts done: first tokens
+    assert finished == [] and failed == []
+    assert [s.num_cached for s in seqs] == [3, 4, 3, 0] and [s.output for s in seqs[:2]] == [[7], [7]]
     second = scheduler.schedule(now=1)
     assert second.decode == seqs[:2]
     assert second.prefill == [seqs[2]] and second.chunks == [8]   # the long prompt goes on; 2 + 8 = 10
     assert list(scheduler.waiting) == [seqs[3]]
+
+
+def test_postprocess_owns_every_counter_after_a_step_and_a_failing_callback_fails_alone():
+    blocks = BlockManager(num_blocks=64, block_size=4, prefix_caching=True)
+    scheduler = Scheduler("continuous", max_slots=3, blocks=blocks, token_budget=None)
+    seen = []
+
+    def broken(token):
+        raise ValueError("the client's callback broke")
+    seqs = [ServedSequence(Request([1, 2, 3, 4, 5], max_new_tokens=1), 0, "cpu"),
+            ServedSequence(Request([6, 7], max_new_tokens=3, on_token=broken), 1, "cpu"),
+            ServedSequence(Request([8, 9, 10], max_new_tokens=3, on_token=seen.append), 2, "cpu")]
+    for s in seqs:
+        scheduler.add(s)
+    plan = scheduler.schedule(now=0)
+    assert [n for _, n in plan.computed] == [5, 2, 3]
+    table = list(blocks.table(0))
+    finished, failed = scheduler.postprocess(plan, [(s, 40 + s.index) for s in seqs], now=1)
+    assert [s.num_cached for s in seqs] == [5, 2, 3]
+    assert finished == [seqs[0]] and seqs[0].status.value == "finished" and blocks.table(0) == []
+    assert [(s, str(e)) for s, e in failed] == [(seqs[1], "the client's callback broke")]
+    assert seen == [42] and seqs[2].output == [42]
+    assert blocks.prefix_cache.lookup([1, 2, 3, 4, 5, 6]) == table[:1]   # its one full prompt block: named
 
 
 def test_a_long_prompt_is_split_and_emits_only_when_done(tiny_llama):

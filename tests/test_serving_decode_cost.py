@@ -43,8 +43,10 @@ def _ragged_state(model, blocks, runner):
         for seq in seqs:
             blocks.grow(seq.index, grown)
     runner.forward([seqs[0]], [5])
+    seqs[0].num_cached = 5                       # the scheduler's postprocess, by hand
     seqs[0].output.append(7)
     runner.forward([seqs[1]], [4])
+    seqs[1].num_cached = 4
     return seqs
 
 
@@ -58,6 +60,8 @@ def test_attention_over_the_pool_gives_the_gathers_logits(tiny_model_f64, paddin
         runner = ModelRunner(model, cache, blocks, attention=attention)
         seqs = _ragged_state(model, blocks, runner)
         results[attention] = runner.forward(seqs, [1, 3, 2], padding_rows)
+        for seq, n in zip(seqs, (1, 3, 2)):
+            seq.num_cached += n
         seqs[0].output.append(9), seqs[1].output.append(9)
         results[attention + " decode"] = runner.forward(seqs[:2], [1, 1], padding_rows)
     torch.testing.assert_close(results["pool"], results["gather"], rtol=0, atol=1e-10)

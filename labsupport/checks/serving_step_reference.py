@@ -162,13 +162,9 @@ def package_steps(workload: dict) -> list[dict]:
             clock = pending[0][3]                         # idle: the next arrival
             continue
         plan = scheduler.schedule(clock)
-        rows = [(s, 1) for s in plan.decode] + [(s, n) for s, n in zip(plan.prefill, plan.chunks) if n > 0]
-        call = {s.id: tuple(s.tokens[s.num_cached: s.num_cached + n]) for s, n in rows}
-        for s, n in rows:
-            s.num_cached += n
-        for s, _ in rows:
-            if s.num_cached == len(s.tokens) and s.append(counting_next(call[s.id]), clock + 1):
-                scheduler.finish(s, clock + 1)
+        call = {s.id: tuple(s.tokens[s.num_cached: s.num_cached + n]) for s, n in plan.computed}
+        tokens = [(s, counting_next(call[s.id])) for s, n in plan.computed if s.num_cached + n == len(s.tokens)]
+        scheduler.postprocess(plan, tokens, clock + 1)
         records.append({"arrived": arrived, "call": call, "preempted": [s.id for s in plan.preempted],
                         "after": _snapshot_package(scheduler, blocks, seqs)})
         arrived, clock = [], clock + 1

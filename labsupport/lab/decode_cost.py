@@ -113,7 +113,9 @@ def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size
         for seq in seqs:
             blocks.grow(seq.index, min(grown, positions))
     for seq in seqs:
-        seq.output.append(int(runner.prefill(seq).argmax()))
+        logits = runner.prefill(seq)                         # the runner moves no counter: this loop is
+        seq.num_cached = len(seq.tokens)                     # its own scheduler
+        seq.output.append(int(logits.argmax()))
     samples = {name: [] for name in ("step", "pool_step", "timed_step", "table_build", "gather",
                                      "table_build_lists", "gather_by_slots")}
     for step in range(warmup + steps):
@@ -125,12 +127,12 @@ def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size
         record["timed_step"] = _seconds(lambda: runner.decode(seqs), model.device)
         record["table_build"], record["gather"] = runner.clock.total(), _TimedView.clock.total()
         for attention, name in (("gather", "step"), ("pool", "pool_step")):
-            _rewind(seqs)                                    # the same step again, the same tokens
-            runner.attention = attention
+            runner.attention = attention                     # the same step again: the same position
             pool.view_class = PagedView
             record[name] = _seconds(lambda: runner.decode(seqs), model.device)
         runner.attention, pool.view_class = "gather", _TimedView
         for seq in seqs:
+            seq.num_cached += 1
             seq.output.append(seq.output[-1])               # any token: the cost does not depend on it
         if step >= warmup:
             for name, seconds in record.items():
@@ -166,8 +168,3 @@ def _seconds(fn, device) -> float:
     synchronize(device)
     return time.perf_counter() - start
 
-
-def _rewind(seqs: list[ServedSequence]) -> None:
-    """Undo the last decode's cache write: the next decode recomputes the same position."""
-    for seq in seqs:
-        seq.num_cached -= 1

@@ -147,6 +147,7 @@ def _decode_worker(model, requests, start: float, slots: int, block_size: int) -
         logits = runner.decode(running)                      # (rows, vocab)
         now = time.monotonic() - start
         for seq, token in zip(running, logits.argmax(dim=-1).tolist()):
+            seq.num_cached += 1                              # this worker is its own scheduler
             seq.output.append(token)
             token_times[seq.index].append(now)
     return {"tokens": done, "token_times": token_times, "handovers": handovers, "received_at": received_at,

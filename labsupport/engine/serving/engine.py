@@ -8,14 +8,16 @@ An engine step reads like the pseudocode of every continuous-batching server::
                                            # how many prompt tokens each computes
     if no token budget:                    # newcomers: their whole prompt, alone
         for seq in plan.prefill:
-            emit(seq, sample(runner.forward([seq], [its whole prompt])))
+            tokens += sample(runner.forward([seq], [its whole prompt]))
         rows = plan.decode                 # everyone else: one token each, one batch
     else:                                  # chunked prefill: decodes and prompt chunks
         rows = plan.decode + plan.prefill  #   together, in ONE forward pass
-    logits = runner.forward(rows, chunks)
+    logits = runner.forward(rows, chunks)  # pure: computes, writes keys/values, moves no counter
     for seq, row in zip(rows, logits):
-        if seq's prompt is done:           # a chunk that ends mid-prompt emits nothing
-            emit(seq, sample(row))         # a sequence that ends frees its blocks
+        if seq's prompt is done:           # a chunk that ends mid-prompt samples nothing
+            tokens += sample(row)
+    scheduler.postprocess(plan, tokens)    # every counter after the step, in one place: cached
+                                           # positions, shareable blocks, tokens, who finished
 
 With prefix caching, admission points a newcomer's block table at the cached blocks
 of its longest cached full-block prefix (those tokens are not computed), and every
@@ -232,40 +234,33 @@ class Engine:
         start = self.clock()
         plan = self.scheduler.schedule(start)
         self.prefix_hit_tokens += plan.cached_tokens
-        chunked = [(seq, n) for seq, n in zip(plan.prefill, plan.chunks) if n > 0]
+        chunked = plan.prompt_chunks
         events: list[tuple[ServedSequence, int]] = []
         if self.token_budget is None:
             for seq, n in chunked:                                     # each newcomer alone
-                events += self._sample([seq], self.runner.forward([seq], [n]))
+                events += self._sample([seq], [n], self.runner.forward([seq], [n]))
             rows, chunks = plan.decode, [1] * len(plan.decode)
         else:                                                          # decodes + chunks, one pass
             rows = plan.decode + [seq for seq, _ in chunked]
             chunks = [1] * len(plan.decode) + [n for _, n in chunked]
         if rows:
-            events += self._sample(rows, self.runner.forward(rows, chunks, plan.padding_rows))
+            events += self._sample(rows, chunks, self.runner.forward(rows, chunks, plan.padding_rows))
         elif not chunked and not self.scheduler.running:
             # nothing computed and nothing in flight: the next step would be the same, forever
             raise LabError(f"The scheduling policy {self.scheduler.policy!r} admitted none of the "
                            f"{len(self.scheduler.waiting)} waiting request(s) into an idle server; a policy "
                            "must admit a request when nothing runs (see Policy.decide).")
         synchronize(self.model.device)
-        prompts_done = sum(seq.num_cached == len(seq.tokens) for seq, _ in chunked)
+        prompts_done = sum(seq.num_cached + n == len(seq.tokens) for seq, n in chunked)
         self.clock.tick()
         now = self.clock()
-        for seq, _ in chunked:                                         # full prompt blocks: shareable now
-            self.blocks.cache_full_blocks(seq.index, seq.request.prompt, seq.num_cached)
-        for seq, token in events:
-            try:
-                ended = seq.append(token, now)          # runs the request's on_token callback
-            except Exception as error:                  # noqa: BLE001 - that request alone fails
-                self._failed.append((seq, error))
-                continue
-            if ended:
-                self.scheduler.finish(seq, now)
-                self.live.pop(seq.id, None)
+        finished, failed = self.scheduler.postprocess(plan, events, now)
+        for seq in finished:
+            self.live.pop(seq.id, None)
+        self._failed += failed
         if self._failed:
-            failed = {id(seq) for seq, _ in self._failed}
-            events = [(seq, token) for seq, token in events if id(seq) not in failed]
+            failed_ids = {id(seq) for seq, _ in self._failed}
+            events = [(seq, token) for seq, token in events if id(seq) not in failed_ids]
             self._end_failed()
         if self.record:
             self.steps.append(StepRecord(
@@ -275,13 +270,13 @@ class Engine:
                 cached_tokens=plan.cached_tokens))
         return events
 
-    def _sample(self, seqs: list[ServedSequence], logits) -> list[tuple[ServedSequence, int]]:
-        """The next token of every sequence whose tokens are all in the cache now (a chunk that
-        ends part-way through a prompt gives none). logits: (len(seqs), vocab)."""
+    def _sample(self, seqs: list[ServedSequence], chunks: list[int], logits) -> list[tuple[ServedSequence, int]]:
+        """The next token of every sequence whose tokens are all computed once its chunk is (a
+        chunk that ends part-way through a prompt gives none). logits: (len(seqs), vocab)."""
         greedy = logits.argmax(dim=-1).tolist()                        # one sync for all rows
         events, rows = [], []
-        for row, seq in enumerate(seqs):
-            if seq.num_cached != len(seq.tokens):
+        for row, (seq, n) in enumerate(zip(seqs, chunks)):
+            if seq.num_cached + n != len(seq.tokens):
                 continue
             try:
                 events.append((seq, greedy[row] if seq.request.sampling.greedy else next_token(logits[row], seq)))

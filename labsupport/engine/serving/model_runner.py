@@ -3,7 +3,9 @@
 Introduced in notebook 06 (continuous batching).
 
 One kind of forward pass, `forward(seqs, chunks)`, through the paged cache: row b
-computes the next `chunks[b]` tokens of sequence b, from its `num_cached` on. A
+computes the next `chunks[b]` tokens of sequence b, from its `num_cached` on. The
+runner is pure: it writes those positions' keys and values into the pool and returns
+logits, and moves no counter; the scheduler's `postprocess` advances `num_cached`. A
 decode is a chunk of one token; a prompt, or a piece of one (chunked prefill), is a
 longer chunk. Three layouts, one rule (each query sees its own sequence's cached
 context, then its chunk up to itself):
@@ -76,8 +78,6 @@ class ModelRunner:
             logits = self._batched(seqs, starts, rows, padding_rows)
         else:                                            # chunks of different lengths
             logits = self._packed(seqs, starts, rows, padding_rows)
-        for seq, n in zip(seqs, chunks):
-            seq.num_cached += n
         return logits[: len(seqs)]
 
     def _fresh_prompt(self, seq: ServedSequence, tokens: list[int]) -> torch.Tensor:

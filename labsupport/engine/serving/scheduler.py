@@ -167,6 +167,16 @@ class ScheduledStep:
     preempted: list[ServedSequence] = field(default_factory=list)
     cached_tokens: int = 0                                    # prompt positions found in the prefix cache
 
+    @property
+    def prompt_chunks(self) -> list[tuple[ServedSequence, int]]:
+        """(sequence, tokens) for each prompt chunk the step computes (a chunk of 0 computes nothing)."""
+        return [(seq, n) for seq, n in zip(self.prefill, self.chunks) if n > 0]
+
+    @property
+    def computed(self) -> list[tuple[ServedSequence, int]]:
+        """(sequence, tokens) for every row the step computes: each decode's one, then the chunks."""
+        return [(seq, 1) for seq in self.decode] + self.prompt_chunks
+
 
 class Scheduler:
     """Admission in the policy's order under slot and block limits, with one policy (`Policy`,
@@ -290,6 +300,32 @@ class Scheduler:
                 seq.admitted_at = now
             self.running.append(seq)
             step.prefill.append(seq)
+
+    # --- after a step: every counter, in one place ---------------------------------------
+
+    def postprocess(self, step: ScheduledStep, tokens: list[tuple[ServedSequence, int]],
+                    now: float) -> tuple[list[ServedSequence], list[tuple[ServedSequence, Exception]]]:
+        """The step's bookkeeping, after the model ran it: each computed sequence's `num_cached`
+        moves past what it computed, a prompt's full blocks become shareable (prefix caching),
+        each sampled token is appended (running the request's callback), and a sequence at its
+        end finishes. tokens: the (sequence, token) pairs the step sampled. Returns the
+        sequences that finished and the (sequence, error) pairs whose callback raised, which
+        the caller ends alone."""
+        for seq, n in step.computed:
+            seq.num_cached += n
+        for seq, _ in step.prompt_chunks:
+            self.blocks.cache_full_blocks(seq.index, seq.request.prompt, seq.num_cached)
+        finished, failed = [], []
+        for seq, token in tokens:
+            try:
+                ended = seq.append(token, now)          # runs the request's on_token callback
+            except Exception as error:                  # noqa: BLE001 - that request alone fails
+                failed.append((seq, error))
+                continue
+            if ended:
+                self.finish(seq, now)
+                finished.append(seq)
+        return finished, failed
 
     # --- leaving ----------------------------------------------------------------------
 
