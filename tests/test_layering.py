@@ -288,6 +288,42 @@ def test_one_writer_of_num_cached():
         "an exception no longer needed: remove it from OWN_SCHEDULERS"
 
 
+# --- no attribute of the engine's objects or classes assigned from outside it (issue 39) ---------
+
+ENGINE_OBJECTS = ("pool", "cache", "runner", "engine", "scheduler", "blocks", "graphs", "manager")
+
+
+def engine_attribute_sets(source: str, module: str) -> list[str]:
+    """Assignments in `source` to an attribute of an engine class (a name imported from
+    labsupport's engine) or of an object named as the engine's are (ENGINE_OBJECTS)."""
+    tree = ast.parse(source)
+    engine_names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and "engine" in (node.module or "").split(".") for alias in node.names}
+    found = []
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            for part in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                if (isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name)
+                        and (part.value.id in engine_names or part.value.id in ENGINE_OBJECTS)):
+                    found.append(f"{module}:{node.lineno} sets {part.value.id}.{part.attr}")
+    return found
+
+
+def test_the_engine_attribute_rule_is_what_the_test_checks():
+    source = "from ..engine.serving import PagedView\nPagedView.clock = 1\npool.view_class, x = 2, 3\n"
+    assert engine_attribute_sets(source, "m") == ["m:2 sets PagedView.clock", "m:3 sets pool.view_class"]
+    assert engine_attribute_sets("cache.keys[:, 0] = 1\nrow.x = 2\n", "m") == []
+
+
+def test_no_attribute_of_the_engine_is_assigned_from_outside_it():
+    found = [line for module, path in MODULES.items() if not module.startswith("labsupport.engine")
+             for line in engine_attribute_sets(path.read_text(encoding="utf-8"), module)]
+    assert not found, ("choose an engine object's parts when it is built (constructor arguments), "
+                       "never by assigning them later: " + "; ".join(found))
+
+
 def _long_file_params():
     for module, path in sorted(MODULES.items()):
         relative = path.relative_to(PACKAGE).as_posix()

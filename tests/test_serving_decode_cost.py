@@ -150,3 +150,28 @@ def test_an_unknown_attention_path_is_refused(tiny_llama):
     cache = PagedKVCache(tiny_llama.config, 4, 4)
     with pytest.raises(LabError, match="attention must be 'gather' or 'pool', got 'flash'"):
         ModelRunner(tiny_llama, cache, BlockManager(4, 4), attention="flash")
+
+
+def test_the_reader_is_chosen_once_and_every_pass_reads_through_it(tiny_model_f64):
+    from labsupport.engine.serving.paged_cache import PagedView
+    gathers = []
+
+    class CountingView(PagedView):
+        def gather(self, layer):
+            gathers.append(layer)
+            return PagedView.gather(self, layer)
+    blocks = BlockManager(num_blocks=40, block_size=4)
+    cache = PagedKVCache(tiny_model_f64.config, 40, 4, dtype=tiny_model_f64.dtype)
+    counted = ModelRunner(tiny_model_f64, cache, blocks, reader=CountingView)
+    seqs = _ragged_state(tiny_model_f64, blocks, counted)
+    logits = counted.forward(seqs, [1, 3, 2])
+    assert gathers == list(range(tiny_model_f64.config.num_layers))         # one gather per layer, one pass
+    plain = ModelRunner(tiny_model_f64, cache, blocks).forward(seqs, [1, 3, 2])   # the same pass again
+    torch.testing.assert_close(logits, plain, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reader", [dict, "gather", None])
+def test_a_reader_that_is_not_a_paged_view_is_refused(tiny_llama, reader):
+    cache = PagedKVCache(tiny_llama.config, 4, 4)
+    with pytest.raises(LabError, match="reader must be PagedView or a subclass of it"):
+        ModelRunner(tiny_llama, cache, BlockManager(4, 4), reader=reader)

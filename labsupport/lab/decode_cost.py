@@ -42,6 +42,10 @@ class IntervalClock:
 
     def __init__(self, device):
         self.device = torch.device(device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every interval: the next step starts from zero."""
         self.events: list = []
         self.host_seconds = 0.0
 
@@ -65,22 +69,19 @@ class IntervalClock:
         return sum(start.elapsed_time(end) for start, end in self.events) / 1e3
 
 
-class _TimedView(PagedView):
-    """A `PagedView` that times each gather on `_TimedView.clock`."""
+def _timed_runner(model, pool, blocks, tables_clock: IntervalClock, gathers_clock: IntervalClock) -> ModelRunner:
+    """A `ModelRunner` that times each block-table build on `tables_clock`, reading the pool
+    through a `PagedView` that times each gather on `gathers_clock`: both chosen at construction."""
 
-    clock: IntervalClock
+    class TimedView(PagedView):
+        def gather(self, layer):
+            return gathers_clock.measure(lambda: PagedView.gather(self, layer))
 
-    def gather(self, layer):
-        return _TimedView.clock.measure(lambda: PagedView.gather(self, layer))
+    class TimedRunner(ModelRunner):
+        def tables(self, seqs, padding_rows=0, width=1):
+            return tables_clock.measure(lambda: ModelRunner.tables(self, seqs, padding_rows, width))
 
-
-class _TimedRunner(ModelRunner):
-    """A `ModelRunner` that times each block-table build on its `clock`."""
-
-    clock: IntervalClock
-
-    def tables(self, seqs, padding_rows=0, width=1):
-        return self.clock.measure(lambda: ModelRunner.tables(self, seqs, padding_rows, width))
+    return TimedRunner(model, pool, blocks, reader=TimedView)
 
 
 def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size: int = 16,
@@ -102,9 +103,10 @@ def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size
     positions = context + warmup + steps + 1
     blocks = BlockManager(batch_size * blocks_needed(positions, block_size), block_size, device=model.device)
     pool = PagedKVCache(model.config, blocks.num_blocks, block_size, model.device, model.dtype)
-    pool.view_class = _TimedView
-    runner = _TimedRunner(model, pool, blocks)
-    runner.clock, _TimedView.clock = IntervalClock(model.device), IntervalClock(model.device)   # reset every step
+    tables_clock, gathers_clock = IntervalClock(model.device), IntervalClock(model.device)   # reset every step
+    runner = _timed_runner(model, pool, blocks, tables_clock, gathers_clock)
+    plain = {"step": ModelRunner(model, pool, blocks),                      # as the engine runs it
+             "pool_step": ModelRunner(model, pool, blocks, attention="pool")}
     generator = torch.Generator().manual_seed(seed)
     seqs = [ServedSequence(Request(torch.randint(0, model.config.vocab_size, (context,), generator=generator)
                                    .tolist(), max_new_tokens=positions), i, model.device)
@@ -123,14 +125,11 @@ def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size
             [blocks.table(s.index) for s in seqs], pool.scratch_block, 1, model.device), model.device),
             "gather_by_slots": _seconds(lambda: gather_by_slots(
                 pool, blocks.table_rows([s.index for s in seqs]), seqs[0].num_cached + 1), model.device)}
-        runner.clock, _TimedView.clock = IntervalClock(model.device), IntervalClock(model.device)
+        tables_clock.reset(), gathers_clock.reset()
         record["timed_step"] = _seconds(lambda: runner.decode(seqs), model.device)
-        record["table_build"], record["gather"] = runner.clock.total(), _TimedView.clock.total()
-        for attention, name in (("gather", "step"), ("pool", "pool_step")):
-            runner.attention = attention                     # the same step again: the same position
-            pool.view_class = PagedView
-            record[name] = _seconds(lambda: runner.decode(seqs), model.device)
-        runner.attention, pool.view_class = "gather", _TimedView
+        record["table_build"], record["gather"] = tables_clock.total(), gathers_clock.total()
+        for name, other in plain.items():                    # the same step again: the same position
+            record[name] = _seconds(lambda: other.decode(seqs), model.device)
         for seq in seqs:
             seq.num_cached += 1
             seq.output.append(seq.output[-1])               # any token: the cost does not depend on it

@@ -33,7 +33,7 @@ import torch
 from ...errors import LabError
 from ..models.masks import causal_mask, chunk_mask, packed_mask
 from .block_manager import BlockManager, blocks_needed
-from .paged_cache import PagedKVCache
+from .paged_cache import PagedKVCache, PagedView
 from .request import ServedSequence
 
 
@@ -43,13 +43,17 @@ class ModelRunner:
     cache: the `PagedKVCache` to read and write; blocks: the `BlockManager` whose
     tables to use, or a function sequence index -> its list of block ids;
     attention: "gather" (copy each row's context out of the pool) or "pool" (attend
-    over the pool in place, with a mask; see paged_cache.py).
+    over the pool in place, with a mask; see paged_cache.py); reader: the view class every
+    pass reads the pool through (`PagedView`, or a subclass: decode_cost.py's times its gathers).
+    Both are chosen once, here.
     """
 
-    def __init__(self, model, cache: PagedKVCache, blocks, attention: str = "gather"):
+    def __init__(self, model, cache: PagedKVCache, blocks, attention: str = "gather", reader: type = PagedView):
         if attention not in ("gather", "pool"):
             raise LabError(f"attention must be 'gather' or 'pool', got {attention!r}.")
-        self.model, self.cache = model, cache
+        if not (isinstance(reader, type) and issubclass(reader, PagedView)):
+            raise LabError(f"reader must be PagedView or a subclass of it, got {reader!r}.")
+        self.model, self.cache, self.reader = model, cache, reader
         self.blocks = blocks
         self.attention = attention
         self.device = model.device
@@ -86,7 +90,7 @@ class ModelRunner:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)             # (1, T)
         positions = torch.arange(T, device=self.device)[None]                          # (1, T)
         view = self.cache.view(self.tables([seq], width=blocks_needed(T, self.cache.block_size)),
-                               positions, context_lengths=None)
+                               positions, context_lengths=None, reader=self.reader)
         mask = causal_mask(T, 0, None, self.device, window=self.window)               # "causal", or windowed
         return self.model.logits(self.model(ids, positions, view, mask), at=-1)         # (1, vocab)
 
@@ -103,7 +107,7 @@ class ModelRunner:
         context = positions[:, -1] + 1                                                  # (B,)
         width = blocks_needed(int(context.max()), self.cache.block_size)
         view = self.cache.view(self.tables(seqs, padding_rows, width), positions, context,
-                               over_pool=self.attention == "pool")
+                               over_pool=self.attention == "pool", reader=self.reader)
         mask = chunk_mask(positions, window=self.window)                                # (B, 1, T, S)
         if self.attention == "pool":
             mask = view.pool_mask(mask)                                                 # (B, 1, T, span)
@@ -115,7 +119,7 @@ class ModelRunner:
         (B, 1), tables (B, W). Every shape is fixed by the inputs' and nothing waits for the
         device: the step `decode_graphs.py` captures. Returns logits (B, vocab)."""
         width = tables.shape[1] * self.cache.block_size                                # keys per row
-        view = self.cache.view(tables, positions, width)
+        view = self.cache.view(tables, positions, width, reader=self.reader)
         mask = chunk_mask(positions, window=self.window, num_keys=width)              # (B, 1, 1, width)
         return self.model.logits(self.model(ids, positions, view, mask), at=-1)         # (B, vocab)
 
@@ -132,7 +136,7 @@ class ModelRunner:
         context = torch.tensor(starts, device=self.device) + lengths                   # (B,)
         width = blocks_needed(int(context.max()), self.cache.block_size)
         view = self.cache.packed_view(self.tables(seqs, padding_rows, width), token_rows, positions, context,
-                                      over_pool=self.attention == "pool")
+                                      over_pool=self.attention == "pool", reader=self.reader)
         mask = packed_mask(token_rows, positions, len(rows), width * self.cache.block_size,
                            window=self.window)                                          # (1, 1, N, K)
         if self.attention == "pool":

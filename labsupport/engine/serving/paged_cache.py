@@ -60,7 +60,6 @@ class PagedKVCache:
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.bytes_per_block = kv_cache_bytes(config, block_size, 1, dtype)
-        self.view_class = PagedView         # decode_cost.py swaps in one that times its gathers
 
     @property
     def device(self) -> torch.device:
@@ -76,7 +75,8 @@ class PagedKVCache:
         return block_index * self.block_size + positions % self.block_size
 
     def view(self, tables: torch.Tensor, new_positions: torch.Tensor,
-             context_lengths: torch.Tensor | int | None, over_pool: bool = False) -> "PagedView":
+             context_lengths: torch.Tensor | int | None, over_pool: bool = False,
+             reader: type | None = None) -> "PagedView":
         """The cache as one forward pass sees it.
 
         tables: (B, max_blocks) each row's block table, padded with the scratch block;
@@ -86,24 +86,27 @@ class PagedKVCache:
             or an int: every row reads that many positions, its mask hiding those past its own
             (a fixed shape that never waits for the device: the decode graphs' reads);
         over_pool: attend over the pool itself (no gather; `PagedView.pool_mask` then
-            turns a mask over each row's positions into one over pool slots).
+            turns a mask over each row's positions into one over pool slots);
+        reader: the view class, `PagedView` or a subclass (the runner's, chosen once: the lab
+            passes one that times its gathers).
         """
+        reader = reader or PagedView
         write_slots = self.slots(tables, new_positions).reshape(-1)               # (B*T,)
         if context_lengths is None:
-            return self.view_class(self, write_slots)
+            return reader(self, write_slots)
         if isinstance(context_lengths, int) and over_pool:
             raise LabError("A fixed read width (an int context_lengths) reads by gathering; over_pool needs "
                            "each row's context length as a tensor.")
         longest = context_lengths if isinstance(context_lengths, int) else int(context_lengths.max())
         read_blocks = tables[:, : -(-longest // self.block_size)]                  # (B, W) blocks to read
-        view = self.view_class(self, write_slots, read_blocks, longest)
+        view = reader(self, write_slots, read_blocks, longest)
         if over_pool:
             positions = torch.arange(longest, device=tables.device).expand(len(tables), longest)
             view.read_over_pool(self.slots(tables, positions), positions < context_lengths[:, None])
         return view
 
     def packed_view(self, tables: torch.Tensor, token_rows: torch.Tensor, new_positions: torch.Tensor,
-                    context_lengths: torch.Tensor, over_pool: bool = False) -> "PagedView":
+                    context_lengths: torch.Tensor, over_pool: bool = False, reader: type | None = None) -> "PagedView":
         """The cache for chunks of different lengths packed into one row of N tokens: token i
         belongs to row token_rows[i] and sits at new_positions[i] (both (N,)); tables: (B, W),
         W blocks per row, enough for context_lengths (B,). Every row's W blocks are read side
@@ -111,7 +114,7 @@ class PagedKVCache:
         blocks = tables[token_rows, new_positions // self.block_size]              # (N,)
         write_slots = blocks * self.block_size + new_positions % self.block_size    # (N,)
         width = tables.shape[1] * self.block_size
-        view = self.view_class(self, write_slots, tables, width, packed=True)
+        view = (reader or PagedView)(self, write_slots, tables, width, packed=True)
         if over_pool:
             offsets = torch.arange(self.block_size, device=tables.device)
             slots = (tables[:, :, None] * self.block_size + offsets).reshape(1, -1)  # (1, B*W*block_size)
