@@ -14,6 +14,7 @@ from labsupport.engine.kv_cache import FilledLength, KVCache, KVWriter, StaticKV
 from labsupport.engine.kv_quant import Int8KVCache
 from labsupport.engine.serving import PagedKVCache
 from labsupport.errors import LabError
+from paged_rows import PagedRows
 from labsupport.weights.fixtures import random_model
 
 PROMPT = [5, 17, 42, 99, 3]
@@ -25,7 +26,7 @@ def caches(model, batch=1, max_len=16):
     tables = [[2 * row * 2 + i for i in range(max_len // 4)] for row in range(batch)]
     return {"static": StaticKVCache.for_model(model, batch, max_len),
             "int8": Int8KVCache.for_model(model, batch, max_len),
-            "paged": pool.rows(tables)}
+            "paged": PagedRows(pool, tables)}
 
 
 def one_sentence(error) -> None:

@@ -18,6 +18,7 @@ from labsupport.engine.serving import (BlockManager, Engine, PagedKVCache, Reque
                                        ServedSequence, blocks_needed)
 from labsupport.lab.serving_workload import make_workload
 from labsupport.lab.serving_metrics import reserved_vs_used, slot_bars, utilization_timeline, summarize
+from paged_rows import PagedRows
 from labsupport.engine.serving.model_runner import ModelRunner
 from labsupport.engine.speculative import Draft, speculative_generate
 from labsupport.lab.serving_workload import arrival_times, output_lengths
@@ -42,7 +43,7 @@ def test_paged_logits_equal_contiguous_cache(tiny_model_f64):
     block_size = 4
     blocks = BlockManager(num_blocks=40, block_size=block_size)
     cache = PagedKVCache(tiny_model_f64.config, 40, block_size, dtype=tiny_model_f64.dtype)
-    runner = ModelRunner(tiny_model_f64, cache, blocks.table)
+    runner = ModelRunner(tiny_model_f64, cache, blocks)
     seqs = [ServedSequence(Request(p, max_new_tokens=8), i, "cpu") for i, p in enumerate(prompts(3))]
     for seq in seqs:                       # grow in turns, so that block tables interleave
         blocks.grow(seq.index, 2)
@@ -69,7 +70,7 @@ def test_paged_logits_equal_contiguous_cache(tiny_model_f64):
 def test_padding_rows_do_not_touch_real_rows(tiny_model_f64):
     blocks = BlockManager(num_blocks=10, block_size=4)
     cache = PagedKVCache(tiny_model_f64.config, 10, 4, dtype=tiny_model_f64.dtype)
-    runner = ModelRunner(tiny_model_f64, cache, blocks.table)
+    runner = ModelRunner(tiny_model_f64, cache, blocks)
     seq = ServedSequence(Request(prompts(1)[0], max_new_tokens=4), 0, "cpu")
     blocks.grow(0, len(seq.tokens) + 2)
     first = int(runner.prefill(seq).argmax())
@@ -88,17 +89,17 @@ def paged_rows(model, rows: int, positions: int, block_size: int = 4):
         for row in range(rows):
             blocks.grow(row, grown)
     pool = PagedKVCache(model.config, 40, block_size, dtype=model.dtype)
-    return pool.rows([blocks.table(row) for row in range(rows)])
+    return PagedRows(pool, [blocks.table(row) for row in range(rows)])
 
 
 def test_the_paged_side_implements_what_it_can_of_the_protocol(tiny_model_f64):
     pool = PagedKVCache(tiny_model_f64.config, 8, 4, dtype=tiny_model_f64.dtype)
-    assert isinstance(pool.rows([[3, 1, 5]]), KVCache)                 # rows sharing one length
+    assert isinstance(PagedRows(pool, [[3, 1, 5]]), KVCache)                 # rows sharing one length
     view = pool.view(torch.tensor([[0]]), torch.tensor([[0]]), None)    # one pass, rows at their own lengths
     assert isinstance(view, KVWriter) and not isinstance(view, KVCache)
     assert not isinstance(pool, KVCache)                                # the pool: many lengths at once
     with pytest.raises(LabError, match="outside the pool"):
-        pool.rows([[3, 8]])
+        PagedRows(pool, [[3, 8]])
 
 
 def test_generate_on_the_paged_cache_gives_the_same_tokens(tiny_model_f64):

@@ -8,7 +8,7 @@ import torch
 
 from labsupport.errors import LabError
 from labsupport.engine.generation import generate
-from labsupport.engine.models.masks import chunk_mask, context_mask
+from labsupport.engine.models.masks import chunk_mask
 from labsupport.engine.sampling import SamplingConfig
 from labsupport.engine.serving import (BlockManager, Engine, PagedKVCache, Request, Scheduler,
                                        ServedSequence, budget_prefill_chunks)
@@ -36,6 +36,15 @@ def test_budget_prefill_chunks_fills_the_budget_in_order():
     assert budget_prefill_chunks(8, 2, []) == []
     with pytest.raises(LabError, match="budget is 8; give a token_budget of at least max_slots"):
         budget_prefill_chunks(8, 9, [1])
+
+
+def context_mask(context_lengths, window):
+    """The decode mask written out: row b's one query sits at context_lengths[b] - 1 and sees
+    the keys at or before it (within the window). (B, 1, 1, S), S = the longest context."""
+    query = context_lengths[:, None] - 1                                         # (B, 1)
+    keys = torch.arange(int(context_lengths.max()))[None, :]                    # (1, S)
+    seen = (keys <= query) & (True if window is None else keys > query - window)
+    return seen[:, None, None, :]
 
 
 def test_chunk_mask_is_causal_after_each_rows_own_context():

@@ -11,7 +11,8 @@ from labsupport.lab.measure import Timing
 from labsupport.engine.serving import BlockManager, Engine, PagedKVCache, Request, ServedSequence
 from labsupport.lab.serving_workload import make_workload
 from labsupport.lab.decode_cost import decode_step_costs, gather_by_slots
-from labsupport.engine.serving.model_runner import ModelRunner, list_tables
+from labsupport.engine.serving.model_runner import ModelRunner
+from labsupport.lab.decode_cost import list_tables
 
 
 def prompts(n=6, seed=0, vocab=256):
@@ -168,6 +169,12 @@ def test_the_reader_is_chosen_once_and_every_pass_reads_through_it(tiny_model_f6
     assert gathers == list(range(tiny_model_f64.config.num_layers))         # one gather per layer, one pass
     plain = ModelRunner(tiny_model_f64, cache, blocks).forward(seqs, [1, 3, 2])   # the same pass again
     torch.testing.assert_close(logits, plain, rtol=0, atol=0)
+
+
+def test_blocks_that_are_not_a_block_manager_are_refused(tiny_llama):
+    cache, blocks = PagedKVCache(tiny_llama.config, 4, 4), BlockManager(4, 4)
+    with pytest.raises(LabError, match="blocks must be the BlockManager of the pool's blocks, got method"):
+        ModelRunner(tiny_llama, cache, blocks.table)
 
 
 @pytest.mark.parametrize("reader", [dict, "gather", None])

@@ -83,7 +83,7 @@ def test_replayed_logits_equal_the_eager_step_across_buckets(tiny_model_f64):
     """Rows at contexts 3..37 (widths 1 to 16 blocks of 4), 1 to 5 rows (buckets 1, 2, 4, 8)."""
     blocks = BlockManager(num_blocks=80, block_size=4)
     cache = PagedKVCache(tiny_model_f64.config, 80, 4, dtype=tiny_model_f64.dtype)
-    runner = ModelRunner(tiny_model_f64, cache, blocks.table)
+    runner = ModelRunner(tiny_model_f64, cache, blocks)
     graphs = DecodeGraphs(ModelRunner(tiny_model_f64, cache, None), 8, EagerCapture())
     g = torch.Generator().manual_seed(2)
     seqs = [ServedSequence(Request(torch.randint(0, 200, (k,), generator=g).tolist()), i, "cpu")

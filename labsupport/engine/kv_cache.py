@@ -79,8 +79,8 @@ class KVCache(Protocol):
     * `truncate(length)`: forget every position from `length` on (speculative decoding's
       rollback; `truncate(0)` empties the cache).
 
-    Implemented by `StaticKVCache`, the int8 cache (kv_quant.py, notebook 08) and the
-    paged cache's `PagedRows` (serving/paged_cache.py, notebook 06).
+    Implemented by `StaticKVCache` and the int8 cache (kv_quant.py, notebook 08); the
+    tests run it over the paged pool too (tests/paged_rows.py).
     """
 
     batch_size: int

@@ -29,7 +29,7 @@ from ..engine.hardware import synchronize
 from ..inputs import whole_number
 from .measure import Timing
 from ..engine.serving.block_manager import BlockManager, blocks_needed
-from ..engine.serving.model_runner import ModelRunner, list_tables
+from ..engine.serving.model_runner import ModelRunner
 from ..engine.serving.paged_cache import PagedKVCache, PagedView
 from ..engine.serving.request import Request, ServedSequence
 
@@ -167,3 +167,10 @@ def _seconds(fn, device) -> float:
     synchronize(device)
     return time.perf_counter() - start
 
+
+def list_tables(tables: list[list[int]], scratch_block: int, width: int, device) -> torch.Tensor:
+    """Block tables rebuilt from Python lists: (B, max(width, longest)), padded with the scratch
+    block (the first engine's slow path: one new tensor every step). Notebook 06 (continuous batching)."""
+    width = max(width, max(len(t) for t in tables))
+    padded = [t + [scratch_block] * (width - len(t)) for t in tables]
+    return torch.tensor(padded, dtype=torch.long, device=device)

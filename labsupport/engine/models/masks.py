@@ -14,8 +14,6 @@ padding key, and (with a window W) none more than W - 1 positions back":
 * `padded_key_mask`: which slots of a preallocated cache hold real tokens;
 * `fixed_decode_mask`: one decode step (or a verify pass of k + 1 tokens, notebook 05)
   over the whole preallocated buffer (fixed shapes for torch.compile and CUDA graphs);
-* `context_mask`: one decode step over rows of different context lengths (the paged
-  cache of notebook 06);
 * `chunk_mask`: rows that each add a chunk of queries after their own cached context,
   and `packed_mask`: chunks of different lengths packed into one row (chunked prefill
   and decodes in one pass, notebook 06b).
@@ -97,18 +95,6 @@ def fixed_decode_mask(max_len: int, slot: torch.Tensor, key_mask: torch.Tensor |
     if key_mask is not None:
         mask = mask & key_mask[:, None, None, :]                       # (B, 1, T, max_len)
     return mask
-
-
-def context_mask(context_lengths: torch.Tensor, *, window: int | None) -> torch.Tensor:
-    """One decode step over rows whose contexts differ in length: row b sees its first
-    context_lengths[b] keys (the last `window` of them, with a window); the rest pads it
-    to the longest row. context_lengths: (B,). Returns (B, 1, 1, S), S = the longest context.
-
-    Notebook 06 (continuous batching).
-    """
-    key_positions = torch.arange(int(context_lengths.max()), device=context_lengths.device)   # (S,)
-    query_positions = context_lengths[:, None] - 1                                           # (B, 1)
-    return _in_window(query_positions, key_positions[None, :], window)[:, None, None, :]     # (B, 1, 1, S)
 
 
 def chunk_mask(query_positions: torch.Tensor, *, window: int | None, num_keys: int | None = None) -> torch.Tensor:

@@ -21,9 +21,7 @@ context, then its chunk up to itself):
 Every mask comes from masks.py with the model's `config.attention_window`, so a model with a
 sliding window (`Transformer.with_attention_window`, notebook 08) is served windowed.
 `prefill(seq)` and `decode(seqs)` are the two everyday cases. Block tables come from
-the block manager's tensor (`BlockManager.table_rows`): one index per step. A plain
-function `seq index -> list of blocks` works too; the tables are then rebuilt from
-lists every step (what decode_cost.py measures).
+the block manager's tensor (`BlockManager.table_rows`): one index per step.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ class ModelRunner:
     """Forward passes of scheduled sequences through a paged pool. Notebook 06.
 
     cache: the `PagedKVCache` to read and write; blocks: the `BlockManager` whose
-    tables to use, or a function sequence index -> its list of block ids;
+    tables to use (None: a runner of `fixed_width_decode` only, whose tables are given);
     attention: "gather" (copy each row's context out of the pool) or "pool" (attend
     over the pool in place, with a mask; see paged_cache.py); reader: the view class every
     pass reads the pool through (`PagedView`, or a subclass: decode_cost.py's times its gathers).
@@ -51,6 +49,8 @@ class ModelRunner:
     def __init__(self, model, cache: PagedKVCache, blocks, attention: str = "gather", reader: type = PagedView):
         if attention not in ("gather", "pool"):
             raise LabError(f"attention must be 'gather' or 'pool', got {attention!r}.")
+        if blocks is not None and not isinstance(blocks, BlockManager):
+            raise LabError(f"blocks must be the BlockManager of the pool's blocks, got {type(blocks).__name__}.")
         if not (isinstance(reader, type) and issubclass(reader, PagedView)):
             raise LabError(f"reader must be PagedView or a subclass of it, got {reader!r}.")
         self.model, self.cache, self.reader = model, cache, reader
@@ -63,10 +63,7 @@ class ModelRunner:
     def tables(self, seqs: list[ServedSequence], padding_rows: int = 0, width: int = 1) -> torch.Tensor:
         """Block tables as one (B, >= width) tensor, short rows (and padding rows) filled with
         the scratch block."""
-        if isinstance(self.blocks, BlockManager):
-            return self.blocks.table_rows([seq.index for seq in seqs], padding_rows, width)
-        return list_tables([self.blocks(seq.index) for seq in seqs] + [[]] * padding_rows,
-                           self.cache.scratch_block, width, self.device)
+        return self.blocks.table_rows([seq.index for seq in seqs], padding_rows, width)
 
     @torch.inference_mode()
     def forward(self, seqs: list[ServedSequence], chunks: list[int], padding_rows: int = 0) -> torch.Tensor:
@@ -152,10 +149,3 @@ class ModelRunner:
         """Feed each sequence its last token; returns next-token logits (len(seqs), vocab)."""
         return self.forward(seqs, [1] * len(seqs), padding_rows)
 
-
-def list_tables(tables: list[list[int]], scratch_block: int, width: int, device) -> torch.Tensor:
-    """Block tables rebuilt from Python lists: (B, max(width, longest)), padded with the scratch
-    block (the slow path: one new tensor every step). Notebook 06 (continuous batching)."""
-    width = max(width, max(len(t) for t in tables))
-    padded = [t + [scratch_block] * (width - len(t)) for t in tables]
-    return torch.tensor(padded, dtype=torch.long, device=device)

@@ -27,12 +27,8 @@ What of the `KVCache` protocol the paged side implements, and why:
   own length, so it has no single `length` to advance or truncate.
 * `PagedView` (one forward pass of the serving engine) is a `KVWriter` only: its
   rows are at different lengths, so `length`, `advance` and `truncate` have no
-  single meaning; the model runner keeps each sequence's `num_cached` instead.
-* `PagedRows` (`PagedKVCache.rows`) is a full `KVCache` over pages (without fixed-shape
-  writes): rows that share one length (as `generate`'s left-padded batches do), so
-  `generate` and `speculative_generate` can run on the paged cache. Its block tables are fixed
-  when it is made (no growing on demand: that is the block manager's job in the
-  engine), and `truncate` forgets positions without freeing blocks.
+  single meaning; the scheduler keeps each sequence's `num_cached` instead. (The tests
+  run the whole `KVCache` protocol over the pool too: tests/paged_rows.py.)
 """
 
 from __future__ import annotations
@@ -40,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import LabError
-from ..kv_cache import FilledLength, kv_cache_bytes
+from ..kv_cache import kv_cache_bytes
 from ..models.config import ModelConfig
 
 
@@ -122,11 +118,6 @@ class PagedKVCache:
             view.read_over_pool(slots, (positions < context_lengths[:, None]).reshape(1, -1))
         return view
 
-    def rows(self, tables) -> "PagedRows":
-        """A `KVCache` for rows that share one length, stored through `tables`: (B, blocks)
-        block ids (a tensor or a list of equal-length lists), one row per sequence."""
-        return PagedRows(self, tables)
-
 
 class PagedView:
     """What `Transformer` calls during one forward pass over a paged cache: a `KVWriter`
@@ -198,55 +189,3 @@ class PagedView:
         seen.scatter_reduce_(3, slots, mask.to(torch.uint8), reduce="amax")            # padding slots: any True wins
         return seen[..., : self.span].bool()
 
-
-class PagedRows(FilledLength):
-    """The paged pool as a `KVCache` (kv_cache.py): `batch_size` rows sharing one `length`,
-    each stored through its own block table. Notebook 06 (continuous batching).
-
-    tables: (B, blocks) block ids, each below `num_blocks`; a row holds
-    max_len = blocks * block_size positions. The tables are fixed: a row cannot grow
-    past them, and `truncate` does not free blocks (the block manager owns them).
-    """
-
-    def __init__(self, pool: PagedKVCache, tables):
-        tables = torch.as_tensor(tables, dtype=torch.long, device=pool.device)
-        if tables.dim() != 2 or tables.numel() == 0:
-            raise LabError("tables must be one non-empty list of block ids per row, all of the same length.")
-        if int(tables.min()) < 0 or int(tables.max()) >= pool.num_blocks:
-            raise LabError(f"A block table names a block outside the pool's 0..{pool.num_blocks - 1}; "
-                           "take block ids from the pool's block manager.")
-        self.pool, self.tables = pool, tables
-        self.batch_size = tables.shape[0]
-        self.max_len = tables.shape[1] * pool.block_size
-        self.length = 0
-        self._view, self._view_span = None, None
-
-    @property
-    def device(self) -> torch.device:
-        return self.pool.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.pool.dtype
-
-    @property
-    def num_layers(self) -> int:
-        return self.pool.keys.shape[0]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.pool.keys.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.pool.keys.shape[3]
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
-        """Store k, v (B, kv_heads, T, D) at positions [start, start + T) of every row (reserved
-        by `reserve`, kv_cache.py); return positions [0, start + T), each (B, kv_heads, start + T, D)."""
-        end = start + k.shape[2]
-        if self._view_span != (start, end):               # one view per forward pass, for every layer
-            positions = torch.arange(start, end, device=self.device).expand(self.batch_size, end - start)
-            context = None if start == 0 else torch.full((self.batch_size,), end, device=self.device)
-            self._view, self._view_span = self.pool.view(self.tables, positions, context), (start, end)
-        return self._view.update(layer, k, v)
