@@ -28,7 +28,8 @@ from labsupport.checks.tensor_parallel import check_all_reduce_cost, check_mlp_s
 from labsupport.checks.tiled_attention import check_tiled_attention
 from labsupport.engine import padding
 from labsupport.engine.kv_quant import int8_kv_cache_bytes
-from labsupport.engine.quant.w4a8 import pack_q4_1, w4a8_reference
+from labsupport.engine.quant.w4a8 import pack_q4_1
+from labsupport.lab.quant_error import w4a8_reference
 from labsupport.lab import roofline
 from labsupport.lab.prefill_attention import tiled_attention as package_tiled
 

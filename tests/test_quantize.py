@@ -15,7 +15,8 @@ from labsupport.engine.linear_swap import SwapHandle, swap_linears
 from labsupport.engine.models.layout import apply_layout, relayout
 from labsupport.engine.quant import (Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, pack_int4,
                                      quantize_int4_groupwise, quantize_int8_absmax, quantize_model,
-                                     quantized_replacement, unpack_int4, weight_error_stats, kernel_description)
+                                     quantized_replacement, unpack_int4, kernel_description)
+from labsupport.lab.quant_error import weight_error_stats
 from labsupport.lab.quality import perplexity, quantized_bytes, top1_agreement
 
 

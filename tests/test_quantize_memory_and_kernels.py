@@ -7,8 +7,8 @@ import torch.nn as nn
 
 from labsupport.errors import LabError
 from labsupport.engine.precision import tensor_bytes
-from labsupport.engine.quant import (Int4Linear, Int8Linear, kernel_description, pack_int4, quantize_model,
-                                     unpack_int4, weight_error_stats)
+from labsupport.engine.quant import Int4Linear, Int8Linear, kernel_description, pack_int4, quantize_model, unpack_int4
+from labsupport.lab.quant_error import weight_error_stats
 from labsupport.engine.quant.w4a8 import w4a8_unavailable
 from labsupport.lab.quality import quantized_bytes, resident_bytes
 

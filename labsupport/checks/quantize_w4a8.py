@@ -13,7 +13,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..engine.quant import dequantize_int4, quantize_int4_groupwise
-from ..engine.quant.w4a8 import pack_q4_1, quantize_activations, w4a8_reference
+from ..engine.quant.w4a8 import pack_q4_1, quantize_activations
+from ..lab.quant_error import w4a8_reference
 from . import fail, grades_quietly, passed, refuses_references
 from .quantize import _as_tensor, _call
 
@@ -88,7 +89,7 @@ def check_w4a8_matmul(matmul_fn) -> None:
     Introduced in notebook 04 (quantization). The sums must be integers and exactly the
     reference's (`w4a8.quantize_activations`), so that a float matmul of dequantized weights
     and activations, the right numbers by another method, is refused; y must match the float64
-    reference of the same arithmetic (`w4a8.w4a8_reference`) to float32 rounding. A y computed by
+    reference of the same arithmetic (`lab.quant_error.w4a8_reference`) to float32 rounding. A y computed by
     a float matmul along k (beside right integer sums) is refused, and so is a call of
     `w4a8_reference` or `dequantize_int4`.
     """

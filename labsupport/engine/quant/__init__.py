@@ -11,7 +11,8 @@ The parts, in the order of the idea; notebook 04 reads them all from here
 (``from labsupport.engine import quant as Q``):
 
 * formats: the number formats (int8 absmax per row, int4 in groups,
-  two 4-bit values per byte) and what they cost (`weight_error_stats`);
+  two 4-bit values per byte); what they cost is measured in the lab
+  (`lab.quant_error.weight_error_stats`);
 * kernels: `Int8Linear` and `Int4Linear`, whose speed depends on the
   kernel (fast: dequantize inside the matmul; reference: dequantize, then matmul);
 * this module: the methods, a small registry (`METHODS`: name -> `Method`, its
@@ -38,7 +39,7 @@ import torch.nn as nn
 from ...errors import LabError
 from ..linear_swap import SwapHandle, swap_linears
 from .formats import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
-                      quantize_int8_absmax, require_group_size, unpack_int4, weight_error_stats)
+                      quantize_int8_absmax, require_group_size, unpack_int4)
 from .kernels import Int4Linear, Int8Linear, kernel_description
 
 # (the nn.Linear to replace, the group size, whether to warn on a fallback) -> its quantized replacement
@@ -99,7 +100,7 @@ METHODS: dict[str, Method] = {
 
 __all__ = ["METHODS", "Method", "QuantizedHandle", "find_method", "quantize_linear", "quantized_replacement",
            "quantize_model", "quantize_int8_absmax", "dequantize_int8", "require_group_size",
-           "quantize_int4_groupwise", "dequantize_int4", "pack_int4", "unpack_int4", "weight_error_stats",
+           "quantize_int4_groupwise", "dequantize_int4", "pack_int4", "unpack_int4",
            "Int8Linear", "Int4Linear", "kernel_description"]
 
 

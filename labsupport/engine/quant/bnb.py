@@ -104,25 +104,6 @@ def _fp16_inputs(bnb):
     return Linear8bitLtFp16Inputs
 
 
-def bnb_side_bytes(module: nn.Module) -> int:
-    """Bytes bitsandbytes keeps outside parameters and buffers (0 for other modules):
-    LLM.int8()'s per-row scales (SCB), the 4-bit layers' block absmax and code book.
-    Notebook 04 (quantization)."""
-    weight = getattr(module, "weight", None)
-    total = 0
-    scb = getattr(weight, "SCB", None)
-    if isinstance(scb, torch.Tensor):
-        total += scb.nbytes
-    state = getattr(weight, "quant_state", None)
-    while state is not None:
-        for name in ("absmax", "code", "offset"):
-            tensor = getattr(state, name, None)
-            if isinstance(tensor, torch.Tensor):
-                total += tensor.nbytes
-        state = getattr(state, "state2", None)
-    return total
-
-
 @torch.no_grad()
 def bnb_roundtrip(w: torch.Tensor, kind: str = "nf4") -> torch.Tensor:
     """w quantized by bitsandbytes' 4-bit format (blocks of 64) and dequantized again.

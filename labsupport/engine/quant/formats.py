@@ -29,7 +29,8 @@ import torch
 from ...errors import LabError
 
 
-def _check_matrix(w: torch.Tensor) -> None:
+def require_weight_matrix(w: torch.Tensor) -> None:
+    """One sentence unless `w` is a 2-D floating-point weight matrix. Notebook 04 (quantization)."""
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
         raise LabError("Quantization expects a 2-D floating-point weight matrix (out_features, in_features).")
 
@@ -39,7 +40,7 @@ def quantize_int8_absmax(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     Returns q: int8 (out, in) in -127..127 and scale: float32 (out,), with w ~ q * scale[:, None].
     """
-    _check_matrix(w)
+    require_weight_matrix(w)
     w = w.float()
     scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127                    # (out,)
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)     # (out, in)
@@ -71,7 +72,7 @@ def quantize_int4_groupwise(w: torch.Tensor, group_size: int = 32):
     Returns q: uint8 (out, in) with values 0..15, scales and zeros: float32
     (out, in / group_size), with w ~ q * scale + zero (zero is the group minimum).
     """
-    _check_matrix(w)
+    require_weight_matrix(w)
     out_features, in_features = w.shape
     require_group_size(group_size, in_features)
     groups = w.float().reshape(out_features, in_features // group_size, group_size)  # (out, G, g)
@@ -114,25 +115,3 @@ def unpack_int4(packed: torch.Tensor, columns: int | None = None) -> torch.Tenso
                        f"{2 * packed.shape[1]} values, not {columns}; give the row's original length.")
     return q if columns is None else q[:, :columns]
 
-
-def weight_error_stats(w: torch.Tensor, method: str = "int8", group_size: int = 32) -> dict:
-    """What quantizing `w` costs: the error tensor (dequantized - w, same shape) and its
-    summary (max and mean absolute error, relative Frobenius error, bits per weight).
-    method: "int8", "int4", or a bitsandbytes method "bnb-nf4" / "bnb-fp4". Notebook 04 (quantization)."""
-    _check_matrix(w)
-    w = w.detach().float()
-    if method == "int8":
-        q, scale = quantize_int8_absmax(w)
-        approx, bits = dequantize_int8(q, scale), 8 + 32 / w.shape[1]
-    elif method == "int4":
-        q, scales, zeros = quantize_int4_groupwise(w, group_size)
-        approx, bits = dequantize_int4(q, scales, zeros), 4 + 2 * 32 / group_size
-    elif method in ("bnb-nf4", "bnb-fp4"):
-        from .bnb import bnb_roundtrip
-        approx, bits = bnb_roundtrip(w, method.removeprefix("bnb-")), 4 + 32 / 64
-    else:
-        raise LabError(f"Unknown method {method!r} for weight_error_stats; use int8, int4, bnb-nf4 or bnb-fp4.")
-    error = approx - w
-    return {"error": error, "max_abs": error.abs().max().item(), "mean_abs": error.abs().mean().item(),
-            "relative_frobenius": (error.norm() / w.norm().clamp(min=1e-12)).item(),
-            "bits_per_weight": bits}

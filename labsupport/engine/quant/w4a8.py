@@ -13,7 +13,7 @@ The first sum is all integers, which the CPU computes 32 or 64 byte products at 
 
 This module builds that C++ kernel on first use (torch.utils.cpp_extension, 10 to 60 s,
 cached under the course's cache directory), packs weights for it, calls it, and gives the same
-computation in plain torch (`w4a8_reference`) to check it against. Without a C++ compiler or
+computation in plain torch (`lab.quant_error.w4a8_reference`) to check it against. Without a C++ compiler or
 ninja, or if the build fails, `w4a8_unavailable()` says why in one sentence, and the caller keeps
 the older kernel.
 
@@ -167,34 +167,3 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     inverse = torch.where(dx > 0, 1 / dx, torch.zeros_like(dx))
     qx = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8)  # (M, blocks, 32)
     return qx.reshape(M, k), dx
-
-
-def w4a8_reference(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """What `w4a8_linear` computes, in plain torch: the matmul of the dequantized int8
-    activations and the dequantized int4 weights, in float64. Notebook 04 (quantization).
-
-    Same arguments as `w4a8_linear` (x: (..., k)); returns (..., n) float32. The kernel's integer
-    sums are exact, so it differs from this only by float32 rounding of the scale terms.
-    """
-    k = packed.shape[1] * 2
-    x2 = x.reshape(-1, k)                                                       # (M, k)
-    qx, dx = quantize_activations(x2)
-    x_hat = qx.double().reshape(x2.shape[0], -1, BLOCK) * dx.double()[..., None]   # (M, blocks, 32)
-    q = unpack_q4_1(packed).double().reshape(packed.shape[0], -1, BLOCK)        # (n, blocks, 32)
-    w_hat = q * scales.double()[..., None] + mins.double()[..., None]           # (n, blocks, 32)
-    y = x_hat.reshape(x2.shape[0], k) @ w_hat.reshape(packed.shape[0], k).T     # (M, n)
-    return y.float().reshape(*x.shape[:-1], packed.shape[0])                    # (..., n)
-
-
-def w4a8_error_bound(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """The size the kernel's float rounding is relative to: per output, the sum over blocks of
-    |d * dx * sum(q * qx)| + |m * dx * sum(qx)| (bounded above by a matmul of absolute values).
-    Notebook 04 (quantization): the kernel and `w4a8_reference` agree to ~1e-6 of this; (..., n) float32."""
-    k = packed.shape[1] * 2
-    x2 = x.reshape(-1, k)                                                       # (M, k)
-    qx, dx = quantize_activations(x2)
-    x_abs = qx.double().abs().reshape(x2.shape[0], -1, BLOCK) * dx.double()[..., None]  # (M, blocks, 32)
-    q = unpack_q4_1(packed).double().reshape(packed.shape[0], -1, BLOCK)        # (n, blocks, 32)
-    w_abs = q * scales.double().abs()[..., None] + mins.double().abs()[..., None]    # (n, blocks, 32)
-    y = x_abs.reshape(x2.shape[0], k) @ w_abs.reshape(packed.shape[0], k).T     # (M, n)
-    return y.float().reshape(*x.shape[:-1], packed.shape[0])                    # (..., n)
