@@ -140,3 +140,26 @@ def test_bad_speculative_input_is_one_sentence(model, call, words):
     with pytest.raises(LabError, match=words) as info:
         call(model, draft)
     one_sentence(info.value)
+
+
+def test_every_entrance_checks_sampling_with_the_one_check_and_seeds_with_the_one_rule(model):
+    """Issue 39: one sampling check (`sampling.require_sampling`) at generate, speculative_generate,
+    Request and a draft's start; one seeding rule (`SamplingConfig.generator`) for them all."""
+    from labsupport.engine.drafts import ModelDraft
+    from labsupport.engine.serving import Request
+    calls = {"generate": lambda: generate(model, [1, 2], 2, sampling=0.7),
+             "speculative_generate": lambda: speculative_generate(model, PromptLookupDraft(), [1, 2], 2, sampling=0.7),
+             "Request": lambda: Request([1, 2], sampling=0.7),
+             "a draft's start": lambda: ModelDraft(model).start([1, 2], 8, None, sampling=0.7)}
+    for where, call in calls.items():
+        with pytest.raises(LabError, match=r"must be a SamplingConfig \(e\.g\. SamplingConfig\(temperature=0\.8, "
+                                           r"seed=0\)\), got float\.") as error:
+            call()
+        one_sentence(error.value)
+    hot = SamplingConfig(temperature=1.0, seed=7)
+    runs = [speculative_generate(model, PromptLookupDraft(), [1, 2, 1, 2], 12, sampling=hot).tokens
+            for _ in range(2)]
+    assert runs[0] == runs[1]                                  # a seed: the same stream every time
+    unseeded = speculative_generate(model, PromptLookupDraft(), [1, 2, 1, 2], 12,
+                                    sampling=SamplingConfig(temperature=1.0, seed=None))
+    assert len(unseeded.tokens) >= 1                           # no seed: allowed, drawn from torch's own stream

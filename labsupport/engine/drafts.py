@@ -23,7 +23,7 @@ import torch
 from ..errors import LabError
 from .compiled import DecodePath
 from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
-from .sampling import GREEDY, SamplingConfig, probabilities
+from .sampling import GREEDY, SamplingConfig, probabilities, require_sampling
 
 CacheFactory = Callable[..., KVCache]       # (model, batch_size, max_len) -> an empty KVCache
 
@@ -104,8 +104,7 @@ class ModelDraft(Draft):
 
     @torch.inference_mode()
     def start(self, prompt, max_len, generator, sampling=GREEDY):
-        if not isinstance(sampling, SamplingConfig):
-            raise LabError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}.")
+        require_sampling(sampling)
         if self._compiled is not None:
             cache = self._compiled[1]
             cache.truncate(0)

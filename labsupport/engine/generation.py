@@ -29,7 +29,7 @@ from .hardware import synchronize
 from ..inputs import token_id_set, token_rows, whole_number
 from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
 from .models.masks import causal_mask, padded_key_mask
-from .sampling import GREEDY, SamplingConfig, sample
+from .sampling import GREEDY, SamplingConfig, require_sampling, sample
 
 StreamCallback = Callable[[torch.Tensor], None]
 
@@ -81,13 +81,6 @@ def require_fits_context(model, prompt_length: int, max_new_tokens) -> int:
             f"model's context holds {context} tokens; shorten the prompt or ask for fewer new tokens."
         )
     return max_new_tokens
-
-
-def _check_sampling(sampling) -> SamplingConfig:
-    if not isinstance(sampling, SamplingConfig):
-        raise LabError(f"sampling must be a SamplingConfig (e.g. SamplingConfig(temperature=0.8, seed=0)), "
-                       f"got {type(sampling).__name__}.")
-    return sampling
 
 
 def _mask(model, T: int, start: int, key_mask):
@@ -226,7 +219,7 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     batch, prompt_length = padded.tokens.shape
     max_new_tokens = require_fits_context(model, prompt_length, max_new_tokens)
     eos = _eos_tensor(eos_ids, device)
-    generator = _check_sampling(sampling).generator(device)
+    generator = require_sampling(sampling).generator(device)
     needed = prompt_length + max_new_tokens
     if cache is not None:
         require_fitting_cache(cache, batch, needed, model)
@@ -311,7 +304,7 @@ def generate_naive(model, prompt, max_new_tokens: int = 32, sampling: SamplingCo
     batch, prompt_length = sequence.shape
     max_new_tokens = require_fits_context(model, prompt_length, max_new_tokens)
     eos = _eos_tensor(_eos_ids(model, eos_token_ids), device)
-    generator = _check_sampling(sampling).generator(device)
+    generator = require_sampling(sampling).generator(device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     counts = torch.zeros(batch, dtype=torch.long, device=device)
     new_tokens, all_logits = [], []

@@ -68,6 +68,16 @@ class SamplingConfig:
 GREEDY = SamplingConfig()
 
 
+def require_sampling(sampling, what: str = "sampling") -> SamplingConfig:
+    """The one check of a sampling argument, at each public entrance (`generate`,
+    `speculative_generate`, `Request`, a draft's `start`): `sampling` itself, or one sentence.
+    Notebook 01 (KV caching)."""
+    if not isinstance(sampling, SamplingConfig):
+        raise LabError(f"{what} must be a SamplingConfig (e.g. SamplingConfig(temperature=0.8, seed=0)), "
+                       f"got {type(sampling).__name__}.")
+    return sampling
+
+
 def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """The distribution the sampler draws from: softmax(logits / T) restricted to
     the top-k tokens and the top-p nucleus, renormalized. logits: (..., vocab).

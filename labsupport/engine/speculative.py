@@ -66,7 +66,7 @@ from .generation import choose_decoder, require_fits_context
 from ..inputs import token_id_set, token_rows, whole_number
 from .hardware import synchronize
 from .kv_cache import KVCache, StaticKVCache, require_fitting_cache
-from .sampling import GREEDY, SamplingConfig, probabilities
+from .sampling import GREEDY, SamplingConfig, probabilities, require_sampling
 
 __all__ = ["Draft", "ModelDraft", "QuantizedSelfDraft",
            "quantized_copy", "PromptLookupDraft", "SpeculativeStep", "SpeculativeStats", "SpeculativeResult",
@@ -282,14 +282,9 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
         raise LabError(f"Speculative decoding runs one prompt at a time (batch 1), got {len(rows)}.")
     prompt = rows[0]
     max_new_tokens = require_fits_context(target, len(prompt), max_new_tokens)
-    if not isinstance(sampling, SamplingConfig):
-        raise LabError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}.")
     device = target.device
     eos = set(target.config.eos_token_ids if eos_token_ids is None else token_id_set(eos_token_ids))
-    generator = None
-    if not sampling.greedy:
-        generator = torch.Generator(device=device).manual_seed(sampling.seed if sampling.seed is not None
-                                                               else torch.seed())
+    generator = require_sampling(sampling).generator(device)        # the one seeding rule, as generate's
     max_len = len(prompt) + max_new_tokens
     decoder = choose_decoder(compile, device, max_new_tokens, cache)
     if cache is not None:

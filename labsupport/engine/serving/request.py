@@ -28,7 +28,7 @@ import torch
 
 from ...errors import LabError
 from ...inputs import finite_number, token_id_set, token_rows, whole_number
-from ..sampling import GREEDY, SamplingConfig, sample
+from ..sampling import GREEDY, SamplingConfig, require_sampling, sample
 
 
 @dataclass
@@ -54,8 +54,7 @@ class Request:
         self.prompt = rows[0]
         self.max_new_tokens = whole_number(self.max_new_tokens, f"max_new_tokens of {name}")
         self.arrival = finite_number(self.arrival, f"arrival of {name} (seconds from the start)", minimum=0)
-        if not isinstance(self.sampling, SamplingConfig):
-            raise LabError(f"The sampling of {name} must be a SamplingConfig, got {type(self.sampling).__name__}.")
+        require_sampling(self.sampling, f"The sampling of {name}")
         self.eos_token_ids = token_id_set(self.eos_token_ids, f"eos_token_ids of {name}")
         if self.logprobs is not None:
             self.logprobs = whole_number(self.logprobs, f"logprobs of {name} (alternatives per token, "
