@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from labsupport.engine.compiled import CUDA_GRAPHS
+from labsupport.engine.compiled import CUDA_GRAPHS, DecodePath
 from labsupport.errors import LabError
 from labsupport.lab import measure
 from labsupport.lab.measure import HF_GRAPHED, NOT_GRAPHED, mark_graphed, require_graphed, timed_compile
@@ -289,7 +289,7 @@ def spy_speculative(monkeypatch, module, asked: list, path=None):
         stats = SpeculativeStats(drafted=n, accepted=n - 1, rejected=1, replaced=1, target_calls=2,
                                  draft_seconds=0.001, target_seconds=0.002)
         return SpeculativeResult(tokens=[0] * n, prompt_length=len(prompt), stats=stats, seconds=0.01,
-                                 decode_path=said, verify_path=said, draft_path=None, warmup_seconds=1.5)
+                                 path=DecodePath(said, warmup_seconds=1.5), verify_path=said, draft_path=None)
     monkeypatch.setattr(module, "speculative_generate", spy)
 
 

@@ -120,6 +120,34 @@ class DecodePath:
         return self.path != EAGER
 
 
+class ReportsDecodePath:
+    """A result holding the `DecodePath` its decode steps ran on (`path`), read under the names the
+    notebooks use: decode_path, warmup_seconds, compiles, cudagraph_skips, decode_note.
+    `GenerationResult` and `SpeculativeResult` are such results. Notebook 07 (putting it together)."""
+
+    path: DecodePath
+
+    @property
+    def decode_path(self) -> str:
+        return self.path.path
+
+    @property
+    def warmup_seconds(self) -> float:
+        return self.path.warmup_seconds
+
+    @property
+    def compiles(self) -> int:
+        return self.path.compiles
+
+    @property
+    def cudagraph_skips(self) -> int:
+        return self.path.cudagraph_skips
+
+    @property
+    def decode_note(self) -> str | None:
+        return self.path.note
+
+
 PATH_ORDER = (EAGER, COMPILED, CUDA_GRAPHS)        # slowest first
 
 

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .compiled import SHARED, CompiledDecoder, DecodePath, graphs_compiled, recompiled
+from .compiled import SHARED, CompiledDecoder, DecodePath, ReportsDecodePath, graphs_compiled, recompiled
 from .padding import PaddedBatch, left_pad
 from ..errors import LabError
 from .hardware import synchronize
@@ -35,7 +35,7 @@ StreamCallback = Callable[[torch.Tensor], None]
 
 
 @dataclass
-class GenerationResult:
+class GenerationResult(ReportsDecodePath):
     """What `generate` returns. tokens: (batch, new_tokens) generated ids; rows that
     finished early are padded after their end-of-sequence token with that token. Notebook 01 (KV cache)."""
 
@@ -45,15 +45,11 @@ class GenerationResult:
     prefill_seconds: float
     decode_seconds: float
     logits: list[torch.Tensor] = field(default_factory=list, repr=False)
-    # what the decode steps ran on (compiled.DecodePath): "eager", "compiled" or "compiled + CUDA
-    # graphs"; the warm-up (compiling and recording a new shape, before anything is timed, so never
-    # in decode_seconds); the graphs compiled and the CUDA graphs torch skipped in this call; and
-    # why a fast path asked for was not taken (None when it was, or none was asked for)
-    decode_path: str = "eager"
-    warmup_seconds: float = 0.0
-    compiles: int = 0
-    cudagraph_skips: int = 0
-    decode_note: str | None = None
+    # what the decode steps ran on: "eager", "compiled" or "compiled + CUDA graphs"; the warm-up
+    # (compiling and recording a new shape, before anything is timed, so never in decode_seconds);
+    # the graphs compiled and the CUDA graphs torch skipped in this call; and why a fast path asked
+    # for was not taken. Read as result.decode_path, .warmup_seconds, ... (`ReportsDecodePath`).
+    path: DecodePath = field(default_factory=DecodePath)
 
     @property
     def total_new_tokens(self) -> int:
@@ -280,8 +276,7 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
     return GenerationResult(tokens=tokens, prompt_length=prompt_length,
                             new_token_counts=counts, prefill_seconds=t1 - t0,
                             decode_seconds=t2 - t1, logits=all_logits[:max(counts)],
-                            decode_path=path.path, warmup_seconds=path.warmup_seconds, compiles=path.compiles,
-                            cudagraph_skips=path.cudagraph_skips, decode_note=path.note)
+                            path=path)
 
 
 @torch.inference_mode()

@@ -59,7 +59,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .compiled import CompiledDecoder, DecodePath, graphs_compiled, recompiled, slowest
+from .compiled import CompiledDecoder, DecodePath, ReportsDecodePath, graphs_compiled, recompiled, slowest
 from .drafts import Draft, ModelDraft, PromptLookupDraft, QuantizedSelfDraft, quantized_copy
 from ..errors import LabError
 from .generation import choose_decoder, require_fits_context
@@ -146,7 +146,7 @@ class SpeculativeStats:
 
 
 @dataclass
-class SpeculativeResult:
+class SpeculativeResult(ReportsDecodePath):
     """What `speculative_generate` returns (notebook 05): the new tokens, the stats and,
     when asked for, the per-step trace."""
 
@@ -155,18 +155,14 @@ class SpeculativeResult:
     stats: SpeculativeStats
     trace: list[SpeculativeStep] | None = field(default=None, repr=False)
     seconds: float = 0.0
-    # what the steps ran on (compiled.DecodePath), as `GenerationResult` says it: decode_path is
-    # the slower of the draft's steps (draft_path; None for a draft without a model) and the
-    # target's verify passes (verify_path): "eager", "compiled" or "compiled + CUDA graphs"; the
-    # warm-up (compiling, recording) never counts in `seconds`; decode_note: why a fast path asked
-    # for was not taken (also a warning), or None
-    decode_path: str = "eager"
+    # what the steps ran on, as `GenerationResult` says it: path (read as decode_path, ...) is the
+    # slower of the draft's steps (draft_path; None for a draft without a model) and the target's
+    # verify passes (verify_path): "eager", "compiled" or "compiled + CUDA graphs"; the warm-up
+    # (compiling, recording) never counts in `seconds`; decode_note: why a fast path asked for was
+    # not taken (also a warning), or None
+    path: DecodePath = field(default_factory=DecodePath)
     verify_path: str = "eager"
     draft_path: str | None = None
-    warmup_seconds: float = 0.0
-    compiles: int = 0
-    cudagraph_skips: int = 0
-    decode_note: str | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -358,7 +354,5 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
     if decoder is not None and graphs_compiled() > graphs_before:     # never silent: said, and counted
         path = recompiled(path, graphs_compiled() - graphs_before)
     return SpeculativeResult(tokens=new_tokens, prompt_length=len(prompt), stats=stats, trace=steps,
-                             seconds=seconds, decode_path=path.path, verify_path=verify_path.path,
-                             draft_path=draft_path.path if draft_path else None,
-                             warmup_seconds=path.warmup_seconds, compiles=path.compiles,
-                             cudagraph_skips=path.cudagraph_skips, decode_note=path.note)
+                             seconds=seconds, path=path, verify_path=verify_path.path,
+                             draft_path=draft_path.path if draft_path else None)
