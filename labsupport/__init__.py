@@ -34,7 +34,7 @@ from .engine.generation import GenerationResult, decode_step, generate, generate
 from .engine.hardware import require_supported_platform, pick_device, pick_dtype
 from .lab.roofs import probe
 from .engine.kv_cache import StaticKVCache, kv_cache_bytes
-from .engine.models.config import PRESETS, ModelConfig
+from .engine.config import PRESETS, ModelConfig
 from .weights.chat import chat_prompt
 from .weights.loading import course_model_name, load_hf_model, load_model, model_config
 from .serve.text import TextStreamer, generate_text

@@ -21,7 +21,7 @@ from labsupport.engine.compiled import COMPILED, CUDA_GRAPHS, bucket_rows
 from labsupport.engine.generation import generate
 from labsupport.engine.hardware import bf16_supported, device_name, dtype_name
 from labsupport.engine.kv_cache import kv_cache_bytes
-from labsupport.engine.models.config import PRESETS, ModelConfig
+from labsupport.engine.config import PRESETS, ModelConfig
 from labsupport.engine.models.transformer import Transformer
 from labsupport.engine.quant import quantize_model
 from labsupport.engine.quant.kernels import Int4Linear, Int8Linear, int4_kernel_unavailable, kernel_description

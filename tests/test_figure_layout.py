@@ -53,7 +53,7 @@ def k_curve():
 
 
 def kv_cache_memory():
-    from labsupport.engine.models.config import PRESETS
+    from labsupport.engine.config import PRESETS
     from labsupport.plots.kv_cache import cache_memory_figure
     return cache_memory_figure(PRESETS["smollm2-135m"], [64, 256, 1024, 4096], measured=[(256, 6 * 2 ** 20)],
                                highlight_length=1024)

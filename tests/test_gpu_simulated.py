@@ -18,7 +18,7 @@ from labsupport.errors import UnsupportedDtype
 from labsupport.engine.hardware import (bf16_emulated, bf16_supported, device_name, dtype_label, fp16_fast,
                                         pick_device, pick_dtype, require_usable_dtype)
 from labsupport.engine.kv_cache import kv_cache_bytes
-from labsupport.engine.models.config import PRESETS as MODELS
+from labsupport.engine.config import PRESETS as MODELS
 from labsupport.lab.workloads import PRESETS, device_class, preset
 
 from simulated_gpu import GPUS, simulated

@@ -7,7 +7,7 @@ from labsupport.errors import LabError
 from labsupport.engine.kv_cache import KVCache, kv_cache_bytes
 from labsupport.engine.kv_quant import (Int8KVCache, dequantize_per_token, int8_kv_cache_bytes,
                                         quantize_per_token)
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 
 
 def test_quantize_per_token_round_trip_within_half_a_scale():

@@ -3,7 +3,7 @@ of its two roofs, on the embedded model's shapes and a hub shape, and on the dat
 
 import pytest
 
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.errors import LabError
 from labsupport.lab import latency_model as L
 from labsupport.lab.hardware_table import DATA_SHEETS

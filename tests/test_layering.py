@@ -324,6 +324,18 @@ def test_no_attribute_of_the_engine_is_assigned_from_outside_it():
                        "never by assigning them later: " + "; ".join(found))
 
 
+# --- the cache protocols sit below the model (issue 39): no arrow up into models/ -----------
+
+BELOW_THE_MODEL = ("labsupport.engine.config", "labsupport.engine.kv_cache", "labsupport.engine.kv_quant")
+
+
+def test_the_config_and_the_cache_protocols_import_nothing_of_the_model():
+    up = [f"{module} imports {target}" for module in BELOW_THE_MODEL for target in GRAPH[module]
+          if target.startswith(("labsupport.engine.models", "labsupport.engine.serving"))]
+    assert not up, "; ".join(up)
+    assert any(target.startswith("labsupport.engine.kv_cache") for target in GRAPH["labsupport.engine.models.transformer"])
+
+
 def _long_file_params():
     for module, path in sorted(MODULES.items()):
         relative = path.relative_to(PACKAGE).as_posix()

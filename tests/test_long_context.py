@@ -12,7 +12,7 @@ from labsupport.engine.kv_cache import StaticKVCache, kv_cache_bytes
 from labsupport.lab.long_context import (decode_attention_share, filled_cache, generation_agreement,
                                          kv_precision_quality, random_weights_model, time_cache_kinds,
                                          time_kv_variants, window_perplexity)
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.engine.models.masks import causal_mask, fixed_decode_mask
 from labsupport.lab.prefill_attention import (fused_attention, naive_attention, naive_attention_bytes,
                                               prefill_attention_sweep)

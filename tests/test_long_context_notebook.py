@@ -7,7 +7,7 @@ import torch
 from labsupport.lab.decode_bytes import kv_head_variants, predicted_step_seconds, step_bytes
 from labsupport.errors import LabError
 from labsupport.lab.long_context import decode_attention_share, time_kv_variants, window_perplexity
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.plots.long_context import (crossover_figure, decode_share_figure, kv_variants_figure,
                                            prefill_attention_figure, step_split_figure, tiling_figure,
                                            time_per_token_curve_figure, window_figure)

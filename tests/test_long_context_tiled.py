@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.lab.long_context import decode_attention_intensity, kv_grouping_errors
 from labsupport.lab.prefill_attention import LargestTensor, tiled_attention, tiled_vs_fused
 

@@ -5,7 +5,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from labsupport.errors import LabError, ModelUnavailable
-from labsupport.engine.models.config import PRESETS, ModelConfig
+from labsupport.engine.config import PRESETS, ModelConfig
 from labsupport.weights.loading import load_model
 from labsupport.weights.fixtures import random_model
 from labsupport.weights.hf_import import from_hf
@@ -134,7 +134,7 @@ def test_the_course_model_is_the_embedded_one_unless_the_setting_names_another(m
 
 def test_model_config_reads_a_shape_without_loading_weights():
     from labsupport.errors import ModelUnavailable
-    from labsupport.engine.models.config import PRESETS
+    from labsupport.engine.config import PRESETS
     from labsupport.weights.loading import model_config
     assert model_config("smollm2-135m") is PRESETS["smollm2-135m"]
     with pytest.raises(ModelUnavailable, match="Unknown model name"):

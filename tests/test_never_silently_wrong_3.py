@@ -11,7 +11,7 @@ import torch
 from labsupport.errors import LabError
 from labsupport.engine.generation import generate
 from labsupport.engine.kv_quant import Int8KVCache, dequantize_per_token, quantize_per_token
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.engine.serving import Engine, Request, prefix_cache
 from labsupport.engine.serving.model_runner import ModelRunner
 from labsupport.lab.long_context import window_cache_bytes

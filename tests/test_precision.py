@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from labsupport.errors import LabError, UnsupportedDtype
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.weights.fixtures import random_model
 from labsupport.lab.precision import (as_dtype, autocast_logits, bf16_report, first_overflow,
                                       logit_agreement, overflow_demo, parameter_bytes)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labsupport.explorers.precision import PrecisionLab, precision_explorer
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.plots.precision import agreement_figure, memory_figure, overflow_figure, speed_figure
 from labsupport.lab import precision
 from labsupport.lab.workloads import PrecisionWorkload

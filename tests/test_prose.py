@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.lab import hardware_table as H
 from labsupport.lab import prose
 from labsupport.lab.roofline import decode_step_cost

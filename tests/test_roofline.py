@@ -10,7 +10,7 @@ from labsupport.explorers.roofline import roofline_explorer
 from labsupport.errors import LabError
 from labsupport.lab.measure import Timing
 from labsupport.lab.roofs import HardwareProfile
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.plots.roofline import matvec_matmul_figure, roofline_figure, step_time_figure, sweep_points
 from labsupport.lab import roofline
 from labsupport.claims import roofline_claims

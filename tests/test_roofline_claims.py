@@ -10,7 +10,7 @@ from labsupport.claims.roofline import claims_summary, falling_time_reason, roof
 from labsupport.errors import LabError
 from labsupport.lab.measure import Timing
 from labsupport.lab.roofs import HardwareProfile
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 
 TINY = PRESETS["tiny-llama"]
 # ridge 10 FLOP/B: tiny-llama's float32 decode step (context 0, ~batch / 2 FLOP/B) reaches it near batch 20.

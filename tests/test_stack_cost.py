@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.lab.roofs import HardwareProfile
 from labsupport.lab.speculative_math import expected_tokens_per_call
 from labsupport.lab.stack_cost import (cost_inputs, cost_misses, cost_model, explained, fit_overhead, predict_ladder,

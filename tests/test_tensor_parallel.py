@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from labsupport.engine.generation import generate
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 from labsupport.engine.parallel import plan_split, run_tensor_parallel, shard_model
 from labsupport.errors import LabError
 from labsupport.weights.fixtures import random_model

@@ -15,7 +15,7 @@ from ..engine.generation import generate, generate_naive
 from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
 from ..lab.kv_timing import estimated_total_seconds, gqa_savings, time_per_token_by_position
 from ..lab.measure import time_side_by_side
-from ..engine.models.config import PRESETS
+from ..engine.config import PRESETS
 from ..lab.workloads import KV_PROMPT
 from .core import BenchContext, reported
 from .options import SectionOptions, count, counts, seconds

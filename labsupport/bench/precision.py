@@ -13,7 +13,7 @@ from ..lab.busy import busy_reason
 from ..engine.hardware import bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast
 from ..engine.compiled import CUDA_GRAPHS
 from ..lab.measure import time_side_by_side, timed_compile
-from ..engine.models.config import PRESETS
+from ..engine.config import PRESETS
 from ..lab.precision import (MIB, bf16_report, decode_run, emulation_note, logit_agreement, parameter_bytes,
                              prefill_run)
 from ..engine.precision import tensor_bytes

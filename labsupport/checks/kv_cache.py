@@ -20,7 +20,7 @@ import torch
 from ..errors import LabError
 from ..engine.generation import generate_naive
 from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
-from ..engine.models.config import PRESETS, ModelConfig
+from ..engine.config import PRESETS, ModelConfig
 from ..weights.fixtures import random_model
 from ..engine.generation import generate as _generate
 from . import call_learner, fail, grades_quietly, passed, refuses_references

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 
 from ..engine.kv_quant import int8_kv_cache_bytes
-from ..engine.models.config import PRESETS
+from ..engine.config import PRESETS
 from . import call_learner, close_enough, fail, grades_quietly, passed, refuses_references
 
 CROSSOVER = "int8 cache crossover context"

@@ -11,7 +11,7 @@ import torch
 
 from ..engine.hardware import dtype_name
 from ..errors import first_line
-from ..engine.models.config import PRESETS
+from ..engine.config import PRESETS
 from ..lab.precision import MIB, first_square_overflow, footprint_mib, matmul_accumulate
 from . import close_enough, fail, grades_quietly, passed, refuses_references
 

@@ -20,7 +20,7 @@ import torch
 
 from ..engine.hardware import dtype_name
 from ..lab.roofs import HardwareProfile
-from ..engine.models.config import PRESETS, ModelConfig
+from ..engine.config import PRESETS, ModelConfig
 from ..lab.roofline import (COMPUTE_BOUND, MEMORY_BOUND, OVERHEAD_BOUND, attention_flops, bytes_per_value,
                             decode_step_cost, matmul_params, ridge_batch, step_bounds)
 from ..lab.roofline import decode_step_cost as _decode_step_cost

@@ -11,7 +11,7 @@ import random
 import torch
 
 from ..errors import LabError
-from ..engine.models.config import PRESETS, ModelConfig
+from ..engine.config import PRESETS, ModelConfig
 from ..engine.serving.block_manager import BlockManager, blocks_needed
 from ..engine.serving.paged_cache import PagedKVCache
 from . import CheckFailed, fail, grades_quietly, passed, refuses_references

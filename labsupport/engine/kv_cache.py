@@ -34,7 +34,7 @@ import torch
 
 from ..errors import LabError
 from ..inputs import whole_number
-from .models.config import ModelConfig
+from .config import ModelConfig
 
 
 def kv_cache_bytes(config: ModelConfig, length: int, batch_size: int = 1,

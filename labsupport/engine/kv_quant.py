@@ -43,7 +43,7 @@ from ..errors import LabError
 from ..inputs import whole_number
 from .hardware import as_dtype, pick_device
 from .kv_cache import FilledLength, LayerBuffers
-from .models.config import ModelConfig
+from .config import ModelConfig
 
 INT8_MAX = 127                      # symmetric: -127..127, so that q = -q always fits
 SCALE_DTYPE = torch.bfloat16        # two bytes, float32's exponent range

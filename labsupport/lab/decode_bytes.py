@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from ..errors import LabError
 from ..engine.kv_quant import int8_kv_cache_bytes
-from ..engine.models.config import ModelConfig
+from ..engine.config import ModelConfig
 
 # KV precision name -> bytes per stored value (int8 adds its scales: `cache_bytes_per_token`)
 KV_PRECISIONS = {"fp32": 4, "fp16/bf16": 2, "int8": 1}

@@ -28,7 +28,7 @@ from ..errors import LabError
 from ..engine.kv_cache import kv_cache_bytes
 from .measure import captured, time_side_by_side
 from .step_timing import filled_cache, step_runner
-from ..engine.models.config import ModelConfig
+from ..engine.config import ModelConfig
 
 MODES = {True: "cached_s", False: "naive_s"}      # use_cache -> column name of its time
 

@@ -34,7 +34,7 @@ from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
 from ..engine.kv_quant import Int8KVCache
 from .measure import time_side_by_side
 from .quality import kl_divergence_from_logits, perplexity_from_logits, top1_agreement_from_logits
-from ..engine.models.config import ModelConfig
+from ..engine.config import ModelConfig
 from ..weights.fixtures import random_model
 from ..engine.models.transformer import Transformer
 from .step_timing import CACHE_KINDS, filled_cache, step_runner

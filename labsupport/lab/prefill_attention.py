@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import LabError
 from .measure import time_side_by_side, track_peak_memory
-from ..engine.models.config import ModelConfig
+from ..engine.config import ModelConfig
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

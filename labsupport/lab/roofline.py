@@ -37,7 +37,7 @@ from ..engine.kv_cache import kv_cache_bytes
 from .measure import Timing, time_fn
 from .roofs import HardwareProfile
 from .step_timing import filled_cache, step_runner
-from ..engine.models.config import ModelConfig
+from ..engine.config import ModelConfig
 from .tables import records_table
 from .timing_model import batches_that_fit, capped
 from .workloads import preset

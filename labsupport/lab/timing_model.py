@@ -25,7 +25,7 @@ import torch
 
 from ..engine.hardware import pick_dtype
 from ..engine.kv_cache import kv_cache_bytes
-from ..engine.models.config import PRESETS as MODEL_SHAPES
+from ..engine.config import PRESETS as MODEL_SHAPES
 from ..errors import LabError
 from ..weights.fixtures import random_model
 from .workloads import timing_model_name

@@ -18,7 +18,7 @@ from ..errors import LabError
 from ..engine.hardware import dtype_name
 from ..engine.kv_cache import kv_cache_bytes
 from ..lab.kv_timing import estimated_step_seconds
-from ..engine.models.config import ModelConfig
+from ..engine.config import ModelConfig
 from .layout import legend_below
 
 MIB = 2 ** 20

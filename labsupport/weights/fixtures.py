@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.models.config import PRESETS, ModelConfig
+from ..engine.config import PRESETS, ModelConfig
 from ..engine.models.layout import apply_layout
 from ..engine.models.transformer import Transformer
 

@@ -7,7 +7,7 @@ Introduced in notebook 00 (where the time goes). Model import lives here, beside
 
 from __future__ import annotations
 
-from ..engine.models.config import FAMILIES, ModelConfig
+from ..engine.config import FAMILIES, ModelConfig
 from ..errors import ModelUnavailable
 
 

@@ -23,7 +23,7 @@ import re
 
 import torch
 
-from ..engine.models.config import ModelConfig
+from ..engine.config import ModelConfig
 from ..engine.models.layout import apply_layout
 from ..engine.models.transformer import Transformer
 from ..errors import LabError, ModelUnavailable

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ModelUnavailable, first_line
 from ..engine.hardware import require_usable_dtype, pick_device
-from ..engine.models.config import PRESETS
+from ..engine.config import PRESETS
 from .hf_config import config_from_hf
 from .embedded import embedded_model_dir
 from .fixtures import TINY, ByteTokenizer, random_model

@@ -8,7 +8,7 @@ from labsupport.lab import roofline
 from labsupport.checks.roofline import check_decode_step_cost, check_ridge_batch, check_step_bounds
 from labsupport.lab.measure import Timing
 from labsupport.lab.roofs import HardwareProfile
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 
 from checker_cases.common import accepts, refuses
 

@@ -11,7 +11,7 @@ from labsupport.checks.serving_step import check_engine_step
 from labsupport.checks.serving_step_reference import reference_engine_step
 from labsupport.checks.serving_write import check_paged_write, reference_paged_write
 from labsupport.engine.serving import block_hash, budget_prefill_chunks
-from labsupport.engine.models.config import PRESETS
+from labsupport.engine.config import PRESETS
 
 from checker_cases.common import accepts, refuses
 

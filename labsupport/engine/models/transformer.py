@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..kv_cache import KVCache
 from . import fused
-from .config import ModelConfig
+from ..config import ModelConfig
 from .masks import causal_mask
 
 

@@ -37,7 +37,7 @@ import torch
 
 from ...errors import LabError
 from ..kv_cache import kv_cache_bytes
-from ..models.config import ModelConfig
+from ..config import ModelConfig
 
 
 class PagedKVCache:

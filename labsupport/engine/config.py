@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from ...errors import LabError
-from ...inputs import whole_number
+from ..errors import LabError
+from ..inputs import whole_number
 
 FAMILIES = ("llama", "gpt2")
 
