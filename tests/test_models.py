@@ -139,3 +139,26 @@ def test_model_config_reads_a_shape_without_loading_weights():
     assert model_config("smollm2-135m") is PRESETS["smollm2-135m"]
     with pytest.raises(ModelUnavailable, match="Unknown model name"):
         model_config("no-such-model")
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gpt2", "tiny-llama", "tiny-gpt2"])
+def test_the_cost_model_beside_the_model_counts_what_the_model_holds_and_reads(name):
+    """Issue 39: one cost model (ModelConfig's counts); checked here against a model built from the
+    config: its matrices, the bytes a decode step reads, and what a KV cache of it allocates."""
+    import math
+
+    import torch
+
+    from labsupport.engine.kv_cache import StaticKVCache, kv_cache_bytes
+    from labsupport.engine.models.transformer import Transformer
+    config = PRESETS[name]
+    with torch.device("meta"):
+        model = Transformer(config)
+    matrices = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))   # lm_head too
+    assert config.matmul_params == matrices
+    assert config.params_read_per_step * 4 == model.weight_bytes()
+    assert config.decode_flops(3, 10) == 2 * matrices * 3 + 4 * config.num_layers * config.num_heads * config.head_dim * 30
+    if max(config.num_layers, config.hidden_size) <= 64:
+        cache = StaticKVCache.for_model(Transformer(config), 2, 5)
+        assert cache.nbytes == kv_cache_bytes(config, 5, 2) == config.kv_values_per_token * 5 * 2 * 4
+    assert math.isclose(kv_cache_bytes(config, 7, 1, torch.bfloat16), config.kv_values_per_token * 7 * 2)

@@ -101,6 +101,47 @@ class ModelConfig:
         head = 0 if self.tie_embeddings else v * h
         return self.num_layers * (attention + mlp + norms) + embeddings + final + head
 
+    # --- what one step costs, from the shapes: the one cost model (as nanochat keeps its FLOP and
+    # KV-byte counts beside its model). lab/roofline, lab/decode_bytes, the caches and the plots
+    # call these; the exercises' checkers keep their own reference on purpose. Notebook 00.
+
+    @property
+    def kv_values_per_token(self) -> int:
+        """Numbers one position of one row adds to the KV cache: 2 (K and V) x layers x kv-heads
+        x head_dim. Times the bytes per value (`precision.bytes_per_value`): the cache's bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights that take part in a matrix multiply per token: every layer's attention and
+        MLP matrices plus the output projection (norms, biases and lookups cost a few FLOPs per
+        value, not 2 per row)."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attention = h * (q + 2 * kv) + q * h                          # qkv, out
+        mlp = (3 if self.family == "llama" else 2) * h * i            # gate, up, down / fc, proj
+        return self.num_layers * (attention + mlp) + v * h           # + lm_head
+
+    @property
+    def params_read_per_step(self) -> int:
+        """Parameters a decode step reads in full: all but the lookup tables (the token embedding
+        unless tied to the output layer, GPT-2's learned positions). Matches `Transformer.weight_bytes`."""
+        params = self.num_parameters
+        if not self.tie_embeddings:
+            params -= self.vocab_size * self.hidden_size               # the embedding: a lookup
+        if self.family == "gpt2":
+            params -= self.max_position * self.hidden_size             # learned positions: a lookup
+        return params
+
+    def attention_flops(self, rows: int, context: int) -> int:
+        """FLOPs of one new token per row attending to `context` positions: q.k scores and the
+        weighted sum of values, 2 x head_dim each, per query head and layer."""
+        return 4 * self.num_layers * self.num_heads * self.head_dim * context * rows
+
+    def decode_flops(self, rows: int, context: int) -> int:
+        """FLOPs of one decode step: 2 per matmul weight per row, plus attention over the cache."""
+        return 2 * self.matmul_params * rows + self.attention_flops(rows, context)
+
     def with_(self, **changes) -> "ModelConfig":
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)

@@ -237,6 +237,14 @@ DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half
                  "bf16": "bfloat16"}
 
 
+def bytes_per_value(dtype) -> int:
+    """4 for torch.float32 (or "float32", "fp32"), 2 for bfloat16 / float16; an int passes through.
+    Notebook 00 (where the time goes)."""
+    if isinstance(dtype, int):
+        return dtype
+    return as_dtype(dtype).itemsize
+
+
 def as_dtype(dtype) -> torch.dtype:
     """The one dtype parser: torch.bfloat16, "bfloat16", "torch.bfloat16" or "bf16" -> torch.bfloat16.
 

@@ -35,15 +35,14 @@ import torch
 from ..errors import LabError
 from ..inputs import whole_number
 from .config import ModelConfig
+from .hardware import bytes_per_value
 
 
 def kv_cache_bytes(config: ModelConfig, length: int, batch_size: int = 1,
                    dtype: torch.dtype = torch.float32) -> int:
-    """Bytes needed to cache `length` positions:
-    layers x 2 (K and V) x kv-heads x head-dim x length x batch x bytes. Notebook 01 (KV cache)."""
-    bytes_per_value = torch.empty((), dtype=dtype).element_size()
-    return (config.num_layers * 2 * config.num_kv_heads * config.head_dim
-            * length * batch_size * bytes_per_value)
+    """Bytes needed to cache `length` positions: layers x 2 (K and V) x kv-heads x head-dim
+    (`ModelConfig.kv_values_per_token`) x length x batch x bytes. Notebook 01 (KV cache)."""
+    return config.kv_values_per_token * length * batch_size * bytes_per_value(dtype)
 
 
 @runtime_checkable

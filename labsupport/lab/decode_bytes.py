@@ -43,17 +43,14 @@ def cache_bytes_per_token(config: ModelConfig, precision: str = "fp32") -> int:
         raise LabError(f"Unknown KV precision {precision!r}; choose one of {list(KV_PRECISIONS)}.")
     if precision == "int8":
         return int8_kv_cache_bytes(config, 1, 1)
-    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * KV_PRECISIONS[precision]
+    return config.kv_values_per_token * KV_PRECISIONS[precision]
 
 
 def decode_weight_bytes(config: ModelConfig, bytes_per_parameter: float) -> float:
     """Bytes of weights one decode step reads, computed from the shapes: every parameter
     but the lookup tables (the token embedding unless tied to the output layer, GPT-2's
     positions), as `Transformer.weight_bytes` counts them. Introduced in notebook 08."""
-    lookups = 0 if config.tie_embeddings else config.vocab_size * config.hidden_size
-    if config.family == "gpt2":
-        lookups += config.max_position * config.hidden_size
-    return (config.num_parameters - lookups) * bytes_per_parameter
+    return config.params_read_per_step * bytes_per_parameter
 
 
 def step_bytes(config: ModelConfig, weight_bytes: float, context: int, batch: int = 1,

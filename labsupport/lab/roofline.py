@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import LabError
-from ..engine.hardware import as_dtype, bf16_supported, dtype_name, pick_device
-from ..engine.kv_cache import kv_cache_bytes
+from ..engine.hardware import bf16_supported, bytes_per_value, dtype_name, pick_device
 from .measure import Timing, time_fn
 from .roofs import HardwareProfile
 from .step_timing import filled_cache, step_runner
@@ -70,27 +69,15 @@ class StepCost:
         return asdict(self)
 
 
-def bytes_per_value(dtype) -> int:
-    """4 for torch.float32 (or "float32"), 2 for bfloat16 / float16; an int passes through.
-    Notebook 00 (where the time goes)."""
-    if isinstance(dtype, int):
-        return dtype
-    return torch.empty((), dtype=as_dtype(dtype)).element_size()
-
-
 def matmul_params(config: ModelConfig) -> int:
     """Weights that take part in a matrix multiply per token: every layer's
     attention and MLP matrices plus the output projection (lm_head).
 
     Introduced in notebook 00 (where the time goes). Norms, biases and the
     embedding lookup are left out: they cost a few FLOPs per value, not 2 per row.
+    The count lives beside the model: `ModelConfig.matmul_params`.
     """
-    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
-    q_size = config.num_heads * config.head_dim
-    kv_size = config.num_kv_heads * config.head_dim
-    attention = h * (q_size + 2 * kv_size) + q_size * h          # qkv, out
-    mlp = (3 if config.family == "llama" else 2) * h * i         # gate, up, down / fc, proj
-    return config.num_layers * (attention + mlp) + v * h        # + lm_head
+    return config.matmul_params
 
 
 def params_read_per_step(config: ModelConfig) -> int:
@@ -99,21 +86,17 @@ def params_read_per_step(config: ModelConfig) -> int:
     Introduced in notebook 00 (where the time goes). The token embedding is
     read one row per token, so it counts only when it is tied to the output
     projection (then it is read in full, as lm_head); learned positions
-    (GPT-2) are a lookup too. Matches `Transformer.weight_bytes()`.
+    (GPT-2) are a lookup too. Matches `Transformer.weight_bytes()`; the count lives beside
+    the model: `ModelConfig.params_read_per_step`.
     """
-    params = config.num_parameters
-    if not config.tie_embeddings:
-        params -= config.vocab_size * config.hidden_size          # the embedding: a lookup
-    if config.family == "gpt2":
-        params -= config.max_position * config.hidden_size        # learned positions: a lookup
-    return params
+    return config.params_read_per_step
 
 
 def attention_flops(config: ModelConfig, batch: int, context: int) -> int:
     """FLOPs of one new token per row attending to `context` cached positions:
     q.k scores and the weighted sum of values, 2 x head_dim each, per head and layer.
-    Notebook 00 (where the time goes)."""
-    return 4 * config.num_layers * config.num_heads * config.head_dim * context * batch
+    Notebook 00 (where the time goes). The count lives beside the model: `ModelConfig.attention_flops`."""
+    return config.attention_flops(batch, context)
 
 
 def decode_step_cost(config: ModelConfig, batch: int, context: int, dtype=torch.float32) -> StepCost:
@@ -127,10 +110,9 @@ def decode_step_cost(config: ModelConfig, batch: int, context: int, dtype=torch.
     if batch < 1 or context < 0:
         raise LabError(f"Need batch >= 1 and context >= 0, got batch={batch}, context={context}.")
     size = bytes_per_value(dtype)
-    flops = 2 * matmul_params(config) * batch + attention_flops(config, batch, context)
-    weight_bytes = params_read_per_step(config) * size
-    kv_bytes = (config.num_layers * 2 * config.num_kv_heads * config.head_dim * context * batch * size
-                if isinstance(dtype, int) else kv_cache_bytes(config, context, batch, as_dtype(dtype)))
+    flops = config.decode_flops(batch, context)
+    weight_bytes = config.params_read_per_step * size
+    kv_bytes = config.kv_values_per_token * context * batch * size
     total = weight_bytes + kv_bytes
     return StepCost(flops=flops, bytes=total, weight_bytes=weight_bytes, kv_bytes=kv_bytes,
                     intensity=flops / total)

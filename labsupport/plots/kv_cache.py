@@ -175,7 +175,7 @@ def kv_layout_figure(config: ModelConfig, filled: int = 6, max_len: int = 10, ba
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, marker=dict(
             size=13, symbol="square", color=color, line=dict(color="#999999", width=1))))
     fig.update_yaxes(autorange="reversed")
-    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim
+    per_token = config.kv_values_per_token
     note = (f"Each cell: one kv head's vector of head_dim = {config.head_dim} numbers at one position.<br>"
             "One decode step writes one column (orange) in every layer and kv head, keys and values alike:<br>"
             f"2 x {config.num_layers} layers x {config.num_kv_heads} kv heads x {config.head_dim} = "
