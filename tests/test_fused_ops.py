@@ -158,3 +158,26 @@ def test_each_op_refuses_bad_arguments_with_one_sentence(name, call):
     assert any(first_line.startswith(op + ":") for op in ("rms_norm", "add_rms_norm", "rope", "silu_mul")) \
         or "expected scalar type" in first_line or "not implemented for" in first_line, first_line
     assert "must" in first_line or "only" in first_line or "not implemented for" in first_line, first_line
+
+
+def test_loading_a_model_prepares_the_kernels_and_a_forward_pass_never_builds_them():
+    """Issue 39: weight loading (apply_layout), not the model's forward, prepares the fused CPU
+    kernels. In a fresh process: a model made without the loader's layout step runs the plain
+    path, and loading one loads the kernels (where they build here)."""
+    import subprocess
+    import sys
+    code = ("import torch\n"
+            "from labsupport.engine.models import fused\n"
+            "from labsupport.weights.fixtures import random_model\n"
+            "bare = random_model('tiny-llama', layout=False)\n"
+            "with torch.inference_mode():\n"
+            "    bare(torch.tensor([[1, 2, 3]]))\n"
+            "print(fused.LOADED)\n"
+            "random_model('tiny-llama')\n"
+            "print(fused.LOADED, fused.unavailable() is None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = out.stdout.split("\n")[:2]
+    assert first == "False"
+    loaded, builds = second.split()
+    assert loaded == builds                           # loaded exactly where the kernels build

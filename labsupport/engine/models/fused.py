@@ -16,8 +16,9 @@ keeps its plain-torch code as the reference and as every other path:
 * switched off: LABSUPPORT_FUSED_OPS=0, or `switched(False)` around a block of code (notebook
   00's before-and-after profile).
 
-The build happens once per cache (cpp_build.py), before the first forward pass on a CPU
-(`prepare`); torch.compile traces through the ops by their fake (shape-only) implementations.
+The build happens once per cache (cpp_build.py), when a model is loaded onto a CPU
+(`prepare`, called by `layout.apply_layout`, which every loader runs), never inside a forward
+pass; torch.compile traces through the ops by their fake (shape-only) implementations.
 """
 
 from __future__ import annotations

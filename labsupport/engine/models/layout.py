@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..linear_swap import swap_linears
+from . import fused
 
 LAYOUTS = ("row", "column")
 
@@ -104,4 +105,7 @@ def apply_layout(model: nn.Module, layout: str | None = None) -> dict[tuple[int,
         return relayout(weight, chosen[shape])
 
     swap_linears(model, layout=store)
+    # loading a model onto a CPU builds (once per cache) and loads the fused norm, rotary and SwiGLU
+    # kernels, so that no forward pass has to (fused.py); a GPU model builds nothing
+    fused.prepare(next(model.parameters()).device)
     return chosen

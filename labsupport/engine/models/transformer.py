@@ -283,7 +283,6 @@ class Transformer(nn.Module):
             `config.attention_window`); default: causal after what the cache holds, windowed.
         """
         batch, T = tokens.shape
-        fused.prepare(tokens.device)                # the first CPU pass builds the fused kernels (once per cache)
         start, writer = 0, cache
         if isinstance(cache, KVCache):
             start = cache.length
