@@ -10,8 +10,17 @@ precision) -> server
 (and any other OpenAI-compatible server) is `labsupport.lab.loadgen`.
 """
 
-from .app import create_app
-from .engine_loop import EngineThread
-from .server import BackgroundServer, is_loopback, run_server
+import importlib
 
-__all__ = ["create_app", "EngineThread", "BackgroundServer", "is_loopback", "run_server"]
+# Imported on first use (PEP 562): `serve.text` (tokens to text, `generate_text`) needs no web
+# framework, so `import labsupport` works where FastAPI is not installed (the GPU check's machine).
+_HOMES = {"create_app": ".app", "EngineThread": ".engine_loop", "BackgroundServer": ".server",
+          "is_loopback": ".server", "run_server": ".server"}
+
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
