@@ -115,6 +115,22 @@ def test_a_rank_that_raises_sends_its_sentence_back():
         run_tensor_parallel(random_model("tiny-llama"), 2, raise_on_rank_one, threads=1, timeout=60)
 
 
+def test_code_read_from_standard_input_is_told_to_use_a_file_before_any_rank_starts(monkeypatch):
+    """`python - <<EOF` used to end with "Rank 0 of 2 died (exit code 1)": each spawned rank runs
+    the starting file again, and '<stdin>' is none."""
+    import sys
+    import types
+    fake_main = types.ModuleType("__main__")
+    fake_main.__file__ = "<stdin>"
+    monkeypatch.setitem(sys.modules, "__main__", fake_main)
+    started = []
+    monkeypatch.setattr(torch.multiprocessing, "get_context", lambda *a: started.append(a))
+    with pytest.raises(LabError, match=r"'<stdin>' is not a file \(Python read its code from standard "
+                                       r"input\); save the code in a \.py file and run that"):
+        run_tensor_parallel(random_model("tiny-llama"), 2, logits_and_tokens, (PROMPT,), timeout=30)
+    assert started == []
+
+
 def test_a_port_in_use_is_one_sentence():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -21,6 +21,7 @@ import os
 import pickle
 import queue as queues
 import socket
+import sys
 import time
 from datetime import timedelta
 
@@ -94,6 +95,7 @@ def run_ranks(world: int, fn, args: tuple = (), threads: int = 1, port: int | No
         raise LabError(f"The number of ranks must be a whole number, 1 or more; got {world!r}.")
     device = torch.device(device)
     _check_room(world, threads, device)
+    _check_main_importable()
     if port is None:
         port = free_port()
     else:
@@ -112,6 +114,16 @@ def run_ranks(world: int, fn, args: tuple = (), threads: int = 1, port: int | No
             if process.is_alive():
                 process.terminate()
             process.join(timeout=10)
+
+
+def _check_main_importable() -> None:
+    """Spawned ranks start by running the file that started this process again; Python reading
+    from standard input (`python - <<EOF`) has no such file, and every rank would die at once."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if path is not None and not os.path.isfile(path):
+        raise LabError(f"The ranks are new processes that first run the file that started this one, and "
+                       f"{path!r} is not a file (Python read its code from standard input); save the code "
+                       f"in a .py file and run that, or run it in a notebook.")
 
 
 def _collect(ranks, results, timeout: float) -> list:
