@@ -78,6 +78,28 @@ def test_sampling_draws_for_the_real_rows_only(model):
     assert compiled.tokens.tolist() == eager.tokens.tolist()
 
 
+def test_the_compiled_step_adds_its_buckets_rows_itself(model):
+    """generate hands the compiled step its own rows (3 here, in a bucket of 4), as it hands the
+    eager one: the step pads to the bucket and gives back 3 rows of logits, the eager step's; the
+    prefill writes only the batch's rows, so the extra row's prompt slots stay as they were."""
+    from labsupport.engine.generation import decode_step, prefill
+    decoder = CompiledDecoder(backend=CompileCounter())
+    tokens = torch.tensor(prompts_of([6, 6, 6]))                                      # (3, 6)
+    bucket = decoder.cache_for(model, 3, 12)
+    decoder.warm_up(model, bucket)
+    plain = StaticKVCache.for_model(model, 3, 12)
+    extra_row = bucket.keys[:, 3].clone()
+    prefill(model, tokens, bucket), prefill(model, tokens, plain)
+    assert bucket.batch_size == 4 and torch.equal(bucket.keys[:, 3], extra_row)
+    for token in (7, 8):
+        step_tokens = torch.full((3,), token)
+        compiled = decoder.step(model, bucket, step_tokens)
+        eager = decode_step(model, plain, step_tokens)
+        assert compiled.shape == (3, model.config.vocab_size)
+        torch.testing.assert_close(compiled, eager)
+    assert bucket.length == plain.length == 8
+
+
 def test_the_warm_up_is_reported_apart_from_the_decode_seconds(model):
     """Item 9a: a backend that takes a second to compile shows in warmup_seconds, never in decode speed."""
     def slow_backend(graph, example_inputs):

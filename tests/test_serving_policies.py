@@ -13,8 +13,9 @@ from labsupport.errors import LabError
 from labsupport.engine.generation import generate
 from labsupport.engine.kv_quant import Int8KVCache
 from labsupport.engine.serving import (POLICIES, BlockManager, ContinuousBatching, Decision, Engine, Policy,
-                                       PrefixCache, Request, Scheduler, SchedulerView, ServedSequence,
-                                       StaticBatching)
+                                       PagedKVCache, PrefixCache, Request, Scheduler, SchedulerView,
+                                       ServedSequence, StaticBatching)
+from labsupport.engine.config import PRESETS
 from labsupport.lab.serving_workload import make_workload
 from test_serving_prefix import chat_like, guard_writes  # noqa: F401  (guard_writes: a fixture)
 
@@ -201,13 +202,13 @@ def test_a_sequence_queued_twice_or_finished_twice_gets_one_sentence():
     (lambda: BlockManager(8, 4).grow(-1, 4), "seq_index .* must be at least 0, got -1"),
     (lambda: BlockManager(8, 4).grow(0, 2.5), "num_positions .* must be a whole number"),
     (lambda: BlockManager(8, 4).grow(0, 10 ** 6), "needs 250000 more cache blocks and only 8 are free"),
-    (lambda: PrefixCache(0), "block_size .* must be at least 1"),
-    (lambda: PrefixCache(2.5), "block_size .* must be a whole number"),
+    (lambda: PagedKVCache(PRESETS["tiny-llama"], 0, 4), "num_blocks .* must be at least 1, got 0"),
+    (lambda: PagedKVCache(PRESETS["tiny-llama"], 8, 2.5), "block_size .* must be a whole number"),
     (lambda: PrefixCache(2).insert([1, 2, 3, 4], table=[0]), "fill 2 blocks but the table holds only 1"),
     (lambda: PrefixCache(2).ref(3), "Block 3 is not in the prefix cache"),
     (lambda: PrefixCache(2).unref(3), "Block 3 is not in the prefix cache"),
     (lambda: PrefixCache(2).evict(), "No cached block is free to evict"),
-    (lambda: ServedSequence([1, 2], 0, "cpu"), "serves a Request, got a list"),
+    (lambda: ServedSequence([1, 2], 0, "cpu"), "serves Request objects, got a list"),
     (lambda: ServedSequence(Request([1]), -1, "cpu"), "index .* must be at least 0, got -1"),
 ])
 def test_bad_block_manager_prefix_cache_and_sequence_input_gets_one_sentence(make, message):

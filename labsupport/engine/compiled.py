@@ -19,7 +19,8 @@ cache back at every step; with `index_put_` it writes the one new slot in place.
 * shapes are rounded up to buckets, so that many prompt lengths and batch sizes share
   a few graphs: rows to 1, 2, 4, 8, ... (`bucket_rows`), cache length to 64, 128, 256, ...
   up to the model's context (`bucket_length`); one cache per (model, rows, length) is
-  kept and reused (`cache_for`); padding rows and slots are hidden by the mask;
+  kept and reused (`cache_for`); `step` adds the bucket's extra rows itself and drops their
+  logits, and padding slots are hidden by the mask;
 * `warm_up` compiles (and on a GPU records the CUDA graph) before a generation is timed,
   and says what ran: `DecodePath` ("eager", "compiled", "compiled + CUDA graphs"), the
   warm-up seconds, the graphs compiled, the CUDA-graph skips, and one sentence (also a
@@ -255,15 +256,30 @@ class CompiledDecoder:
         return self._steps[device_type]
 
     @torch.inference_mode()
-    def step(self, model, cache: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor,
-             key_mask: torch.Tensor) -> torch.Tensor:
-        """One compiled decode step: tokens (rows,), positions (rows, 1), key_mask (rows, max_len).
-        The cache hands out the slot (`reserve`, which moves its length on). Returns logits
-        (rows, vocab), copied out of the graph's buffers before the next replay overwrites them."""
+    def step(self, model, cache: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+             key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One compiled decode step of a batch's B rows, B <= the cache's rows (its bucket), called
+        as `generation.decode_step` is: tokens (B,); positions (B, 1), None for the cache's length
+        (no padding); key_mask (B, max_len), False on padding, None for none. The cache hands out
+        the slot (`reserve`, which moves its length on). Returns logits (B, vocab), copied out of
+        the graph's buffers before the next replay overwrites them.
+
+        The step always has the bucket's rows: the rows past B are added here as copies of the
+        first, and their logits dropped. Each row of a step is computed on its own, so what they
+        hold never reaches the batch's (their prefill slots are never written)."""
+        batch, rows, device = tokens.shape[0], cache.batch_size, tokens.device
+        if positions is None:
+            positions = torch.full((batch, 1), cache.length, dtype=torch.long, device=device)   # (B, 1)
+        if key_mask is None:
+            key_mask = torch.ones(batch, cache.max_len, dtype=torch.bool, device=device)        # (B, max_len)
+        # always new tensors, made here: contiguous and in inference mode, as in the warm-up
+        # (a tensor of other strides, or made outside inference mode, is another graph: a recompile)
+        tokens, positions, key_mask = (torch.cat([t, t[:1].expand(rows - batch, *t.shape[1:])])
+                                       for t in (tokens, positions, key_mask))          # each (rows, ...)
         writer = cache.reserve(1, fixed_shape=True)
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             logits = self._step_fn(model.device.type)(model, tokens[:, None], positions, writer, key_mask)
-        return logits.clone()
+        return logits[:batch].clone()
 
     @torch.inference_mode()
     def verify(self, model, cache: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor,

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 
 from .compiled import SHARED, CompiledDecoder, DecodePath, ReportsDecodePath, graphs_compiled, recompiled
-from .padding import PaddedBatch, left_pad
+from .padding import left_pad
 from ..errors import LabError
 from .hardware import synchronize
 from ..inputs import token_id_set, token_rows, whole_number
@@ -80,17 +80,18 @@ def require_fits_context(model, prompt_length: int, max_new_tokens) -> int:
 
 
 def _mask(model, T: int, start: int, key_mask):
-    """The mask of T queries after `start` cached keys, hiding `key_mask`'s padding; None (the
-    model's own default: causal, windowed) when there is no padding."""
+    """The mask of T queries after `start` cached keys, hiding the padding of `key_mask`
+    (batch, >= start + T); None (the model's own default: causal, windowed) when there is none."""
     if key_mask is None:
         return None
-    return causal_mask(T, start, key_mask, key_mask.device, window=model.config.attention_window)
+    return causal_mask(T, start, key_mask[:, : start + T], key_mask.device, window=model.config.attention_window)
 
 
 @torch.inference_mode()
 def prefill(model, tokens: torch.Tensor, cache, positions=None, key_mask=None) -> torch.Tensor:
     """Run the prompt (batch, T) through the model, filling `cache`; returns the
-    logits of the last position, (batch, vocab). key_mask: (batch, T), False on padding.
+    logits of the last position, (batch, vocab). key_mask: (batch, T) or longer (a mask over
+    every slot of the cache), False on padding.
     Notebook 01 (KV cache)."""
     mask = _mask(model, tokens.shape[1], cache.length, key_mask)
     return model.logits(model(tokens, positions, cache, mask), at=-1)
@@ -99,7 +100,7 @@ def prefill(model, tokens: torch.Tensor, cache, positions=None, key_mask=None) -
 @torch.inference_mode()
 def decode_step(model, cache, next_tokens: torch.Tensor, positions=None, key_mask=None) -> torch.Tensor:
     """Feed one token per row (batch,) and return the next logits (batch, vocab).
-    key_mask: (batch, cache.length + 1), False on padding. Notebook 01 (KV cache)."""
+    key_mask: (batch, cache.length + 1) or longer, False on padding. Notebook 01 (KV cache)."""
     mask = _mask(model, 1, cache.length, key_mask)
     return model.logits(model(next_tokens.unsqueeze(1), positions, cache, mask), at=-1)
 
@@ -173,18 +174,6 @@ def choose_decoder(compile, device, max_new_tokens: int, cache) -> CompiledDecod
     return decoder
 
 
-def _with_padding_rows(padded: PaddedBatch, rows: int, pad_id: int) -> PaddedBatch:
-    """`padded` with rows of nothing but padding added up to `rows` (a compiled step's bucket):
-    masked out everywhere, they only keep the shapes fixed."""
-    extra = rows - padded.tokens.shape[0]
-    if extra == 0:
-        return padded
-    tokens = torch.cat([padded.tokens, torch.full_like(padded.tokens[:1], pad_id).expand(extra, -1)])
-    mask = torch.cat([padded.attention_mask, torch.zeros_like(padded.attention_mask[:1]).expand(extra, -1)])
-    positions = torch.cat([padded.positions, torch.zeros_like(padded.positions[:1]).expand(extra, -1)])
-    return PaddedBatch(tokens, mask, positions, padded.lengths + [0] * extra)      # each (rows, T)
-
-
 def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig = GREEDY,
              eos_token_ids: Sequence[int] | None = None, stream: StreamCallback | None = None,
              return_logits: bool = False, compile: bool | CompiledDecoder | None = False,
@@ -224,34 +213,19 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
         cache = (decoder.cache_for(model, batch, needed) if decoder is not None
                  else StaticKVCache.for_model(model, batch, needed))
     path = decoder.warm_up(model, cache) if decoder is not None else DecodePath()     # before any timing
-    padding = padded.is_padded or cache.batch_size > batch
-    padded = _with_padding_rows(padded, cache.batch_size, pad_id)                      # (cache rows, T)
+    step = decoder.step if path.compiled else decode_step      # the compiled one adds its bucket's rows itself
     # Without padding the model's defaults (positions from the cache, causal mask) are exact
     # and fastest. With padding: a mask over every cache slot, and per-row positions.
-    key_mask = padded_key_mask(padded.attention_mask, cache.max_len) if padding else None   # (rows, max_len)
-    positions = padded.positions[:, -1:]                                                  # (rows, 1)
-    if path.compiled:                 # the compiled step always takes a mask and positions
-        # contiguous, as in the warm-up: a tensor of other strides is another graph (a recompile)
-        step_mask = key_mask if padding else torch.ones(cache.batch_size, cache.max_len, dtype=torch.bool,
-                                                        device=device)
-
-        def step(tokens, positions):
-            return decoder.step(model, cache, tokens, positions, step_mask)
-    else:
-        def step(tokens, positions):
-            return decode_step(model, cache, tokens, positions=positions if padding else None,
-                               key_mask=key_mask[:, : cache.length + 1] if padding else None)
-
+    key_mask = padded_key_mask(padded.attention_mask, cache.max_len) if padded.is_padded else None  # (batch, max_len)
+    positions = padded.positions[:, -1:] if padded.is_padded else None                              # (batch, 1)
     synchronize(device)
     t0 = time.perf_counter()
-    logits = prefill(model, padded.tokens, cache, positions=padded.positions if padding else None,
-                     key_mask=key_mask[:, :prompt_length] if padding else None)[:batch]
+    logits = prefill(model, padded.tokens, cache, positions=padded.positions if padded.is_padded else None,
+                     key_mask=key_mask)
     graphs_before = graphs_compiled()
     new_tokens, all_logits = [], []
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     counts = torch.zeros(batch, dtype=torch.long, device=device)
-    fill = torch.full((cache.batch_size - batch,), pad_id, dtype=torch.long, device=device)   # padding rows' input
-    feed = (lambda tokens: torch.cat([tokens, fill])) if len(fill) else (lambda tokens: tokens)
     t1 = None
     check_every = EOS_CHECK_EVERY.get(device.type, 1) if stream is None else 1     # streaming shows each step
     for index in range(max_new_tokens):
@@ -265,8 +239,8 @@ def generate(model, prompt, max_new_tokens: int = 32, sampling: SamplingConfig =
             t1 = time.perf_counter()
         if index == max_new_tokens - 1 or ((index + 1) % check_every == 0 and bool(finished.all())):
             break
-        positions = positions + 1
-        logits = step(feed(next_tokens), positions)[:batch]
+        positions = None if positions is None else positions + 1
+        logits = step(model, cache, next_tokens, positions, key_mask)
     synchronize(device)
     t2 = time.perf_counter()
     if path.compiled and graphs_compiled() > graphs_before:     # never silent: said, and counted

@@ -205,9 +205,11 @@ class StaticKVCache(LayerBuffers, FilledLength):
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
         """Store one layer's new keys/values (batch, kv_heads, T, head_dim) at positions
-        [start, start + T) and return all keys/values so far, each (batch, kv_heads, start + T, head_dim)."""
-        end = start + k.shape[2]
-        keys, values = self.layer_keys[layer], self.layer_values[layer]   # views of keys[layer], values[layer]
+        [start, start + T) and return all keys/values so far, each (batch, kv_heads, start + T, head_dim).
+        A pass may bring fewer rows than the cache holds: it fills the first `batch` rows (the prefill
+        of a batch in a compiled decoder's cache, whose rows are rounded up to a bucket: compiled.py)."""
+        end, rows = start + k.shape[2], k.shape[0]
+        keys, values = self.layer_keys[layer][:rows], self.layer_values[layer][:rows]   # views of keys[layer], ...
         keys[:, :, start:end] = k
         values[:, :, start:end] = v
         return keys[:, :, :end], values[:, :, :end]

@@ -38,6 +38,12 @@ def blocks_needed(num_positions: int, block_size: int) -> int:
     return -(-num_positions // block_size)
 
 
+def require_block_size(block_size) -> int:
+    """`block_size` as an int, if it is a whole number >= 1; else one sentence. The one check of
+    it, at each entrance that takes one: `Engine`, `BlockManager`, `PagedKVCache`. Notebook 06."""
+    return whole_number(block_size, "block_size (positions per cache block)")
+
+
 class BlockManager:
     """Hands out blocks 0 .. num_blocks - 1 and keeps each sequence's block table;
     prefix_caching=True shares full prompt blocks between sequences (prefix_cache.py).
@@ -46,7 +52,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False, device="cpu"):
         num_blocks = whole_number(num_blocks, "num_blocks (blocks in the paged cache)")
-        block_size = whole_number(block_size, "block_size (positions per cache block)")
+        block_size = require_block_size(block_size)
         if not isinstance(prefix_caching, bool):
             raise LabError(f"prefix_caching must be True or False, got {prefix_caching!r}.")
         device = pick_device(device)

@@ -46,13 +46,13 @@ from typing import Callable, Iterable
 from ...errors import LabError
 from ...inputs import whole_number
 from ..hardware import synchronize
-from .block_manager import BlockManager, blocks_needed
+from .block_manager import BlockManager, blocks_needed, require_block_size
 from .logprobs import record_logprobs
 from .decode_graphs import EAGER, DecodeGraphs
 from .model_runner import ModelRunner
 from .paged_cache import PagedKVCache
-from .request import Request, ServedSequence, next_token
-from .scheduler import Scheduler
+from .request import Request, ServedSequence, next_token, require_request
+from .scheduler import Scheduler, require_batch_limits
 
 
 @dataclass
@@ -120,14 +120,11 @@ class Engine:
                  block_size: int = 16, cache_tokens: int | None = None,
                  token_budget: int | None = None, prefix_caching: bool = False, record: bool = True,
                  cuda_graphs: bool | None = None):
-        max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
-        block_size = whole_number(block_size, "block_size (positions per cache block)")
+        max_slots, token_budget = require_batch_limits(max_slots, token_budget)
+        block_size = require_block_size(block_size)
         if cache_tokens is None:
             cache_tokens = max_slots * min(model.config.max_position, 1024)
         cache_tokens = whole_number(cache_tokens, "cache_tokens (positions the paged cache holds)")
-        if token_budget is not None:
-            token_budget = whole_number(token_budget, f"token_budget (tokens per step; at least max_slots = "
-                                        f"{max_slots}, so that every decode fits, or None)", minimum=max_slots)
         if cuda_graphs is None:
             cuda_graphs = model.device.type == "cuda"
         for flag, name in ((prefix_caching, "prefix_caching"), (record, "record"), (cuda_graphs, "cuda_graphs")):
@@ -184,9 +181,7 @@ class Engine:
         """One sentence (a LabError) if `request` can never run on this engine: longer than
         the model's context or the whole cache, or token ids outside the vocabulary. It reads
         only the engine's fixed sizes, so a server may ask from any thread."""
-        if not isinstance(request, Request):
-            raise LabError(f"The engine serves Request objects, got a {type(request).__name__}; "
-                           f"wrap each prompt as Request(prompt=ids, max_new_tokens=...).")
+        require_request(request)
         context = self.model.config.max_position
         name = request.request_id if request.request_id is not None else self.arrivals
         if request.max_length > context:
@@ -312,10 +307,8 @@ class Engine:
         Each run starts afresh (an empty cache, the clock at 0): its result holds that run alone.
         """
         pending = list(requests)
-        wrong = next((r for r in pending if not isinstance(r, Request)), None)
-        if wrong is not None:
-            raise LabError(f"The engine serves Request objects, got a {type(wrong).__name__}; "
-                           f"wrap each prompt as Request(prompt=ids, max_new_tokens=...).")
+        for request in pending:
+            require_request(request)
         pending.sort(key=lambda r: r.arrival)
         if not pending:
             raise LabError("The request list is empty; give the engine at least one Request.")

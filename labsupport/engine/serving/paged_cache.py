@@ -36,6 +36,8 @@ from __future__ import annotations
 import torch
 
 from ...errors import LabError
+from ...inputs import whole_number
+from .block_manager import require_block_size
 from ..kv_cache import kv_cache_bytes
 from ..config import ModelConfig
 
@@ -47,10 +49,8 @@ class PagedKVCache:
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
                  device="cpu", dtype: torch.dtype = torch.float32):
-        if num_blocks < 1 or block_size < 1:
-            raise LabError(f"A paged cache needs num_blocks >= 1 and block_size >= 1, "
-                           f"got {num_blocks} and {block_size}.")
-        self.num_blocks, self.block_size = num_blocks, block_size
+        num_blocks = whole_number(num_blocks, "num_blocks (blocks in the paged cache)")
+        self.num_blocks, self.block_size = num_blocks, require_block_size(block_size)
         self.scratch_block = num_blocks
         shape = (config.num_layers, (num_blocks + 1) * block_size, config.num_kv_heads, config.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)

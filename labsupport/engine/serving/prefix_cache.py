@@ -31,7 +31,6 @@ from collections import OrderedDict
 from typing import Sequence
 
 from ...errors import LabError
-from ...inputs import whole_number
 
 
 def block_hash(parent_hash: int | None, block_tokens: Sequence[int]) -> int:
@@ -60,7 +59,8 @@ class PrefixCache:
     blocks no sequence holds. Notebook 06 (continuous batching)."""
 
     def __init__(self, block_size: int):
-        self.block_size = whole_number(block_size, "block_size (positions per cache block)")
+        assert isinstance(block_size, int) and block_size >= 1, "made by a BlockManager, which checks block_size"
+        self.block_size = block_size
         self.block_of: dict[int, int] = {}          # hash -> block id
         self.hash_of: dict[int, int] = {}           # block id -> hash
         # block id -> (tokens, end): it holds the keys/values of tokens[end - block_size: end],

@@ -77,14 +77,20 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+def require_request(request) -> None:
+    """One sentence (a LabError) unless `request` is a `Request`: the one check of it, wherever
+    the engine takes requests in (`Engine.run`, `add_request`, `ServedSequence`). Notebook 06."""
+    if not isinstance(request, Request):
+        raise LabError(f"The engine serves Request objects, got a {type(request).__name__}; "
+                       f"wrap each prompt as Request(prompt=ids, max_new_tokens=...).")
+
+
 class ServedSequence:
     """The server's record of one request: its tokens, its state, its cache blocks, its timings.
     Notebook 06 (continuous batching)."""
 
     def __init__(self, request: Request, index: int, device):
-        if not isinstance(request, Request):
-            raise LabError(f"A ServedSequence serves a Request, got a {type(request).__name__}; "
-                           f"wrap the prompt as Request(prompt=ids, max_new_tokens=...).")
+        require_request(request)
         self.request = request
         self.index = whole_number(index, "index (the sequence's order of arrival)", minimum=0)
         self.id = request.request_id if request.request_id is not None else index

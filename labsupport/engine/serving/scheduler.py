@@ -178,6 +178,17 @@ class ScheduledStep:
         return [(seq, 1) for seq in self.decode] + self.prompt_chunks
 
 
+def require_batch_limits(max_slots, token_budget) -> tuple[int, int | None]:
+    """(max_slots, token_budget) as ints, if max_slots is a whole number >= 1 and token_budget
+    None or a whole number >= max_slots (so that every decode fits); else one sentence. The one
+    check of them, at both entrances that take them: `Engine` and `Scheduler`. Notebook 06."""
+    max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
+    if token_budget is not None:
+        token_budget = whole_number(token_budget, f"token_budget (tokens per step; at least max_slots = "
+                                    f"{max_slots}, so that every decode fits, or None)", minimum=max_slots)
+    return max_slots, token_budget
+
+
 class Scheduler:
     """Admission in the policy's order under slot and block limits, with one policy (`Policy`,
     or its name), and optionally a token budget per step (None: whole prompts).
@@ -186,11 +197,7 @@ class Scheduler:
     def __init__(self, policy, max_slots: int, blocks: BlockManager, token_budget: int | None = None):
         self.rules = as_policy(policy)
         self.policy = self.rules.name               # the name, as results and plots show it
-        self.max_slots = whole_number(max_slots, "max_slots (the server's batch slots)")
-        if token_budget is not None:
-            token_budget = whole_number(token_budget, f"token_budget (tokens per step; at least max_slots = "
-                                        f"{self.max_slots}, so that every decode fits, or None)",
-                                        minimum=self.max_slots)
+        self.max_slots, token_budget = require_batch_limits(max_slots, token_budget)
         if not isinstance(blocks, BlockManager):
             raise LabError(f"blocks must be a BlockManager, got {type(blocks).__name__}.")
         self.token_budget = token_budget
