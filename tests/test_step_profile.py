@@ -10,6 +10,7 @@ def test_operators_are_sorted_into_kinds():
     assert kind_of("aten::addmm") == kind_of("aten::_weight_int4pack_mm_for_cpu") == "matmuls"
     assert kind_of("labsupport::w4a8_linear") == "matmuls"                    # our W4A8 kernel
     assert kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert kind_of("labsupport::attend_one_row") == "attention"               # inside fused.decode_block
     assert kind_of("aten::argmax") == "sampling"
     assert kind_of("aten::rsqrt") == kind_of("aten::index_copy_") == "norms and elementwise"
     assert kind_of("aten::as_strided") == kind_of("aten::transpose") == "framework and Python"

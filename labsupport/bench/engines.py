@@ -10,8 +10,8 @@ engine timed in the same interleaved rounds (`measure.time_side_by_side`):
 * labsupport int4, groups of 32 (notebook 04), the row to set beside llama.cpp: its default
   kernel (on a CPU where it builds, our W4A8 kernel, which multiplies int4 weights by int8
   activations as llama.cpp does), and the same weights through aten's bf16 kernel, as before;
-* labsupport int4 with its decode step compiled (half of an eager int4 step is Python and
-  the framework's dispatch: notebook 00's profile), the like-for-like row beside llama.cpp's C++;
+* labsupport int4 with its decode step compiled, beside the eager row's one C++ call per layer
+  (`fused.decode_block`, issue 40: before it, half of an eager int4 step was Python and dispatch);
 * labsupport int8 (absmax per row, aten's fused kernel);
 * Hugging Face generate() with its dynamic cache; its documented fast path (the static
   cache with torch.compile); its prompt-lookup decoding; its assisted generation with a
@@ -164,7 +164,7 @@ def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int],
     kernels[OURS_INT4] = ctx.variants.handle("float32", "int4", group_size=32).describe()
     if graphed:
         absent[OURS_INT4_COMPILED] = GRAPHED_ALREADY
-    elif options.compile:                            # half of an eager int4 step is Python and dispatch
+    elif options.compile:                            # inductor's fusion against our one call per layer
         warm = generate(int4, ids, new_tokens, eos_token_ids=(), compile=True)
         if warm.decode_path != "eager":
             compile_s[OURS_INT4_COMPILED] = warm.warmup_seconds

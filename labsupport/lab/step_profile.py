@@ -61,7 +61,8 @@ def kind_of(op_name: str) -> str:
     """
     if op_name in MATMUL_OPS or "int4pack" in op_name or "int8pack" in op_name or "mkldnn_linear" in op_name:
         return "matmuls"
-    if "scaled_dot_product" in op_name or "flash_attention" in op_name or "efficient_attention" in op_name:
+    if ("scaled_dot_product" in op_name or "flash_attention" in op_name or "efficient_attention" in op_name
+            or op_name == "labsupport::attend_one_row"):         # the attention inside fused.decode_block
         return "attention"
     if op_name in SAMPLING_OPS:
         return "sampling"

@@ -92,6 +92,44 @@ def active(x: torch.Tensor) -> bool:
     return ENABLED and LOADED and x.device.type == "cpu" and x.dtype in DTYPES and not torch.is_grad_enabled()
 
 
+def _linear_weights(linear) -> list | None:
+    """What `decode_block` takes for one linear without bias: [weight] for a float32 nn.Linear,
+    [packed, scales, mins] for an int4 layer on our W4A8 kernel (quant/kernels.py); None for any
+    other kind (int8, int4 on aten's kernel, a bias, padded columns): the layer then runs in Python."""
+    if getattr(linear, "bias", None) is not None:
+        return None
+    if type(linear) is torch.nn.Linear and linear.weight.dtype == torch.float32:
+        return [linear.weight]
+    if getattr(linear, "kernel", None) == "w4a8" and linear.padded_in == linear.in_features:
+        return [linear.w4a8_packed, linear.w4a8_scales, linear.w4a8_mins]
+    return None
+
+
+def decode_block(block, x: torch.Tensor, rope, writer, mask) -> torch.Tensor | None:
+    """The whole of a Llama `block` (transformer.py) for one new token per row, in one C++ call
+    (`fused_ops.cpp`'s decode_block, issue 40), or None where it does not apply and the block runs
+    its Python code, which stays the reference: anything but a float32 CPU decode pass (x (B, 1,
+    hidden)) with no mask (no padding, no window) over a `StaticKVCache` (kv_cache.py), or a layer
+    whose linears are not all float32 or all W4A8 with one path (`_linear_weights`).
+    Introduced in notebook 00 (where the time goes)."""
+    from ..kv_cache import PassWriter, StaticKVCache
+    if (mask is not None or rope is None or x.shape[1] != 1 or x.dtype != torch.float32 or not active(x)
+            or torch.compiler.is_compiling() or not isinstance(writer, PassWriter)
+            or type(writer.cache) is not StaticKVCache or writer.cache.dtype != torch.float32):
+        return None
+    attn, mlp = block.attn, block.mlp
+    linears = (attn.qkv, attn.out, getattr(mlp, "gate_up", None), getattr(mlp, "down", None))
+    weights = [_linear_weights(linear) for linear in linears]
+    paths = {getattr(linear, "w4a8_path", "auto") for linear in linears}
+    if None in weights or len(paths) != 1 or len({len(w) for w in weights}) != 1:
+        return None
+    cache, layer = writer.cache, attn.layer_index
+    return torch.ops.labsupport.decode_block(
+        x.contiguous(), block.attn_norm.weight, block.mlp_norm.weight, *weights, *rope,
+        cache.layer_keys[layer], cache.layer_values[layer], writer.start, attn.num_heads,
+        block.attn_norm.eps, paths.pop())                                         # (B, 1, hidden)
+
+
 @contextlib.contextmanager
 def switched(on: bool):
     """Fused kernels on (where `active`) or off inside the block; the setting before it comes

@@ -22,8 +22,13 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -149,6 +154,106 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// ---- one whole decode layer in one call (issue 40) --------------------------------------------------
+// A batch-1 decode step of the 135M model spent half its time in Python and the framework's
+// dispatch (700 operator calls a step, about 23 a layer: lab/step_profile.py). `decode_block`
+// runs a Llama layer for one new token per row with the same pieces the layer's Python code
+// calls, from C++: the norms, rope and silu_mul above, each linear through aten (a float weight)
+// or through the dispatcher to our W4A8 kernel (packed int4 weights, quant/w4a8.cpp), the cache
+// write, and `attend_one_row` below for the attention.
+
+float dot(const float* a, const float* b, int64_t n) {
+  float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};   // 8 running sums: vectorizable
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] += a[i + j] * b[i + j];
+  float sum = 0.f;
+  for (int j = 0; j < 8; ++j) sum += lanes[j];
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// q: (B, heads, D) rows of the new token; keys, values: (B, kv_heads, max_len, D), positions
+// 0..length-1 filled (the new token's included). out: (B, heads, D). Query head h reads kv head
+// h / (heads / kv_heads), as scaled_dot_product_attention(enable_gqa=True) does; softmax in float
+// with the max subtracted first.
+void attend_one_row(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t length,
+                    int64_t heads, float* out) {
+  const int64_t B = keys.size(0), kv_heads = keys.size(1), max_len = keys.size(2), D = keys.size(3);
+  const int64_t group = heads / kv_heads;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const float *pk = keys.data_ptr<float>(), *pv = values.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, length * D));   // heads per thread
+  at::parallel_for(0, B * heads, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(length);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / heads, h = row % heads, g = h / group;
+      const float* qh = q + row * D;
+      const float* k = pk + (b * kv_heads + g) * max_len * D;
+      const float* v = pv + (b * kv_heads + g) * max_len * D;
+      float top = -INFINITY;
+      for (int64_t s = 0; s < length; ++s) top = std::max(top, scores[s] = dot(qh, k + s * D, D) * scale);
+      float total = 0.f;
+      for (int64_t s = 0; s < length; ++s) total += scores[s] = std::exp(scores[s] - top);
+      float* o = out + row * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+      for (int64_t s = 0; s < length; ++s) {
+        const float p = scores[s] / total;
+        const float* vs = v + s * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += p * vs[d];
+      }
+    }
+  });
+}
+
+// One linear without bias: w = [weight] (float, (n, k)) through aten, or [packed, scales, mins]
+// through the dispatcher to labsupport::w4a8_linear (loaded by quant/w4a8.py before any model
+// holds such weights).
+at::Tensor linear(const at::Tensor& x, const std::vector<at::Tensor>& w, c10::string_view path) {
+  if (w.size() == 1) return at::linear(x, w[0]);
+  TORCH_CHECK(w.size() == 3, "decode_block: a linear is [weight] or [packed, scales, mins]");
+  static const auto w4a8 = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("labsupport::w4a8_linear", "")
+      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return w4a8.call(x, w[0], w[1], w[2], path);
+}
+
+// x: (B, 1, hidden) float32; cos, sin: (B, 1, D); keys, values: this layer's cache buffers
+// (B, kv_heads, max_len, D), the new token written at `start`. Returns the layer's output
+// (B, 1, hidden): x + attn(norm(x)), then + mlp(norm(...)), as transformer.py's Block.
+at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const at::Tensor& mlp_norm,
+                        std::vector<at::Tensor> qkv_w, std::vector<at::Tensor> out_w,
+                        std::vector<at::Tensor> gate_up_w, std::vector<at::Tensor> down_w,
+                        const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& keys,
+                        const at::Tensor& values, int64_t start, int64_t heads, double eps,
+                        c10::string_view path) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 3 && x.size(1) == 1 && x.is_contiguous(),
+              "decode_block: x must be a contiguous float32 (B, 1, hidden) tensor");
+  TORCH_CHECK(keys.scalar_type() == at::kFloat && keys.is_contiguous() && values.is_contiguous() &&
+              keys.dim() == 4 && keys.sizes() == values.sizes() && keys.size(0) == x.size(0) &&
+              start >= 0 && start < keys.size(2) && heads % keys.size(1) == 0,
+              "decode_block: keys and values must be contiguous float32 (B, kv_heads, max_len, D) buffers "
+              "with room at `start`");
+  const int64_t B = x.size(0), kv_heads = keys.size(1), D = keys.size(3), max_len = keys.size(2);
+  auto qkv = linear(rms_norm(x, attn_norm, eps), qkv_w, path).view({B, 1, heads + 2 * kv_heads, D});
+  qkv = rope(qkv, cos, sin, heads + kv_heads);                         // (B, 1, heads + 2 kv_heads, D)
+  const float* pq = qkv.data_ptr<float>();
+  float *pk = keys.data_ptr<float>(), *pv = values.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)                                      // the cache write, at `start`
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const float* row = pq + (b * (heads + 2 * kv_heads) + heads + g) * D;
+      std::copy(row, row + D, pk + ((b * kv_heads + g) * max_len + start) * D);
+      std::copy(row + kv_heads * D, row + (kv_heads + 1) * D, pv + ((b * kv_heads + g) * max_len + start) * D);
+    }
+  auto queries = qkv.narrow(2, 0, heads).contiguous();                 // (B, 1, heads, D)
+  auto attended = at::empty({B, 1, heads * D}, x.options());
+  RECORD_FUNCTION("labsupport::attend_one_row", std::vector<c10::IValue>());   // the profiler's "attention"
+  attend_one_row(queries.data_ptr<float>(), keys, values, start + 1, heads, attended.data_ptr<float>());
+  auto [h, normed] = add_rms_norm(x, linear(attended, out_w, path), mlp_norm, eps);
+  auto mlp = linear(silu_mul(linear(normed, gate_up_w, path)), down_w, path);
+  return h.add_(mlp);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(labsupport, m) {
@@ -156,6 +261,9 @@ TORCH_LIBRARY_FRAGMENT(labsupport, m) {
   m.def("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rope(Tensor qkv, Tensor cos, Tensor sin, int heads) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("decode_block(Tensor x, Tensor attn_norm, Tensor mlp_norm, Tensor[] qkv, Tensor[] out, Tensor[] gate_up, "
+        "Tensor[] down, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int start, int heads, "
+        "float eps, str path) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(labsupport, CPU, m) {
@@ -163,4 +271,5 @@ TORCH_LIBRARY_IMPL(labsupport, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("rope", &rope);
   m.impl("silu_mul", &silu_mul);
+  m.impl("decode_block", &decode_block);
 }

@@ -1,0 +1,153 @@
+"""The whole decode layer in one C++ call (fused.decode_block, fused_ops.cpp; issue 40): it equals
+the layer's Python code (the reference, fused kernels off) for float32 and W4A8 layers on odd
+shapes, writes the cache exactly as the Python layer does, is taken on every layer of a plain CPU
+decode step and nowhere else, and refuses bad arguments in one sentence."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.profiler import profile
+
+from labsupport.engine.config import PRESETS
+from labsupport.engine.generation import generate
+from labsupport.engine.kv_cache import StaticKVCache
+from labsupport.engine.kv_quant import Int8KVCache
+from labsupport.engine.models import fused
+from labsupport.engine.quant import quantize_model
+from labsupport.engine.quant.w4a8 import w4a8_unavailable
+from labsupport.weights.fixtures import random_model
+
+# odd shapes: grouped heads (3 per kv head), one kv head, no grouping; head sizes 20 and 24
+# (not multiples of the 8 running sums of its dot product), hidden sizes that are whole W4A8 blocks
+SHAPES = {
+    "gqa-3": dict(num_heads=6, num_kv_heads=2, hidden_size=96, intermediate_size=160),    # head_dim 16
+    "mqa": dict(num_heads=4, num_kv_heads=1, hidden_size=96, intermediate_size=224),      # head_dim 24
+    "mha": dict(num_heads=8, num_kv_heads=8, hidden_size=160, intermediate_size=192),     # head_dim 20
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    reason = fused.load()
+    if reason is not None:
+        pytest.skip(f"the fused kernels are not available here: {reason}")
+
+
+def model_of(shape: str, seed: int = 0):
+    config = PRESETS["tiny-llama"].with_(num_layers=3, **SHAPES[shape])
+    model = random_model(config, seed=seed)
+    with torch.no_grad():                     # livelier weights than std 0.02: attention that varies
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.mul_(8)
+    return model
+
+
+def block_calls(run) -> int:
+    """How many times `run()` called the one-call layer."""
+    with profile() as trace:
+        run()
+    return sum(1 for event in trace.events() if event.name == "labsupport::decode_block")
+
+
+def decode_once(model, batch: int, context: int, fast: bool):
+    """Prefill `context` tokens per row (the Python layers), then one decode step: (its logits,
+    the cache, the one-call layers it ran)."""
+    generator = torch.Generator().manual_seed(batch * 100 + context)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, context), generator=generator)
+    step = torch.randint(0, model.config.vocab_size, (batch, 1), generator=generator)
+    cache = StaticKVCache.for_model(model, batch, context + 4)
+    with torch.inference_mode():
+        with fused.switched(False):
+            model(prompt, cache=cache)
+        with fused.switched(fast):
+            out = {}
+            calls = block_calls(lambda: out.setdefault("logits", model.logits(model(step, cache=cache), at=-1)))
+    return out["logits"], cache, calls                                              # (batch, vocab), ...
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("batch, context", [(1, 1), (1, 37), (3, 9)])
+def test_one_call_equals_the_layers_python_code_and_writes_the_same_cache(shape, batch, context):
+    model = model_of(shape)
+    fast, fast_cache, calls = decode_once(model, batch, context, fast=True)
+    slow, slow_cache, none = decode_once(model, batch, context, fast=False)
+    assert calls == model.config.num_layers and none == 0        # every layer of the step, once
+    assert (fast - slow).abs().max() <= 1e-4 * slow.abs().max()    # attention summed in another order
+    # the new token's keys and values: the same linear and rotation, so the same numbers
+    written = slice(context, context + 1)
+    torch.testing.assert_close(fast_cache.keys[:, :, :, written], slow_cache.keys[:, :, :, written],
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast_cache.values[:, :, :, written], slow_cache.values[:, :, :, written],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(w4a8_unavailable() is not None, reason=f"the W4A8 kernel: {w4a8_unavailable()}")
+@pytest.mark.parametrize("shape", SHAPES)
+def test_one_call_with_w4a8_layers_equals_their_python_code(shape):
+    """Each linear through our W4A8 kernel from C++ (the dispatcher) as from Python. Activations are
+    rounded to int8 per block on the way, so a last-bit difference before a linear (the attention's
+    sums, in another order) may move one int8 step: the bound is a few such steps, far below int4's
+    own error."""
+    model = model_of(shape)
+    quantize_model(model, "int4", group_size=32)
+    assert all(layer.kernel == "w4a8" for layer in model.modules() if hasattr(layer, "w4a8_packed"))
+    fast, _, calls = decode_once(model, 2, 21, fast=True)
+    slow, _, _ = decode_once(model, 2, 21, fast=False)
+    assert calls == model.config.num_layers
+    assert (fast - slow).abs().max() <= 2e-2 * slow.abs().max()
+
+
+def test_generate_gives_the_python_layers_tokens():
+    model = model_of("gqa-3", seed=4)
+    ids = list(range(3, 30))
+    with fused.switched(False):
+        reference = generate(model, ids, 24, eos_token_ids=())
+    result = generate(model, ids, 24, eos_token_ids=())
+    assert result.row(0) == reference.row(0)
+
+
+def test_taken_only_on_a_plain_float32_cpu_decode_step():
+    """Where the block does not apply its Python code runs, which every other path keeps: padding
+    (a mask), a window, an int8 cache, bf16, GPT-2, int8 weights, a prefill, gradients, switched off."""
+    model = model_of("gqa-3")
+    ids, padded = list(range(3, 20)), [list(range(3, 20)), list(range(5, 12))]
+    assert block_calls(lambda: generate(model, ids, 3, eos_token_ids=())) == 2 * model.config.num_layers
+    int8 = copy.deepcopy(model)
+    quantize_model(int8, "int8")
+
+    def switched_off():
+        with fused.switched(False):
+            generate(model, ids, 3, eos_token_ids=())
+    never = {
+        "a padded batch": lambda: generate(model, padded, 3, eos_token_ids=()),
+        "a sliding window": lambda: generate(model.with_attention_window(4), ids, 3, eos_token_ids=()),
+        "an int8 cache": lambda: generate(model, ids, 3, eos_token_ids=(), cache=Int8KVCache(model.config, 1, 24)),
+        "bf16": lambda: generate(copy.deepcopy(model).to(torch.bfloat16), ids, 3, eos_token_ids=()),
+        "GPT-2": lambda: generate(random_model("tiny-gpt2"), ids, 3, eos_token_ids=()),
+        "int8 weights": lambda: generate(int8, ids, 3, eos_token_ids=()),
+        "switched off": switched_off,
+    }
+    for name, run in never.items():
+        assert block_calls(run) == 0, name
+    cache = StaticKVCache.for_model(model, 1, 8)
+    x = torch.tensor([[5]])
+    assert block_calls(lambda: model(x, cache=cache)) == 0      # gradients on: the Python layers
+
+
+def test_refuses_bad_arguments_in_one_sentence():
+    ops = torch.ops.labsupport
+    w = [torch.randn(8, 8)]
+    keys = torch.zeros(1, 1, 4, 4)
+    cs = torch.randn(1, 1, 4)
+
+    def call(x=torch.randn(1, 1, 8), k=keys, start=0):
+        return ops.decode_block(x, torch.ones(8), torch.ones(8), [torch.randn(12, 8)], w, [torch.randn(16, 8)],
+                                w, cs, cs, k, k.clone(), start, 1, 1e-5, "auto")
+    for bad in (lambda: call(x=torch.randn(1, 2, 8)), lambda: call(x=torch.randn(1, 1, 8).double()),
+                lambda: call(k=torch.zeros(2, 1, 4, 4)), lambda: call(start=4)):
+        with pytest.raises(RuntimeError, match=r"^decode_block: .* must "):
+            bad()
