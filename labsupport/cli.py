@@ -36,8 +36,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "(default: 128 for baseline, engines and speculative, 32 for batching, precision and "
                              "quantization, 64 for compile)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="timed repeats per candidate, in every section (default: 5 for batching and "
-                             "precision; 1 to 3 for the others)")
+                        help="timed repeats per candidate, in every section (default: 5 for batching, "
+                             "precision and engines; 1 to 3 for the others)")
     parser.add_argument("--kv-lengths", type=int, nargs="*", default=None,
                         help="new-token counts for the KV-cache comparison (default: 64 256 1024)")
     parser.add_argument("--all-peers", action="store_true",
