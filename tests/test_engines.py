@@ -71,6 +71,18 @@ def test_figures_compare_the_right_rows_and_say_why_one_is_missing():
     assert busy[f"{OURS} / {HF} (tokens/s)"]["met"] is None
 
 
+def test_the_long_prefill_figure_is_llamacpps_time_over_ours_and_absent_without_llamacpp():
+    from labsupport.bench.engines import LONG_PROMPT, _long_prefill_figures
+    from labsupport.lab.measure import Timing
+    assert _long_prefill_figures({}) == []
+    quiet = {OURS_INT4: Timing([0.50, 0.51, 0.50, 0.52]), LLAMACPP: Timing([1.00, 1.01, 1.00, 1.02])}
+    (figure,) = _long_prefill_figures(quiet)
+    assert figure["value"] == pytest.approx(1.005 / 0.505)                 # the medians and figure["busy"] is None
+    assert f"prefill of {LONG_PROMPT} tokens" in figure["name"] and "prompt tokens/s" in figure["note"]
+    noisy = {OURS_INT4: Timing([0.5, 0.9, 0.5, 1.2]), LLAMACPP: Timing([1.0, 1.0, 1.0, 1.0])}
+    assert _long_prefill_figures(noisy)[0]["busy"]                     # repeats that disagree: no verdict
+
+
 def test_early_layers_draft_keeps_the_first_layers_only(smollm_hf):
     draft = hf_early_layers_draft(smollm_hf, 3)
     assert len(draft.model.layers) == 3 and draft.config.num_hidden_layers == 3

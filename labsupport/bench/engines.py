@@ -19,6 +19,10 @@ engine timed in the same interleaved rounds (`measure.time_side_by_side`):
 * llama.cpp on the embedded model's own Q4_1 GGUF file with the same thread count
   (an optional extra: where it is missing, its row says why).
 
+Where llama.cpp runs, the int4 prefill of a 512-token prompt (`LONG_PROMPT`) is timed against its
+prefill too, side by side. Batched int4 decode against llama.cpp's is not timed here: that needs
+llama.cpp's batch API (several sequences in one `llama_decode`), which `LlamaCppGreedy` does not drive.
+
 Prefill and decode are reported apart: each engine is also timed producing one token
 (its prefill), and its decode speed is (new_tokens - 1) / (whole run - prefill). A
 memory copy (several copies per sample, so its repeats agree) is timed in the same rounds, so
@@ -70,6 +74,7 @@ COPY = "memory copy"
 # decode run spread 30-50% between repeats even on a quiet machine (issue 40), which withheld every
 # verdict as "busy"; a few copies per sample average out what the previous run left in the caches.
 COPIES_PER_SAMPLE = 4
+LONG_PROMPT = 512           # tokens of the prefill timed against llama.cpp's (issue 40)
 INT4_TARGET = 1.0           # int4 decode at least llama.cpp's on the same file and cores (issue 40; 0.8 before)
 
 
@@ -276,6 +281,7 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
                       "tokens_agreeing_with_labsupport_fp32": agree,
                       "compile_s": compile_s.get(name), "kernel": kernels.get(name),
                       "decode_paths": sorted(paths.get(name, ()))}
+    long_prefill = _long_prefill(ctx, ids, repeats) if LLAMACPP in rows else {}
     if LLAMACPP in rows:                 # the same Q4_1 weights: how long do the two int4 engines agree?
         rows[LLAMACPP]["tokens_agreeing_with_labsupport_int4"] = next(
             (i for i, (a, b) in enumerate(zip(outputs[LLAMACPP], outputs[OURS_INT4])) if a != b),
@@ -285,7 +291,29 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
             "kv_cache_bytes_per_step_mean": kv_bytes, "rows": rows, "absent": absent,
             "timings_s": {k: v.to_dict() for k, v in whole.items()},
             "prefill_timings_s": {k: v.to_dict() for k, v in first.items()},
-            "figures": _figures(rows, absent, busy, ctx.device)}
+            "long_prefill_s": {k: v.to_dict() for k, v in long_prefill.items()},
+            "figures": _figures(rows, absent, busy, ctx.device) + _long_prefill_figures(long_prefill)}
+
+
+def _long_prefill(ctx: BenchContext, ids: list[int], repeats: int) -> dict:
+    """The int4 prefill of a LONG_PROMPT-token prompt (the course's prompt repeated), ours and
+    llama.cpp's on the same file and threads, side by side: name -> Timing. Issue 40: a prefill
+    multiplies many rows by each weight, where a kernel that reuses each unpacked block gains."""
+    long_ids = (ids * (LONG_PROMPT // len(ids) + 1))[:LONG_PROMPT]
+    int4 = ctx.variants.get("float32", "int4", group_size=32)
+    peer = LlamaCppGreedy(find_gguf(), threads=torch.get_num_threads(), context=LONG_PROMPT + 8)
+    return time_side_by_side({OURS_INT4: lambda: generate(int4, long_ids, 1, eos_token_ids=()),
+                              LLAMACPP: lambda: peer.prefill(long_ids)}, ctx.device, warmup=1, repeats=repeats)
+
+
+def _long_prefill_figures(timings: dict) -> list[dict]:
+    """Ours / llama.cpp's prefill speed on LONG_PROMPT tokens (none where llama.cpp is absent)."""
+    if not timings:
+        return []
+    ours, theirs = timings[OURS_INT4].median, timings[LLAMACPP].median
+    return [reported(f"{OURS_INT4} / {LLAMACPP} (prefill of {LONG_PROMPT} tokens, tokens/s)", theirs / ours, "x",
+                     busy=busy_reason(timings),
+                     note=f"{LONG_PROMPT / ours:.0f} vs {LONG_PROMPT / theirs:.0f} prompt tokens/s")]
 
 
 def _ratio_figure(rows: dict, absent: dict, ours: str, theirs: str, key: str, target: float,
