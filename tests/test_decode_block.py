@@ -110,9 +110,23 @@ def test_generate_gives_the_python_layers_tokens():
     assert result.row(0) == reference.row(0)
 
 
+def test_a_one_token_prefill_into_a_compiled_decoders_larger_cache_fills_its_own_rows():
+    """3 one-token prompts in a bucket of 4 rows: the prefill is a one-token pass over fewer rows
+    than the cache holds, which the call takes on the batch's rows of the buffers."""
+    from torch._dynamo.testing import CompileCounter
+    from labsupport.engine.compiled import CompiledDecoder
+    model = model_of("mqa", seed=2)
+    prompts = [[5], [9], [13]]
+    with fused.switched(False):
+        reference = generate(model, prompts, 6, eos_token_ids=())
+    result = generate(model, prompts, 6, eos_token_ids=(), compile=CompiledDecoder(backend=CompileCounter()))
+    assert result.tokens.tolist() == reference.tokens.tolist()
+
+
 def test_taken_only_on_a_plain_float32_cpu_decode_step():
     """Where the block does not apply its Python code runs, which every other path keeps: padding
-    (a mask), a window, an int8 cache, bf16, GPT-2, int8 weights, a prefill, gradients, switched off."""
+    (a mask), a window, an int8 cache, bf16, GPT-2, int8 weights, a forward hook on a part of the
+    layer, gradients, switched off."""
     model = model_of("gqa-3")
     ids, padded = list(range(3, 20)), [list(range(3, 20)), list(range(5, 12))]
     assert block_calls(lambda: generate(model, ids, 3, eos_token_ids=())) == 2 * model.config.num_layers
@@ -131,8 +145,17 @@ def test_taken_only_on_a_plain_float32_cpu_decode_step():
         "int8 weights": lambda: generate(int8, ids, 3, eos_token_ids=()),
         "switched off": switched_off,
     }
+    seen = []
+
+    def hooked():
+        handle = model.blocks[1].mlp.down.register_forward_hook(lambda module, inputs, out: seen.append(1))
+        generate(model, ids, 3, eos_token_ids=())
+        handle.remove()
     for name, run in never.items():
         assert block_calls(run) == 0, name
+    # a hook on one layer's linear: that layer runs its Python code, the others the one call
+    assert block_calls(hooked) == 2 * (model.config.num_layers - 1)
+    assert len(seen) == 3                          # the hook saw the prefill and both decode steps
     cache = StaticKVCache.for_model(model, 1, 8)
     x = torch.tensor([[5]])
     assert block_calls(lambda: model(x, cache=cache)) == 0      # gradients on: the Python layers

@@ -105,13 +105,23 @@ def _linear_weights(linear) -> list | None:
     return None
 
 
+def _hooked(modules) -> bool:
+    """Whether a forward hook would see any of `modules` called (its own, or a global one): the
+    one call never calls them, so the Python layer runs instead (notebook 03 records a linear's
+    inputs this way, lab/awq.py its activations)."""
+    hooks = torch.nn.modules.module
+    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+        return True
+    return any(m is not None and (m._forward_hooks or m._forward_pre_hooks) for m in modules)
+
+
 def decode_block(block, x: torch.Tensor, rope, writer, mask) -> torch.Tensor | None:
     """The whole of a Llama `block` (transformer.py) for one new token per row, in one C++ call
     (`fused_ops.cpp`'s decode_block, issue 40), or None where it does not apply and the block runs
     its Python code, which stays the reference: anything but a float32 CPU decode pass (x (B, 1,
     hidden)) with no mask (no padding, no window) over a `StaticKVCache` (kv_cache.py), or a layer
-    whose linears are not all float32 or all W4A8 with one path (`_linear_weights`).
-    Introduced in notebook 00 (where the time goes)."""
+    whose linears are not all float32 or all W4A8 with one path (`_linear_weights`), or whose
+    parts have forward hooks (`_hooked`). Introduced in notebook 00 (where the time goes)."""
     from ..kv_cache import PassWriter, StaticKVCache
     if (mask is not None or rope is None or x.shape[1] != 1 or x.dtype != torch.float32 or not active(x)
             or torch.compiler.is_compiling() or not isinstance(writer, PassWriter)
@@ -119,15 +129,20 @@ def decode_block(block, x: torch.Tensor, rope, writer, mask) -> torch.Tensor | N
         return None
     attn, mlp = block.attn, block.mlp
     linears = (attn.qkv, attn.out, getattr(mlp, "gate_up", None), getattr(mlp, "down", None))
+    if _hooked((attn, mlp, block.attn_norm, block.mlp_norm, *linears)):
+        return None
     weights = [_linear_weights(linear) for linear in linears]
     paths = {getattr(linear, "w4a8_path", "auto") for linear in linears}
     if None in weights or len(paths) != 1 or len({len(w) for w in weights}) != 1:
         return None
-    cache, layer = writer.cache, attn.layer_index
+    if block.attn_norm.weight.dtype != torch.float32 or block.mlp_norm.weight.dtype != torch.float32:
+        return None
+    cache, layer, rows = writer.cache, attn.layer_index, x.shape[0]
+    # the pass's rows of the layer's buffers (a compiled decoder's cache may hold more: its bucket)
+    keys, values = cache.layer_keys[layer][:rows], cache.layer_values[layer][:rows]   # (B, kv_heads, max_len, D)
     return torch.ops.labsupport.decode_block(
-        x.contiguous(), block.attn_norm.weight, block.mlp_norm.weight, *weights, *rope,
-        cache.layer_keys[layer], cache.layer_values[layer], writer.start, attn.num_heads,
-        block.attn_norm.eps, paths.pop())                                         # (B, 1, hidden)
+        x.contiguous(), block.attn_norm.weight, block.mlp_norm.weight, *weights, *rope, keys, values,
+        writer.start, attn.num_heads, block.attn_norm.eps, paths.pop())           # (B, 1, hidden)
 
 
 @contextlib.contextmanager
