@@ -83,6 +83,35 @@ def test_the_long_prefill_figure_is_llamacpps_time_over_ours_and_absent_without_
     assert _long_prefill_figures(noisy)[0]["busy"]                     # repeats that disagree: no verdict
 
 
+def test_the_batched_figure_is_ours_over_llamacpps_decode_and_absent_without_llamacpp():
+    from labsupport.bench.engines import BATCH_ROWS, _batched_figures
+    assert _batched_figures({}) == []
+    row = {"decode_tokens_per_s": 300.0, "new_tokens": 64, "busy": None}
+    (figure,) = _batched_figures({OURS_INT4: row, LLAMACPP: {**row, "decode_tokens_per_s": 200.0}})
+    assert figure["value"] == pytest.approx(1.5) and f"decode of {BATCH_ROWS} rows" in figure["name"]
+    busy = _batched_figures({OURS_INT4: {**row, "busy": "load"}, LLAMACPP: row})[0]
+    assert busy["busy"] and busy["met"] is None
+
+
+def test_llamacpps_batched_decode_gives_each_row_its_single_sequence_tokens():
+    """Eight sequences in one llama_decode per step: every row has the tokens of the same prompt
+    alone; the object is reused (its cache cleared) and closed twice without harm."""
+    from labsupport.bench.llamacpp import LlamaCppBatchedGreedy
+    from labsupport.weights.embedded import find_gguf
+    gguf = find_gguf()
+    if gguf is None or llamacpp_unavailable(gguf) is not None:
+        pytest.skip(f"llama.cpp cannot run the GGUF here: {gguf and llamacpp_unavailable(gguf)}")
+    ids = list(range(1000, 1030))
+    alone = LlamaCppGreedy(gguf, threads=torch.get_num_threads(), context=64).generate(ids, 12)
+    batched = LlamaCppBatchedGreedy(gguf, 8, threads=torch.get_num_threads(), context=64)
+    assert batched.generate(ids, 12) == [alone] * 8
+    assert batched.generate(ids[:20], 3) == [LlamaCppGreedy(gguf, 1, context=32).generate(ids[:20], 3)] * 8
+    with pytest.raises(LabError, match="holds 64 positions a row"):
+        batched.generate(ids, 40)
+    batched.close()
+    batched.close()
+
+
 def test_early_layers_draft_keeps_the_first_layers_only(smollm_hf):
     draft = hf_early_layers_draft(smollm_hf, 3)
     assert len(draft.model.layers) == 3 and draft.config.num_hidden_layers == 3
@@ -107,6 +136,9 @@ def test_engines_section_small_run(smollm, smollm_hf):
     assert "engines.compile=False" in section["absent"][OURS_INT4_COMPILED]
     assert "engines.compile=False" in section["absent"][HF_STATIC]
     assert (LLAMACPP in rows) == HAS_LLAMACPP
+    assert bool(section["batched_decode"]) == HAS_LLAMACPP                         # 8 rows against llama.cpp's
+    for row in section["batched_decode"].values():
+        assert row["rows_alike"] and row["decode_tokens_per_s"] > 0 and row["new_tokens"] == 3
     for row in rows.values():
         assert row["prefill_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["bandwidth_fraction"] > 0
     assert rows[OURS_INT4]["weight_bytes_per_step"] < rows[OURS]["weight_bytes_per_step"] / 4

@@ -71,7 +71,7 @@ def one_sentence(message: str) -> bool:
 def test_every_path_matches_the_reference(path, k):
     for n in (1, 7, 49):
         _, packed = packed_weight(n, k, seed=k + n)
-        for m in (1, 2, 3, 4, 5, 16):
+        for m in (1, 2, 3, 4, 5, 12, 16, 19):             # from 12 rows: avx512vnni's 16-row tiles
             x = activations(m, k, seed=m)
             assert_matches_reference(w4a8.w4a8_linear(x, *packed, path=path), x, packed)
 
@@ -80,11 +80,28 @@ def test_a_large_output_not_a_multiple_of_the_tile(path):
     n, k = 49152 + 7, 576                                    # the lm_head's shape, plus a ragged end
     _, packed = packed_weight(n, k)
     rows = torch.cat([torch.randperm(n, generator=torch.Generator().manual_seed(0))[:1500], torch.arange(n - 9, n)])
-    for m in (1, 3):
+    for m in (1, 3, 13):
         x = activations(m, k)
         y = w4a8.w4a8_linear(x, *packed, path=path)          # (m, n)
         assert y.shape == (m, n)
         assert_matches_reference(y[:, rows], x, tuple(t[rows] for t in packed))
+
+
+def test_many_rows_each_row_alone_and_in_any_batch(path):
+    """Every row of a batch equals the row alone up to float rounding, and a row's result does not
+    depend on the batch's other rows (bitwise) once the batch takes the same tiles: the 16-row tiles
+    of avx512vnni from `gemm_min_rows()` rows, with ragged tiles (n = 37) and a prefill's 300 rows."""
+    n, k = 37, 576
+    _, packed = packed_weight(n, k)
+    threshold = w4a8.gemm_min_rows()
+    x = activations(300, k)
+    y = w4a8.w4a8_linear(x, *packed, path=path)
+    assert_matches_reference(y, x, packed)
+    alone = torch.cat([w4a8.w4a8_linear(x[i:i + 1], *packed, path=path) for i in range(0, 300, 23)])
+    torch.testing.assert_close(y[::23], alone, rtol=1e-5, atol=1e-5)
+    other = torch.cat([x[:threshold], activations(threshold + 5, k, seed=9)])   # same first rows, others changed
+    assert torch.equal(w4a8.w4a8_linear(other, *packed, path=path)[:threshold], y[:threshold])
+    assert torch.equal(w4a8.w4a8_linear(x[:threshold], *packed, path=path), y[:threshold])
 
 
 def test_leading_dimensions_other_dtypes_and_an_empty_batch(kernel):
@@ -103,13 +120,13 @@ def test_leading_dimensions_other_dtypes_and_an_empty_batch(kernel):
 
 def test_thread_counts_give_identical_results(kernel):
     _, packed = packed_weight(4096 + 3, 576)                 # large enough to be split across threads
-    x = activations(2, 576)
+    x = activations(16, 576)
     before = torch.get_num_threads()
     try:
         results = []
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            results.append([w4a8.w4a8_linear(x[:m], *packed) for m in (1, 2)])
+            results.append([w4a8.w4a8_linear(x[:m], *packed) for m in (1, 2, 16)])
     finally:
         torch.set_num_threads(before)
     for one, two in zip(*results):

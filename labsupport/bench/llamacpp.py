@@ -84,3 +84,72 @@ class LlamaCppGreedy:
             self.llm.eval([tokens[-1]])       # one decode step
             tokens.append(self._next_token())
         return tokens
+
+
+class LlamaCppBatchedGreedy:
+    """llama.cpp decoding `rows` sequences at once, greedy: each step is one `llama_decode` of a
+    batch holding one token per sequence (sequence id = row), as llama-batched-bench does.
+
+    Introduced in notebook 00 (where the time goes); issue 40's batched int4 decode is timed
+    against it. threads: CPU threads, as `LlamaCppGreedy`; context: positions each row holds.
+    Drives llama.cpp's C API through llama-cpp-python's bindings: its high-level `Llama` keeps
+    one sequence per context.
+    """
+
+    def __init__(self, gguf: Path, rows: int, threads: int, context: int = 1024):
+        import llama_cpp
+
+        self.single = LlamaCppGreedy(gguf, threads, context=8)    # loads the model (its checks, its sentence)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx, params.n_seq_max = rows * context, rows      # the cache, split evenly between the rows
+        params.n_batch = params.n_ubatch = max(512, rows * context)  # a whole prefill is one batch
+        params.n_threads = params.n_threads_batch = threads
+        self.ctx = llama_cpp.llama_init_from_model(self.single.llm.model, params)
+        if not self.ctx:
+            raise LabError(f"llama.cpp could not make a context for {rows} sequences of {context} positions.")
+        self.rows, self.context, self.vocab = rows, context, self.single.vocab
+        self.batch = llama_cpp.llama_batch_init(params.n_batch, 0, 1)
+
+    def close(self) -> None:
+        import llama_cpp
+
+        if self.ctx:
+            llama_cpp.llama_batch_free(self.batch)
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self):
+        self.close()
+
+    def _decode(self, tokens: list[tuple[int, int, int, bool]]) -> list[int]:
+        """One llama_decode of (token, position, sequence, wants logits) entries; the greedy
+        next token of each entry that wants logits, in order."""
+        import llama_cpp
+
+        batch = self.batch
+        batch.n_tokens = len(tokens)
+        for i, (token, position, sequence, logits) in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, position, 1, logits
+            batch.seq_id[i][0] = sequence
+        if llama_cpp.llama_decode(self.ctx, batch) != 0:
+            raise LabError("llama.cpp's llama_decode failed on the batch (its cache may be too small).")
+        return [int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, i), shape=(self.vocab,))))
+                for i, entry in enumerate(tokens) if entry[3]]
+
+    def generate(self, prompt_ids: list[int], new_tokens: int) -> list[list[int]]:
+        """Exactly `new_tokens` greedy tokens after the prompt, for each of the `rows` sequences
+        (all start from the same prompt; end-of-sequence ignored). The prompts go in one batch."""
+        import llama_cpp
+
+        n = len(prompt_ids)
+        if n + new_tokens > self.context:
+            raise LabError(f"The llama.cpp peer holds {self.context} positions a row; the prompt ({n}) plus "
+                           f"{new_tokens} new tokens does not fit.")
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+        last = self._decode([(t, p, row, p == n - 1) for row in range(self.rows) for p, t in enumerate(prompt_ids)])
+        out = [[token] for token in last]
+        for step in range(1, new_tokens):
+            last = self._decode([(out[row][-1], n + step - 1, row, True) for row in range(self.rows)])
+            for row, token in enumerate(last):
+                out[row].append(token)
+        return out

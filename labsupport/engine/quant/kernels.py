@@ -37,7 +37,7 @@ from ...errors import LabError, first_line
 from .formats import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                       quantize_int8_absmax, require_group_size, unpack_int4)
 from .w4a8 import BLOCK as W4A8_BLOCK
-from .w4a8 import default_path, pack_q4_1, supported_paths, unpack_q4_1, w4a8_unavailable
+from .w4a8 import default_path, gemm_min_rows, pack_q4_1, supported_paths, unpack_q4_1, w4a8_unavailable
 
 KERNELS = ("auto", "fast", "reference")
 INT4_KERNELS = ("auto", "w4a8", "fast", "reference")     # int4 has one more: our own W4A8 kernel (CPU)
@@ -367,8 +367,10 @@ def kernel_description(layer: nn.Module) -> str:
     if isinstance(layer, _QuantizedLinear):
         bits = "int8" if isinstance(layer, Int8Linear) else "int4"
         if layer.kernel == "w4a8":
+            path = layer.w4a8_path if layer.w4a8_path != "auto" else supported_paths()[-1]
+            tiles = f"; from {gemm_min_rows()} rows, 16-row weight tiles unpacked once" if path == "avx512vnni" else ""
             return (f"W4A8 kernel of our own (int4 weights x int8 activations, integer dot products, "
-                    f"{layer.w4a8_path if layer.w4a8_path != 'auto' else supported_paths()[-1]} path)")
+                    f"{path} path{tiles})")
         if layer.kernel == "reference":
             why = f" (the fused kernel is not usable here: {layer.fallback_reason})" if layer.fallback_reason else ""
             return f"reference path: dequantize {bits} to float, then matmul{why}"

@@ -350,6 +350,93 @@ TARGET_AVX512 void tile_avx512vnni(const WeightRow* w, const ActRow* a, int64_t 
   }
   store_sums<W, R>(sum, w, a, nb, out, n);
 }
+
+// ---- AVX512-VNNI for many activation rows: each unpacked weight block serves every row --------
+// The tiles above unpack a weight row's nibbles for at most 4 activation rows, and spend 3
+// instructions on scales (convert, permute, FMA) for every 2 dot-product instructions: with many
+// rows (a batch of 8 or more, a prefill) that work, not memory, is the cost. Here a tile is 16
+// weight rows, one per 32-bit lane. `unpack_tile16` gathers it once per call into this layout:
+//   per block b and 4-byte group g (8 of them, 32 weights): a vector whose lane j holds row j's
+//   weights 4g..4g+3 as bytes 0..15; and the 16 rows' scales d and mins m of block b as floats.
+// Then one activation row's block is 8 `dpbusd`s, each multiplying all 16 rows by 4 of its
+// bytes broadcast to every lane, and one FMA applies the 16 rows' scales at once: per block and
+// row, 8 dot products and 4 other instructions, where the tiles take 8 and 14 for 16 rows.
+// The activations are read in natural order (group width 1). A row's result does not depend on
+// the batch's other rows, but it is rounded differently from the tiles' (the sums are added in
+// another order): below GEMM_MIN_ROWS rows the tiles are used, so results differ by float rounding
+// (about 1e-7 of the terms' size) between a batch of 7 rows and one of 8.
+constexpr int GEMM_TILE = 16;              // weight rows per tile: one per lane of a 512-bit vector
+constexpr int64_t GEMM_MIN_ROWS = 12;      // activation rows from which the unpacking pays (measured: 8 is even)
+
+// A 16 x 16 byte transpose by 4-byte columns, without gathers (slow on CPUs patched against
+// "Downfall": about 40 cycles each, measured here): load 4 rows per vector (one per 128-bit lane),
+// put each lane's column c in the lane's dwords (permute), then swap 128-bit lanes across vectors.
+TARGET_AVX512 void unpack_tile16(const uint8_t* q, const at::Half* d, const at::Half* m, int64_t nb, int rows,
+                                 uint8_t* wq, float* wd, float* wm) {
+  alignas(16) static const uint8_t zeros[BYTES] = {};                          // the rows past n
+  const __m512i by_column = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const int64_t stride = nb * BYTES;
+  for (int64_t b = 0; b < nb; ++b) {
+    auto block = [&](int j) {                                 // row j's 16 bytes of block b
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(j < rows ? q + j * stride + BYTES * b : zeros));
+    };
+    __m512i a[4];                                             // a[t]: rows 4t..4t+3, lane i = row 4t+i
+    for (int t = 0; t < 4; ++t) {
+      __m512i v = _mm512_castsi128_si512(block(4 * t));
+      v = _mm512_inserti32x4(v, block(4 * t + 1), 1);
+      v = _mm512_inserti32x4(v, block(4 * t + 2), 2);
+      v = _mm512_inserti32x4(v, block(4 * t + 3), 3);
+      a[t] = _mm512_permutexvar_epi32(by_column, v);          // lane c = column c of rows 4t..4t+3
+    }
+    const __m512i t0 = _mm512_shuffle_i32x4(a[0], a[1], _MM_SHUFFLE(1, 0, 1, 0));   // a0.l0 a0.l1 a1.l0 a1.l1
+    const __m512i t1 = _mm512_shuffle_i32x4(a[0], a[1], _MM_SHUFFLE(3, 2, 3, 2));   // a0.l2 a0.l3 a1.l2 a1.l3
+    const __m512i t2 = _mm512_shuffle_i32x4(a[2], a[3], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i t3 = _mm512_shuffle_i32x4(a[2], a[3], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i column[4] = {_mm512_shuffle_i32x4(t0, t2, _MM_SHUFFLE(2, 0, 2, 0)),   // lane j = row j's bytes 4c..4c+3
+                               _mm512_shuffle_i32x4(t0, t2, _MM_SHUFFLE(3, 1, 3, 1)),
+                               _mm512_shuffle_i32x4(t1, t3, _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_i32x4(t1, t3, _MM_SHUFFLE(3, 1, 3, 1))};
+    for (int c = 0; c < 4; ++c) {            // low nibbles = q[4c..4c+3], high nibbles = q[16+4c..]
+      _mm512_storeu_si512(wq + 64 * (8 * b + c), _mm512_and_si512(column[c], low4));
+      _mm512_storeu_si512(wq + 64 * (8 * b + 4 + c), _mm512_and_si512(_mm512_srli_epi16(column[c], 4), low4));
+    }
+    for (int j = 0; j < GEMM_TILE; ++j) {   // F16C: c10::Half's own conversion is ~20 integer instructions
+      wd[GEMM_TILE * b + j] = j < rows ? _cvtsh_ss(d[j * nb + b].x) : 0.0f;
+      wm[GEMM_TILE * b + j] = j < rows ? _cvtsh_ss(m[j * nb + b].x) : 0.0f;
+    }
+  }
+}
+
+// R activation rows times an unpacked tile: out[r * n + j] for the tile's `rows` rows j
+template <int R>
+TARGET_AVX512 void gemm_tile16(const uint8_t* wq, const float* wd, const float* wm, const ActRow* a, int64_t nb,
+                               int rows, float* out, int64_t n) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* w = wq + 64 * 8 * b;                     // the block's 8 vectors of 64 bytes
+    const __m512 d16 = _mm512_loadu_ps(wd + GEMM_TILE * b), m16 = _mm512_loadu_ps(wm + GEMM_TILE * b);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = a[r].q + BLOCK * b;
+      __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();     // two chains: q[0..15], q[16..31]
+      for (int g = 0; g < 4; ++g) {
+        int32_t x_lo, x_hi;
+        std::memcpy(&x_lo, x + 4 * g, 4);
+        std::memcpy(&x_hi, x + 16 + 4 * g, 4);
+        lo = _mm512_dpbusd_epi32(lo, _mm512_loadu_si512(w + 64 * g), _mm512_set1_epi32(x_lo));
+        hi = _mm512_dpbusd_epi32(hi, _mm512_loadu_si512(w + 64 * (4 + g)), _mm512_set1_epi32(x_hi));
+      }
+      const __m512 sums = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
+      acc[r] = _mm512_fmadd_ps(sums, _mm512_mul_ps(d16, _mm512_set1_ps(a[r].dx[b])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m16, _mm512_set1_ps(a[r].sx[b]), acc[r]);
+    }
+  }
+  const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * n, valid, acc[r]);
+}
+using GemmFn = void (*)(const uint8_t*, const float*, const float*, const ActRow*, int64_t, int, float*, int64_t);
+const GemmFn GEMM_KERNELS[MAX_ROWS] = {gemm_tile16<1>, gemm_tile16<2>, gemm_tile16<3>, gemm_tile16<4>};
 #endif  // W4A8_X86
 
 // ---- which paths this CPU runs, and the table of row kernels -----------------------------------
@@ -481,6 +568,13 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   auto result = [&] { return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type()); };
   if (M == 0 || n == 0) return result();
 
+  // many rows on a 512-bit VNNI CPU: the 16-row tiles that unpack each weight block once (above)
+#if W4A8_X86
+  const bool gemm = p == AVX512VNNI && M >= GEMM_MIN_ROWS;
+#else
+  const bool gemm = false;
+#endif
+
   // 1. quantize every activation row once (shared by all n output rows)
   std::vector<int8_t> xq(M * k);
   std::vector<float> dx(M * nb), sx(M * nb);
@@ -490,7 +584,7 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   const QuantizeBlock quantize = quantize_block;
 #endif
   for (int64_t i = 0; i < M; ++i)
-    quantize_row(x2.data_ptr<float>() + i * k, nb, GROUP_WIDTH[p], quantize, xq.data() + i * k, dx.data() + i * nb,
+    quantize_row(x2.data_ptr<float>() + i * k, nb, gemm ? 1 : GROUP_WIDTH[p], quantize, xq.data() + i * k, dx.data() + i * nb,
                  sx.data() + i * nb);
 
   // 2. output rows in parallel (torch's intra-op threads), in tiles of 4 weight rows (1 for the
@@ -504,6 +598,28 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   float* out = y.data_ptr<float>();
   // Threads split the work at whole tiles (of WEIGHT_TILE rows), so that every row is computed
   // the same way whatever the thread count: the results are bitwise identical.
+#if W4A8_X86
+  if (gemm) {
+    const int64_t tiles = (n + GEMM_TILE - 1) / GEMM_TILE;
+    at::parallel_for(0, tiles, std::max<int64_t>(1, MIN_TASK_WORK / (nb * M * GEMM_TILE)), [&](int64_t begin, int64_t end) {
+      std::vector<uint8_t> wq(nb * 8 * 64);                    // one tile unpacked, reused for every row
+      std::vector<float> wd(nb * GEMM_TILE), wm(nb * GEMM_TILE);
+      ActRow acts[MAX_ROWS];
+      for (int64_t tile = begin; tile < end; ++tile) {
+        const int64_t row = tile * GEMM_TILE;
+        const int rows = static_cast<int>(std::min<int64_t>(GEMM_TILE, n - row));
+        unpack_tile16(q + row * nb * BYTES, d + row * nb, m + row * nb, nb, rows, wq.data(), wd.data(), wm.data());
+        for (int64_t i0 = 0; i0 < M; i0 += MAX_ROWS) {
+          const int rows_x = static_cast<int>(std::min<int64_t>(MAX_ROWS, M - i0));
+          for (int r = 0; r < rows_x; ++r)
+            acts[r] = ActRow{xq.data() + (i0 + r) * k, dx.data() + (i0 + r) * nb, sx.data() + (i0 + r) * nb};
+          GEMM_KERNELS[rows_x - 1](wq.data(), wd.data(), wm.data(), acts, nb, rows, out + i0 * n + row, n);
+        }
+      }
+    });
+    return result();
+  }
+#endif
   const int64_t tiles = (n + WEIGHT_TILE - 1) / WEIGHT_TILE;
   const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / (nb * M * WEIGHT_TILE));
   const int64_t ahead = (std::max<int64_t>(1, PREFETCH_BYTES / (nb * BYTES)) + WEIGHT_TILE - 1) / WEIGHT_TILE * WEIGHT_TILE;
@@ -535,6 +651,7 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 TORCH_LIBRARY_FRAGMENT(labsupport, m) {
   m.def("w4a8_linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, str path='auto') -> Tensor");
   m.def("w4a8_paths() -> str[]", &w4a8_paths);
+  m.def("w4a8_gemm_min_rows() -> int", [] { return GEMM_MIN_ROWS; });
 }
 
 TORCH_LIBRARY_IMPL(labsupport, CPU, m) {

@@ -83,6 +83,14 @@ def supported_paths() -> tuple[str, ...]:
     return tuple(torch.ops.labsupport.w4a8_paths())
 
 
+def gemm_min_rows() -> int:
+    """From how many activation rows the avx512vnni path multiplies in 16-row weight tiles, each
+    unpacked once for all the rows (a batch, a prefill), instead of 4-row tiles unpacked per 4 rows.
+    Notebook 04 (quantization); w4a8.cpp's GEMM_MIN_ROWS says how it was chosen."""
+    _require_kernel()
+    return int(torch.ops.labsupport.w4a8_gemm_min_rows())
+
+
 # --- weights: pack our int4 groups (g = 32) into the kernel's layout ---------------------------
 
 def pack_q4_1(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor):
