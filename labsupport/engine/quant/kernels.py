@@ -368,7 +368,7 @@ def kernel_description(layer: nn.Module) -> str:
         bits = "int8" if isinstance(layer, Int8Linear) else "int4"
         if layer.kernel == "w4a8":
             path = layer.w4a8_path if layer.w4a8_path != "auto" else supported_paths()[-1]
-            tiles = f"; from {gemm_min_rows()} rows, 16-row weight tiles unpacked once" if path == "avx512vnni" else ""
+            tiles = f"; from {gemm_min_rows()} rows, weight tiles unpacked once for all rows" if path != "portable" else ""
             return (f"W4A8 kernel of our own (int4 weights x int8 activations, integer dot products, "
                     f"{path} path{tiles})")
         if layer.kernel == "reference":

@@ -30,6 +30,8 @@
 //   avx2        _mm256_maddubs_epi16 (u8 x s8 -> pairs summed in int16), _mm256_madd_epi16 (-> int32)
 //   avxvnni     _mm256_dpbusd_avx_epi32: u8 x s8, 4 products summed into int32, one instruction
 //   avx512vnni  _mm512_dpbusd_epi32: the same on 512 bits, four blocks per instruction
+// From GEMM_MIN_ROWS activation rows (a batch, a prefill) the SIMD paths multiply weight tiles of one
+// row per 32-bit lane instead, each unpacked once for all the rows ("many activation rows", below).
 // Each SIMD function carries its own __attribute__((target)), so the file builds without
 // -march flags and runs anywhere; a path runs only if __builtin_cpu_supports says the CPU has it.
 
@@ -351,36 +353,46 @@ TARGET_AVX512 void tile_avx512vnni(const WeightRow* w, const ActRow* a, int64_t 
   store_sums<W, R>(sum, w, a, nb, out, n);
 }
 
-// ---- AVX512-VNNI for many activation rows: each unpacked weight block serves every row --------
+// ---- many activation rows: each weight block unpacked once, for every row ----------------------
 // The tiles above unpack a weight row's nibbles for at most 4 activation rows, and spend 3
 // instructions on scales (convert, permute, FMA) for every 2 dot-product instructions: with many
-// rows (a batch of 8 or more, a prefill) that work, not memory, is the cost. Here a tile is 16
-// weight rows, one per 32-bit lane. `unpack_tile16` gathers it once per call into this layout:
+// rows (a batch of 12 or more, a prefill) that work, not memory, is the cost. Here a tile is one
+// weight row per 32-bit lane (16 rows in 512 bits, 8 in 256), unpacked once per call into this
+// layout (`unpack_tile`):
 //   per block b and 4-byte group g (8 of them, 32 weights): a vector whose lane j holds row j's
-//   weights 4g..4g+3 as bytes 0..15; and the 16 rows' scales d and mins m of block b as floats.
-// Then one activation row's block is 8 `dpbusd`s, each multiplying all 16 rows by 4 of its
-// bytes broadcast to every lane, and one FMA applies the 16 rows' scales at once: per block and
-// row, 8 dot products and 4 other instructions, where the tiles take 8 and 14 for 16 rows.
+//   weights 4g..4g+3 as bytes; and the tile's scales d and mins m of block b as floats.
+// Then one activation row's block is 8 dot-product instructions, each multiplying every row of the
+// tile by 4 of its bytes broadcast to every lane, and one FMA applies all the rows' scales at once.
 // The activations are read in natural order (group width 1). A row's result does not depend on
 // the batch's other rows, but it is rounded differently from the tiles' (the sums are added in
 // another order): below GEMM_MIN_ROWS rows the tiles are used, so results differ by float rounding
-// (about 1e-7 of the terms' size) between a batch of 7 rows and one of 8.
-constexpr int GEMM_TILE = 16;              // weight rows per tile: one per lane of a 512-bit vector
+// (about 1e-7 of the terms' size) between a batch of 11 rows and one of 12.
 constexpr int64_t GEMM_MIN_ROWS = 12;      // activation rows from which the unpacking pays (measured: 8 is even)
+const int GEMM_TILE[NUM_PATHS] = {0, 8, 8, 16};   // weight rows per tile, one per lane (0: no such path)
 
-// A 16 x 16 byte transpose by 4-byte columns, without gathers (slow on CPUs patched against
-// "Downfall": about 40 cycles each, measured here): load 4 rows per vector (one per 128-bit lane),
-// put each lane's column c in the lane's dwords (permute), then swap 128-bit lanes across vectors.
+// The tile's scales and mins as floats, lane order: F16C (c10::Half's own conversion is ~20
+// integer instructions); rows past n get 0, so their lanes add nothing.
+TARGET_AVX2 inline void tile_scales(const at::Half* d, const at::Half* m, int64_t nb, int64_t b, int rows, int tile,
+                                    float* wd, float* wm) {
+  for (int j = 0; j < tile; ++j) {
+    wd[tile * b + j] = j < rows ? _cvtsh_ss(d[j * nb + b].x) : 0.0f;
+    wm[tile * b + j] = j < rows ? _cvtsh_ss(m[j * nb + b].x) : 0.0f;
+  }
+}
+alignas(16) const uint8_t ZERO_BLOCK[BYTES] = {};                        // stands for the rows past n
+inline const uint8_t* tile_block(const uint8_t* q, int64_t nb, int64_t b, int j, int rows) {   // row j's block b
+  return j < rows ? q + j * nb * BYTES + BYTES * b : ZERO_BLOCK;
+}
+
+// 512 bits: a 16 x 16 byte transpose by 4-byte columns, without gathers (slow on CPUs patched
+// against "Downfall": about 40 cycles each, measured here): load 4 rows per vector (one per 128-bit
+// lane), put each lane's column c in the lane's dwords (permute), then swap 128-bit lanes across vectors.
 TARGET_AVX512 void unpack_tile16(const uint8_t* q, const at::Half* d, const at::Half* m, int64_t nb, int rows,
                                  uint8_t* wq, float* wd, float* wm) {
-  alignas(16) static const uint8_t zeros[BYTES] = {};                          // the rows past n
   const __m512i by_column = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const int64_t stride = nb * BYTES;
   for (int64_t b = 0; b < nb; ++b) {
-    auto block = [&](int j) {                                 // row j's 16 bytes of block b
-      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(j < rows ? q + j * stride + BYTES * b : zeros));
-    };
+    auto block = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(tile_block(q, nb, b, j, rows))); };
     __m512i a[4];                                             // a[t]: rows 4t..4t+3, lane i = row 4t+i
     for (int t = 0; t < 4; ++t) {
       __m512i v = _mm512_castsi128_si512(block(4 * t));
@@ -401,33 +413,76 @@ TARGET_AVX512 void unpack_tile16(const uint8_t* q, const at::Half* d, const at::
       _mm512_storeu_si512(wq + 64 * (8 * b + c), _mm512_and_si512(column[c], low4));
       _mm512_storeu_si512(wq + 64 * (8 * b + 4 + c), _mm512_and_si512(_mm512_srli_epi16(column[c], 4), low4));
     }
-    for (int j = 0; j < GEMM_TILE; ++j) {   // F16C: c10::Half's own conversion is ~20 integer instructions
-      wd[GEMM_TILE * b + j] = j < rows ? _cvtsh_ss(d[j * nb + b].x) : 0.0f;
-      wm[GEMM_TILE * b + j] = j < rows ? _cvtsh_ss(m[j * nb + b].x) : 0.0f;
-    }
+    tile_scales(d, m, nb, b, rows, 16, wd, wm);
   }
 }
 
-// R activation rows times an unpacked tile: out[r * n + j] for the tile's `rows` rows j
+// 256 bits: the 8 x 16 byte transpose, rows t and t+4 in one vector, then the in-lane 4 x 4 dword
+// transpose of unpack 32-bit then 64-bit pairs
+TARGET_AVX2 void unpack_tile8(const uint8_t* q, const at::Half* d, const at::Half* m, int64_t nb, int rows,
+                              uint8_t* wq, float* wd, float* wm) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    auto block = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(tile_block(q, nb, b, j, rows))); };
+    __m256i a[4];                                             // a[t]: row t | row t + 4
+    for (int t = 0; t < 4; ++t) a[t] = _mm256_inserti128_si256(_mm256_castsi128_si256(block(t)), block(t + 4), 1);
+    const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);   // r0c0 r1c0 r0c1 r1c1 | r4.. r5..
+    const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    const __m256i column[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),   // lane j = row j's bytes 4c..
+                               _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    for (int c = 0; c < 4; ++c) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + 32 * (8 * b + c)), _mm256_and_si256(column[c], low4));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + 32 * (8 * b + 4 + c)),
+                          _mm256_and_si256(_mm256_srli_epi16(column[c], 4), low4));
+    }
+    tile_scales(d, m, nb, b, rows, 8, wd, wm);
+  }
+}
+
+// The block's 8 groups against one activation row: group g < 4 holds low nibbles q[4g..4g+3], group
+// g >= 4 high nibbles q[16+4(g-4)..]; both meet the activation bytes x[4g..4g+3] (natural order).
+inline int32_t four_bytes(const int8_t* x) { int32_t v; std::memcpy(&v, x, 4); return v; }
+TARGET_AVX512 inline __m512i block_sums16(const uint8_t* w, const int8_t* x) {           // int32 x 16 rows
+  __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();     // two chains of 4 dependent adds
+  for (int g = 0; g < 4; ++g) {
+    lo = _mm512_dpbusd_epi32(lo, _mm512_loadu_si512(w + 64 * g), _mm512_set1_epi32(four_bytes(x + 4 * g)));
+    hi = _mm512_dpbusd_epi32(hi, _mm512_loadu_si512(w + 64 * (4 + g)), _mm512_set1_epi32(four_bytes(x + 16 + 4 * g)));
+  }
+  return _mm512_add_epi32(lo, hi);
+}
+// AVX2: pairs of u8 x s8 products summed into int16 (each at most 2 * 15 * 127; all 8 groups: 30480,
+// no overflow), then pairs of int16 into int32 by a multiply with ones
+TARGET_AVX2 inline __m256i block_sums8_avx2(const uint8_t* w, const int8_t* x) {         // int32 x 8 rows
+  __m256i sum16 = _mm256_setzero_si256();
+  for (int g = 0; g < 8; ++g)
+    sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * g)),
+                                                         _mm256_set1_epi32(four_bytes(x + 4 * g))));
+  return _mm256_madd_epi16(sum16, _mm256_set1_epi16(1));
+}
+#if W4A8_AVXVNNI
+TARGET_AVXVNNI inline __m256i block_sums8_avxvnni(const uint8_t* w, const int8_t* x) {
+  __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+  for (int g = 0; g < 4; ++g) {
+    lo = _mm256_dpbusd_avx_epi32(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * g)),
+                                 _mm256_set1_epi32(four_bytes(x + 4 * g)));
+    hi = _mm256_dpbusd_avx_epi32(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * (4 + g))),
+                                 _mm256_set1_epi32(four_bytes(x + 16 + 4 * g)));
+  }
+  return _mm256_add_epi32(lo, hi);
+}
+#endif
+
+// R activation rows times an unpacked tile: out[r * n + j] for the tile's `rows` rows j. Per block
+// and row: the block's sums, then one FMA with the rows' d times the row's dx, one with m times sx.
 template <int R>
 TARGET_AVX512 void gemm_tile16(const uint8_t* wq, const float* wd, const float* wm, const ActRow* a, int64_t nb,
                                int rows, float* out, int64_t n) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* w = wq + 64 * 8 * b;                     // the block's 8 vectors of 64 bytes
-    const __m512 d16 = _mm512_loadu_ps(wd + GEMM_TILE * b), m16 = _mm512_loadu_ps(wm + GEMM_TILE * b);
+    const __m512 d16 = _mm512_loadu_ps(wd + 16 * b), m16 = _mm512_loadu_ps(wm + 16 * b);
     for (int r = 0; r < R; ++r) {
-      const int8_t* x = a[r].q + BLOCK * b;
-      __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();     // two chains: q[0..15], q[16..31]
-      for (int g = 0; g < 4; ++g) {
-        int32_t x_lo, x_hi;
-        std::memcpy(&x_lo, x + 4 * g, 4);
-        std::memcpy(&x_hi, x + 16 + 4 * g, 4);
-        lo = _mm512_dpbusd_epi32(lo, _mm512_loadu_si512(w + 64 * g), _mm512_set1_epi32(x_lo));
-        hi = _mm512_dpbusd_epi32(hi, _mm512_loadu_si512(w + 64 * (4 + g)), _mm512_set1_epi32(x_hi));
-      }
-      const __m512 sums = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
+      const __m512 sums = _mm512_cvtepi32_ps(block_sums16(wq + 64 * 8 * b, a[r].q + BLOCK * b));
       acc[r] = _mm512_fmadd_ps(sums, _mm512_mul_ps(d16, _mm512_set1_ps(a[r].dx[b])), acc[r]);
       acc[r] = _mm512_fmadd_ps(m16, _mm512_set1_ps(a[r].sx[b]), acc[r]);
     }
@@ -435,8 +490,27 @@ TARGET_AVX512 void gemm_tile16(const uint8_t* wq, const float* wd, const float* 
   const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1);
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * n, valid, acc[r]);
 }
-using GemmFn = void (*)(const uint8_t*, const float*, const float*, const ActRow*, int64_t, int, float*, int64_t);
-const GemmFn GEMM_KERNELS[MAX_ROWS] = {gemm_tile16<1>, gemm_tile16<2>, gemm_tile16<3>, gemm_tile16<4>};
+#define W4A8_GEMM_256(NAME, TARGET, BLOCK_SUMS)                                                      \
+  template <int R>                                                                                 \
+  TARGET void NAME(const uint8_t* wq, const float* wd, const float* wm, const ActRow* a, int64_t nb, \
+                   int rows, float* out, int64_t n) {                                              \
+    __m256 acc[R];                                                                                 \
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();                                      \
+    for (int64_t b = 0; b < nb; ++b) {                                                             \
+      const __m256 d8 = _mm256_loadu_ps(wd + 8 * b), m8 = _mm256_loadu_ps(wm + 8 * b);             \
+      for (int r = 0; r < R; ++r) {                                                                \
+        const __m256 sums = _mm256_cvtepi32_ps(BLOCK_SUMS(wq + 32 * 8 * b, a[r].q + BLOCK * b));   \
+        acc[r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d8, _mm256_set1_ps(a[r].dx[b])), acc[r]);     \
+        acc[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(a[r].sx[b]), acc[r]);                          \
+      }                                                                                            \
+    }                                                                                              \
+    const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); \
+    for (int r = 0; r < R; ++r) _mm256_maskstore_ps(out + r * n, valid, acc[r]);                 \
+  }
+W4A8_GEMM_256(gemm_tile8_avx2, TARGET_AVX2, block_sums8_avx2)
+#if W4A8_AVXVNNI
+W4A8_GEMM_256(gemm_tile8_avxvnni, TARGET_AVXVNNI, block_sums8_avxvnni)
+#endif
 #endif  // W4A8_X86
 
 // ---- which paths this CPU runs, and the table of row kernels -----------------------------------
@@ -485,6 +559,22 @@ const TileFn KERNELS[NUM_PATHS][2][MAX_ROWS] = {
     {},
 #endif
 };
+
+// The many-row kernels: how each path unpacks a tile, and multiplies it by 1-4 activation rows.
+using UnpackFn = void (*)(const uint8_t*, const at::Half*, const at::Half*, int64_t, int, uint8_t*, float*, float*);
+using GemmFn = void (*)(const uint8_t*, const float*, const float*, const ActRow*, int64_t, int, float*, int64_t);
+#define W4A8_GEMMS(NAME) {NAME<1>, NAME<2>, NAME<3>, NAME<4>}
+#if W4A8_X86
+const UnpackFn UNPACK[NUM_PATHS] = {nullptr, unpack_tile8, W4A8_AVXVNNI ? unpack_tile8 : nullptr, unpack_tile16};
+const GemmFn GEMMS[NUM_PATHS][MAX_ROWS] = {
+    {}, W4A8_GEMMS(gemm_tile8_avx2),
+#if W4A8_AVXVNNI
+    W4A8_GEMMS(gemm_tile8_avxvnni),
+#else
+    {},
+#endif
+    W4A8_GEMMS(gemm_tile16)};
+#endif
 
 const std::vector<bool>& runnable() {               // computed once: the CPU does not change
   static const std::vector<bool> ok = [] {
@@ -568,9 +658,9 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   auto result = [&] { return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type()); };
   if (M == 0 || n == 0) return result();
 
-  // many rows on a 512-bit VNNI CPU: the 16-row tiles that unpack each weight block once (above)
+  // many rows on a SIMD path: the tiles that unpack each weight block once for every row (above)
 #if W4A8_X86
-  const bool gemm = p == AVX512VNNI && M >= GEMM_MIN_ROWS;
+  const bool gemm = p != PORTABLE && M >= GEMM_MIN_ROWS;
 #else
   const bool gemm = false;
 #endif
@@ -600,20 +690,21 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   // the same way whatever the thread count: the results are bitwise identical.
 #if W4A8_X86
   if (gemm) {
-    const int64_t tiles = (n + GEMM_TILE - 1) / GEMM_TILE;
-    at::parallel_for(0, tiles, std::max<int64_t>(1, MIN_TASK_WORK / (nb * M * GEMM_TILE)), [&](int64_t begin, int64_t end) {
-      std::vector<uint8_t> wq(nb * 8 * 64);                    // one tile unpacked, reused for every row
-      std::vector<float> wd(nb * GEMM_TILE), wm(nb * GEMM_TILE);
+    const int tile = GEMM_TILE[p];
+    const int64_t tiles = (n + tile - 1) / tile;
+    at::parallel_for(0, tiles, std::max<int64_t>(1, MIN_TASK_WORK / (nb * M * tile)), [&](int64_t begin, int64_t end) {
+      std::vector<uint8_t> wq(nb * BLOCK * tile);              // one tile unpacked, reused for every row
+      std::vector<float> wd(nb * tile), wm(nb * tile);
       ActRow acts[MAX_ROWS];
-      for (int64_t tile = begin; tile < end; ++tile) {
-        const int64_t row = tile * GEMM_TILE;
-        const int rows = static_cast<int>(std::min<int64_t>(GEMM_TILE, n - row));
-        unpack_tile16(q + row * nb * BYTES, d + row * nb, m + row * nb, nb, rows, wq.data(), wd.data(), wm.data());
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t row = t * tile;
+        const int rows = static_cast<int>(std::min<int64_t>(tile, n - row));
+        UNPACK[p](q + row * nb * BYTES, d + row * nb, m + row * nb, nb, rows, wq.data(), wd.data(), wm.data());
         for (int64_t i0 = 0; i0 < M; i0 += MAX_ROWS) {
           const int rows_x = static_cast<int>(std::min<int64_t>(MAX_ROWS, M - i0));
           for (int r = 0; r < rows_x; ++r)
             acts[r] = ActRow{xq.data() + (i0 + r) * k, dx.data() + (i0 + r) * nb, sx.data() + (i0 + r) * nb};
-          GEMM_KERNELS[rows_x - 1](wq.data(), wd.data(), wm.data(), acts, nb, rows, out + i0 * n + row, n);
+          GEMMS[p][rows_x - 1](wq.data(), wd.data(), wm.data(), acts, nb, rows, out + i0 * n + row, n);
         }
       }
     });

@@ -84,8 +84,9 @@ def supported_paths() -> tuple[str, ...]:
 
 
 def gemm_min_rows() -> int:
-    """From how many activation rows the avx512vnni path multiplies in 16-row weight tiles, each
-    unpacked once for all the rows (a batch, a prefill), instead of 4-row tiles unpacked per 4 rows.
+    """From how many activation rows the SIMD paths multiply in weight tiles of one row per lane
+    (16 in 512 bits, 8 in 256), each unpacked once for all the rows (a batch, a prefill), instead
+    of 4-row tiles unpacked again for every 4 activation rows; the portable path never does.
     Notebook 04 (quantization); w4a8.cpp's GEMM_MIN_ROWS says how it was chosen."""
     _require_kernel()
     return int(torch.ops.labsupport.w4a8_gemm_min_rows())
