@@ -16,6 +16,10 @@ keeps its plain-torch code as the reference and as every other path:
 * switched off: LABSUPPORT_FUSED_OPS=0, or `switched(False)` around a block of code (notebook
   00's before-and-after profile).
 
+A plain decode step goes one further: `decode_block` runs a whole Llama layer (both norms, the
+linears, the rotation, the cache write, attention for the one new row, the MLP) in one C++ call,
+where the pass is one token per row with no mask over a float32 `StaticKVCache` (issue 40).
+
 The build happens once per cache (cpp_build.py), when a model is loaded onto a CPU
 (`prepare`, called by `layout.apply_layout`, which every loader runs), never inside a forward
 pass; torch.compile traces through the ops by their fake (shape-only) implementations.
