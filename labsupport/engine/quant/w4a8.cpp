@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -356,7 +357,7 @@ TARGET_AVX512 void tile_avx512vnni(const WeightRow* w, const ActRow* a, int64_t 
 // ---- many activation rows: each weight block unpacked once, for every row ----------------------
 // The tiles above unpack a weight row's nibbles for at most 4 activation rows, and spend 3
 // instructions on scales (convert, permute, FMA) for every 2 dot-product instructions: with many
-// rows (a batch of 12 or more, a prefill) that work, not memory, is the cost. Here a tile is one
+// rows (a batch of 8 or more, a prefill) that work, not memory, is the cost. Here a tile is one
 // weight row per 32-bit lane (16 rows in 512 bits, 8 in 256), unpacked once per call into this
 // layout (`unpack_tile`):
 //   per block b and 4-byte group g (8 of them, 32 weights): a vector whose lane j holds row j's
@@ -366,8 +367,8 @@ TARGET_AVX512 void tile_avx512vnni(const WeightRow* w, const ActRow* a, int64_t 
 // The activations are read in natural order (group width 1). A row's result does not depend on
 // the batch's other rows, but it is rounded differently from the tiles' (the sums are added in
 // another order): below GEMM_MIN_ROWS rows the tiles are used, so results differ by float rounding
-// (about 1e-7 of the terms' size) between a batch of 11 rows and one of 12.
-constexpr int64_t GEMM_MIN_ROWS = 12;      // activation rows from which the unpacking pays (measured: 8 is even)
+// (about 1e-7 of the terms' size) between a batch of 7 rows and one of 8.
+constexpr int64_t GEMM_MIN_ROWS = 8;       // activation rows from which the unpacking pays (measured, README)
 const int GEMM_TILE[NUM_PATHS] = {0, 8, 8, 16};   // weight rows per tile, one per lane (0: no such path)
 
 // The tile's scales and mins as floats, lane order: F16C (c10::Half's own conversion is ~20
@@ -382,6 +383,39 @@ TARGET_AVX2 inline void tile_scales(const at::Half* d, const at::Half* m, int64_
 alignas(16) const uint8_t ZERO_BLOCK[BYTES] = {};                        // stands for the rows past n
 inline const uint8_t* tile_block(const uint8_t* q, int64_t nb, int64_t b, int j, int rows) {   // row j's block b
   return j < rows ? q + j * nb * BYTES + BYTES * b : ZERO_BLOCK;
+}
+
+// 512 bits, the scales: 16 blocks of the tile's 16 rows at a time, converted (F16C) and transposed
+// in registers, so that lane j of block b's vector is row j's scale: in each of 4 stages (s = 8, 4,
+// 2, 1) rows i and i + s swap their off-diagonal s x s blocks, one two-vector permute per row.
+TARGET_AVX512 void transpose16(__m512 (&r)[16]) {
+  for (int s = 8; s >= 1; s /= 2) {
+    alignas(64) int32_t keep[16], take[16];          // lane c of the new rows i and i + s
+    for (int c = 0; c < 16; ++c) {
+      keep[c] = c & s ? 16 + c - s : c;              // row i: its own column c, or row i+s's c - s
+      take[c] = c & s ? 16 + c : c + s;              // row i+s: its own column c, or row i's c + s
+    }
+    const __m512i to_keep = _mm512_load_si512(keep), to_take = _mm512_load_si512(take);
+    for (int i = 0; i < 16; ++i) {
+      if (i & s) continue;
+      const __m512 low = _mm512_permutex2var_ps(r[i], to_keep, r[i + s]);
+      r[i + s] = _mm512_permutex2var_ps(r[i], to_take, r[i + s]);
+      r[i] = low;
+    }
+  }
+}
+TARGET_AVX512 void tile_scales16(const at::Half* d, const at::Half* m, int64_t nb, int rows, float* wd, float* wm) {
+  int64_t b = 0;
+  for (; b + 16 <= nb; b += 16)
+    for (auto [from, to] : {std::pair{d, wd}, std::pair{m, wm}}) {
+      __m512 r[16];                                  // r[j]: row j's 16 scales; then r[c]: block b + c's 16 rows
+      for (int j = 0; j < 16; ++j)
+        r[j] = j < rows ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + j * nb + b)))
+                        : _mm512_setzero_ps();
+      transpose16(r);
+      for (int c = 0; c < 16; ++c) _mm512_storeu_ps(to + 16 * (b + c), r[c]);
+    }
+  for (; b < nb; ++b) tile_scales(d, m, nb, b, rows, 16, wd, wm);   // the last nb % 16 blocks
 }
 
 // 512 bits: a 16 x 16 byte transpose by 4-byte columns, without gathers (slow on CPUs patched
@@ -413,8 +447,35 @@ TARGET_AVX512 void unpack_tile16(const uint8_t* q, const at::Half* d, const at::
       _mm512_storeu_si512(wq + 64 * (8 * b + c), _mm512_and_si512(column[c], low4));
       _mm512_storeu_si512(wq + 64 * (8 * b + 4 + c), _mm512_and_si512(_mm512_srli_epi16(column[c], 4), low4));
     }
-    tile_scales(d, m, nb, b, rows, 16, wd, wm);
   }
+  tile_scales16(d, m, nb, rows, wd, wm);
+}
+
+// 256 bits, the scales: 8 blocks of the tile's 8 rows at a time, the classic 8 x 8 transpose
+// (interleave pairs of rows, then pairs of pairs, then swap 128-bit halves)
+TARGET_AVX2 void transpose8(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 8; i += 4)
+    for (int h = 0; h < 2; ++h) {
+      u[i + 2 * h] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      u[i + 2 * h + 1] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+TARGET_AVX2 void tile_scales8(const at::Half* d, const at::Half* m, int64_t nb, int rows, float* wd, float* wm) {
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8)
+    for (auto [from, to] : {std::pair{d, wd}, std::pair{m, wm}}) {
+      __m256 r[8];                                   // r[j]: row j's 8 scales; then r[c]: block b + c's 8 rows
+      for (int j = 0; j < 8; ++j) r[j] = j < rows ? load8_half(from + j * nb + b) : _mm256_setzero_ps();
+      transpose8(r);
+      for (int c = 0; c < 8; ++c) _mm256_storeu_ps(to + 8 * (b + c), r[c]);
+    }
+  for (; b < nb; ++b) tile_scales(d, m, nb, b, rows, 8, wd, wm);     // the last nb % 8 blocks
 }
 
 // 256 bits: the 8 x 16 byte transpose, rows t and t+4 in one vector, then the in-lane 4 x 4 dword
@@ -435,8 +496,8 @@ TARGET_AVX2 void unpack_tile8(const uint8_t* q, const at::Half* d, const at::Hal
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + 32 * (8 * b + 4 + c)),
                           _mm256_and_si256(_mm256_srli_epi16(column[c], 4), low4));
     }
-    tile_scales(d, m, nb, b, rows, 8, wd, wm);
   }
+  tile_scales8(d, m, nb, rows, wd, wm);
 }
 
 // The block's 8 groups against one activation row: group g < 4 holds low nibbles q[4g..4g+3], group
