@@ -72,7 +72,7 @@ def test_figures_compare_the_right_rows_and_say_why_one_is_missing():
 
 
 def test_the_long_prefill_figure_is_llamacpps_time_over_ours_and_absent_without_llamacpp():
-    from labsupport.bench.engines import LONG_PROMPT, _long_prefill_figures
+    from labsupport.bench.llamacpp_int4 import LONG_PROMPT, long_prefill_figures as _long_prefill_figures
     from labsupport.lab.measure import Timing
     assert _long_prefill_figures({}) == []
     quiet = {OURS_INT4: Timing([0.50, 0.51, 0.50, 0.52]), LLAMACPP: Timing([1.00, 1.01, 1.00, 1.02])}
@@ -84,7 +84,7 @@ def test_the_long_prefill_figure_is_llamacpps_time_over_ours_and_absent_without_
 
 
 def test_the_batched_figure_is_ours_over_llamacpps_decode_and_absent_without_llamacpp():
-    from labsupport.bench.engines import BATCH_ROWS, _batched_figures
+    from labsupport.bench.llamacpp_int4 import BATCH_ROWS, batched_figures as _batched_figures
     assert _batched_figures({}) == []
     row = {"decode_tokens_per_s": 300.0, "new_tokens": 64, "busy": None}
     (figure,) = _batched_figures({OURS_INT4: row, LLAMACPP: {**row, "decode_tokens_per_s": 200.0}})

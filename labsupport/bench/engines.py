@@ -20,8 +20,7 @@ engine timed in the same interleaved rounds (`measure.time_side_by_side`):
   (an optional extra: where it is missing, its row says why).
 
 Where llama.cpp runs, two more int4 figures are timed against it, side by side: the prefill of a
-512-token prompt (`LONG_PROMPT`), and the decode of `BATCH_ROWS` sequences at once (llama.cpp: one
-`llama_decode` of a token per sequence each step, `LlamaCppBatchedGreedy`), for new_tokens // 2 tokens.
+512-token prompt, and the decode of 8 sequences at once, for new_tokens // 2 tokens (`llamacpp_int4.py`).
 
 Prefill and decode are reported apart: each engine is also timed producing one token
 (its prefill), and its decode speed is (new_tokens - 1) / (whole run - prefill). A
@@ -59,23 +58,22 @@ from ..lab.quality import quantized_bytes
 from ..lab.roofs import copy_bandwidth, copy_timing
 from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
-from .llamacpp import LlamaCppBatchedGreedy, LlamaCppGreedy, llamacpp_unavailable
+from .llamacpp import LlamaCppGreedy, llamacpp_unavailable
+from .llamacpp_int4 import (LLAMACPP, OURS_INT4, batched_decode, batched_figures, long_prefill,
+                            long_prefill_figures)
 from .options import SectionOptions, count, switch
 from .peers import hf_assisted_fn, hf_early_layers_draft, hf_generate_fn, hf_static_compiled_fn
 
-OURS, OURS_COMPILED, OURS_INT4 = "labsupport fp32", "labsupport fp32, compiled", "labsupport int4 g32"
+OURS, OURS_COMPILED = "labsupport fp32", "labsupport fp32, compiled"
 OURS_INT4_ATEN, OURS_INT8 = "labsupport int4 g32, aten kernel", "labsupport int8"
 OURS_INT4_COMPILED = "labsupport int4 g32, compiled"
 HF, HF_STATIC, HF_LOOKUP, HF_ASSISTED = ("HF generate() fp32", "HF static cache + torch.compile",
                                          "HF prompt lookup", "HF assisted generation")
-LLAMACPP = "llama.cpp Q4_1 (same GGUF)"
 COPY = "memory copy"
 # One sample of the copy probe is several copies back to back. A single copy timed right after a
 # decode run spread 30-50% between repeats even on a quiet machine (issue 40), which withheld every
 # verdict as "busy"; a few copies per sample average out what the previous run left in the caches.
 COPIES_PER_SAMPLE = 4
-LONG_PROMPT = 512           # tokens of the prefill timed against llama.cpp's (issue 40)
-BATCH_ROWS = 8              # sequences of the batched int4 decode timed against llama.cpp's (issue 40)
 INT4_TARGET = 1.0           # int4 decode at least llama.cpp's on the same file and cores (issue 40; 0.8 before)
 
 
@@ -282,8 +280,8 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
                       "tokens_agreeing_with_labsupport_fp32": agree,
                       "compile_s": compile_s.get(name), "kernel": kernels.get(name),
                       "decode_paths": sorted(paths.get(name, ()))}
-    long_prefill = _long_prefill(ctx, ids, repeats) if LLAMACPP in rows else {}
-    batched = _batched_decode(ctx, ids, max(2, new_tokens // 2), repeats) if LLAMACPP in rows else {}
+    long = long_prefill(ctx, ids, repeats) if LLAMACPP in rows else {}
+    batched = batched_decode(ctx, ids, max(2, new_tokens // 2), repeats) if LLAMACPP in rows else {}
     if LLAMACPP in rows:                 # the same Q4_1 weights: how long do the two int4 engines agree?
         rows[LLAMACPP]["tokens_agreeing_with_labsupport_int4"] = next(
             (i for i, (a, b) in enumerate(zip(outputs[LLAMACPP], outputs[OURS_INT4])) if a != b),
@@ -293,73 +291,8 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
             "kv_cache_bytes_per_step_mean": kv_bytes, "rows": rows, "absent": absent,
             "timings_s": {k: v.to_dict() for k, v in whole.items()},
             "prefill_timings_s": {k: v.to_dict() for k, v in first.items()},
-            "long_prefill_s": {k: v.to_dict() for k, v in long_prefill.items()}, "batched_decode": batched,
-            "figures": _figures(rows, absent, busy, ctx.device) + _long_prefill_figures(long_prefill)
-                       + _batched_figures(batched)}
-
-
-def _long_prefill(ctx: BenchContext, ids: list[int], repeats: int) -> dict:
-    """The int4 prefill of a LONG_PROMPT-token prompt (the course's prompt repeated), ours and
-    llama.cpp's on the same file and threads, side by side: name -> Timing. Issue 40: a prefill
-    multiplies many rows by each weight, where a kernel that reuses each unpacked block gains."""
-    long_ids = (ids * (LONG_PROMPT // len(ids) + 1))[:LONG_PROMPT]
-    int4 = ctx.variants.get("float32", "int4", group_size=32)
-    peer = LlamaCppGreedy(find_gguf(), threads=torch.get_num_threads(), context=LONG_PROMPT + 8)
-    return time_side_by_side({OURS_INT4: lambda: generate(int4, long_ids, 1, eos_token_ids=()),
-                              LLAMACPP: lambda: peer.prefill(long_ids)}, ctx.device, warmup=1, repeats=repeats)
-
-
-def _batched_decode(ctx: BenchContext, ids: list[int], new_tokens: int, repeats: int) -> dict:
-    """int4 decode of BATCH_ROWS copies of the prompt at once, ours and llama.cpp's on the same file
-    and threads, side by side (whole runs and first tokens, interleaved): name -> its decode tokens/s
-    over all rows, its timings, and whether its rows agree with its own batch-1 tokens. Issue 40."""
-    int4 = ctx.variants.get("float32", "int4", group_size=32)
-    peer = LlamaCppBatchedGreedy(find_gguf(), BATCH_ROWS, threads=torch.get_num_threads(), context=len(ids) + new_tokens + 8)
-    batch = torch.tensor([ids] * BATCH_ROWS)                                   # (rows, T)
-    outputs = {}
-
-    def ours(n):
-        outputs[OURS_INT4] = generate(int4, batch, n, eos_token_ids=()).tokens.tolist()
-
-    def theirs(n):
-        outputs[LLAMACPP] = peer.generate(ids, n)
-
-    try:
-        runs = {OURS_INT4: ours, LLAMACPP: theirs}
-        whole = time_side_by_side({k: (lambda f=f: f(new_tokens)) for k, f in runs.items()}, ctx.device,
-                                  warmup=1, repeats=repeats)
-        first = time_side_by_side({k: (lambda f=f: f(1)) for k, f in runs.items()}, ctx.device,
-                                  warmup=1, repeats=repeats)
-        for name, f in runs.items():
-            f(new_tokens)                                                        # the tokens, for the agreement
-        busy = busy_reason(whole) or busy_reason(first)
-    finally:
-        peer.close()
-    return {name: {"decode_tokens_per_s": BATCH_ROWS * (new_tokens - 1) / max(whole[name].median - first[name].median, 1e-9),
-                   "rows": BATCH_ROWS, "new_tokens": new_tokens, "busy": busy,
-                   "rows_alike": all(row == outputs[name][0] for row in outputs[name]),
-                   "timings_s": whole[name].to_dict(), "first_token_s": first[name].to_dict()} for name in runs}
-
-
-def _batched_figures(batched: dict) -> list[dict]:
-    """Ours / llama.cpp's decode speed at BATCH_ROWS rows (none where llama.cpp is absent)."""
-    if not batched:
-        return []
-    ours, theirs = batched[OURS_INT4], batched[LLAMACPP]
-    return [reported(f"{OURS_INT4} / {LLAMACPP} (decode of {BATCH_ROWS} rows at once, tokens/s)",
-                     ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"], "x", busy=ours["busy"],
-                     note=f"{ours['decode_tokens_per_s']:.0f} vs {theirs['decode_tokens_per_s']:.0f} tokens/s over "
-                          f"{BATCH_ROWS} rows, {ours['new_tokens']} tokens each")]
-
-
-def _long_prefill_figures(timings: dict) -> list[dict]:
-    """Ours / llama.cpp's prefill speed on LONG_PROMPT tokens (none where llama.cpp is absent)."""
-    if not timings:
-        return []
-    ours, theirs = timings[OURS_INT4].median, timings[LLAMACPP].median
-    return [reported(f"{OURS_INT4} / {LLAMACPP} (prefill of {LONG_PROMPT} tokens, tokens/s)", theirs / ours, "x",
-                     busy=busy_reason(timings),
-                     note=f"{LONG_PROMPT / ours:.0f} vs {LONG_PROMPT / theirs:.0f} prompt tokens/s")]
+            "long_prefill_s": {k: v.to_dict() for k, v in long.items()}, "batched_decode": batched,
+            "figures": _figures(rows, absent, busy, ctx.device) + long_prefill_figures(long) + batched_figures(batched)}
 
 
 def _ratio_figure(rows: dict, absent: dict, ours: str, theirs: str, key: str, target: float,
