@@ -293,3 +293,18 @@ def test_the_path_follows_the_forced_one_then_torchs_own_cap(monkeypatch):
     assert w4a8.default_path() == "portable"
     monkeypatch.setenv("LABSUPPORT_W4A8_PATH", "avxvnni")         # the course's own switch wins
     assert w4a8.default_path() == "avxvnni"
+
+
+def test_the_portable_only_build_compiles(kernel):
+    """What an Arm CPU or Apple silicon builds: the x86 paths compiled out (W4A8_PORTABLE_ONLY), so
+    nothing the portable build needs may live inside them (a constant once did). Syntax only."""
+    import subprocess
+    import sysconfig
+    from torch.utils import cpp_extension
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler here")
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    result = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "-DW4A8_PORTABLE_ONLY",
+                             *(f"-I{p}" for p in includes), str(w4a8.SOURCE)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]

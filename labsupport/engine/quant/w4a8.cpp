@@ -48,7 +48,8 @@
 #include <utility>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// W4A8_PORTABLE_ONLY builds what an Arm CPU gets (the portable loop only): a test compiles it so
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(W4A8_PORTABLE_ONLY)
 #define W4A8_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
@@ -68,8 +69,10 @@ constexpr int64_t BLOCK = 32;           // input features per block (Q4_1 weight
 constexpr int64_t BYTES = BLOCK / 2;    // packed weight bytes per block
 constexpr int MAX_ROWS = 4;             // activation rows computed together (the batch tile)
 constexpr int WEIGHT_TILE = 4;          // weight rows computed together
+constexpr int64_t GEMM_MIN_ROWS = 8;    // from this many activation rows: one weight row per lane (below, README)
 
 enum Path { PORTABLE, AVX2, AVXVNNI, AVX512VNNI, NUM_PATHS };
+const int GEMM_TILE[NUM_PATHS] = {0, 8, 8, 16};   // weight rows per such tile (0: the path has none)
 const char* const PATH_NAMES[NUM_PATHS] = {"portable", "avx2", "avxvnni", "avx512vnni"};
 const int GROUP_WIDTH[NUM_PATHS] = {1, 2, 2, 4};   // blocks per activation group (layout above)
 
@@ -368,8 +371,6 @@ TARGET_AVX512 void tile_avx512vnni(const WeightRow* w, const ActRow* a, int64_t 
 // the batch's other rows, but it is rounded differently from the tiles' (the sums are added in
 // another order): below GEMM_MIN_ROWS rows the tiles are used, so results differ by float rounding
 // (about 1e-7 of the terms' size) between a batch of 7 rows and one of 8.
-constexpr int64_t GEMM_MIN_ROWS = 8;       // activation rows from which the unpacking pays (measured, README)
-const int GEMM_TILE[NUM_PATHS] = {0, 8, 8, 16};   // weight rows per tile, one per lane (0: no such path)
 
 // The tile's scales and mins as floats, lane order: F16C (c10::Half's own conversion is ~20
 // integer instructions); rows past n get 0, so their lanes add nothing.
