@@ -298,6 +298,7 @@ def test_the_path_follows_the_forced_one_then_torchs_own_cap(monkeypatch):
 def test_the_portable_only_build_compiles(kernel):
     """What an Arm CPU or Apple silicon builds: the x86 paths compiled out (W4A8_PORTABLE_ONLY), so
     nothing the portable build needs may live inside them (a constant once did). Syntax only."""
+    import inspect
     import subprocess
     import sysconfig
     from torch.utils import cpp_extension
@@ -305,6 +306,8 @@ def test_the_portable_only_build_compiles(kernel):
     if compiler is None:
         pytest.skip("no C++ compiler here")
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
-    result = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "-DW4A8_PORTABLE_ONLY",
+    # the C++ standard this torch builds extensions with (c++17 up to some releases, c++20 since)
+    standard = max(re.findall(r"-std=c\+\+(\d+)", inspect.getsource(cpp_extension)), key=int, default="17")
+    result = subprocess.run([compiler, f"-std=c++{standard}", "-fsyntax-only", "-DW4A8_PORTABLE_ONLY",
                              *(f"-I{p}" for p in includes), str(w4a8.SOURCE)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -48,7 +48,7 @@
 #include <utility>
 #include <vector>
 
-// W4A8_PORTABLE_ONLY builds what an Arm CPU gets (the portable loop only): a test compiles it so
+// W4A8_PORTABLE_ONLY compiles the x86 paths out, as on an Arm CPU (a test builds it that way)
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(W4A8_PORTABLE_ONLY)
 #define W4A8_X86 1
 #include <cpuid.h>
