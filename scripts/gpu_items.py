@@ -43,6 +43,17 @@ def machine() -> dict:
     return info
 
 
+def build_cpu_kernels() -> dict:
+    """Build (or load from the kernel cache) the C++ CPU kernels a rehearsal runs: the fused norm,
+    rotary and SwiGLU ops and the W4A8 int4 kernel. Each one's status (None: loaded, else why not)
+    and the seconds the whole took, so that no item's cap pays for a cold build."""
+    from labsupport.engine.models import fused
+    from labsupport.engine.quant.w4a8 import w4a8_unavailable
+    start = time.perf_counter()
+    statuses = {"fused": fused.unavailable(), "w4a8": w4a8_unavailable()}
+    return {"status": statuses, "seconds": round(time.perf_counter() - start, 1)}
+
+
 def random_weights(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Transformer:
     """A model of `config`'s shapes with seeded random weights, built on `device` directly (a 1.7B
     model made on the host and copied over would take a minute of the budget). Std 0.02, norms 1."""

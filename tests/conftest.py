@@ -114,3 +114,11 @@ def fresh_tiny_llama():
     """A new "tiny-llama" (seed 0, float32, CPU) for each test (function scope): for a
     test that changes the model in place, even when it undoes the change."""
     return _tiny("tiny-llama")
+
+
+@pytest.fixture
+def guard_writes(monkeypatch):
+    """Every paged write fails if it touches a block the prefix cache holds; append each engine
+    to watch to the list this yields (tests/serving_reference.py: `watch_shared_writes`)."""
+    from serving_reference import watch_shared_writes
+    return watch_shared_writes(monkeypatch)

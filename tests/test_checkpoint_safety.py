@@ -20,6 +20,8 @@ from labsupport.weights.loading import load_model
 from labsupport.weights.fixtures import random_model
 from labsupport.weights.hf_import import from_hf
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 TOKENS = torch.randint(0, 300, (2, 13), generator=torch.Generator().manual_seed(1))
 
 

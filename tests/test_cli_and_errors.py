@@ -121,12 +121,14 @@ def test_an_output_that_cannot_be_written_is_refused_before_measuring(command, t
     assert require_writable(writable) == writable and not writable.exists() and writable.parent.is_dir()
 
 
+@pytest.mark.platform
 def test_dtype_the_device_cannot_run(monkeypatch):
     with pytest.raises(UnsupportedDtype) as err:
         load_model("tiny-llama", device="cpu", dtype=torch.int8)
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.platform
 def test_bf16_on_a_cpu_without_bf16_instructions_loads_emulated(monkeypatch):
     from labsupport.engine import hardware
     monkeypatch.setenv(hardware.NO_BF16_SWITCH, "1")

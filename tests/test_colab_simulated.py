@@ -20,6 +20,8 @@ from labsupport.lab.workloads import PRESETS, preset
 
 from simulated_gpu import GPUS, simulated
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 

@@ -18,6 +18,8 @@ from labsupport.engine.kv_quant import Int8KVCache
 from labsupport.errors import LabError
 from labsupport.weights.fixtures import lively_model
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 
 

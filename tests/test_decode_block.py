@@ -20,6 +20,8 @@ from labsupport.engine.quant import quantize_model
 from labsupport.engine.quant.w4a8 import w4a8_unavailable
 from labsupport.weights.fixtures import random_model
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 # odd shapes: grouped heads (3 per kv head), one kv head, no grouping; head sizes 20 and 24
 # (not multiples of the 8 running sums of its dot product), hidden sizes that are whole W4A8 blocks
 SHAPES = {

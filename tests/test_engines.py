@@ -16,6 +16,8 @@ from labsupport.bench.llamacpp import LlamaCppGreedy, llamacpp_unavailable
 from labsupport.bench.peers import hf_early_layers_draft
 from labsupport.errors import LabError
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 HAS_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
 
 

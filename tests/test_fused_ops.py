@@ -12,6 +12,8 @@ from labsupport.engine.generation import generate
 from labsupport.engine.models import fused
 from labsupport.engine.models.transformer import RMSNorm, rotate_queries_and_keys
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

@@ -10,6 +10,8 @@ from labsupport.weights.chat import chat_prompt
 from labsupport.engine.kv_cache import KVCache, KVWriter, StaticKVCache, kv_cache_bytes
 from labsupport.engine.sampling import SamplingConfig, probabilities, sample
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 
 

@@ -7,7 +7,7 @@ from labsupport.engine.generation import generate
 from labsupport.weights.loading import load_model
 from labsupport.weights.fixtures import random_model
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.platform]
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 
 

@@ -19,6 +19,8 @@ from labsupport.lab import measure
 from labsupport.lab.measure import HF_GRAPHED, NOT_GRAPHED, mark_graphed, require_graphed, timed_compile
 from simulated_gpu import GPUS, simulated
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 
 

@@ -23,6 +23,8 @@ from labsupport.lab.workloads import PRESETS, device_class, preset
 
 from simulated_gpu import GPUS, simulated
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 CUDA = torch.device("cuda")
 
 

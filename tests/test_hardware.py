@@ -11,6 +11,8 @@ from labsupport.lab.roofs import HardwareProfile, measure_bandwidth, measure_mat
 from labsupport.engine.hardware import (bf16_supported, require_usable_dtype, device_name, fp16_fast,
                                         pick_device, pick_dtype, synchronize)
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 
 @pytest.fixture
 def no_gpu(monkeypatch):

@@ -17,6 +17,8 @@ from labsupport.errors import LabError
 from paged_rows import PagedRows
 from labsupport.weights.fixtures import random_model
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 PROMPT = [5, 17, 42, 99, 3]
 
 

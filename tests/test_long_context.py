@@ -17,6 +17,8 @@ from labsupport.engine.models.masks import causal_mask, fixed_decode_mask
 from labsupport.lab.prefill_attention import (fused_attention, naive_attention, naive_attention_bytes,
                                               prefill_attention_sweep)
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 SMOLLM = PRESETS["smollm2-135m"]
 TOKENS = [(7 * i + 3) % 250 for i in range(60)]
 

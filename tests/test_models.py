@@ -10,6 +10,8 @@ from labsupport.weights.loading import load_model
 from labsupport.weights.fixtures import random_model
 from labsupport.weights.hf_import import from_hf
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 
 def tiny_hf_llama(tie=True):
     torch.manual_seed(0)

@@ -15,15 +15,12 @@ from labsupport.engine.config import PRESETS
 from labsupport.engine.serving import Engine, Request, prefix_cache
 from labsupport.engine.serving.model_runner import ModelRunner
 from labsupport.lab.long_context import window_cache_bytes
-from test_serving_prefix import guard_writes  # noqa: F401  (a fixture)
+from serving_reference import alone, counting_forward, step_tokens
+
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 BF16_SMALLEST = 2.0 ** -133                      # the smallest positive bfloat16 (a subnormal)
-
-
-def alone(model, request):
-    return generate(model, request.prompt, request.max_new_tokens, sampling=request.sampling,
-                    eos_token_ids=request.eos_token_ids).row(0)
 
 
 # --- item 4: every finite key stays finite through the int8 cache, within the int8 bound -----
@@ -140,22 +137,6 @@ def test_a_forced_hash_collision_gives_the_colliding_prompt_its_own_keys(tiny_mo
 
 # --- item 7: under a token budget no step computes more tokens than the budget ---------------
 
-def counting_forward(monkeypatch):
-    """Patch ModelRunner.forward to record the tokens each pass computes (rows' chunks + padding rows)."""
-    computed, original = [], ModelRunner.forward
-
-    def forward(self, seqs, chunks, padding_rows=0):
-        computed.append(sum(chunks) + padding_rows)
-        return original(self, seqs, chunks, padding_rows)
-
-    monkeypatch.setattr(ModelRunner, "forward", forward)
-    return computed
-
-
-def step_tokens(step):
-    return step.decode_rows + step.prefill_tokens + step.padding_rows
-
-
 def test_static_batching_under_a_budget_of_5_computes_at_most_5_tokens(tiny_llama, monkeypatch):
     computed = counting_forward(monkeypatch)
     requests = [Request(list(range(1, 1 + n)), max_new_tokens=3, request_id=i) for i, n in enumerate([2, 9, 4])]
@@ -167,38 +148,6 @@ def test_static_batching_under_a_budget_of_5_computes_at_most_5_tokens(tiny_llam
     # padding rows are members that finished and keep their slot, never members still prefilling
     for step in result.steps:
         assert step.padding_rows == 0 or step.decode_rows > 0
-
-
-def random_setting(rng: random.Random, policies):
-    slots = rng.randint(1, 4)
-    block_size = rng.choice([2, 4])
-    head = [rng.randrange(256) for _ in range(rng.choice([0, 0, 5, 9]))]     # a shared system prompt, or none
-    prompts = [head + [rng.randrange(256) for _ in range(rng.randint(1, 16))] for _ in range(rng.randint(1, 7))]
-    requests = [Request(p, max_new_tokens=rng.randint(1, 8), arrival=rng.choice([0, 0, 1, 3, 6]), request_id=i)
-                for i, p in enumerate(prompts)]
-    longest = max(r.max_length for r in requests)
-    return requests, dict(max_slots=slots, policy=rng.choice(policies), block_size=block_size,
-                          token_budget=rng.randint(slots, slots + 10),
-                          cache_tokens=rng.choice([None, longest, longest, longest + block_size]),
-                          prefix_caching=rng.choice([False, True]))
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_no_step_computes_more_than_its_budget_and_every_request_gets_its_tokens_alone(
-        tiny_model_f64, monkeypatch, guard_writes, seed):
-    """Random policies (the two named ones and two custom ones), slots, budgets, block sizes,
-    prompt lengths, arrivals, cache sizes (tight ones preempt) and prefix caching."""
-    from test_serving_policies import DrainThenRefill, ShortestPromptFirst
-    requests, setting = random_setting(random.Random(seed), ["static", "continuous", "static", DrainThenRefill(),
-                                                             ShortestPromptFirst()])
-    computed = counting_forward(monkeypatch)
-    engine = Engine(tiny_model_f64, **setting)
-    guard_writes.append(engine)                                        # shared blocks are never written
-    result = engine.run(requests, clock="steps")
-    assert computed == [step_tokens(s) for s in result.steps], setting
-    assert max(computed) <= setting["token_budget"], setting
-    assert result.tokens() == {r.request_id: alone(tiny_model_f64, r) for r in requests}, setting
-    engine.blocks.assert_no_leaks()
 
 
 # --- item 8: Int8KVCache's sizes and device get one sentence -------------------------------

@@ -12,6 +12,8 @@ from labsupport.lab.precision import (as_dtype, autocast_logits, bf16_report, fi
                                       logit_agreement, overflow_demo, parameter_bytes)
 from labsupport.engine.precision import cast_model, tensor_bytes
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 
 def test_half_precision_halves_the_tensors():
     model = random_model("tiny-llama")

@@ -19,6 +19,8 @@ from labsupport.engine.quant import (Int4Linear, Int8Linear, dequantize_int4, de
 from labsupport.lab.quant_error import weight_error_stats
 from labsupport.lab.quality import perplexity, quantized_bytes, top1_agreement
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 
 def _weight(out_features=96, in_features=128, seed=0):
     generator = torch.Generator().manual_seed(seed)

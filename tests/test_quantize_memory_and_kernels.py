@@ -12,6 +12,8 @@ from labsupport.lab.quant_error import weight_error_stats
 from labsupport.engine.quant.w4a8 import w4a8_unavailable
 from labsupport.lab.quality import quantized_bytes, resident_bytes
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 
 def test_odd_widths_pack_with_a_zero_nibble_and_unpack_to_their_length():
     q = torch.tensor([[3, 12, 9], [15, 0, 1]], dtype=torch.uint8)

@@ -23,9 +23,11 @@ from labsupport.engine.sampling import GREEDY, SamplingConfig  # noqa: E402
 from labsupport.errors import LabError  # noqa: E402
 from labsupport.serve import BackgroundServer, create_app, is_loopback  # noqa: E402
 from labsupport.weights.fixtures import ByteTokenizer, random_model  # noqa: E402
+from serving_reference import alone_text  # noqa: E402
 
 NAME = "tiny-llama"
 TIMEOUT = 30
+EOS = (257,)                    # the byte tokenizer's end token, which the served model stops at
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +47,6 @@ def served(model):
 def client(server, cls=None):
     cls = cls or openai.OpenAI
     return cls(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT)
-
-
-def alone(model, prompt: str, max_tokens: int, sampling=GREEDY, eos=(257,)) -> list[int]:
-    return generate(model, ByteTokenizer().encode(prompt), max_tokens, sampling=sampling, eos_token_ids=eos).row(0)
 
 
 def wait_idle(app, timeout=TIMEOUT):
@@ -95,7 +93,7 @@ def test_every_answer_equals_generate_alone_streamed_or_not_concurrent(served, m
     for case, (ids, text, reason, use) in zip(CASES, asyncio.run(asyncio.wait_for(everyone(), TIMEOUT))):
         prompt, max_tokens, temperature, top_p, seed, _ = case
         sampling = SamplingConfig(temperature, top_p=top_p if top_p < 1 else None, seed=seed) if temperature else GREEDY
-        assert ids == alone(model, prompt, max_tokens, sampling, eos=()), case
+        assert ids == alone_text(model, prompt, max_tokens, sampling, eos=()), case
         assert text == ByteTokenizer().decode(ids) and reason == "length"
         assert (use.prompt_tokens, use.completion_tokens) == (len(prompt.encode()), max_tokens)
     wait_idle(served.app)
@@ -109,20 +107,20 @@ def test_chat_applies_the_template_and_stops_at_the_end_token(served, model):
                                       temperature=1.0, seed=2, max_tokens=40, extra_body={"return_token_ids": True})
     tok = ByteTokenizer()
     prompt = "Be brief.\n\nHi!"               # no chat template: the system message goes first, never dropped
-    expected = alone(model, prompt, 40, SamplingConfig(1.0, seed=2))
+    expected = alone_text(model, prompt, 40, SamplingConfig(1.0, seed=2), eos=EOS)
     assert out.choices[0].token_ids == expected and out.choices[0].message.role == "assistant"
     assert out.choices[0].finish_reason == ("stop" if expected[-1] == 257 else "length")
     assert out.usage.prompt_tokens == len(tok.encode(prompt))
     chunks = list(api.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi!"}],
                                               max_tokens=5, temperature=0, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "length"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == tok.decode(alone(model, "Hi!", 5))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == tok.decode(alone_text(model, "Hi!", 5, eos=EOS))
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_stop_string_ends_the_text_before_it(served, model, stream):
     sampling = SamplingConfig(1.0, seed=1)
-    full = ByteTokenizer().decode(alone(model, "Stop", 30, sampling, eos=()))
+    full = ByteTokenizer().decode(alone_text(model, "Stop", 30, sampling, eos=()))
     stop = "GX"                                           # inside this seeded answer, past its start
     assert full.index(stop) > 3
     api = client(served)
@@ -194,7 +192,7 @@ def test_malformed_json_and_the_sdk_error_types_and_the_engine_still_serves(serv
     assert httpx.get(served.url + "/health", timeout=TIMEOUT).json() == {"status": "ok"}
     out = api.completions.create(model=NAME, prompt="still here", max_tokens=4, temperature=0,
                                  extra_body={"return_token_ids": True})
-    assert out.choices[0].token_ids == alone(model, "still here", 4)
+    assert out.choices[0].token_ids == alone_text(model, "still here", 4, eos=EOS)
 
 
 def _spy_on_aborts(app, monkeypatch) -> list:
@@ -246,7 +244,7 @@ def test_a_burst_over_the_limit_gets_429s_and_the_rest_are_served(served, model)
     assert refused[0].status_code == 429 and refused[0].response.headers["retry-after"] == "1"
     assert refused[0].body["code"] == "rate_limit_exceeded" and "busy" in refused[0].body["message"]
     for i, ids in served_ok:
-        assert ids == alone(model, f"burst {i}", 30, eos=())
+        assert ids == alone_text(model, f"burst {i}", 30, eos=())
     wait_idle(served.app)
     served.app.state.engine.blocks.assert_no_leaks()
 
@@ -258,7 +256,7 @@ def test_a_slow_client_gets_every_token_and_leaks_nothing(served, model):
                                         extra_body={"ignore_eos": True, "return_token_ids": True}):
         got += chunk.choices[0].token_ids
         time.sleep(0.05)                                  # the engine finishes long before the client reads
-    assert got == alone(model, "slow", 12, eos=())
+    assert got == alone_text(model, "slow", 12, eos=())
     wait_idle(served.app)
     served.app.state.engine.blocks.assert_no_leaks()
 

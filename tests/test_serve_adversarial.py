@@ -29,6 +29,7 @@ from labsupport.errors import LabError  # noqa: E402
 from labsupport.serve import BackgroundServer, create_app  # noqa: E402
 from labsupport.serve.text import TextStream  # noqa: E402
 from labsupport.weights.fixtures import ByteTokenizer, random_model  # noqa: E402
+from serving_reference import alone_text  # noqa: E402
 
 NAME = "tiny-llama"
 TIMEOUT = 30
@@ -52,16 +53,12 @@ def client(server, cls=None):
     return (cls or openai.OpenAI)(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT)
 
 
-def alone(model, prompt: str, max_tokens: int, sampling=GREEDY) -> list[int]:
-    return generate(model, ByteTokenizer().encode(prompt), max_tokens, sampling=sampling, eos_token_ids=()).row(0)
-
-
 def still_serving(server, model):
     """/health is 200 and a full-length greedy request gets every token it asked for."""
     assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 200
     out = client(server).completions.create(model=NAME, prompt="after", max_tokens=LENGTH, temperature=0,
                                             extra_body={"ignore_eos": True, "return_token_ids": True})
-    assert out.choices[0].token_ids == alone(model, "after", LENGTH) and out.choices[0].finish_reason == "length"
+    assert out.choices[0].token_ids == alone_text(model, "after", LENGTH) and out.choices[0].finish_reason == "length"
     deadline = time.monotonic() + TIMEOUT
     while server.app.state.engine.has_work or server.app.state.server.in_flight:
         assert time.monotonic() < deadline, "the engine is stuck with work"
@@ -99,7 +96,7 @@ def test_every_extreme_sampling_value_is_served_and_the_engine_lives(served, mod
             ids = api.completions.create(**kwargs).choices[0].token_ids
         assert len(ids) == LENGTH, fields
         if fields["temperature"] < 1e-5 or fields.get("top_p", 1) < 1e-20 or fields.get("top_k") == 1:
-            assert ids == alone(model, "edge", LENGTH), fields           # all of these are the argmax
+            assert ids == alone_text(model, "edge", LENGTH), fields           # all of these are the argmax
     still_serving(served, model)
 
 
@@ -175,7 +172,7 @@ def test_a_request_whose_processing_raises_ends_alone(served, model, monkeypatch
         return await asyncio.gather(victim(), bystander())
 
     (status, message), ids = asyncio.run(asyncio.wait_for(both(), TIMEOUT))
-    assert ids == alone(model, "fine", 20, sampled)
+    assert ids == alone_text(model, "fine", 20, sampled)
     if stream:
         assert status == 200 and b'"type": "server_error"' in message and message.endswith(b"data: [DONE]\n\n")
         message = message.decode()
@@ -259,7 +256,7 @@ def test_usage_on_every_chunk_and_any_number_of_stop_strings(served, model):
     with_choices = [c for c in chunks if c.choices]
     assert [c.usage.completion_tokens for c in with_choices] == list(range(1, 7))
     assert all(c.usage.prompt_tokens == 5 for c in chunks) and chunks[-1].usage.total_tokens == 11
-    assert "".join(c.choices[0].text for c in with_choices) == ByteTokenizer().decode(alone(model, "count", 6))
+    assert "".join(c.choices[0].text for c in with_choices) == ByteTokenizer().decode(alone_text(model, "count", 6))
 
 
 def test_a_very_long_stop_string_is_checked_in_linear_time(served, model):
@@ -277,7 +274,7 @@ def test_a_very_long_stop_string_is_checked_in_linear_time(served, model):
     assert stream.stopped and stream.sent == "ab" * 300
     out = client(served).completions.create(model=NAME, prompt="long", max_tokens=LENGTH, temperature=0,
                                             stop=[long_stop], extra_body={"ignore_eos": True})
-    assert out.choices[0].text == ByteTokenizer().decode(alone(model, "long", LENGTH))
+    assert out.choices[0].text == ByteTokenizer().decode(alone_text(model, "long", LENGTH))
 
 
 def test_the_tokenizer_routes_are_shaped_as_vllm_shapes_them(served, model):
@@ -304,7 +301,7 @@ def test_a_system_message_without_a_chat_template_is_used_and_counted(served, mo
         model=NAME, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
         max_tokens=4, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
     assert out.usage.prompt_tokens == len("Be brief.\n\nHi")
-    assert out.choices[0].token_ids == alone(model, "Be brief.\n\nHi", 4)
+    assert out.choices[0].token_ids == alone_text(model, "Be brief.\n\nHi", 4)
 
 
 def test_the_engine_ends_only_the_request_whose_callback_raises(model):

@@ -15,16 +15,7 @@ from labsupport.engine.serving import Engine, Request, Status
 from labsupport.errors import LabError
 from labsupport.lab.serving_metrics import summarize
 from labsupport.lab.serving_workload import make_workload
-
-
-def prompts(n=6, seed=0, vocab=256):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in [5, 9, 3, 12, 7, 4, 10, 6][:n]]
-
-
-def alone(model, request):
-    return generate(model, request.prompt, request.max_new_tokens, sampling=request.sampling,
-                    eos_token_ids=request.eos_token_ids).row(0)
+from serving_reference import alone, prompts
 
 
 @pytest.mark.parametrize("prefix_caching", [False, True])

@@ -15,6 +15,8 @@ from labsupport.lab import served_quality as sq
 from labsupport.serve import BackgroundServer, create_app
 from labsupport.weights.fixtures import ByteTokenizer, random_model
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 NAME = "tiny-llama"
 EVAL = list(b"The quick brown fox jumps over the lazy dog, twice over.")
 

@@ -22,17 +22,7 @@ from paged_rows import PagedRows
 from labsupport.engine.serving.model_runner import ModelRunner
 from labsupport.engine.speculative import Draft, speculative_generate
 from labsupport.lab.serving_workload import arrival_times, output_lengths
-
-
-def prompts(n=6, seed=0, vocab=256):
-    g = torch.Generator().manual_seed(seed)
-    lengths = [5, 9, 3, 12, 7, 4, 10, 6][:n]
-    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths]
-
-
-def alone(model, request):
-    return generate(model, request.prompt, request.max_new_tokens, sampling=request.sampling,
-                    eos_token_ids=request.eos_token_ids).row(0)
+from serving_reference import alone, prompts
 
 
 # --- the paged cache ----------------------------------------------------------------
@@ -130,20 +120,6 @@ def test_speculative_decoding_rolls_the_paged_cache_back(tiny_model_f64):
 
 
 # --- the engine: same tokens as alone, both policies, with preemption ------------------
-
-@pytest.mark.parametrize("policy", ["static", "continuous"])
-@pytest.mark.parametrize("cache_tokens", [None, 48])
-def test_every_request_gets_its_tokens_alone(tiny_model_f64, policy, cache_tokens):
-    requests = make_workload(prompts(), count=10, rate=0.5, median_new_tokens=10, max_new_tokens=30, seed=3)
-    engine = Engine(tiny_model_f64, max_slots=4, policy=policy, block_size=4, cache_tokens=cache_tokens)
-    result = engine.run(requests, clock="steps")
-    assert not result.rejected
-    for request, seq in zip(requests, result.sequences):
-        assert seq.output == alone(tiny_model_f64, request), request.request_id
-    engine.blocks.assert_no_leaks()
-    if cache_tokens is not None and policy == "continuous":
-        assert summarize(result)["preemptions"] > 0          # the small cache forced preemptions
-
 
 def test_policies_are_objects_and_a_new_one_is_a_small_subclass(tiny_model_f64):
     """The names still work; a Policy object gives the same schedule; a custom policy

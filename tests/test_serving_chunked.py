@@ -15,16 +15,9 @@ from labsupport.engine.serving import (BlockManager, Engine, PagedKVCache, Reque
 from labsupport.lab.serving_workload import make_workload
 from labsupport.engine.serving.model_runner import ModelRunner
 from labsupport.lab.serving_metrics import summarize
+from serving_reference import alone, prompts
 
-
-def prompts(n=8, seed=0, vocab=256, lengths=(5, 9, 3, 23, 7, 4, 17, 6)):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths[:n]]
-
-
-def alone(model, request):
-    return generate(model, request.prompt, request.max_new_tokens, sampling=request.sampling,
-                    eos_token_ids=request.eos_token_ids).row(0)
+LONG = (5, 9, 3, 23, 7, 4, 17, 6)          # two prompts longer than a small token budget
 
 
 # --- the budget, as a pure function ----------------------------------------------------
@@ -144,7 +137,7 @@ def test_one_forward_pass_per_step_and_the_budget_is_kept(tiny_llama, monkeypatc
         return original(self, seqs, chunks, padding_rows)
 
     monkeypatch.setattr(ModelRunner, "forward", counting)
-    requests = make_workload(prompts(), count=10, rate=0.8, median_new_tokens=6, max_new_tokens=16, seed=2)
+    requests = make_workload(prompts(8, lengths=LONG), count=10, rate=0.8, median_new_tokens=6, max_new_tokens=16, seed=2)
     result = Engine(tiny_llama, max_slots=4, block_size=4, token_budget=9).run(requests, clock="steps")
     assert len(calls) == len(result.steps) and max(calls) <= 9
     assert any(r.decode_rows and r.prefill_chunks for r in result.steps)        # mixed steps happen
@@ -157,36 +150,10 @@ def test_one_forward_pass_per_step_and_the_budget_is_kept(tiny_llama, monkeypatc
 
 # --- the invariant: the tokens a request gets alone ---------------------------------
 
-@pytest.mark.parametrize("policy", ["continuous", "static"])
-@pytest.mark.parametrize("token_budget", [4, 7, 64])
-@pytest.mark.parametrize("cache_tokens", [None, 48])
-def test_chunked_prefill_gives_every_request_its_tokens_alone(tiny_model_f64, policy, token_budget, cache_tokens):
-    requests = make_workload(prompts(), count=10, rate=0.5, median_new_tokens=10, max_new_tokens=24, seed=3)
-    engine = Engine(tiny_model_f64, max_slots=4, policy=policy, block_size=4, cache_tokens=cache_tokens,
-                    token_budget=token_budget)
-    result = engine.run(requests, clock="steps")
-    assert not result.rejected
-    for request, seq in zip(requests, result.sequences):
-        assert seq.output == alone(tiny_model_f64, request), request.request_id
-    engine.blocks.assert_no_leaks()
-    if cache_tokens is not None and policy == "continuous":
-        assert summarize(result)["preemptions"] > 0
-
-
-def test_sampled_requests_keep_their_streams_under_chunking_and_preemption(tiny_model_f64):
-    sampling = SamplingConfig(temperature=1.0, top_k=20, seed=5)
-    requests = make_workload(prompts(), count=8, median_new_tokens=12, max_new_tokens=24, seed=3, sampling=sampling)
-    engine = Engine(tiny_model_f64, max_slots=4, block_size=4, cache_tokens=48, token_budget=6)
-    result = engine.run(requests, clock="steps")
-    assert summarize(result)["preemptions"] > 0
-    assert list(result.tokens().values()) == [alone(tiny_model_f64, r) for r in requests]
-    engine.blocks.assert_no_leaks()
-
-
 # --- metrics and bad input -----------------------------------------------------------
 
 def test_token_times_and_latency_metrics(tiny_llama):
-    requests = make_workload(prompts(), count=8, rate=1.0, median_new_tokens=6, max_new_tokens=12, seed=2)
+    requests = make_workload(prompts(8, lengths=LONG), count=8, rate=1.0, median_new_tokens=6, max_new_tokens=12, seed=2)
     result = Engine(tiny_llama, max_slots=3, block_size=4, token_budget=6).run(requests, clock="steps")
     for seq in result.sequences:
         assert len(seq.token_times) == len(seq.output)
@@ -204,7 +171,7 @@ def test_token_times_and_latency_metrics(tiny_llama):
 
 
 def test_a_request_that_never_fits_is_refused_and_the_rest_chunked(tiny_llama):
-    good = make_workload(prompts(4), max_new_tokens=8, seed=1)
+    good = make_workload(prompts(4, lengths=LONG), max_new_tokens=8, seed=1)
     huge = Request(list(range(60)), max_new_tokens=10, request_id="huge")
     engine = Engine(tiny_llama, max_slots=2, block_size=4, cache_tokens=64, token_budget=5, prefix_caching=True)
     result = engine.run(good + [huge], clock="steps")

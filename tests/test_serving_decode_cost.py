@@ -13,11 +13,7 @@ from labsupport.lab.serving_workload import make_workload
 from labsupport.lab.decode_cost import decode_step_costs, gather_by_slots
 from labsupport.engine.serving.model_runner import ModelRunner
 from labsupport.lab.decode_cost import list_tables
-
-
-def prompts(n=6, seed=0, vocab=256):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in (5, 9, 3, 12, 7, 4)[:n]]
+from serving_reference import prompts
 
 
 def test_the_table_tensor_follows_the_lists_in_place():

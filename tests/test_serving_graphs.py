@@ -17,6 +17,8 @@ from labsupport.engine.serving.decode_graphs import EAGER, GRAPHED, DecodeGraphs
 from labsupport.engine.serving.model_runner import ModelRunner
 from labsupport.errors import LabError
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 
 class EagerCapture:
     """Stands in for graphs.capture: the "replay" runs the captured step on its buffers."""

@@ -17,30 +17,9 @@ from labsupport.engine.serving import (POLICIES, BlockManager, ContinuousBatchin
                                        ServedSequence, StaticBatching)
 from labsupport.engine.config import PRESETS
 from labsupport.lab.serving_workload import make_workload
-from test_serving_prefix import chat_like, guard_writes  # noqa: F401  (guard_writes: a fixture)
+from serving_reference import DrainThenRefill, ShortestPromptFirst, alone, chat_like
 
-
-def alone(model, request):
-    return generate(model, request.prompt, request.max_new_tokens, sampling=request.sampling,
-                    eos_token_ids=request.eos_token_ids).row(0)
-
-
-class DrainThenRefill(Policy):
-    """Admit only into an empty server; finished sequences give their slot back at once."""
-
-    name = "drain-then-refill"
-
-    def decide(self, view):
-        return Decision(vacate=view.finished, admit=() if view.running else view.waiting)
-
-
-class ShortestPromptFirst(Policy):
-    """Continuous batching that admits the shortest waiting prompt first."""
-
-    name = "shortest-prompt-first"
-
-    def decide(self, view):
-        return Decision(vacate=view.finished, admit=tuple(sorted(view.waiting, key=lambda s: len(s.tokens))))
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
 
 
 def workload(n=8, seed=1, **kwargs):

@@ -16,18 +16,7 @@ from labsupport.lab.serving_workload import make_workload
 from labsupport.engine.serving.paged_cache import PagedView
 from labsupport.engine.serving.prefix_cache import prefix_block_hashes
 from labsupport.lab.serving_metrics import summarize
-
-
-def chat_like(n=8, system=13, seed=0, vocab=256):
-    """Prompts that all start with the same `system` tokens (a system prompt), then differ."""
-    g = torch.Generator().manual_seed(seed)
-    head = torch.randint(0, vocab, (system,), generator=g).tolist()
-    return [head + torch.randint(0, vocab, (k,), generator=g).tolist() for k in (5, 9, 3, 12, 7, 4, 10, 6)[:n]]
-
-
-def alone(model, request):
-    return generate(model, request.prompt, request.max_new_tokens, sampling=request.sampling,
-                    eos_token_ids=request.eos_token_ids).row(0)
+from serving_reference import alone, chat_like
 
 
 # --- the hash of a block and its prefix ------------------------------------------------
@@ -121,24 +110,6 @@ def test_assert_no_leaks_catches_a_leak_and_a_dangling_reference():
 
 # --- the engine with prefix caching ----------------------------------------------------
 
-@pytest.fixture
-def guard_writes(monkeypatch):
-    """Make every paged write fail if it touches a block the prefix cache holds; yields the
-    list of engines to watch."""
-    engines, original = [], PagedView.write
-
-    def write(self, layer, k, v):
-        for engine in engines:
-            if engine.cache is self.cache:
-                frozen = engine.blocks.read_only_blocks()
-                touched = set((self.write_slots // self.cache.block_size).tolist())
-                assert not touched & frozen, f"a shared block was written: {touched & frozen}"
-        return original(self, layer, k, v)
-
-    monkeypatch.setattr(PagedView, "write", write)
-    return engines
-
-
 def test_the_write_guard_catches_a_write_to_a_cached_block(tiny_llama, guard_writes):
     engine = Engine(tiny_llama, max_slots=2, block_size=4, prefix_caching=True)
     guard_writes.append(engine)
@@ -147,28 +118,6 @@ def test_the_write_guard_catches_a_write_to_a_cached_block(tiny_llama, guard_wri
     view = engine.cache.view(torch.tensor([[cached]]), torch.tensor([[0]]), None)
     with pytest.raises(AssertionError, match="a shared block was written"):
         view.update(0, *[torch.zeros(1, tiny_llama.config.num_kv_heads, 1, tiny_llama.config.head_dim)] * 2)
-
-
-@pytest.mark.parametrize("token_budget", [None, 5])
-@pytest.mark.parametrize("cache_tokens", [None, 56])
-@pytest.mark.parametrize("sampling", [None, SamplingConfig(temperature=1.0, top_k=20, seed=5)])
-def test_prefix_caching_gives_every_request_its_tokens_alone(tiny_model_f64, guard_writes, token_budget,
-                                                             cache_tokens, sampling):
-    extra = {} if sampling is None else {"sampling": sampling}
-    requests = make_workload(chat_like(), count=12, rate=0.7, median_new_tokens=10, max_new_tokens=24, seed=3,
-                             **extra)
-    engine = Engine(tiny_model_f64, max_slots=4, block_size=4, cache_tokens=cache_tokens,
-                    token_budget=token_budget, prefix_caching=True)
-    guard_writes.append(engine)
-    result = engine.run(requests, clock="steps")
-    assert not result.rejected
-    assert list(result.tokens().values()) == [alone(tiny_model_f64, r) for r in requests]
-    m = summarize(result)
-    assert m["prefix_cached_tokens"] >= 12 * 8 * 0.5             # most requests reused the 3-block system prompt
-    assert m["prefill_tokens_computed"] + m["prefix_cached_tokens"] >= sum(len(r.prompt) for r in requests)
-    if cache_tokens is not None:
-        assert m["preemptions"] > 0                               # forced preemption, with sharing
-    engine.blocks.assert_no_leaks()                               # refcounts back to zero, cached blocks included
 
 
 def test_prefix_caching_computes_fewer_prompt_tokens(tiny_llama):

@@ -21,6 +21,8 @@ from labsupport.engine.speculative import ModelDraft, PromptLookupDraft, specula
 from labsupport.errors import LabError
 from labsupport.weights.fixtures import lively_model as lively
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 PROMPT = list(b"The cat sat on the mat. The cat")
 NEW = 13                                  # not a multiple of k + 1 for k = 1, 3, 4: short last passes
 

@@ -15,6 +15,8 @@ from labsupport.lab import kv_timing, long_context, roofline, step_profile, step
 from labsupport.lab.measure import GRAPHED_STEP as GRAPHED, captured
 from labsupport.lab.step_timing import filled_cache, step_runner
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 
 class FakeGraph:
     """Stands in for torch.cuda.CUDAGraph: counts replays."""

@@ -5,6 +5,8 @@ import pytest
 from labsupport.errors import LabError
 from labsupport.lab.step_profile import KINDS, kind_of, profile_decode_step
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 
 def test_operators_are_sorted_into_kinds():
     assert kind_of("aten::addmm") == kind_of("aten::_weight_int4pack_mm_for_cpu") == "matmuls"

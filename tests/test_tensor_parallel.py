@@ -15,6 +15,8 @@ from labsupport.engine.parallel import plan_split, run_tensor_parallel, shard_mo
 from labsupport.errors import LabError
 from labsupport.weights.fixtures import random_model
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 PROMPT = torch.tensor([[1, 5, 9, 13, 200, 3, 77]])
 UNEVEN = PRESETS["tiny-llama"].with_(hidden_size=48, num_heads=6, num_kv_heads=3, intermediate_size=130, name="tiny-uneven")
 

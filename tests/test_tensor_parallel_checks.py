@@ -18,6 +18,8 @@ from labsupport.engine.parallel import plan_split
 
 from checker_cases.nb10_tensor_parallel import all_reduce_seconds_per_step, mlp_on_rank
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 
 def from_a_notebook(source: str, name: str, **names):
     """`name` defined by `source` as a notebook cell defines it: in a module called __main__ that a

@@ -13,6 +13,8 @@ from labsupport.weights.fixtures import random_model
 from labsupport.engine.precision import cast_model
 from labsupport.lab.variants import ModelVariants
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 
 @pytest.fixture()
 def model():

@@ -23,6 +23,8 @@ from labsupport.lab import quant_error
 from labsupport.errors import LabError
 from labsupport.engine.quant.formats import dequantize_int4, quantize_int4_groupwise
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 TOLERANCE = 1e-5
 
 

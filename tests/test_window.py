@@ -13,6 +13,8 @@ from labsupport.engine.serving import Engine, Request
 from labsupport.engine.speculative import speculative_generate
 from labsupport.weights.fixtures import lively_model
 
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
 WINDOW, NEW = 5, 10
 PROMPTS = [[(11 * i + 5) % 250 for i in range(12)], [(7 * i + 1) % 250 for i in range(8)],
            [(13 * i + 2) % 250 for i in range(3)]]
