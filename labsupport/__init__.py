@@ -19,13 +19,14 @@ The folders show the architecture (tests/test_layering.py enforces it):
                its manifest, the hub; the tiny random fixtures (imports engine/)
     lab/       measuring each technique, in notebook order (imports engine/ and weights/):
                workloads (every prompt and size), measure, roofs, busy, tables, roofline,
-               step_profile, kv_timing, batching, batch_timing, precision, variants, quality,
-               speculative_math, serving_workload, serving_metrics, load_curve, decode_cost,
-               stack, long_context, decode_bytes, prefill_attention; step_timing (a decode step timed on
-               a filled cache and rolled back)
-    bench/, claims/, plots/, explorers/, checks/   one module per notebook: benchmark sections
-               and peers, the chapter's claims with computed verdicts, figures, live explorers,
-               exercise checkers
+               roofline_step_profile, kv_cache_timing, batching, batching_timing, precision,
+               variants, quality, speculative_math, serving_workload, serving_metrics, load_curve,
+               serving_decode_cost, stack, long_context, long_context_bytes, long_context_prefill;
+               step_timing (a decode step timed on a filled cache and rolled back)
+    bench/, claims/, plots/, explorers/, checks/   each notebook's modules named by its stem
+               (roofline, kv_cache, ..., tensor_parallel; tests/test_stems.py): benchmark sections
+               (peer adapters in bench/peers/), the chapter's claims with computed verdicts,
+               figures, live explorers, exercise checkers
     report, cli, delivery   ``python -m labsupport tour | bench | student | badges | check``
 """
 

@@ -2,7 +2,7 @@
 
     tour | bench                  measure the techniques on this machine (`bench`, `report`)
     serve [--host --port ...]     an OpenAI-compatible server over the serving engine (`serve`)
-    loadgen --url URL --rate R    load-test any OpenAI-compatible server (`lab.loadgen`)
+    loadgen --url URL --rate R    load-test any OpenAI-compatible server (`lab.http_serving_loadgen`)
     student --out student/        student versions of every notebook (`delivery`)
     badges [--repo OWNER/NAME]    rewrite the Colab badges and setup cells (`delivery`)
     check                         exit 1 if a badge or setup cell is stale (`delivery`)
@@ -134,7 +134,7 @@ def _serve(args) -> int:
 def _loadgen(args) -> int:
     import json
 
-    from .lab.loadgen import chat_workload, load_test
+    from .lab.http_serving_loadgen import chat_workload, load_test
 
     requests = chat_workload(args.requests, args.rate, median_new_tokens=args.median_tokens,
                              max_new_tokens=args.max_tokens, seed=args.seed, fixed_rate=args.fixed_rate)

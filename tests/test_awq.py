@@ -1,4 +1,4 @@
-"""AWQ's scale search (labsupport.lab.awq, notebook 04's exercise 3) on the embedded model's own
+"""AWQ's scale search (labsupport.lab.quantization_awq, notebook 04's exercise 3) on the embedded model's own
 activations: the numbers the exercise rests on, its checker on the notebook's layer, and the
 scales folded into the model (its checker's made-up layers: tests/test_checkers.py)."""
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from labsupport.checks import CheckFailed
-from labsupport.checks.quantize_awq import check_awq_search
-from labsupport.lab import awq, quality
+from labsupport.checks.quantization_awq import check_awq_search
+from labsupport.lab import quantization_awq, quality
 
-from checker_cases.nb04_quantize import reference_search, search_with
+from checker_cases.nb04_quantization import reference_search, search_with
 
 CALIBRATION, HELD_OUT = 256, 128                       # the notebook's split: perplexity's tokens held out
 
@@ -19,7 +19,7 @@ def last_down(smollm):
     """The notebook's layer (the last block's MLP down projection), its weight and its inputs."""
     model, tokenizer = smollm
     name = f"blocks.{model.config.num_layers - 1}.mlp.down"
-    x = awq.layer_inputs(model, name, quality.eval_tokens(tokenizer, max_tokens=HELD_OUT + CALIBRATION))
+    x = quantization_awq.layer_inputs(model, name, quality.eval_tokens(tokenizer, max_tokens=HELD_OUT + CALIBRATION))
     weight = model.get_submodule(name).weight.detach().float().cpu()
     return name, weight, x[HELD_OUT:], x[:HELD_OUT]
 
@@ -27,14 +27,14 @@ def last_down(smollm):
 def test_the_search_removes_a_clear_share_of_int4s_output_error_on_real_activations(last_down):
     name, weight, calibration, held_out = last_down
     assert calibration.shape == (CALIBRATION, weight.shape[1])
-    scales, errors = awq.awq_search(weight, calibration, 128)
-    best = awq.AWQ_GRID[errors.index(min(errors))]
+    scales, errors = quantization_awq.awq_search(weight, calibration, 128)
+    best = quantization_awq.AWQ_GRID[errors.index(min(errors))]
     assert 0 < best < 1                                 # an inner alpha: neither plain int4 nor the grid's end
     assert 1 - min(errors) / errors[0] > 0.3            # on the calibration tokens (49% when written)
-    held = awq.error_removed(weight, held_out, 128, scales)
+    held = quantization_awq.error_removed(weight, held_out, 128, scales)
     assert held["removed"] > 0.2                        # on the held-out tokens (35% when written)
     # groups of 32 reproduce this model's Q4_1 weights exactly: no error for AWQ to remove there
-    _, plain32 = awq.awq_search(weight, calibration, 32, [0.0])
+    _, plain32 = quantization_awq.awq_search(weight, calibration, 32, [0.0])
     assert plain32[0] < 1e-3 * errors[0]
 
 
@@ -54,10 +54,10 @@ def test_the_folded_scales_lower_the_perplexity_and_the_model_comes_back_as_it_w
     name, weight, calibration, _ = last_down
     gate_up = model.get_submodule(name.rsplit(".", 1)[0]).gate_up.weight.detach().clone()
     before = quality.perplexity(model, tokenizer, max_tokens=HELD_OUT)
-    scales, _ = awq.awq_search(weight, calibration, 128)
-    with awq.awq_int4_down(model, name, 128):
+    scales, _ = quantization_awq.awq_search(weight, calibration, 128)
+    with quantization_awq.awq_int4_down(model, name, 128):
         plain = quality.perplexity(model, tokenizer, max_tokens=HELD_OUT)
-    with awq.awq_int4_down(model, name, 128, scales) as layer:
+    with quantization_awq.awq_int4_down(model, name, 128, scales) as layer:
         assert layer is model.get_submodule(name)
         scaled = quality.perplexity(model, tokenizer, max_tokens=HELD_OUT)
     assert before < scaled < plain                      # 36.65 < 36.72 < 37.61 when written
@@ -70,7 +70,7 @@ def test_only_a_down_projection_takes_the_fold(smollm):
     from labsupport.errors import LabError
     model, _ = smollm
     with pytest.raises(LabError, match="not an MLP down projection"):
-        with awq.awq_int4_down(model, "blocks.0.attn.qkv", 64):
+        with quantization_awq.awq_int4_down(model, "blocks.0.attn.qkv", 64):
             pass
     assert isinstance(model.get_submodule("blocks.0.mlp.down"), torch.nn.Linear)
 
@@ -80,18 +80,18 @@ def test_bad_names_shapes_and_reuse_of_the_fold(smollm, last_down):
     model, tokenizer = smollm
     name, weight, calibration, _ = last_down
     with pytest.raises(LabError, match="no submodule 'blocks.99.mlp.down'"):
-        awq.layer_inputs(model, "blocks.99.mlp.down", [1, 2, 3])
+        quantization_awq.layer_inputs(model, "blocks.99.mlp.down", [1, 2, 3])
     with pytest.raises(LabError, match="no submodule"):
-        with awq.awq_int4_down(model, "blocks.99.mlp.down", 64):
+        with quantization_awq.awq_int4_down(model, "blocks.99.mlp.down", 64):
             pass
     with pytest.raises(LabError, match="activations must be"):
-        awq.awq_search(weight, calibration[:, :10], 128)
+        quantization_awq.awq_search(weight, calibration[:, :10], 128)
     with pytest.raises(LabError, match="one value per input channel"):
-        with awq.awq_int4_down(model, name, 128, torch.ones(7)):
+        with quantization_awq.awq_int4_down(model, name, 128, torch.ones(7)):
             pass
     before = quality.perplexity(model, tokenizer, max_tokens=32)
-    scales, _ = awq.awq_search(weight, calibration, 128)
+    scales, _ = quantization_awq.awq_search(weight, calibration, 128)
     for _ in range(2):                                   # the fold applied twice, each time put back
-        with awq.awq_int4_down(model, name, 128, scales):
+        with quantization_awq.awq_int4_down(model, name, 128, scales):
             pass
         assert quality.perplexity(model, tokenizer, max_tokens=32) == before

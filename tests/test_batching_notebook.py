@@ -5,7 +5,7 @@ import pytest
 
 import math
 
-from labsupport.lab import batch_timing, batching
+from labsupport.lab import batching_timing, batching
 from labsupport.engine import padding
 from labsupport.explorers.batching import batching_explorer
 from labsupport.weights.fixtures import ByteTokenizer
@@ -23,7 +23,7 @@ def test_helpers():
 
 
 def test_measure_batch(tiny_llama):
-    row = batch_timing.measure_batch(tiny_llama, [[1, 2, 3], [4]], new_tokens=3, warmup=0)
+    row = batching_timing.measure_batch(tiny_llama, [[1, 2, 3], [4]], new_tokens=3, warmup=0)
     assert row["batch"] == 2 and row["tokens_per_s"] > 0 and row["ms_per_token"] > 0
     assert row["padding_waste"] == pytest.approx(1 / 3)
 

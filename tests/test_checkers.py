@@ -22,12 +22,12 @@ from checker_cases.nb00_roofline import NOTEBOOK_00
 from checker_cases.nb01_kv_cache import NOTEBOOK_01
 from checker_cases.nb02_batching import NOTEBOOK_02
 from checker_cases.nb03_precision import NOTEBOOK_03
-from checker_cases.nb04_quantize import NOTEBOOK_04
+from checker_cases.nb04_quantization import NOTEBOOK_04
 from checker_cases.nb05_speculative import NOTEBOOK_05
 from checker_cases.nb06_serving import NOTEBOOK_06
 from checker_cases.nb07_stack import NOTEBOOK_07
 from checker_cases.nb08_long_context import NOTEBOOK_08
-from checker_cases.nb09_serving_http import NOTEBOOK_09
+from checker_cases.nb09_http_serving import NOTEBOOK_09
 from checker_cases.nb10_tensor_parallel import NOTEBOOK_10
 
 

@@ -18,23 +18,23 @@ import torch
 import labsupport as ls
 from labsupport.checks import CheckFailed
 from labsupport.checks.batching import check_batched_generation, check_left_pad
-from labsupport.checks.goodput import check_goodput
+from labsupport.checks.tensor_parallel_goodput import check_goodput
 from labsupport.checks.kv_cache import check_cached_generation
 from labsupport.checks.long_context import check_int8_crossover
-from labsupport.checks.quantize_w4a8 import check_w4a8_matmul
+from labsupport.checks.quantization_w4a8 import check_w4a8_matmul
 from labsupport.checks.roofline import check_decode_step_cost
 from labsupport.checks.serving import check_block_hash
 from labsupport.checks.tensor_parallel import check_all_reduce_cost, check_mlp_split
-from labsupport.checks.tiled_attention import check_tiled_attention
+from labsupport.checks.long_context_tiled import check_tiled_attention
 from labsupport.engine import padding
 from labsupport.engine.kv_quant import int8_kv_cache_bytes
 from labsupport.engine.quant.w4a8 import pack_q4_1
-from labsupport.lab.quant_error import w4a8_reference
+from labsupport.lab.quantization_error import w4a8_reference
 from labsupport.lab import roofline
-from labsupport.lab.prefill_attention import tiled_attention as package_tiled
+from labsupport.lab.long_context_prefill import tiled_attention as package_tiled
 
 from checker_cases.nb02_batching import trim_after_end as trim
-from checker_cases.nb04_quantize import w4a8_matmul
+from checker_cases.nb04_quantization import w4a8_matmul
 from checker_cases.nb08_long_context import reference_tiled
 from checker_cases.nb10_tensor_parallel import cost_from_the_package, goodput_from_the_package, split_from_the_package
 

@@ -6,7 +6,7 @@ import pytest
 from labsupport.engine.generation import generate
 from labsupport.engine.serving import Request
 from labsupport.errors import LabError
-from labsupport.lab.disaggregated import compare_with_colocated, goodput, serve_disaggregated
+from labsupport.lab.tensor_parallel_disaggregated import compare_with_colocated, goodput, serve_disaggregated
 from labsupport.weights.fixtures import random_model
 
 
@@ -94,12 +94,12 @@ def test_a_receiver_that_fails_posts_its_error_for_the_decode_loop_instead_of_le
 
     import torch
 
-    from labsupport.lab import disaggregated
+    from labsupport.lab import tensor_parallel_disaggregated
 
     def broken(*args, **kwargs):
         raise RuntimeError("Connection closed by peer")
     monkeypatch.setattr(torch.distributed, "recv", broken)
     arrived = queue.Queue()
-    disaggregated._receive_handovers(random_model("tiny-llama").config, torch.float32, 0.0, arrived)
+    tensor_parallel_disaggregated._receive_handovers(random_model("tiny-llama").config, torch.float32, 0.0, arrived)
     error = arrived.get(timeout=1)
     assert isinstance(error, RuntimeError) and "closed by peer" in str(error)

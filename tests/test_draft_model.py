@@ -1,10 +1,10 @@
-"""lab.draft_model (notebook 05): the embedded 135M drafting for a larger SmolLM2 where the hub is reachable.
+"""lab.speculative_draft_model (notebook 05): the embedded 135M drafting for a larger SmolLM2 where the hub is reachable.
 The hub is never reachable here, so the measuring path runs with the loader patched to give the embedded
 model as the target too (a draft equal to its target: every drafted token accepted, the same tokens)."""
 
 import torch
 
-from labsupport.lab import draft_model as D
+from labsupport.lab import speculative_draft_model as D
 
 
 def test_unreachable_hub_is_one_sentence_and_no_download(monkeypatch):

@@ -9,11 +9,11 @@ import torch
 
 from labsupport.bench import BenchContext, BenchOptions
 from labsupport.bench.compile_options import CompileOptions
-from labsupport.bench import llamacpp
+from labsupport.bench.peers import llamacpp
 from labsupport.bench.engines import HF, HF_ASSISTED, HF_LOOKUP, HF_STATIC, LLAMACPP, OURS, OURS_COMPILED, \
     OURS_INT4, OURS_INT4_ATEN, OURS_INT4_COMPILED, OURS_INT8, EnginesOptions, _figures, section_engines
-from labsupport.bench.llamacpp import LlamaCppGreedy, llamacpp_unavailable
-from labsupport.bench.peers import hf_early_layers_draft
+from labsupport.bench.peers.llamacpp import LlamaCppGreedy, llamacpp_unavailable
+from labsupport.bench.peers.huggingface import hf_early_layers_draft
 from labsupport.errors import LabError
 
 pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
@@ -74,7 +74,7 @@ def test_figures_compare_the_right_rows_and_say_why_one_is_missing():
 
 
 def test_the_long_prefill_figure_is_llamacpps_time_over_ours_and_absent_without_llamacpp():
-    from labsupport.bench.llamacpp_int4 import LONG_PROMPT, long_prefill_figures as _long_prefill_figures
+    from labsupport.bench.engines_int4 import LONG_PROMPT, long_prefill_figures as _long_prefill_figures
     from labsupport.lab.measure import Timing
     assert _long_prefill_figures({}) == []
     quiet = {OURS_INT4: Timing([0.50, 0.51, 0.50, 0.52]), LLAMACPP: Timing([1.00, 1.01, 1.00, 1.02])}
@@ -86,7 +86,7 @@ def test_the_long_prefill_figure_is_llamacpps_time_over_ours_and_absent_without_
 
 
 def test_the_batched_figure_is_ours_over_llamacpps_decode_and_absent_without_llamacpp():
-    from labsupport.bench.llamacpp_int4 import BATCH_ROWS, batched_figures as _batched_figures
+    from labsupport.bench.engines_int4 import BATCH_ROWS, batched_figures as _batched_figures
     assert _batched_figures({}) == []
     row = {"decode_tokens_per_s": 300.0, "new_tokens": 64, "busy": None}
     (figure,) = _batched_figures({OURS_INT4: row, LLAMACPP: {**row, "decode_tokens_per_s": 200.0}})
@@ -98,7 +98,7 @@ def test_the_batched_figure_is_ours_over_llamacpps_decode_and_absent_without_lla
 def test_llamacpps_batched_decode_gives_each_row_its_single_sequence_tokens():
     """Eight sequences in one llama_decode per step: every row has the tokens of the same prompt
     alone; the object is reused (its cache cleared) and closed twice without harm."""
-    from labsupport.bench.llamacpp import LlamaCppBatchedGreedy
+    from labsupport.bench.peers.llamacpp import LlamaCppBatchedGreedy
     from labsupport.weights.embedded import find_gguf
     gguf = find_gguf()
     if gguf is None or llamacpp_unavailable(gguf) is not None:

@@ -60,7 +60,7 @@ def kv_cache_memory():
 
 
 def int4_packing():
-    from labsupport.explorers.quantize import packing_figure
+    from labsupport.explorers.quantization import packing_figure
     return packing_figure(torch.linspace(-0.5, 1.0, 32), shown=8)
 
 

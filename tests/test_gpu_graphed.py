@@ -91,24 +91,24 @@ def test_captured_runs_the_pass_itself_on_a_cpu_and_refuses_a_failed_capture_on_
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_batch_timing_asks_for_the_graphed_step_on_cuda(gpu, monkeypatch, device):
-    from labsupport.lab import batch_timing
+    from labsupport.lab import batching_timing
     asked = []
-    spy_generate(monkeypatch, batch_timing, asked)
+    spy_generate(monkeypatch, batching_timing, asked)
     model = fake_model(torch.device(device))
-    row = batch_timing.measure_batch(model, [[1, 2]] * 2, new_tokens=4, repeats=2, warmup=0)
-    batch_timing.batch_speedup(model, [1, 2], batch=4, new_tokens=4, warmup=1, repeats=1)
+    row = batching_timing.measure_batch(model, [[1, 2]] * 2, new_tokens=4, repeats=2, warmup=0)
+    batching_timing.batch_speedup(model, [1, 2], batch=4, new_tokens=4, warmup=1, repeats=1)
     assert asked and set(asked) == {device == "cuda"}
     assert row["decode_path"] == (CUDA_GRAPHS if device == "cuda" else "eager")
     assert row["warmup_s"] == (2.0 * 3 if device == "cuda" else 2.0 * 2)   # reported apart
 
 
 def test_batch_timing_refuses_an_ungraphed_decode_on_cuda(gpu, monkeypatch):
-    from labsupport.lab import batch_timing
-    spy_generate(monkeypatch, batch_timing, [], path="compiled")
+    from labsupport.lab import batching_timing
+    spy_generate(monkeypatch, batching_timing, [], path="compiled")
     with pytest.raises(LabError, match="batch 2"):
-        batch_timing.measure_batch(fake_model(CUDA), [[1, 2]] * 2, new_tokens=4, repeats=1, warmup=0)
+        batching_timing.measure_batch(fake_model(CUDA), [[1, 2]] * 2, new_tokens=4, repeats=1, warmup=0)
     with pytest.raises(LabError, match="batch 1"):
-        batch_timing.batch_speedup(fake_model(CUDA), [1, 2], batch=4, new_tokens=4, warmup=1, repeats=1)
+        batching_timing.batch_speedup(fake_model(CUDA), [1, 2], batch=4, new_tokens=4, warmup=1, repeats=1)
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -149,7 +149,7 @@ def test_the_stacks_generate_stages_are_graphed_and_its_own_loops_say_not_graphe
 # --- bench sections -------------------------------------------------------------------------------
 
 def _fake_hf(asked: list, name: str):
-    """A spy for a peers.hf_*_fn: records its arguments, returns a run giving (1, prompt + n) ids."""
+    """A spy for a huggingface.hf_*_fn: records its arguments, returns a run giving (1, prompt + n) ids."""
     def make(hf, ids, n, *args, **kwargs):
         asked.append((name, kwargs))
         return lambda: torch.zeros(1, len(ids) + n, dtype=torch.long)
@@ -222,12 +222,12 @@ def test_compiled_decode_refuses_a_compiled_step_without_cuda_graphs_on_cuda(gpu
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_the_stacks_hf_peer_is_its_static_cache_and_compile_on_cuda(gpu, monkeypatch, device):
-    from labsupport.bench import peers
+    from labsupport.bench.peers import huggingface
     from labsupport.engine.serving.request import Request
     hf_asked = []
-    monkeypatch.setattr(peers, "hf_generate_fn", _fake_hf(hf_asked, "dynamic"))
-    monkeypatch.setattr(peers, "hf_static_compiled_fn", _fake_hf(hf_asked, "static"))
-    stage = peers.hf_stack_stage(SimpleNamespace(device=torch.device(device)), [Request([1, 2], 3, request_id=0)])
+    monkeypatch.setattr(huggingface, "hf_generate_fn", _fake_hf(hf_asked, "dynamic"))
+    monkeypatch.setattr(huggingface, "hf_static_compiled_fn", _fake_hf(hf_asked, "static"))
+    stage = huggingface.hf_stack_stage(SimpleNamespace(device=torch.device(device)), [Request([1, 2], 3, request_id=0)])
     assert stage.run() == {0: [0, 0, 0]}
     on_gpu = device == "cuda"
     assert {name for name, _ in hf_asked} == {"static" if on_gpu else "dynamic"}
@@ -374,7 +374,7 @@ def test_the_speculative_explorer_times_both_sides_graphed_on_cuda(gpu, monkeypa
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_the_quantize_explorers_decodes_are_graphed_on_cuda(gpu, monkeypatch, device):
-    from labsupport.explorers import quantize as explorer
+    from labsupport.explorers import quantization as explorer
     asked, store = [], []
     spy_generate(monkeypatch, explorer, asked)
     lab = explorer.QuantizeLab.__new__(explorer.QuantizeLab)          # only what _decode reads

@@ -102,7 +102,7 @@ def test_notebook_08s_caches_fit_every_gpu_and_a_binder_cpu(gpu):
     a T4 they fit in half of it (three fp32 caches of 8,000 positions at batch 16 would be 23.8
     GiB), and the sweep's single largest cache fits too. On a CPU they stay within the preset's
     budget, which Binder's 2 GiB holds beside the model."""
-    from labsupport.lab.decode_bytes import kv_head_variants
+    from labsupport.lab.long_context_bytes import kv_head_variants
     from labsupport.lab.long_context import batch_that_fits
     from labsupport.lab.workloads import LONG_CONTEXT_PRESETS
     config = MODELS["smollm2-135m"]
@@ -369,7 +369,7 @@ def test_every_gpu_sweep_fits_the_gpus_memory(gpu, shape, monkeypatch):
     memory. Weights + the largest cache each sweep times + an activations margin fit the GPU."""
     from types import SimpleNamespace
 
-    from labsupport.lab import batch_timing
+    from labsupport.lab import batching_timing
     from labsupport.lab.long_context import batch_that_fits, contexts_that_fit, share_budget
     from labsupport.lab.timing_model import timed_dtype
     from labsupport.lab.workloads import LONG_CONTEXT_PRESETS, TIMING_MODEL, timing_model_name
@@ -397,7 +397,7 @@ def test_every_gpu_sweep_fits_the_gpus_memory(gpu, shape, monkeypatch):
     cfg, dtype = timed(torch.float32)
     resident = weights(config, torch.float32) + (weights(cfg, dtype) if cfg is not config else 0)
     model = SimpleNamespace(config=cfg, dtype=dtype, device=CUDA)
-    batches, _ = _batches_swept(monkeypatch, batch_timing, "measure_batch", lambda: batch_timing.sweep_batch_sizes(
+    batches, _ = _batches_swept(monkeypatch, batch_timing, "measure_batch", lambda: batching_timing.sweep_batch_sizes(
         model, [1] * 40, batching.batch_sizes(CUDA), 64), resident, gpu)
     assert batches and _need(resident, cfg, max(batches), 104, dtype, tokens=40) <= total, (cfg.name, batches)
 
@@ -448,7 +448,7 @@ def test_notebook_08s_new_variant_models_count_their_weights_and_refuse_what_can
     do not fit the half of a T4's memory that the GPU preset gives its caches (budget None): one
     sentence says to time them in 16-bit, and in 16-bit they fit."""
     from labsupport.errors import LabError
-    from labsupport.lab.decode_bytes import kv_head_variants
+    from labsupport.lab.long_context_bytes import kv_head_variants
     from labsupport.lab.long_context import batch_that_fits
     variants = list(kv_head_variants(MODELS["smollm2-1.7b-shape"]).values())
     with simulated(GPUS["T4"]):

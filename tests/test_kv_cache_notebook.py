@@ -5,7 +5,7 @@ import pytest
 
 from labsupport.errors import LabError
 from labsupport.engine.kv_cache import kv_cache_bytes
-from labsupport.lab.kv_timing import (estimated_step_seconds, estimated_total_seconds, gqa_savings,
+from labsupport.lab.kv_cache_timing import (estimated_step_seconds, estimated_total_seconds, gqa_savings,
                                       time_per_token_by_position)
 from labsupport.engine.config import PRESETS
 from labsupport.plots.kv_cache import (cache_memory_figure, cumulative_time_figure, kv_layout_figure,

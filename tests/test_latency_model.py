@@ -1,12 +1,12 @@
-"""lab.latency_model (notebook 00): TTFT ~ prefill FLOPs / peak, TPOT ~ bytes / bandwidth, each the larger
+"""lab.roofline_latency (notebook 00): TTFT ~ prefill FLOPs / peak, TPOT ~ bytes / bandwidth, each the larger
 of its two roofs, on the embedded model's shapes and a hub shape, and on the data sheets."""
 
 import pytest
 
 from labsupport.engine.config import PRESETS
 from labsupport.errors import LabError
-from labsupport.lab import latency_model as L
-from labsupport.lab.hardware_table import DATA_SHEETS
+from labsupport.lab import roofline_latency as L
+from labsupport.lab.roofline_hardware import DATA_SHEETS
 from labsupport.lab.roofline import decode_step_cost, matmul_params
 
 SMALL, HUB = PRESETS["smollm2-135m"], PRESETS["smollm2-1.7b-shape"]

@@ -254,8 +254,8 @@ NUM_CACHED_WRITERS = {
 }
 # Modules outside the engine that drive a ModelRunner by hand and so stand in for its scheduler.
 OWN_SCHEDULERS = {
-    "labsupport.lab.disaggregated": "the decode worker seats handed-over caches and steps them itself",
-    "labsupport.lab.decode_cost": "times one decode step over and over, then moves on by hand",
+    "labsupport.lab.tensor_parallel_disaggregated": "the decode worker seats handed-over caches and steps them itself",
+    "labsupport.lab.serving_decode_cost": "times one decode step over and over, then moves on by hand",
 }
 
 
@@ -396,7 +396,7 @@ MODEL_FOLDER = "labsupport.engine.models"
 PRIVATE_LOOPS = ("_layers", "run_layers", "decode_static")          # the layer loop, old names too
 MODEL_NAMES = ("model", "target")                                    # how the code names a Transformer
 # Assignments the rule would catch that are not on labsupport's model, each with its reason.
-NOT_OUR_MODEL = {"labsupport.bench.peers": "a Hugging Face model's layer list (the early-layers draft)"}
+NOT_OUR_MODEL = {"labsupport.bench.peers.huggingface": "a Hugging Face model's layer list (the early-layers draft)"}
 
 
 def entrance_breaks(source: str, module: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Notebook 06's load curve (`lab.load_curve`) and its peers (`bench.serving_peers`): the rows a
+"""Notebook 06's load curve (`lab.load_curve`) and its peers (`bench.peers.continuous_batching`): the rows a
 sweep returns, the figures of a peer computed from its token times, vLLM's row where it cannot run
 (and, with a simulated vllm module, where it can)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from labsupport.bench.serving import our_servers
-from labsupport.bench.serving_peers import hf_serve, vllm_serve, vllm_skip_reason
+from labsupport.bench.peers.continuous_batching import hf_serve, vllm_serve, vllm_skip_reason
 from labsupport.errors import LabError
 from labsupport.engine.sampling import SamplingConfig
 from labsupport.engine.serving import Request
@@ -160,7 +160,7 @@ def test_vllm_row_with_a_simulated_vllm(monkeypatch):
 
 
 def test_vllm_takes_most_of_the_free_memory_and_never_more_than_half_the_card():
-    from labsupport.bench.serving_peers import vllm_memory_fraction
+    from labsupport.bench.peers.continuous_batching import vllm_memory_fraction
     gib = 2**30
     assert vllm_memory_fraction(140 * gib, 140 * gib) == 0.5
     assert vllm_memory_fraction(50 * gib, 140 * gib) == round(0.8 * 50 / 140, 3)
@@ -170,7 +170,7 @@ def test_vllm_takes_most_of_the_free_memory_and_never_more_than_half_the_card():
 def test_the_hf_cache_page_field_is_read_from_the_config_class():
     import dataclasses
 
-    from labsupport.bench.serving_peers import _page_field
+    from labsupport.bench.peers.continuous_batching import _page_field
 
     @dataclasses.dataclass
     class Old:                        # transformers 5.17
@@ -208,14 +208,14 @@ def test_the_hf_server_never_switches_to_flash_attention(monkeypatch, has_switch
     import dataclasses
     from types import SimpleNamespace
 
-    from labsupport.bench import serving_peers
+    from labsupport.bench.peers import continuous_batching
 
     fields = [("page_size", int, 16), ("max_requests_per_batch", int, 8), ("num_blocks", int, 1),
               ("max_batch_tokens", object, None), ("allow_block_sharing", bool, True), ("use_cuda_graph", bool, True)]
     if has_switch:
         fields.append(("auto_switch_to_flash", bool, True))
     Config = dataclasses.make_dataclass("Config", [(n, t, dataclasses.field(default=d)) for n, t, d in fields])
-    monkeypatch.setattr(serving_peers, "_continuous_batching_config_class", lambda: Config)
+    monkeypatch.setattr(continuous_batching, "_continuous_batching_config_class", lambda: Config)
     seen = {}
 
     class Model:

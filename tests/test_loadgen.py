@@ -16,7 +16,7 @@ import torch
 
 from labsupport.engine.serving import Engine
 from labsupport.errors import LabError
-from labsupport.lab.loadgen import (AGENT_REPLY, LoadRequest, LoadResult, agentic_workload, as_engine_requests,
+from labsupport.lab.http_serving_loadgen import (AGENT_REPLY, LoadRequest, LoadResult, agentic_workload, as_engine_requests,
                                    chat_workload, goodput, load_test,
                                     run_load, summarize_load)
 from labsupport.lab.serving_workload import chat_prompts, make_workload

@@ -4,7 +4,7 @@ attention, and the measurements' shapes (tiny random models only: fast; no speed
 import pytest
 import torch
 
-from labsupport.lab.decode_bytes import (cache_bytes_per_token, crossover_context, decode_weight_bytes,
+from labsupport.lab.long_context_bytes import (cache_bytes_per_token, crossover_context, decode_weight_bytes,
                                          kv_head_variants, mla_bytes_per_token, predicted_step_seconds,
                                          step_bytes)
 from labsupport.errors import LabError
@@ -14,7 +14,7 @@ from labsupport.lab.long_context import (decode_attention_share, filled_cache, g
                                          time_kv_variants, window_perplexity)
 from labsupport.engine.config import PRESETS
 from labsupport.engine.models.masks import causal_mask, fixed_decode_mask
-from labsupport.lab.prefill_attention import (fused_attention, naive_attention, naive_attention_bytes,
+from labsupport.lab.long_context_prefill import (fused_attention, naive_attention, naive_attention_bytes,
                                               prefill_attention_sweep)
 
 pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)

@@ -4,14 +4,14 @@ random models (fast; its checkers: tests/test_long_context_checkers.py)."""
 import pytest
 import torch
 
-from labsupport.lab.decode_bytes import kv_head_variants, predicted_step_seconds, step_bytes
+from labsupport.lab.long_context_bytes import kv_head_variants, predicted_step_seconds, step_bytes
 from labsupport.errors import LabError
 from labsupport.lab.long_context import decode_attention_share, time_kv_variants, window_perplexity
 from labsupport.engine.config import PRESETS
 from labsupport.plots.long_context import (crossover_figure, decode_share_figure, kv_variants_figure,
                                            prefill_attention_figure, step_split_figure, tiling_figure,
                                            time_per_token_curve_figure, window_figure)
-from labsupport.lab.prefill_attention import naive_attention_bytes, prefill_attention_sweep
+from labsupport.lab.long_context_prefill import naive_attention_bytes, prefill_attention_sweep
 from labsupport.lab.workloads import LONG_CONTEXT_PRESETS, long_context_workload
 
 TOKENS = [(5 * i + 1) % 250 for i in range(40)]

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from labsupport.engine.config import PRESETS
 from labsupport.lab.long_context import decode_attention_intensity, kv_grouping_errors
-from labsupport.lab.prefill_attention import LargestTensor, tiled_attention, tiled_vs_fused
+from labsupport.lab.long_context_prefill import LargestTensor, tiled_attention, tiled_vs_fused
 
 
 @pytest.mark.parametrize("heads, kv_heads, n, tile, causal", [(4, 2, 37, 8, True), (3, 1, 50, 16, False),

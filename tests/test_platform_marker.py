@@ -34,7 +34,7 @@ PLATFORM_MODULES = (
     "labsupport.engine.precision",          # dtypes
     "labsupport.engine.kv_quant",           # int8 KV cache: quantized dtypes
     "labsupport.engine.parallel",           # torch.distributed (gloo, NCCL)
-    "labsupport.lab.step_profile",          # torch.profiler's event names
+    "labsupport.lab.roofline_step_profile",          # torch.profiler's event names
     "labsupport.lab.step_timing",           # CUDA graphs around a step
     "labsupport.weights.hf_import",         # Hugging Face's model classes and checkpoints
     "gpu_check", "gpu_items",               # scripts/: the GPU check and its CPU rehearsal

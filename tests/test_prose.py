@@ -1,4 +1,4 @@
-"""lab.prose and lab.hardware_table (notebooks 00-04): the sentences that depend on the model or the
+"""lab.prose and lab.roofline_hardware (notebooks 00-04): the sentences that depend on the model or the
 device, on the embedded model's shapes and on a hub-shaped config (SmolLM2-1.7B's: 32 heads, 32 key/value
 heads, 24 layers), and the data sheets' arithmetic."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labsupport.engine.config import PRESETS
-from labsupport.lab import hardware_table as H
+from labsupport.lab import roofline_hardware as H
 from labsupport.lab import prose
 from labsupport.lab.roofline import decode_step_cost
 

@@ -16,7 +16,7 @@ from labsupport.engine.models.layout import apply_layout, relayout
 from labsupport.engine.quant import (Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, pack_int4,
                                      quantize_int4_groupwise, quantize_int8_absmax, quantize_model,
                                      quantized_replacement, unpack_int4, kernel_description)
-from labsupport.lab.quant_error import weight_error_stats
+from labsupport.lab.quantization_error import weight_error_stats
 from labsupport.lab.quality import perplexity, quantized_bytes, top1_agreement
 
 pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)

@@ -8,7 +8,7 @@ import torch.nn as nn
 from labsupport.errors import LabError
 from labsupport.engine.precision import tensor_bytes
 from labsupport.engine.quant import Int4Linear, Int8Linear, kernel_description, pack_int4, quantize_model, unpack_int4
-from labsupport.lab.quant_error import weight_error_stats
+from labsupport.lab.quantization_error import weight_error_stats
 from labsupport.engine.quant.w4a8 import w4a8_unavailable
 from labsupport.lab.quality import quantized_bytes, resident_bytes
 
@@ -69,7 +69,7 @@ def test_the_handle_describes_its_kernels(fresh_tiny_llama):
 
 
 def test_packing_figure_shows_weights_integers_and_bytes():
-    from labsupport.explorers.quantize import packing_figure
+    from labsupport.explorers.quantization import packing_figure
     group = torch.linspace(-0.5, 1.0, 32)
     fig = packing_figure(group, shown=8)
     texts = [a.text for a in fig.layout.annotations]
@@ -80,7 +80,7 @@ def test_packing_figure_shows_weights_integers_and_bytes():
 
 
 def test_the_explorer_times_against_fp32_and_bf16_and_names_the_kernel(fresh_tiny_llama):
-    from labsupport.explorers.quantize import QuantizeLab
+    from labsupport.explorers.quantization import QuantizeLab
     from labsupport.weights.fixtures import ByteTokenizer
     lab = QuantizeLab(fresh_tiny_llama, ByteTokenizer(), new_tokens=3, eval_tokens=32, repeats=1)
     result = lab.measure(4, 32, "own")

@@ -2,7 +2,7 @@
 
 
 def test_explorer_redraws_when_a_control_changes(fresh_tiny_llama):
-    from labsupport.explorers.quantize import quantize_explorer
+    from labsupport.explorers.quantization import quantize_explorer
     from labsupport.weights.fixtures import ByteTokenizer
 
     # the explorer quantizes the model in place for each setting, then restores it

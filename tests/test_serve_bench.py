@@ -6,9 +6,10 @@ import sys
 import pytest
 import torch
 
-from labsupport.bench import http_agentic, http_peers, http_serving
+from labsupport.bench import http_serving_agentic, http_serving
+from labsupport.bench.peers import http_servers
 from labsupport.bench.core import BenchContext
-from labsupport.bench.http_peers import peer_server
+from labsupport.bench.peers.http_servers import peer_server
 from labsupport.bench.http_serving import HttpServingOptions, http_load_curve
 from labsupport.bench.suite import SECTIONS
 from labsupport.errors import LabError
@@ -74,27 +75,27 @@ def test_the_section_runs_when_named_and_says_why_each_peer_is_missing():
 
 def test_llama_server_is_found_or_refused_in_one_sentence(tmp_path, monkeypatch):
     from labsupport.weights.loading import EMBEDDED
-    monkeypatch.setenv(http_peers.LLAMA_SERVER_ENV, str(tmp_path / "missing"))
-    binary, reason = http_peers.llama_server_binary()
+    monkeypatch.setenv(http_servers.LLAMA_SERVER_ENV, str(tmp_path / "missing"))
+    binary, reason = http_servers.llama_server_binary()
     assert binary is None and "not an executable file" in reason
-    monkeypatch.delenv(http_peers.LLAMA_SERVER_ENV)
+    monkeypatch.delenv(http_servers.LLAMA_SERVER_ENV)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert "not built here" in http_peers.llama_server_binary()[1]
+    assert "not built here" in http_servers.llama_server_binary()[1]
     fake = tmp_path / "llama-server"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
-    assert http_peers.llama_server_binary() == (str(fake), None)
+    assert http_servers.llama_server_binary() == (str(fake), None)
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     monkeypatch.setenv("LABSUPPORT_GGUF", str(gguf))
-    command, reason = http_peers.llama_server_command(EMBEDDED, "cpu", 8123, slots=4, context=512)
+    command, reason = http_servers.llama_server_command(EMBEDDED, "cpu", 8123, slots=4, context=512)
     assert reason is None and command[0] == str(fake)
     flags = {flag: command[command.index(flag) + 1] for flag in command if flag.startswith("--")}
     assert flags["--parallel"] == "4" and flags["--ctx-size"] == str(4 * 512) and flags["--model"] == str(gguf)
     assert flags["--threads"] == flags["--threads-batch"] == str(torch.get_num_threads())
     assert "--cont-batching" in command and "--no-webui" in command and "--no-repack" in command
-    assert "CPU run only" in http_peers.llama_server_command(EMBEDDED, "cuda", 8123, 4, 512)[1]
-    assert "GGUF file only" in http_peers.llama_server_command("tiny-llama", "cpu", 8123, 4, 512)[1]
+    assert "CPU run only" in http_servers.llama_server_command(EMBEDDED, "cuda", 8123, 4, 512)[1]
+    assert "GGUF file only" in http_servers.llama_server_command("tiny-llama", "cpu", 8123, 4, 512)[1]
 
 
 def test_a_peer_server_that_cannot_start_is_one_sentence():
@@ -122,12 +123,12 @@ def test_agentic_serving_sends_whole_conversations_and_the_cache_serves_their_pr
     model, tok = smollm                                     # a chat template: turns as the server builds them
     sizes = HttpServingOptions(slots=2, median_new_tokens=3, max_new_tokens=4, conversations=2, turns=2,
                                system_chars=600)
-    off, on = http_agentic.agentic_serving(model, tok, "smollm2-135m", sizes, rate=1.0)
+    off, on = http_serving_agentic.agentic_serving(model, tok, "smollm2-135m", sizes, rate=1.0)
     for row in (off, on):
         assert row["errors"] == 0 and row["served"] == 4, row["error_kinds"]
         assert row["prompt_tokens_longest"] > 600 // 8 and row["decode_path"] == "eager"
     assert off["prefix_hit_tokens"] == 0 and on["prefix_hit_tokens"] >= 600 // 8
-    figures = http_agentic.agentic_figures([off, on], sizes)
+    figures = http_serving_agentic.agentic_figures([off, on], sizes)
     assert len(figures) == 3 and figures[0]["value"] > 0 and figures[1]["value"] > 0     # TTFT off / on
     goodput = figures[2]
     assert goodput["unit"] == "requests/s" and goodput["value"] == on["goodput"]      # defined when off's is 0

@@ -1,4 +1,4 @@
-"""Quality through the server (notebook 09, labsupport.lab.served_quality): perplexity and a
+"""Quality through the server (notebook 09, labsupport.lab.http_serving_quality): perplexity and a
 multiple-choice accuracy scored from echo + logprobs equal the same scores in process, for a
 float and an int4 model; the scoring refuses a reply of the wrong shape and each typical
 mistake (the first token scored, positions shifted, the wrong choice's tokens summed)."""
@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from labsupport.engine.quant import quantize_model
 from labsupport.errors import LabError
-from labsupport.lab import served_quality as sq
+from labsupport.lab import http_serving_quality as sq
 from labsupport.serve import BackgroundServer, create_app
 from labsupport.weights.fixtures import ByteTokenizer, random_model
 

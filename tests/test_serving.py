@@ -305,7 +305,7 @@ def test_metrics_timeline_and_memory(tiny_llama):
 @pytest.mark.slow
 def test_embedded_model_serves_the_same_tokens_as_alone_and_as_hf(smollm, smollm_hf):
     from labsupport.lab.serving_workload import chat_prompts
-    from labsupport.bench.serving_peers import hf_serve
+    from labsupport.bench.peers.continuous_batching import hf_serve
     model, tokenizer = smollm
     requests = make_workload(chat_prompts(tokenizer, 4), median_new_tokens=6, max_new_tokens=12, seed=0)
     result = Engine(model, max_slots=3, block_size=8, cache_tokens=3 * 64).run(requests)

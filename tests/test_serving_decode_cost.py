@@ -10,9 +10,9 @@ from labsupport.errors import LabError
 from labsupport.lab.measure import Timing
 from labsupport.engine.serving import BlockManager, Engine, PagedKVCache, Request, ServedSequence
 from labsupport.lab.serving_workload import make_workload
-from labsupport.lab.decode_cost import decode_step_costs, gather_by_slots
+from labsupport.lab.serving_decode_cost import decode_step_costs, gather_by_slots
 from labsupport.engine.serving.model_runner import ModelRunner
-from labsupport.lab.decode_cost import list_tables
+from labsupport.lab.serving_decode_cost import list_tables
 from serving_reference import prompts
 
 
@@ -111,11 +111,11 @@ def test_the_timed_step_never_waits_for_the_device_inside_a_layer(monkeypatch):
     import dataclasses
 
     from labsupport.engine.models.transformer import Transformer
-    from labsupport.lab import decode_cost
+    from labsupport.lab import serving_decode_cost
     from labsupport.weights.fixtures import random_model
     calls = []
-    real = decode_cost.synchronize
-    monkeypatch.setattr(decode_cost, "synchronize", lambda device: (calls.append(1), real(device)))
+    real = serving_decode_cost.synchronize
+    monkeypatch.setattr(serving_decode_cost, "synchronize", lambda device: (calls.append(1), real(device)))
     counts = []
     for layers in (2, 6):
         config = dataclasses.replace(random_model("tiny-llama").config, num_layers=layers)
@@ -127,7 +127,7 @@ def test_the_timed_step_never_waits_for_the_device_inside_a_layer(monkeypatch):
 
 
 def test_the_interval_clock_adds_up_host_intervals_on_a_cpu():
-    from labsupport.lab.decode_cost import IntervalClock
+    from labsupport.lab.serving_decode_cost import IntervalClock
     clock = IntervalClock("cpu")
     assert clock.measure(lambda: 7) == 7 and clock.measure(lambda: sum(range(1000))) == 499500
     assert clock.total() > 0 and clock.events == []

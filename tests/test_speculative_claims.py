@@ -128,7 +128,7 @@ def test_the_hf_peer_generates_every_token_even_past_its_end_token():
     the peer must run for exactly the requested tokens, like labsupport (and so must its prompt lookup)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from labsupport.bench.peers import ForwardPasses, hf_generate_fn
+    from labsupport.bench.peers.huggingface import ForwardPasses, hf_generate_fn
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

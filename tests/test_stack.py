@@ -37,7 +37,7 @@ def test_every_stage_serves_every_request(tiny_llama, requests_):
 
 
 def test_run_stack_rows_figure_and_claims(tiny_llama, requests_):
-    # a stand-in for Hugging Face generate() (`bench.peers.hf_stack_stage`): timed, never on the ladder
+    # a stand-in for Hugging Face generate() (`bench.peers.huggingface.hf_stack_stage`): timed, never on the ladder
     peer = Stage(HF_PEER, "a stand-in peer", lambda: {r.request_id: [0] * r.max_new_tokens for r in requests_})
     result = run_stack(tiny_llama, requests_, slots=2, peers=[peer], agreement_tokens=list(range(40)))
     rows = {r["stage"]: r for r in result["stages"]}

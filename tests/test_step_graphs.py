@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from labsupport.errors import LabError
-from labsupport.lab import kv_timing, long_context, roofline, step_profile, step_timing
+from labsupport.lab import kv_cache_timing, long_context, roofline, roofline_step_profile, step_timing
 from labsupport.lab.measure import GRAPHED_STEP as GRAPHED, captured
 from labsupport.lab.step_timing import filled_cache, step_runner
 
@@ -89,10 +89,10 @@ def test_notebook_01s_uncached_step_is_graphed_on_a_gpu_too(tiny_llama, monkeypa
     captured = []
     monkeypatch.setattr(kv_timing, "captured", lambda fn, device, what: fn if device.type != "cuda" else captured.append(what) or fn)
     sequence = torch.zeros(1, 6, dtype=torch.long)
-    kv_timing._naive_step(tiny_llama, sequence)
+    kv_cache_timing._naive_step(tiny_llama, sequence)
     assert captured == []                                         # a CPU: eager
     monkeypatch.setattr(type(tiny_llama), "device", property(lambda self: torch.device("cuda")))
-    kv_timing._naive_step(tiny_llama, sequence)
+    kv_cache_timing._naive_step(tiny_llama, sequence)
     assert captured == ["the uncached step over 6 tokens"]
 
 
@@ -110,14 +110,14 @@ def test_every_timed_step_asks_for_the_default_path_and_the_profile_for_eager(ti
     if timing == "roofline":
         roofline.time_decode_step(tiny_llama, 1, context=4, repeats=1)
     elif timing == "kv_timing":
-        kv_timing._cached_step(tiny_llama, torch.zeros(1, 6, dtype=torch.long))
+        kv_cache_timing._cached_step(tiny_llama, torch.zeros(1, 6, dtype=torch.long))
     else:
         long_context.time_cache_kinds(tiny_llama, context=4, repeats=1)
     assert asked and all(g is None for g in asked)
 
     monkeypatch.setattr(step_profile, "step_runner", spy)
     asked.clear()
-    step_profile.profile_decode_step(tiny_llama, steps=1, context=4)
+    roofline_step_profile.profile_decode_step(tiny_llama, steps=1, context=4)
     assert asked == [False]
 
 

@@ -1,9 +1,9 @@
-"""labsupport.lab.step_profile: one decode step split by kind of work (torch.profiler)."""
+"""labsupport.lab.roofline_step_profile: one decode step split by kind of work (torch.profiler)."""
 
 import pytest
 
 from labsupport.errors import LabError
-from labsupport.lab.step_profile import KINDS, kind_of, profile_decode_step
+from labsupport.lab.roofline_step_profile import KINDS, kind_of, profile_decode_step
 
 pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
 
@@ -55,7 +55,7 @@ def test_the_figure_stacks_every_kind_for_every_step(tiny_llama):
 def test_the_compiled_step_is_profiled_with_the_same_kinds(fresh_tiny_llama):
     """The compiled step (what generate(compile=True) runs) splits into the same kinds; its
     matmuls are still there, and its step is timed without the profiler, after warm-up."""
-    from labsupport.lab.step_profile import compiled_greedy_step
+    from labsupport.lab.roofline_step_profile import compiled_greedy_step
     result = profile_decode_step(fresh_tiny_llama, batch=2, context=8, steps=2, step_fn=compiled_greedy_step)
     assert list(result["seconds"]) == list(KINDS)
     assert sum(result["share"].values()) == pytest.approx(1.0)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from labsupport.engine import cpp_build
 from labsupport.engine.quant import w4a8
-from labsupport.lab import quant_error
+from labsupport.lab import quantization_error
 from labsupport.errors import LabError
 from labsupport.engine.quant.formats import dequantize_int4, quantize_int4_groupwise
 
@@ -57,7 +57,7 @@ def activations(m: int, k: int, seed: int = 1) -> torch.Tensor:
 
 
 def assert_matches_reference(y, x, packed):
-    ref, bound = quant_error.w4a8_reference(x, *packed), quant_error.w4a8_error_bound(x, *packed)
+    ref, bound = quantization_error.w4a8_reference(x, *packed), quantization_error.w4a8_error_bound(x, *packed)
     assert y.shape == ref.shape and y.dtype == torch.float32
     worst = ((y - ref).abs() / bound.clamp(min=1e-30)).max().item() if y.numel() else 0.0
     assert worst <= TOLERANCE, f"kernel and reference differ by {worst:.2e} of the terms' size"
@@ -114,7 +114,7 @@ def test_leading_dimensions_other_dtypes_and_an_empty_batch(kernel):
     assert_matches_reference(y.reshape(6, 33), x.reshape(6, 96), packed)
     y16 = w4a8.w4a8_linear(x.bfloat16(), *packed)
     assert y16.dtype == torch.bfloat16
-    torch.testing.assert_close(y16.float(), quant_error.w4a8_reference(x.bfloat16().float(), *packed), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(y16.float(), quantization_error.w4a8_reference(x.bfloat16().float(), *packed), rtol=1e-2, atol=1e-2)
     transposed = activations(96, 4).t()                      # (4, 96), not contiguous
     assert_matches_reference(w4a8.w4a8_linear(transposed, *packed), transposed.contiguous(), packed)
     assert w4a8.w4a8_linear(torch.empty(0, 96), *packed).shape == (0, 33)

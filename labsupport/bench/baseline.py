@@ -20,7 +20,7 @@ from ..lab.roofs import copy_bandwidth, copy_timing
 from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
 from .options import SectionOptions, count
-from .peers import hf_generate_fn, hf_static_compiled_fn
+from .peers.huggingface import hf_generate_fn, hf_static_compiled_fn
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..lab.batch_timing import batch_speedup
+from ..lab.batching_timing import batch_speedup
 from ..engine.padding import left_pad, padding_waste
 from ..lab.batching import sorted_batches
 from ..lab.busy import busy_reason
@@ -24,7 +24,7 @@ from ..lab.timing_model import batches_that_fit
 from ..lab.workloads import BATCHING_PROMPTS, PRESETS, STORY_PROMPT
 from .core import BenchContext, reported
 from .options import SectionOptions, count, counts
-from .peers import hf_padded_generate_fn
+from .peers.huggingface import hf_padded_generate_fn
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ engine timed in the same interleaved rounds (`measure.time_side_by_side`):
   (an optional extra: where it is missing, its row says why).
 
 Where llama.cpp runs, two more int4 figures are timed against it, side by side: the prefill of a
-512-token prompt, and the decode of 8 sequences at once, for new_tokens // 2 tokens (`llamacpp_int4.py`).
+512-token prompt, and the decode of 8 sequences at once, for new_tokens // 2 tokens (`engines_int4.py`).
 
 Prefill and decode are reported apart: each engine is also timed producing one token
 (its prefill), and its decode speed is (new_tokens - 1) / (whole run - prefill). A
@@ -58,11 +58,11 @@ from ..lab.quality import quantized_bytes
 from ..lab.roofs import copy_bandwidth, copy_timing
 from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, reported
-from .llamacpp import LlamaCppGreedy, llamacpp_unavailable
-from .llamacpp_int4 import (LLAMACPP, OURS_INT4, batched_decode, batched_figures, long_prefill,
+from .peers.llamacpp import LlamaCppGreedy, llamacpp_unavailable
+from .engines_int4 import (LLAMACPP, OURS_INT4, batched_decode, batched_figures, long_prefill,
                             long_prefill_figures)
 from .options import SectionOptions, count, switch
-from .peers import hf_assisted_fn, hf_early_layers_draft, hf_generate_fn, hf_static_compiled_fn
+from .peers.huggingface import hf_assisted_fn, hf_early_layers_draft, hf_generate_fn, hf_static_compiled_fn
 
 OURS, OURS_COMPILED = "labsupport fp32", "labsupport fp32, compiled"
 OURS_INT4_ATEN, OURS_INT8 = "labsupport int4 g32, aten kernel", "labsupport int8"

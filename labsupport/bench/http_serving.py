@@ -2,7 +2,7 @@
 how our server compares with llama.cpp's and vLLM's, on one workload at a few arrival rates.
 
 Introduced in notebook 09 (serving over HTTP); ``python -m labsupport bench --sections http_serving``.
-The same seeded chat workload (`lab.loadgen.chat_workload`) is served at each arrival rate
+The same seeded chat workload (`lab.http_serving_loadgen.chat_workload`) is served at each arrival rate
 (fractions of the rate the in-process engine saturates at, `load_curve.saturation_rate`) by:
 
 * the in-process engine (`Engine.run`: no sockets, no JSON, no tokenizer on the way out);
@@ -32,12 +32,12 @@ import torch
 from ..engine.serving.engine import Engine
 from ..errors import LabError
 from ..lab.load_curve import engine_row, saturation_rate
-from ..lab.loadgen import as_engine_requests, chat_workload, load_test
+from ..lab.http_serving_loadgen import as_engine_requests, chat_workload, load_test
 from ..lab.measure import VLLM_GRAPHED, mark_graphed
 from ..lab.workloads import HTTP_SERVING_PRESETS, HttpServingSizes
 from .core import BenchContext, reported
-from .http_agentic import KEYS, agentic_figures, quality_figures, agentic_serving, served_quality
-from .http_peers import (LLAMA_SERVER, LLAMA_SERVER_PRECISION, free_port, llama_server_peer, peer_server,
+from .http_serving_agentic import KEYS, agentic_figures, quality_figures, agentic_serving, served_quality
+from .peers.http_servers import (LLAMA_SERVER, LLAMA_SERVER_PRECISION, free_port, llama_server_peer, peer_server,
                          llamacpp_server_command, vllm_server_command)
 from .options import SectionOptions, count, counts, switch
 

@@ -13,7 +13,7 @@ from ..lab.busy import busy_reason
 from ..claims.kv_cache import step_busy_reason
 from ..engine.generation import generate, generate_naive
 from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
-from ..lab.kv_timing import estimated_total_seconds, gqa_savings, time_per_token_by_position
+from ..lab.kv_cache_timing import estimated_total_seconds, gqa_savings, time_per_token_by_position
 from ..lab.measure import time_side_by_side
 from ..engine.config import PRESETS
 from ..lab.workloads import KV_PROMPT
@@ -53,7 +53,7 @@ def section_kv_cache(ctx: BenchContext, options: KVCacheOptions) -> dict:
     of both, side by side (``repeats``) and with the same tokens checked, for the
     shortest length and wherever the uncached run is cheap enough (estimated under
     ``naive_budget_s``); otherwise an estimate from single steps timed at a few
-    positions (``step_repeats``) and summed over every position (`kv_timing`). The
+    positions (``step_repeats``) and summed over every position (`kv_cache_timing`). The
     figure's note says which. Also the memory arithmetic: GQA's saving, and a 7B cache at
     512 vs 128K (computed from the formula, not measured: its figure says so). A timed
     figure carries the busy reason of its timings (`busy`): their spread, and for the

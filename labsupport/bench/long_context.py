@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import torch
 
 from ..lab.busy import busy_reason
-from ..lab.decode_bytes import cache_bytes_per_token, decode_weight_bytes
+from ..lab.long_context_bytes import cache_bytes_per_token, decode_weight_bytes
 from ..engine.kv_cache import kv_cache_bytes
 from ..engine.kv_quant import int8_kv_cache_bytes
 from ..lab.long_context import batch_that_fits, time_cache_kinds
 from ..engine.config import PRESETS
-from ..lab.prefill_attention import prefill_attention_sweep
+from ..lab.long_context_prefill import prefill_attention_sweep
 from .core import BenchContext, reported
 from .options import SectionOptions, count, counts
 

@@ -25,7 +25,7 @@ from ..lab.serving_workload import chat_prompts, make_workload, serving_workload
 from ..lab.workloads import PRESETS, SERVING_PRESETS, device_class, preset
 from .core import BenchContext, reported
 from .options import SectionOptions, count, counts
-from .serving_peers import hf_serve, vllm_serve
+from .peers.continuous_batching import hf_serve, vllm_serve
 
 
 def _sizes(kind: str) -> dict:
@@ -101,7 +101,7 @@ def serve_side_by_side(model, hf_model, requests: list, slots: int, repeats: int
     Introduced in notebook 06 (continuous batching). Our servers: `servers` (name -> `Engine`
     keyword arguments; default: "static" and "continuous", plus `our_servers(token_budget)`
     when a token budget is given), each with `slots` slots and a paged cache of `slots` x the
-    longest request. "hf": `serving_peers.hf_serve` with transformers' own defaults (its
+    longest request. "hf": `peers.continuous_batching.hf_serve` with transformers' own defaults (its
     chunked prefill and prefix sharing) and the same slot limit; hf_model=None leaves it out.
     Returns (the `Timing` of each name, the last run of each: a `ServingResult` for ours,
     `hf_serve`'s dict for "hf").
@@ -131,7 +131,7 @@ def serve_side_by_side(model, hf_model, requests: list, slots: int, repeats: int
 
 def _decode_costs(model, slots: int) -> dict | None:
     try:
-        from ..lab.decode_cost import decode_step_costs
+        from ..lab.serving_decode_cost import decode_step_costs
     except ImportError:                                      # the engine without its decode-cost probe
         return None
     return decode_step_costs(model, batch_size=slots, context=128, steps=5)

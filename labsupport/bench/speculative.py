@@ -21,7 +21,7 @@ from ..lab.speculative_math import expected_speedup, pass_costs
 from .core import BenchContext, reported
 from .options import SectionOptions, count
 from ..lab.workloads import CREATIVE_PROMPT, GROUNDED_PROMPT
-from .peers import ForwardPasses, hf_generate_fn, hf_static_compiled_fn
+from .peers.huggingface import ForwardPasses, hf_generate_fn, hf_static_compiled_fn
 
 
 

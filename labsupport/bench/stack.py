@@ -18,7 +18,7 @@ from ..lab.serving_workload import stack_workload
 from ..lab.workloads import PRESETS
 from .core import BenchContext, reported
 from .options import SectionOptions, count
-from .peers import hf_stack_stage
+from .peers.huggingface import hf_stack_stage
 
 
 @dataclass(frozen=True)

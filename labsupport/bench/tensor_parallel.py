@@ -1,6 +1,6 @@
 """Notebook 10's section (``tensor_parallel``, only when named): tensor parallelism on this
 machine's cores, TP=1 against TP=2, and the all-reduce it pays; then disaggregated prefill and
-decode against one colocated engine, by goodput (`lab.disaggregated`).
+decode against one colocated engine, by goodput (`lab.tensor_parallel_disaggregated`).
 
 Introduced in notebook 10 (past one device); ``python -m labsupport bench --sections tensor_parallel``.
 Each degree runs in its own processes over 127.0.0.1 (`engine.parallel`: gloo on a CPU, NCCL
@@ -90,7 +90,7 @@ def section_tensor_parallel(ctx: BenchContext, options: TensorParallelOptions) -
 
 def _disaggregation(ctx: BenchContext, options: TensorParallelOptions, tokenizer) -> dict:
     """Disaggregated prefill and decode against one colocated engine, at each rate, on two CPU cores."""
-    from ..lab.disaggregated import compare_with_colocated
+    from ..lab.tensor_parallel_disaggregated import compare_with_colocated
     from ..lab.serving_workload import chat_prompts, make_workload
     if (os.cpu_count() or 1) < 2:
         return {"disaggregation": None, "disaggregation_note": "disaggregation left out: it needs two CPU cores"}

@@ -8,7 +8,7 @@ Introduced in notebook 08 (long context).
   hint that names the mistake.
 
 The main exercise, a tiled attention with an online softmax, has its own module
-(`checks.tiled_attention`). The int8 KV quantization exercise was removed: one absmax scale per
+(`checks.long_context_tiled`). The int8 KV quantization exercise was removed: one absmax scale per
 token is notebook 04's int8 warm-up (one scale per row) again.
 """
 

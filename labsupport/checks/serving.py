@@ -11,7 +11,7 @@ import itertools
 import numbers
 
 from ..engine.serving.block_manager import blocks_needed
-from .processes import hashes_text, stable_across_processes
+from .serving_processes import hashes_text, stable_across_processes
 from . import call_learner, fail, grades_quietly, passed
 
 STEP = "one scheduler step"

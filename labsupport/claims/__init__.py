@@ -2,7 +2,7 @@
 
 Introduced in notebook 00 (where the time goes); every notebook ends with its table.
 
-One module per notebook. Each function takes that notebook's measurements and returns rows
+One module per notebook stem (tests/test_stems.py). Shared: ratios. Each function takes that notebook's measurements and returns rows
 of plain dicts (claim, measured, verdict, ...), ready for `tables.records_table`; each
 module's ``*_section_claims`` takes the dict its benchmark section returned and calls the
 same function, so the notebook and the bench judge a claim by one verdict path. The verdicts are computed, with their thresholds in each docstring,

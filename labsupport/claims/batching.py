@@ -111,7 +111,7 @@ def batching_claims(*, real_over_loop: float | None, ratio_16: float, sweep: Seq
 
     real_over_loop: the chapter's loop over the prompts timed against one real batch of them
     (loop time / batch time); ratio_16: throughput at batch 16
-    over batch 1; sweep: `batch_timing.sweep_batch_sizes`'s rows; ridge: the predicted
+    over batch 1; sweep: `batching_timing.sweep_batch_sizes`'s rows; ridge: the predicted
     ridge batch; waste, sorted_waste: padding of the prompts as they come and sorted;
     padded_over_sorted: time as they come / time sorted. timings: the `measure.Timing`s
     behind each ratio, {"loop": ..., "headline": ..., "padding": ...}, each {name: Timing};

@@ -31,7 +31,7 @@ def step_busy_reason(step_rows: Sequence[dict], full_run_timings: Mapping[int, M
                      load: float | None = None) -> str | None:
     """Why notebook 01's timings cannot carry a verdict, or None when the run looked quiet.
 
-    Introduced in notebook 01 (KV cache). step_rows: `kv_timing.time_per_token_by_position`'s
+    Introduced in notebook 01 (KV cache). step_rows: `kv_cache_timing.time_per_token_by_position`'s
     rows (their ``timings`` give each step's spread); full_run_timings: {new tokens:
     {"cached_s" or "naive_s": Timing or Timing.to_dict()}} of the full runs; load:
     `busy.load_per_core()`. Three signs: the spread of any figure, the load, and a step

@@ -102,7 +102,7 @@ def tensor_parallel_losses(result: dict, links: list[dict], disaggregation: dict
 
 
 def disaggregation_claims(comparison: dict, busy: str | None = None) -> list[dict]:
-    """Rows of claim, measured and verdict from `lab.disaggregated.compare_with_colocated`.
+    """Rows of claim, measured and verdict from `lab.tensor_parallel_disaggregated.compare_with_colocated`.
     Introduced in notebook 10 (past one device). Thresholds: the tokens "hold" when every request
     got the same tokens both ways; DistServe's claim "holds" when disaggregated goodput is at
     least MARGIN (1.05) times the colocated engine's, "no measurable difference" within it, and

@@ -102,7 +102,7 @@ class ModelConfig:
         return self.num_layers * (attention + mlp + norms) + embeddings + final + head
 
     # --- what one step costs, from the shapes: the one cost model (as nanochat keeps its FLOP and
-    # KV-byte counts beside its model). lab/roofline, lab/decode_bytes, the caches and the plots
+    # KV-byte counts beside its model). lab/roofline, lab/long_context_bytes, the caches and the plots
     # call these; the exercises' checkers keep their own reference on purpose. Notebook 00.
 
     @property

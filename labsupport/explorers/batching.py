@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from ..lab.batch_timing import measure_batch
+from ..lab.batching_timing import measure_batch
 from ..lab.batching import batch_sizes, prompts_of_lengths, spread_lengths
 from ..engine.padding import padding_waste
 from ..weights.chat import chat_prompt

@@ -17,7 +17,7 @@ from typing import Sequence
 import ipywidgets as widgets
 
 from ..engine.kv_cache import StaticKVCache
-from ..lab.kv_timing import MODES, time_per_token_by_position
+from ..lab.kv_cache_timing import MODES, time_per_token_by_position
 from ..plots.kv_cache import cache_memory_figure, per_token_time_figure
 from ..lab.workloads import preset
 from .base import Explorer
@@ -68,7 +68,7 @@ def kv_cache_explorer(model, max_length: int | None = None, initial_length: int 
     Introduced in notebook 01 (KV cache). max_length defaults to the device's
     ``kv_explorer_max_length`` (`workloads.PRESETS`: 1024 on a CPU, 4096 on a GPU), never
     past the model's context. measured: rows already timed
-    (`kv_timing.time_per_token_by_position` with the same prompt_len), shown at once and
+    (`kv_cache_timing.time_per_token_by_position` with the same prompt_len), shown at once and
     never timed again; allocated: (length, bytes) pairs already allocated. initial_length:
     where the slider opens; default the longest measured length on the slider (128 if none),
     so that opening the explorer measures nothing new.

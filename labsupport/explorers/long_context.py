@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import numpy as np
 
-from ..lab.decode_bytes import KV_PRECISIONS, decode_weight_bytes, predicted_step_seconds, step_bytes
+from ..lab.long_context_bytes import KV_PRECISIONS, decode_weight_bytes, predicted_step_seconds, step_bytes
 from ..engine.hardware import dtype_name
 from ..lab.step_timing import filled_cache, step_runner
 from ..lab.measure import time_fn

@@ -55,7 +55,7 @@ def engine_row(result) -> dict:
 
 def peer_row(arrivals: Mapping, token_times: Mapping) -> dict:
     """The same figures for a peer that reports only when each token came out
-    (`bench.serving_peers.hf_serve`): arrivals and token_times by request id, in seconds
+    (`bench.peers.continuous_batching.hf_serve`): arrivals and token_times by request id, in seconds
     from the start. Prompt tokens are unknown (nan). Introduced in notebook 06 (continuous batching)."""
     times = {i: t for i, t in token_times.items() if t}
     if not times:
@@ -107,7 +107,7 @@ def load_curve(model, prompts: list[list[int]], rates: Sequence[float], count: i
     rates: requests per second (wall clock), each > 0; settings: name -> `Engine` keyword
     arguments (default: `configurations(token_budget)`); peer: optional function serving a
     list of requests and returning {"arrivals", "token_times"} by request id
-    (`serving_peers.hf_serve`), added as the configuration "Hugging Face".
+    (`bench.peers.continuous_batching.hf_serve`), added as the configuration "Hugging Face".
     Every configuration gets `max_slots` slots and a paged cache of `max_slots` x the longest
     request. Returns one dict per (configuration, rate): "configuration", "rate", "requests",
     "tokens" and the figures of `engine_row` (times in seconds, throughput in tokens per second).

@@ -212,7 +212,7 @@ def timed_compile(device) -> bool:
     not the memory; a replayed CUDA graph (`engine.compiled`) measures the memory. Every
     contender is timed graphed there, alike. On a CPU there is no launch cost to hide, and
     compiling pays only for long runs (notebook 07), so timed decodes stay eager. Notebook
-    00's profile stays eager on purpose: there the launches are the lesson (`step_profile`).
+    00's profile stays eager on purpose: there the launches are the lesson (`roofline_step_profile`).
     """
     return pick_device(device).type == "cuda"
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from ..engine.hardware import bf16_emulated, cpu_bf16_switched_off, dtype_name, pick_device
-from .hardware_table import DATA_SHEETS, sixteen_bit
+from .roofline_hardware import DATA_SHEETS, sixteen_bit
 from .roofline import bytes_per_value, ridge_batch
 
 

@@ -34,7 +34,7 @@ def quantized_bytes(model: nn.Module) -> int:
     """Bytes a decode step reads: `weight_bytes()` plus the side tensors bitsandbytes keeps
     outside parameters and buffers (LLM.int8()'s row scales, 4-bit block absmax).
     Notebook 04 (quantization)."""
-    from .quant_error import bnb_side_bytes
+    from .quantization_error import bnb_side_bytes
     return model.weight_bytes() + sum(bnb_side_bytes(m) for m in model.modules())
 
 
@@ -43,7 +43,7 @@ def resident_bytes(model: nn.Module) -> int:
     (`precision.tensor_bytes`: lookup tables included, such as a float embedding kept beside
     its quantized output layer), plus bitsandbytes' side tensors. Notebook 04 (quantization)."""
     from ..engine.precision import tensor_bytes
-    from .quant_error import bnb_side_bytes
+    from .quantization_error import bnb_side_bytes
     return tensor_bytes(model) + sum(bnb_side_bytes(m) for m in model.modules())
 
 

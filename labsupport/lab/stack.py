@@ -24,7 +24,7 @@ without a native 16-bit type it is left out and int4 builds on static batching. 
 stages are timed side by side in one run (`measure.time_side_by_side`). The fastest
 stage that paid is the ``best``, finally compared with Hugging Face `generate()`, one
 request at a time, in fp32: the way most people first run a model (a peer stage,
-`bench.peers.hf_stack_stage`). Each row also counts the memory its configuration holds
+`bench.peers.huggingface.hf_stack_stage`). Each row also counts the memory its configuration holds
 (weights and KV cache: `best_under_budget` picks a stage for a memory budget) and,
 given evaluation tokens, its teacher-forced top-1 agreement with fp32
 (`quality.top1_agreement`). The chapter's claims against this run are
@@ -245,7 +245,7 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
     tokens equal the fp32 reference (the KV-cache stage), and the memory it holds.
 
     Introduced in notebook 07 (putting it together). peers: extra `Stage`s timed with the
-    ladder but not on it, e.g. Hugging Face generate() (`bench.peers.hf_stack_stage`); a
+    ladder but not on it, e.g. Hugging Face generate() (`bench.peers.huggingface.hf_stack_stage`); a
     peer named `HF_PEER` gives ``stack_vs_hf``, the best stage's tokens/s over the peer's.
     variants: the `ModelVariants` of `model` to build the stages from (default: a new one).
     agreement_tokens: token ids (e.g. `quality.eval_tokens`) on which each stage's model

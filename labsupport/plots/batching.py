@@ -33,7 +33,7 @@ def scaling_figure(rows: Sequence[dict], highlight: dict | None = None,
     Introduced in notebook 02 (batching).
     rows: dicts with "batch", "tokens_per_s", "ms_per_token" and an optional
     "group" (one line per group, e.g. a prompt-length spread), as returned by
-    `batch_timing.measure_batch`. The dashed grey lines are ideal linear scaling from
+    `batching_timing.measure_batch`. The dashed grey lines are ideal linear scaling from
     the first group's batch-1 point: throughput batch x batch-1, latency flat.
     highlight: one row to circle (the explorer's current setting). axis_batches: batch sizes
     the axis spans and labels besides those measured; it starts at the smallest, batch 1.

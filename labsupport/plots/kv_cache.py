@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 from ..errors import LabError
 from ..engine.hardware import dtype_name
 from ..engine.kv_cache import kv_cache_bytes
-from ..lab.kv_timing import estimated_step_seconds
+from ..lab.kv_cache_timing import estimated_step_seconds
 from ..engine.config import ModelConfig
 from .layout import legend_below
 

@@ -229,7 +229,7 @@ KIND_COLORS = {"matmuls": "#1f77b4", "attention": "#ff7f0e", "norms and elementw
 
 
 def step_profile_figure(profiles: dict[str, dict]) -> go.Figure:
-    """One horizontal bar per profiled decode step (`step_profile.profile_decode_step`), split
+    """One horizontal bar per profiled decode step (`roofline_step_profile.profile_decode_step`), split
     into its kinds of work, as shares of the step; the hover gives milliseconds per step.
 
     Introduced in notebook 00 (where the time goes). profiles: {label: result}, e.g.

@@ -78,7 +78,7 @@ HANDOVER_PHASES = (  # (label, where the phase starts, where it ends, colour): o
 def handover_figure(rows: list[dict], title: str | None = None) -> go.Figure:
     """The handover drawn from a run: each request's life as one bar, queued, prefilled on rank 0,
     its KV cache in flight to rank 1, waiting for a slot, and decoded on rank 1.
-    Notebook 10 (past one device). rows: `lab.disaggregated.serve_disaggregated`'s requests."""
+    Notebook 10 (past one device). rows: `lab.tensor_parallel_disaggregated.serve_disaggregated`'s requests."""
     fig = go.Figure()
     names = [f"request {i}" for i in range(len(rows))]
     for label, begin, end, color in HANDOVER_PHASES:

@@ -7,7 +7,7 @@ n: checked and shaped) -> answer (each choice's tokens to a body or a stream) ->
 routes; vLLM's tokenizer routes are in tokenizer_api; precision and the API key in
 precision) -> server
 (uvicorn, in the foreground or a background thread). The load generator that measures it
-(and any other OpenAI-compatible server) is `labsupport.lab.loadgen`.
+(and any other OpenAI-compatible server) is `labsupport.lab.http_serving_loadgen`.
 """
 
 import importlib

@@ -5,7 +5,7 @@ import math
 import torch
 
 from labsupport.checks.long_context import check_int8_crossover
-from labsupport.checks.tiled_attention import check_tiled_attention
+from labsupport.checks.long_context_tiled import check_tiled_attention
 
 from checker_cases.common import accepts, refuses
 

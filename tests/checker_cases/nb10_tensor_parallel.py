@@ -7,9 +7,9 @@ import types
 
 import torch.nn.functional as F
 
-from labsupport.checks.goodput import check_goodput, reference_goodput
+from labsupport.checks.tensor_parallel_goodput import check_goodput, reference_goodput
 from labsupport.checks.tensor_parallel import check_all_reduce_cost, check_mlp_split, reference_all_reduce_seconds
-from labsupport.lab import disaggregated
+from labsupport.lab import tensor_parallel_disaggregated
 from labsupport.lab.tensor_parallel import link_arithmetic
 
 from checker_cases.common import accepts, refuses
@@ -165,7 +165,7 @@ def goodput_as_a_dict(rows, ttft_slo, tpot_slo):
 
 def goodput_from_the_package(rows, ttft_slo, tpot_slo):
     """The right numbers, from the package's goodput."""
-    return disaggregated.goodput(rows, ttft_slo, tpot_slo)["goodput"]
+    return tensor_parallel_disaggregated.goodput(rows, ttft_slo, tpot_slo)["goodput"]
 
 
 
@@ -221,5 +221,5 @@ NOTEBOOK_10 = [
     refuses(check_goodput, "a-dict", "not a dict", goodput_as_a_dict),
     refuses(check_goodput, "none", "as a number", lambda rows, ttft_slo, tpot_slo: None),
     refuses(check_goodput, "the-packages-goodput", "write the steps yourself", goodput_from_the_package),
-    refuses(check_goodput, "the-packages-goodput-itself", "write the steps yourself", disaggregated.goodput),
+    refuses(check_goodput, "the-packages-goodput-itself", "write the steps yourself", tensor_parallel_disaggregated.goodput),
 ]

@@ -112,7 +112,7 @@ def _linear_weights(linear) -> list | None:
 def _hooked(modules) -> bool:
     """Whether a forward hook would see any of `modules` called (its own, or a global one): the
     one call never calls them, so the Python layer runs instead (notebook 03 records a linear's
-    inputs this way, lab/awq.py its activations)."""
+    inputs this way, lab/quantization_awq.py its activations)."""
     hooks = torch.nn.modules.module
     if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
         return True

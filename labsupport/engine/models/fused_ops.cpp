@@ -156,7 +156,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 // ---- one whole decode layer in one call (issue 40) --------------------------------------------------
 // A batch-1 decode step of the 135M model spent half its time in Python and the framework's
-// dispatch (700 operator calls a step, about 23 a layer: lab/step_profile.py). `decode_block`
+// dispatch (700 operator calls a step, about 23 a layer: lab/roofline_step_profile.py). `decode_block`
 // runs a Llama layer for one new token per row with the same pieces the layer's Python code
 // calls, from C++: the norms, rope and silu_mul above, each linear through aten (a float weight)
 // or through the dispatcher to our W4A8 kernel (packed int4 weights, quant/w4a8.cpp), the cache

@@ -12,7 +12,7 @@ The parts, in the order of the idea; notebook 04 reads them all from here
 
 * formats: the number formats (int8 absmax per row, int4 in groups,
   two 4-bit values per byte); what they cost is measured in the lab
-  (`lab.quant_error.weight_error_stats`);
+  (`lab.quantization_error.weight_error_stats`);
 * kernels: `Int8Linear` and `Int4Linear`, whose speed depends on the
   kernel (fast: dequantize inside the matmul; reference: dequantize, then matmul);
 * this module: the methods, a small registry (`METHODS`: name -> `Method`, its

@@ -13,7 +13,7 @@ The first sum is all integers, which the CPU computes 32 or 64 byte products at 
 
 This module builds that C++ kernel on first use (torch.utils.cpp_extension, 10 to 60 s,
 cached under the course's cache directory), packs weights for it, calls it, and gives the same
-computation in plain torch (`lab.quant_error.w4a8_reference`) to check it against. Without a C++ compiler or
+computation in plain torch (`lab.quantization_error.w4a8_reference`) to check it against. Without a C++ compiler or
 ninja, or if the build fails, `w4a8_unavailable()` says why in one sentence, and the caller keeps
 the older kernel.
 

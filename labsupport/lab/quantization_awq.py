@@ -1,7 +1,7 @@
 """AWQ's scale search for one linear layer: protect the input channels the activations use most.
 
 Introduced in notebook 04 (quantization), exercise 3; `awq_search` is that exercise's answer
-and `checks.quantize_awq.check_awq_search` compares a learner's search with it.
+and `checks.quantization_awq.check_awq_search` compares a learner's search with it.
 
 J. Lin et al., "AWQ: Activation-aware Weight Quantization for LLM Compression and
 Acceleration" (MLSys 2024, arXiv:2306.00978). A layer computes y = x W^T. Scaling

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from ..lab.served_quality import best_choice, choice_accuracy
+from ..lab.http_serving_quality import best_choice, choice_accuracy
 from ..serve.text import held_back
 from . import call_learner, fail, grades_quietly, passed, refuses_references
 
@@ -60,7 +60,7 @@ def check_parse_sse(fn) -> None:
             hint = ("stop at `data: [DONE]`: it ends the stream." if len(got) > len(want) else
                     "every `data: {...}` line before [DONE] is one chunk; lines that start with ':' are comments.")
             fail(SSE, f"{len(want)} chunks", f"{len(got)} chunks", f"{hint} Case: {about}")
-    passed(SSE, "The load generator reads every server's stream this way (labsupport.lab.loadgen).")
+    passed(SSE, "The load generator reads every server's stream this way (labsupport.lab.http_serving_loadgen).")
 
 
 def _hold_cases() -> list[tuple[str, list[str], str]]:
@@ -144,4 +144,4 @@ def check_best_choice(fn) -> None:
                      if int(got) == max(range(len(scores)), key=scores.__getitem__)),
                     "for each choice sum the last lengths[i] log-probabilities, then return the index of the largest.")
         fail(CHOICE, f"choice {want}", f"choice {got}", f"{hint} Case: {about}")
-    passed(CHOICE, "An evaluation harness scores a model through any server this way (labsupport.lab.served_quality).")
+    passed(CHOICE, "An evaluation harness scores a model through any server this way (labsupport.lab.http_serving_quality).")

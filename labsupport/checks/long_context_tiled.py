@@ -4,7 +4,7 @@ Introduced in notebook 08 (long context). The learner's `tiled_attention(q, k, v
 is compared with `F.scaled_dot_product_attention` (in float64) on shapes chosen so that each
 usual slip gives another answer: lengths that are not a multiple of the tile, GQA and MQA, causal
 and not, and keys whose scores grow along the sequence, so that the running max changes from
-tile to tile and a missing rescale shows. Every call is recorded (`prefill_attention.LargestTensor`):
+tile to tile and a missing rescale shows. Every call is recorded (`long_context_prefill.LargestTensor`):
 a tensor of all the queries' scores against all the keys, a full T x T mask, a row of scores
 against every key, or a call of scaled_dot_product_attention itself is refused, even with the
 right numbers. A wrong output is matched against the slips one by one (`_slipped`).
@@ -17,8 +17,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..lab.prefill_attention import LargestTensor
-from ..lab.prefill_attention import tiled_attention as reference_tiled_attention
+from ..lab.long_context_prefill import LargestTensor
+from ..lab.long_context_prefill import tiled_attention as reference_tiled_attention
 from . import call_learner, fail, grades_quietly, passed, refuses_references
 
 EXERCISE = "tiled attention with an online softmax"

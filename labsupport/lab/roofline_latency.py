@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import LabError
-from .hardware_table import DATA_SHEETS, sixteen_bit
+from .roofline_hardware import DATA_SHEETS, sixteen_bit
 from .roofline import attention_flops, bytes_per_value, decode_step_cost, matmul_params, params_read_per_step
 
 
@@ -76,7 +76,7 @@ def estimate(config, prompt_tokens: int, new_tokens: int, bandwidth: float, peak
 
 
 def data_sheet_estimates(config, prompt_tokens: int, new_tokens: int, sheets=DATA_SHEETS) -> list[LatencyEstimate]:
-    """`estimate` on every data sheet of `hardware_table`, in 16 bits where the chip has a 16-bit rate,
+    """`estimate` on every data sheet of `roofline_hardware`, in 16 bits where the chip has a 16-bit rate,
     else fp32. Notebook 00 (where the time goes)."""
     rows = []
     for sheet in sheets:

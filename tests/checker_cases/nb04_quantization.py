@@ -2,12 +2,12 @@
 
 import torch
 
-from labsupport.checks.quantize import check_int4_pack, check_int8_absmax
-from labsupport.checks.quantize_awq import check_awq_search
-from labsupport.checks.quantize_w4a8 import check_w4a8_matmul
+from labsupport.checks.quantization import check_int4_pack, check_int8_absmax
+from labsupport.checks.quantization_awq import check_awq_search
+from labsupport.checks.quantization_w4a8 import check_w4a8_matmul
 from labsupport.engine.quant import (dequantize_int4, dequantize_int8, pack_int4, quantize_int4_groupwise,
                                      quantize_int8_absmax, unpack_int4)
-from labsupport.lab.awq import awq_search, awq_weight
+from labsupport.lab.quantization_awq import awq_search, awq_weight
 
 from checker_cases.common import accepts, refuses
 

@@ -2,7 +2,7 @@
 
 Introduced in notebook 04 (quantization). The learner's `search_fn(weight, activations,
 group_size, grid) -> (scales, errors)` is compared with the package's reference
-(`labsupport.lab.awq.awq_search`): first on two made-up layers whose activations have
+(`labsupport.lab.quantization_awq.awq_search`): first on two made-up layers whose activations have
 channels of very different sizes, then on the notebook's layer and the activations it
 captured. The error curve (one output error per alpha) must be the reference's, the scales
 those of its best alpha (up to a constant factor, which changes no quantized weight), and on
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..engine.quant import dequantize_int4, quantize_int4_groupwise
-from ..lab.awq import AWQ_GRID, awq_search, awq_weight, error_removed, output_error, scales_for
+from ..lab.quantization_awq import AWQ_GRID, awq_search, awq_weight, error_removed, output_error, scales_for
 from . import call_learner, fail, grades_quietly, passed, refuses_references
 
 EXERCISE = "AWQ scale search"
@@ -205,7 +205,7 @@ def check_awq_search(search_fn, weight=None, calibration=None, held_out=None, gr
     Introduced in notebook 04 (quantization). Runs on two made-up layers, then, when given,
     on the notebook's `weight` (out, in) with its `calibration` activations (tokens, in): the
     scales must remove as much of plain int4's output error on `held_out` activations as the
-    reference's (`lab.awq.awq_search`) do, within half a percentage point.
+    reference's (`lab.quantization_awq.awq_search`) do, within half a percentage point.
     """
     cases = _cases()
     if weight is not None:

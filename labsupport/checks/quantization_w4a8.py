@@ -2,7 +2,7 @@
 per block of 32 (section 8, the arithmetic of llama.cpp's kernel and of engine/quant/w4a8.cpp).
 
 Introduced in notebook 04 (quantization). Like the other checkers of notebook 04
-(`checks.quantize`), it compares the learner's function with the package's reference
+(`checks.quantization`), it compares the learner's function with the package's reference
 (`engine.quant.w4a8`) on inputs chosen so that each usual slip gives another answer.
 """
 
@@ -14,9 +14,9 @@ from torch.overrides import TorchFunctionMode
 
 from ..engine.quant import dequantize_int4, quantize_int4_groupwise
 from ..engine.quant.w4a8 import pack_q4_1, quantize_activations
-from ..lab.quant_error import w4a8_reference
+from ..lab.quantization_error import w4a8_reference
 from . import fail, grades_quietly, passed, refuses_references
-from .quantize import _as_tensor, _call
+from .quantization import _as_tensor, _call
 
 
 # --- W4A8: int4 weights times int8 activations, one integer sum per block --------------------------
@@ -89,7 +89,7 @@ def check_w4a8_matmul(matmul_fn) -> None:
     Introduced in notebook 04 (quantization). The sums must be integers and exactly the
     reference's (`w4a8.quantize_activations`), so that a float matmul of dequantized weights
     and activations, the right numbers by another method, is refused; y must match the float64
-    reference of the same arithmetic (`lab.quant_error.w4a8_reference`) to float32 rounding. A y computed by
+    reference of the same arithmetic (`lab.quantization_error.w4a8_reference`) to float32 rounding. A y computed by
     a float matmul along k (beside right integer sums) is refused, and so is a call of
     `w4a8_reference` or `dequantize_int4`.
     """

@@ -7,7 +7,7 @@ Introduced in notebook 10 (past one device).
   last "finished". It runs the learner's function on made-up traces, compares with the checker's
   own `reference_goodput`, and names the usual slips (either objective, throughput, the share, <,
   a span from the first finish, from the last row, or summed over the requests, a dict). A function
-  that calls the package's `labsupport.lab.disaggregated.goodput` is refused.
+  that calls the package's `labsupport.lab.tensor_parallel_disaggregated.goodput` is refused.
 
 The module is apart from `checks.tensor_parallel`, whose checkers fill its 400 lines; that module
 imports `check_goodput` from here, so the notebook imports all three checkers from it.
@@ -151,5 +151,5 @@ def check_goodput(fn) -> None:
     """Check `fn(rows, ttft_slo, tpot_slo)` -> requests per second that met both objectives. Notebook 10 (past one
     device), exercise 3. Exact (to 1e-9) on four made-up traces (none met, ties at the objectives, rows not in
     order of finish), with a hint for each usual slip; a function that calls the package's `goodput` is refused."""
-    from ..lab.disaggregated import goodput                   # not at import: the ranks import checks.tensor_parallel
+    from ..lab.tensor_parallel_disaggregated import goodput                   # not at import: the ranks import checks.tensor_parallel
     refuses_references(GOODPUT, goodput)(_check_goodput)(fn)

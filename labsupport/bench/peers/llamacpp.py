@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import LabError
+from ...errors import LabError
 
 
 def llamacpp_unavailable(gguf: Path | None) -> str | None:

@@ -2,8 +2,8 @@
 
 import json
 
-from labsupport.checks.serving_http import check_best_choice, check_held_back, check_parse_sse, reference_parse_sse
-from labsupport.lab.served_quality import best_choice
+from labsupport.checks.http_serving import check_best_choice, check_held_back, check_parse_sse, reference_parse_sse
+from labsupport.lab.http_serving_quality import best_choice
 from labsupport.serve.text import held_back
 
 from checker_cases.common import accepts, refuses
@@ -92,8 +92,8 @@ def the_score(log_probs, lengths):
 
 
 def calls_the_package(log_probs, lengths):
-    from labsupport.lab import served_quality
-    return served_quality.best_choice(log_probs, lengths)
+    from labsupport.lab import http_serving_quality
+    return http_serving_quality.best_choice(log_probs, lengths)
 
 
 NOTEBOOK_09 = [

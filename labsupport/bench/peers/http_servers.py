@@ -20,8 +20,8 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from ..errors import LabError
-from .core import BenchContext
+from ...errors import LabError
+from ..core import BenchContext
 
 LLAMA_SERVER = "llama-server"
 
@@ -70,14 +70,14 @@ def peer_server(command: list[str], port: int, timeout: float):
 def llamacpp_server_command(ctx: BenchContext, port: int) -> tuple[list[str] | None, str | None]:
     """The llama.cpp server's command line on the embedded model's GGUF, or (None, why not).
     Notebook 09 (serving over HTTP)."""
-    from ..weights.loading import EMBEDDED
+    from ...weights.loading import EMBEDDED
     from .llamacpp import llamacpp_unavailable
     if ctx.model_name != EMBEDDED:
         return None, f"llama.cpp serves the embedded model's GGUF file only; this run's model is {ctx.model_name}."
     if ctx.device.type != "cpu":
         return None, "the llama.cpp peer is measured on a CPU run only (its wheel here is built for the CPU)."
     try:
-        from ..weights.embedded import find_gguf
+        from ...weights.embedded import find_gguf
         gguf = find_gguf()
     except LabError as error:
         return None, str(error)
@@ -115,7 +115,7 @@ def llama_server_command(model_name: str, device, port: int, slots: int,
                          context: int) -> tuple[list[str] | None, str | None]:
     """llama.cpp's C++ server (continuous batching) on the embedded model's GGUF with `slots`
     slots of `context` positions each and torch's thread count, or (None, why not). Notebook 09."""
-    from ..weights.loading import EMBEDDED
+    from ...weights.loading import EMBEDDED
     if model_name != EMBEDDED:
         return None, f"llama.cpp serves the embedded model's GGUF file only; this run's model is {model_name}."
     if torch.device(device).type != "cpu":
@@ -124,7 +124,7 @@ def llama_server_command(model_name: str, device, port: int, slots: int,
     if binary is None:
         return None, reason
     try:
-        from ..weights.embedded import find_gguf
+        from ...weights.embedded import find_gguf
         gguf = find_gguf()
     except LabError as error:
         return None, str(error)
@@ -157,8 +157,8 @@ def llama_server_peer(running: ExitStack, model_name: str, device, slots: int, c
 def vllm_server_command(ctx: BenchContext, port: int, slots: int) -> tuple[list[str] | None, str | None]:
     """vLLM's OpenAI-compatible server on the same weights (a CUDA GPU with vllm installed), or
     (None, why not). Notebook 09 (serving over HTTP)."""
-    from ..weights.loading import resolve_hf_source
-    from .serving_peers import vllm_skip_reason
+    from ...weights.loading import resolve_hf_source
+    from .continuous_batching import vllm_skip_reason
     reason = vllm_skip_reason(ctx.device)
     if reason is not None:
         return None, reason

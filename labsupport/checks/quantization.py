@@ -4,8 +4,8 @@ Introduced in notebook 04 (quantization). Each checker compares a learner's
 functions with the package's reference (`labsupport.engine.quant`) on inputs chosen
 so that each usual slip gives another answer, and prints a short confirmation or
 raises `CheckFailed` with what was expected, what came back, and a hint that
-names the slip. Exercise 3 (AWQ's scale search) is checked in `quantize_awq`, exercise 4
-(the W4A8 block dot product) in `quantize_w4a8`.
+names the slip. Exercise 3 (AWQ's scale search) is checked in `quantization_awq`, exercise 4
+(the W4A8 block dot product) in `quantization_w4a8`.
 """
 
 from __future__ import annotations

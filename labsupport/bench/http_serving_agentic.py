@@ -4,13 +4,13 @@ without prefix caching, and the model's quality scored through the server.
 Introduced in notebook 09 (serving over HTTP). `agentic_serving` serves `loadgen.agentic_workload`
 (one long shared system prompt, conversations that grow turn by turn) twice, goodput under the
 sizes' TTFT and TPOT objectives; `served_quality` scores fp32, int8 and int4 weights through
-the server by echo + log-probabilities (`lab.served_quality`), each beside the same scores in
+the server by echo + log-probabilities (`lab.http_serving_quality`), each beside the same scores in
 process.
 """
 
 from __future__ import annotations
 
-from ..lab.loadgen import agentic_workload, goodput, load_test
+from ..lab.http_serving_loadgen import agentic_workload, goodput, load_test
 from .core import reported
 
 KEYS = ("throughput", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_p50")
@@ -76,10 +76,10 @@ QUALITY_WEIGHTS = ("float", "int8", "int4")
 
 def served_quality(variants, tokenizer, model_name: str, eval_tokens: int = 256) -> list[dict]:
     """Perplexity and the multiple-choice accuracy through our server, for fp32, int8 and int4
-    weights, each beside the same scores in process (`served_quality.quality_row`): what an
+    weights, each beside the same scores in process (`lab.http_serving_quality.quality_row`): what an
     evaluation harness would measure through the server. Notebook 09 (serving over HTTP)."""
     from ..lab.quality import eval_tokens as first_tokens
-    from ..lab.served_quality import quality_row
+    from ..lab.http_serving_quality import quality_row
     from ..serve import BackgroundServer, create_app
     context = variants.get("float32").config.max_position
     ids = first_tokens(tokenizer, max_tokens=min(eval_tokens, context - 1))    # the server reserves one position

@@ -27,7 +27,7 @@ from ..lab.measure import Timing, require_graphed, time_side_by_side, timed_comp
 from ..engine.precision import cast_model
 from ..lab.precision import precision_choices
 from ..engine.quant import pack_int4, quantize_int4_groupwise, quantize_model
-from ..lab.quant_error import weight_error_stats
+from ..lab.quantization_error import weight_error_stats
 from ..lab.quality import perplexity, quantized_bytes, resident_bytes
 from .base import Explorer
 from ..plots.layout import title_lines

@@ -21,7 +21,7 @@ from ..lab.busy import busy_reason
 from ..lab.measure import time_side_by_side
 from ..weights.embedded import find_gguf
 from .core import BenchContext, reported
-from .llamacpp import LlamaCppBatchedGreedy, LlamaCppGreedy
+from .peers.llamacpp import LlamaCppBatchedGreedy, LlamaCppGreedy
 
 OURS_INT4, LLAMACPP = "labsupport int4 g32", "llama.cpp Q4_1 (same GGUF)"    # the engines section's row names
 LONG_PROMPT = 512           # tokens of the prefill timed against llama.cpp's

@@ -1,6 +1,6 @@
 """Timing generation against batch size: what a batch buys in throughput and costs in latency.
 
-Introduced in notebook 02 (batching), as `kv_timing` is for notebook 01: the
+Introduced in notebook 02 (batching), as `kv_cache_timing` is for notebook 01: the
 measurements that run `generate`, kept apart from `batching` itself (left
 padding, the mask, positions), which `generate` builds on.
 """

@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from ..errors import LabError
-from ..engine.hardware import synchronize
-from ..engine.serving.request import Request
-from .peers import hf_greedy_config
+from ...errors import LabError
+from ...engine.hardware import synchronize
+from ...engine.serving.request import Request
+from .huggingface import hf_greedy_config
 
 
 def _require_greedy(requests: list[Request], peer: str) -> None:

@@ -4,7 +4,7 @@ Introduced in notebook 00 (where the time goes), where `generate()` is the first
 beside Hugging Face's own fast path (static cache + torch.compile) and its assisted
 generation (the llama.cpp peer is in llamacpp.py);
 notebooks 02 (a padded batch), 05 (prompt-lookup decoding) and 07 (the stack's last
-rung) add theirs. The serving peers (notebook 06) are in serving_peers.py.
+rung) add theirs. The serving peers (notebook 06) are in continuous_batching.py.
 
 Every peer runs greedy for exactly the requested number of new tokens (end-of-sequence
 disabled), so that its tokens can be compared with ours and a ratio of times is a
@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from ..errors import LabError
-from ..engine.hardware import synchronize
-from ..engine.serving.request import Request
-from ..lab.measure import HF_GRAPHED, timed_compile
-from ..lab.stack import HF_PEER, Stage
+from ...errors import LabError
+from ...engine.hardware import synchronize
+from ...engine.serving.request import Request
+from ...lab.measure import HF_GRAPHED, timed_compile
+from ...lab.stack import HF_PEER, Stage
 
 
 def hf_greedy_config(hf_model, new_tokens: int):
