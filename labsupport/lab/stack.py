@@ -99,9 +99,6 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
     Without the cache only the chapter's loop exists (one request at a time); speculative
     decoding runs one request at a time (with the cache), so it excludes batching.
     """
-    from ..engine.serving.engine import Engine
-    from ..engine.speculative import PromptLookupDraft, speculative_generate   # looked up per call: tests spy on it
-
     if batching not in BATCHING:
         raise LabError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}.")
     if not kv_cache and (batching != "none" or speculative):
@@ -113,16 +110,14 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
     graphed = timed_compile(model.device)
     own_loop = NOT_GRAPHED if graphed else "eager"      # the naive loop, the engine: their own eager loops
 
-    def path(result):
-        paths.add(getattr(result, "decode_path", "eager"))
-        return result
-
     def own(result):
         paths.add(own_loop)
         return result
 
-    def graphed_path(result):
-        return path(require_graphed(result, f"the stage's generate() ({precision}, {weights})", model.device))
+    def graphed_path(result, what="generate()"):
+        result = require_graphed(result, f"the stage's {what} ({precision}, {weights})", model.device)
+        paths.add(getattr(result, "decode_path", "eager"))
+        return result
 
     def one_at_a_time(fn):
         return lambda: {r.request_id: fn(r) for r in requests}
@@ -130,28 +125,43 @@ def serve_fn(variants: ModelVariants, requests, kv_cache: bool = True, batching:
     if not kv_cache:
         return one_at_a_time(lambda r: own(generate_naive(model, r.prompt, r.max_new_tokens, eos_token_ids=())).row(0))
     if speculative:
-        lookup = PromptLookupDraft(ngram=3)
-        summed = SpeculativeStats() if speculation is None else speculation
-
-        def speculate(r):
-            result = path(require_graphed(
-                speculative_generate(model, lookup, r.prompt, r.max_new_tokens, k=draft_k, eos_token_ids=(),
-                                     compile=graphed),
-                f"the stage's speculative decoding ({precision}, {weights})", model.device))
-            summed.add(result.stats)
-            return result.tokens
-        return one_at_a_time(speculate)
+        return one_at_a_time(_speculate(model, draft_k, graphed, graphed_path, speculation))
     if batching == "none":
         return one_at_a_time(lambda r: graphed_path(generate(model, r.prompt, r.max_new_tokens, eos_token_ids=(),
                                                              compile=graphed)).row(0))
     if batching == "continuous":
-        longest = max(r.max_length for r in requests)
+        return _continuous(model, requests, slots, paths, own_loop)
+    return _static_batches(model, requests, slots, graphed, graphed_path)
 
-        def continuous():
-            paths.add(own_loop)                                  # the engine's own step loop
-            return Engine(model, max_slots=slots, policy="continuous",
-                          cache_tokens=slots * longest).run(requests).tokens()
-        return continuous
+
+def _speculate(model, draft_k: int, graphed: bool, graphed_path, speculation: SpeculativeStats | None):
+    """Serve one request by speculative decoding, its drafts' stats added up. Notebook 07 (putting it together)."""
+    from ..engine.speculative import PromptLookupDraft, speculative_generate   # looked up per call: tests spy on it
+    lookup = PromptLookupDraft(ngram=3)
+    summed = SpeculativeStats() if speculation is None else speculation
+
+    def speculate(r):
+        result = graphed_path(speculative_generate(model, lookup, r.prompt, r.max_new_tokens, k=draft_k,
+                                                   eos_token_ids=(), compile=graphed), "speculative decoding")
+        summed.add(result.stats)
+        return result.tokens
+    return speculate
+
+
+def _continuous(model, requests, slots: int, paths: set, own_loop: str):
+    """Serve every request with the serving engine's continuous batching. Notebook 07 (putting it together)."""
+    from ..engine.serving.engine import Engine
+    longest = max(r.max_length for r in requests)
+
+    def continuous():
+        paths.add(own_loop)                                  # the engine's own step loop
+        return Engine(model, max_slots=slots, policy="continuous",
+                      cache_tokens=slots * longest).run(requests).tokens()
+    return continuous
+
+
+def _static_batches(model, requests, slots: int, graphed: bool, graphed_path):
+    """Serve the requests in padded batches of `slots`, one `generate` each. Notebook 07 (putting it together)."""
 
     def static_batches():
         # padded batches; each runs until its longest answer ends (finished rows keep computing)
@@ -266,6 +276,34 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
         raise LabError("run_stack needs at least one request.")
     variants = variants or ModelVariants(model)
     stages = build_stages(model, requests, slots, variants=variants) + list(peers)
+    timings, outputs, passes, runs = _time_stages(stages, variants, model.device, repeats, progress)
+    load = load_per_core()
+    tokens = sum(r.max_new_tokens for r in requests)
+    reference = outputs["+ KV cache"]
+    speed = {name: tokens / t.median for name, t in timings.items()}
+    longest = max(r.max_length for r in requests)
+    agreement: dict = {}
+    rows, best = [], None
+    for stage in stages:
+        out = outputs[stage.name]
+        same = sum(a == b for r in requests for a, b in zip(out[r.request_id], reference[r.request_id]))
+        row = _stage_row(stage, timings[stage.name], speed, same / tokens)
+        if stage.variant is not None:
+            _count_model(row, stage, model, variants, passes.get(stage.name, 0) / runs[stage.name], bandwidth,
+                         longest, agreement_tokens, agreement)
+        row["kept"] = stage.builds_on is not None and row["gain"] > 1.0
+        rows.append(row)
+        if row["kept"] and stage.name != HF_PEER:
+            best = row if best is None or row["tokens_per_s"] > best["tokens_per_s"] else best
+    result = {"requests": len(requests), "tokens": tokens, "slots": slots, "device": str(model.device),
+              "stages": rows, "best": best["stage"] if best else None, "load": load}
+    if HF_PEER in speed and best is not None:
+        result["stack_vs_hf"] = best["tokens_per_s"] / speed[HF_PEER]
+    return result
+
+
+def _time_stages(stages, variants: ModelVariants, device, repeats: int, progress):
+    """Time the stages side by side: (timings, outputs, passes, runs). Notebook 07 (putting it together)."""
     for stage in stages:                      # counts from the timed runs only
         if stage.speculation is not None:
             stage.speculation.__init__()         # back to zero, in place: its `serve_fn` holds it
@@ -283,56 +321,43 @@ def run_stack(model, requests, slots: int = 8, peers=(), repeats: int = 1, progr
         return fn
 
     try:
-        timings = time_side_by_side({s.name: timed(s) for s in stages}, model.device, warmup=0, repeats=repeats)
+        timings = time_side_by_side({s.name: timed(s) for s in stages}, device, warmup=0, repeats=repeats)
     finally:
         remove_hooks()
-    load = load_per_core()
-    tokens = sum(r.max_new_tokens for r in requests)
-    reference = outputs["+ KV cache"]
-    speed = {name: tokens / t.median for name, t in timings.items()}
-    longest = max(r.max_length for r in requests)
-    agreement: dict = {}
-    rows, best = [], None
-    for stage in stages:
-        out = outputs[stage.name]
-        same = sum(a == b for r in requests for a, b in zip(out[r.request_id], reference[r.request_id]))
-        row = {"stage": stage.name, "technique": stage.technique, "precision": stage.precision,
-               "tokens_per_s": speed[stage.name], "seconds": timings[stage.name].median,
-               "timing": timings[stage.name].to_dict(), "builds_on": stage.builds_on, "note": stage.note,
-               "gain": speed[stage.name] / speed[stage.builds_on] if stage.builds_on else None,
-               "cumulative": speed[stage.name] / speed["naive loop"],
-               "same_tokens_as_fp32": same / tokens, "top1_agreement": None,
-               "weight_bytes": None, "kv_cache_bytes": None, "weight_passes": None, "bandwidth_fraction": None,
-               "batch_rows": None, "speculation": _speculation(stage.speculation, stage.draft_k),
-               "decode_path": ", ".join(sorted(stage.decode_paths)) or None,
-               "decode_paths": sorted(stage.decode_paths),
-               "graphed": None if NOT_GRAPHED not in stage.decode_paths else False}
-        if row["graphed"] is False:     # on a GPU: never passes silently as a graphed figure
-            row["note"] = (row["note"] + " " if row["note"] else "") + ("Not a graphed measurement: its own step "
-                                                                       "loop runs eager, kernel launches included.")
-        if stage.variant is not None:
-            served = variants.get(*stage.variant)
-            row["weight_bytes"] = served.weight_bytes()
-            row["weight_passes"] = passes.get(stage.name, 0) / runs[stage.name]
-            row["batch_rows"] = max(1, stage.cached_sequences)         # sequences sharing each pass
-            if bandwidth:
-                row["bandwidth_fraction"] = (row["weight_bytes"] * row["weight_passes"] / row["seconds"]
-                                             / bandwidth)
-            row["kv_cache_bytes"] = kv_cache_bytes(served.config, longest, stage.cached_sequences, served.dtype)
-            if agreement_tokens is not None:
-                if stage.variant not in agreement:
-                    agreement[stage.variant] = (1.0 if served is model else
-                                                top1_agreement(model, served, agreement_tokens))
-                row["top1_agreement"] = agreement[stage.variant]
-        row["kept"] = stage.builds_on is not None and row["gain"] > 1.0
-        rows.append(row)
-        if row["kept"] and stage.name != HF_PEER:
-            best = row if best is None or row["tokens_per_s"] > best["tokens_per_s"] else best
-    result = {"requests": len(requests), "tokens": tokens, "slots": slots, "device": str(model.device),
-              "stages": rows, "best": best["stage"] if best else None, "load": load}
-    if HF_PEER in speed and best is not None:
-        result["stack_vs_hf"] = best["tokens_per_s"] / speed[HF_PEER]
-    return result
+    return timings, outputs, passes, runs
+
+
+def _stage_row(stage: Stage, timing, speed: dict, same: float) -> dict:
+    """A stage's row: its speed, gains, tokens and decode paths. Notebook 07 (putting it together)."""
+    row = {"stage": stage.name, "technique": stage.technique, "precision": stage.precision,
+           "tokens_per_s": speed[stage.name], "seconds": timing.median,
+           "timing": timing.to_dict(), "builds_on": stage.builds_on, "note": stage.note,
+           "gain": speed[stage.name] / speed[stage.builds_on] if stage.builds_on else None,
+           "cumulative": speed[stage.name] / speed["naive loop"], "same_tokens_as_fp32": same, "top1_agreement": None,
+           "weight_bytes": None, "kv_cache_bytes": None, "weight_passes": None, "bandwidth_fraction": None,
+           "batch_rows": None, "speculation": _speculation(stage.speculation, stage.draft_k),
+           "decode_path": ", ".join(sorted(stage.decode_paths)) or None, "decode_paths": sorted(stage.decode_paths),
+           "graphed": None if NOT_GRAPHED not in stage.decode_paths else False}
+    if row["graphed"] is False:     # on a GPU: never passes silently as a graphed figure
+        row["note"] = (row["note"] + " " if row["note"] else "") + ("Not a graphed measurement: its own step "
+                                                                   "loop runs eager, kernel launches included.")
+    return row
+
+
+def _count_model(row, stage: Stage, model, variants, weight_passes, bandwidth, longest, agreement_tokens, agreement):
+    """Add to a stage's row what its model holds and reads. Notebook 07 (putting it together)."""
+    served = variants.get(*stage.variant)
+    row["weight_bytes"] = served.weight_bytes()
+    row["weight_passes"] = weight_passes
+    row["batch_rows"] = max(1, stage.cached_sequences)         # sequences sharing each pass
+    if bandwidth:
+        row["bandwidth_fraction"] = row["weight_bytes"] * row["weight_passes"] / row["seconds"] / bandwidth
+    row["kv_cache_bytes"] = kv_cache_bytes(served.config, longest, stage.cached_sequences, served.dtype)
+    if agreement_tokens is not None:
+        if stage.variant not in agreement:
+            agreement[stage.variant] = (1.0 if served is model else
+                                        top1_agreement(model, served, agreement_tokens))
+        row["top1_agreement"] = agreement[stage.variant]
 
 
 def removed_work(result: dict) -> list[dict]:
