@@ -349,6 +349,39 @@ def test_modules_stay_short(path):
     assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines (at most {MAX_LINES})"
 
 
+MAX_FUNCTION_LINES = 80        # issue 47: a function a learner reads in one screen; split at the steps it narrates
+
+
+def long_functions(source: str) -> list[tuple[str, int]]:
+    """(name, lines) of every function or method in `source` longer than MAX_FUNCTION_LINES,
+    counted from its first decorator to its last line."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            if node.end_lineno - first + 1 > MAX_FUNCTION_LINES:
+                found.append((node.name, node.end_lineno - first + 1))
+    return found
+
+
+def test_no_function_is_longer_than_a_screen():
+    scripts = sorted((PACKAGE.parent / "scripts").glob("*.py"))
+    too_long = {str(p.relative_to(PACKAGE.parent)): long_functions(p.read_text(encoding="utf-8"))
+                for p in sorted(MODULES.values()) + scripts}
+    too_long = {k: v for k, v in too_long.items() if v}
+    assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines: {too_long}"
+
+
+def test_the_function_length_rule_counts_decorators_and_nested_functions():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 2))
+    short = f"def f():\n{body}\n"
+    assert long_functions(short) == []                                       # 79 lines
+    assert long_functions("@decorator\n" + short + "    return x0\n") == [("f", MAX_FUNCTION_LINES + 1)]
+    nested = "def outer():\n    def inner():\n" + "\n".join("    " + line for line in body.split("\n")) + \
+        "\n        return 1\n" * 2 + "    return inner\n"
+    assert [name for name, _ in long_functions(nested)] == ["outer", "inner"]
+
+
 def test_check_means_grading_an_exercise():
     """`check_*` names only the exercise checkers in checks/; validating an input is `require_*`."""
     wrong = sorted(f"{path.relative_to(PACKAGE)}: {node.name}"

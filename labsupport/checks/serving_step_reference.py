@@ -95,7 +95,7 @@ def reference_engine_step(state: dict, model, max_slots: int, token_budget: int,
 
 
 def counting_next(tokens) -> int:
-    """The counting model's next token after a row: its last token plus one. Notebook 06 (continuous batching)."""
+    """The counting model's next token after a row: its last token plus one. Notebook 06b (chunked prefill and prefix caching)."""
     return int(tokens[-1]) + 1
 
 
@@ -112,7 +112,7 @@ def workloads(requests=None, token_budget: int | None = None, max_slots: int | N
     arrivals, a cache too small for everyone), then, if given, the notebook's `requests` (the first
     64: their prompts and answer lengths, one arriving per step) with its budget and slots, in a
     cache of half what its longest requests would hold in a full batch, so that it runs short.
-    Notebook 06 (continuous batching)."""
+    Notebook 06b (chunked prefill and prefix caching)."""
     made_up = [
         dict(name="a first batch", max_slots=3, token_budget=8, block_size=4, num_blocks=64,
              requests=_synthetic([5, 3, 11, 2, 7, 4], [3, 5, 2, 4, 1, 3], [0] * 6)),
@@ -145,7 +145,7 @@ def package_steps(workload: dict) -> list[dict]:
     """The package's own scheduler (continuous batching, the workload's token budget) over the
     workload, stepped as `Engine.step` steps it, with the counting model: one record per step,
     {"arrived": ids queued before it, "call": {id: tokens}, "preempted": ids, "after": the state after it}.
-    Notebook 06 (continuous batching)."""
+    Notebook 06b (chunked prefill and prefix caching)."""
     blocks = BlockManager(workload["num_blocks"], workload["block_size"])
     scheduler = Scheduler("continuous", workload["max_slots"], blocks, workload["token_budget"])
     seqs = {rid: ServedSequence(Request(list(prompt), max_new_tokens=n, request_id=rid), i, "cpu")

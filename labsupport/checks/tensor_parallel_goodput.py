@@ -7,10 +7,10 @@ Introduced in notebook 10 (past one device).
   last "finished". It runs the learner's function on made-up traces, compares with the checker's
   own `reference_goodput`, and names the usual slips (either objective, throughput, the share, <,
   a span from the first finish, from the last row, or summed over the requests, a dict). A function
-  that calls the package's `labsupport.lab.tensor_parallel_disaggregated.goodput` is refused.
+  that calls the package's `labsupport.lab.serving_metrics.goodput` is refused.
 
-The module is apart from `checks.tensor_parallel`, whose checkers fill its 400 lines; that module
-imports `check_goodput` from here, so the notebook imports all three checkers from it.
+The module is apart from `checks.tensor_parallel`, whose checkers fill its 400 lines; notebook 10
+imports `check_goodput` from here.
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ TRACES = [
 
 def reference_goodput(rows, ttft_slo, tpot_slo) -> float:
     """Requests per second that met both objectives (ttft <= ttft_slo and tpot <= tpot_slo) over the trace's span,
-    from 0 to the largest "finished". Notebook 10 (past one device), exercise 3."""
-    met = sum(r["ttft"] <= ttft_slo and r["tpot"] <= tpot_slo for r in rows)
-    return met / max(r["finished"] for r in rows)
+    from 0 to the largest "finished" (`lab.serving_metrics.goodput`, the course's one goodput).
+    Notebook 10 (past one device), exercise 3."""
+    from ..lab.serving_metrics import goodput
+    return goodput(rows, ttft_slo, tpot_slo)["goodput"]
 
 
 def _slip(meets=lambda r, a, b: r["ttft"] <= a and r["tpot"] <= b, per=lambda rows: max(r["finished"] for r in rows)):
@@ -151,5 +152,5 @@ def check_goodput(fn) -> None:
     """Check `fn(rows, ttft_slo, tpot_slo)` -> requests per second that met both objectives. Notebook 10 (past one
     device), exercise 3. Exact (to 1e-9) on four made-up traces (none met, ties at the objectives, rows not in
     order of finish), with a hint for each usual slip; a function that calls the package's `goodput` is refused."""
-    from ..lab.tensor_parallel_disaggregated import goodput                   # not at import: the ranks import checks.tensor_parallel
+    from ..lab.serving_metrics import goodput
     refuses_references(GOODPUT, goodput)(_check_goodput)(fn)

@@ -39,7 +39,8 @@ def setting_label(load: str, policy: str, budget: int | None, prefix: bool) -> s
 
 def short_label(load: str, policy: str, budget: int | None, prefix: bool) -> str:
     """The row label of one setting in the figure of every setting measured so far: policy,
-    budget, prefix cache and arrival rate on one line. Introduced in notebook 06 (continuous batching)."""
+    budget, prefix cache and arrival rate on one line. Introduced in notebook 06b (chunked prefill and prefix
+    caching)."""
     rate = load.replace(" of capacity", "")
     return " · ".join([policy, "no budget" if budget is None else f"budget {budget}",
                        "prefix cache" if prefix else "no prefix", rate])

@@ -25,13 +25,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
 from ..engine.serving.request import Request
 from ..errors import LabError
 from ..inputs import finite_number, whole_number
-from .serving_metrics import percentile
+from .serving_metrics import goodput as serving_goodput
+from .serving_metrics import percentile, request_times, time_per_output_token
 from .serving_workload import arrival_times, output_lengths
 from .workloads import CHAT_QUESTIONS
 
@@ -282,7 +284,8 @@ def summarize_load(results: list[LoadResult]) -> dict:
     begin, end = min(r.sent for r in done), max(r.chunk_times[-1] for r in done)
     ttft = [r.chunk_times[0] - r.sent for r in done]
     gaps = [b - a for r in done for a, b in zip(r.chunk_times, r.chunk_times[1:])]
-    tpot = [(r.chunk_times[-1] - r.chunk_times[0]) / (n - 1) for r, n in zip(done, tokens) if n >= 2]
+    tpot = [t for r, n in zip(done, tokens)
+            if (t := time_per_output_token(r.chunk_times[0], r.chunk_times[-1], n)) is not None]
     latency = [r.chunk_times[-1] - r.sent for r in done]
     return {"requests": len(results), "served": len(done), "errors": sum(errors.values()), "error_kinds": errors,
             "tokens": sum(tokens), "duration": end - begin,
@@ -294,24 +297,18 @@ def summarize_load(results: list[LoadResult]) -> dict:
 
 
 def goodput(results: list, ttft_slo: float, tpot_slo: float) -> dict:
-    """Goodput: the requests per second served within both service-level objectives (first
-    token within `ttft_slo` seconds of sending, then at most `tpot_slo` seconds per later
-    token), over the load test's span, and the fraction of all requests that met them.
+    """Goodput (`serving_metrics.goodput`): the requests per second served within both
+    service-level objectives (first token within `ttft_slo` seconds of sending, then at most
+    `tpot_slo` seconds per later token), over the load test's span from the first request sent,
+    and the fraction of all requests that met them (a failed request missed them).
     results: `run_load`'s LoadResults (or their dicts, as `load_test` returns them). Notebook 09."""
-    ttft_slo = finite_number(ttft_slo, "ttft_slo (seconds)", minimum=0, above_minimum=True)
-    tpot_slo = finite_number(tpot_slo, "tpot_slo (seconds per token)", minimum=0, above_minimum=True)
     results = [r if isinstance(r, LoadResult) else LoadResult(**r) for r in results]
     if not results:
         raise LabError("goodput needs the results of at least one request.")
-    done = [r for r in results if r.error is None and r.chunk_times]
-    met = 0
-    for r in done:
-        n = r.tokens or len(r.chunk_times)
-        tpot = (r.chunk_times[-1] - r.chunk_times[0]) / (n - 1) if n >= 2 else 0.0
-        met += r.chunk_times[0] - r.sent <= ttft_slo and tpot <= tpot_slo
-    span = (max(r.chunk_times[-1] for r in done) - min(r.sent for r in results)) if done else float("nan")
-    return {"goodput": met / span if done and span > 0 else 0.0, "met": met / len(results),
-            "ttft_slo": ttft_slo, "tpot_slo": tpot_slo}
+    sent = [r.sent for r in results if isinstance(r.sent, (int, float)) and math.isfinite(r.sent)]  # nan: never sent
+    rows = [request_times(r.sent, r.chunk_times[0], r.chunk_times[-1], r.tokens or len(r.chunk_times))
+            for r in results if r.error is None and r.chunk_times]
+    return serving_goodput(rows, ttft_slo, tpot_slo, start=min(sent, default=0.0), requests=len(results))
 
 
 def load_test(url: str, requests: list[LoadRequest], model: str | None = None, endpoint: str = "chat",

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 from ..errors import LabError
 from ..inputs import finite_number, whole_number
 from ..engine.serving.engine import Engine
-from .serving_metrics import percentile, summarize
+from .serving_metrics import percentile, summarize, time_per_output_token
 from .serving_workload import arrival_times, make_workload
 
 KEYS = ("throughput", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_p50", "prefill_tokens", "cached_tokens")
@@ -66,7 +66,7 @@ def peer_row(arrivals: Mapping, token_times: Mapping) -> dict:
     tokens = sum(len(t) for t in times.values())
     ttft = [t[0] - arrivals[i] for i, t in times.items()]
     gaps = [b - a for t in times.values() for a, b in zip(t, t[1:])]
-    tpot = [(t[-1] - t[0]) / (len(t) - 1) for t in times.values() if len(t) >= 2]
+    tpot = [v for t in times.values() if (v := time_per_output_token(t[0], t[-1], len(t))) is not None]
     return {"throughput": tokens / (end - start) if end > start else float("nan"),
             "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "itl_p50": percentile(gaps, 50), "itl_p99": percentile(gaps, 99), "tpot_p50": percentile(tpot, 50),

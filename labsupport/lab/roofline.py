@@ -37,7 +37,6 @@ from .measure import Timing, time_fn
 from .roofs import HardwareProfile
 from .step_timing import filled_cache, step_runner
 from ..engine.config import ModelConfig
-from .tables import records_table
 from .timing_model import batches_that_fit, capped
 from .workloads import preset
 
@@ -347,8 +346,3 @@ def step_bounds(rows: list[dict], profile: HardwareProfile, slack: float = OVERH
             bounds.append(COMPUTE_BOUND)
     return bounds
 
-
-def markdown_table(rows: list[dict]) -> str:
-    """A list of same-keyed dicts as a Markdown table: `tables.records_table`, under the name
-    notebooks 00, 03 and 04 import. Introduced in notebook 00 (where the time goes)."""
-    return records_table(rows)

@@ -15,13 +15,63 @@ Introduced in notebook 06 (continuous batching).
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
+
+from ..errors import LabError
+from ..inputs import finite_number
 
 
 def percentile(values, q: float) -> float:
     """The q-th percentile (0-100) of `values`, or nan when there are none.
     Notebook 06 (continuous batching)."""
     return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+# --- one request's times, and goodput: the one home of these formulas (06, 09, 10) -----------
+
+def time_per_output_token(first: float, last: float, tokens: int) -> float | None:
+    """A request's time per output token (TPOT): (last token - first token) / (tokens - 1), the
+    mean gap between its later tokens; None below two tokens. Notebook 06 (continuous batching)."""
+    return (last - first) / (tokens - 1) if tokens >= 2 else None
+
+
+def request_times(arrival: float, first: float, last: float, tokens: int) -> dict:
+    """One request's "ttft" (first token - arrival), "tpot" (0.0 below two tokens: a one-token answer
+    meets any TPOT objective) and "finished" (its last token), in seconds on one clock.
+    Notebook 06 (continuous batching); notebooks 09 and 10 judge goodput by these rows."""
+    tpot = time_per_output_token(first, last, tokens)
+    return {"ttft": first - arrival, "tpot": 0.0 if tpot is None else tpot, "finished": last}
+
+
+def goodput(rows: list[dict], ttft_slo: float, tpot_slo: float, start: float = 0.0,
+            requests: int | None = None) -> dict:
+    """Goodput: the requests per second that met both service-level objectives (ttft <= ttft_slo
+    and tpot <= tpot_slo) over the span from `start` to the last "finished", with the share of all
+    `requests` that met them (default: the rows; a request that failed is a row missing, so missed).
+
+    rows: `request_times` dicts. Introduced in notebook 09 (serving over HTTP); notebook 10 judges
+    disaggregated serving by it."""
+    ttft_slo = finite_number(ttft_slo, "ttft_slo (seconds)", minimum=0, above_minimum=True)
+    tpot_slo = finite_number(tpot_slo, "tpot_slo (seconds per token)", minimum=0, above_minimum=True)
+    start = finite_number(start, "start (seconds)")
+    requests = len(rows) if requests is None else requests
+    if requests < max(len(rows), 1):
+        raise LabError(f"goodput needs at least one request, and at least as many as rows ({len(rows)}); "
+                       f"got requests={requests}.")
+    for key in ("ttft", "tpot", "finished"):
+        bad = [r.get(key) for r in rows if not isinstance(r.get(key), numbers.Real) or not math.isfinite(r[key])]
+        if bad:
+            raise LabError(f"Every row needs a finite {key!r} in seconds; {len(bad)} row(s) have {bad[0]!r}.")
+    met = sum(r["ttft"] <= ttft_slo and r["tpot"] <= tpot_slo for r in rows)
+    span = max(r["finished"] for r in rows) - start if rows else 0.0
+    if rows and span <= 0:
+        raise LabError(f"The last token came {span:g} s after the start: goodput is a rate over a span, "
+                       "so the rows' finished times must come after start.")
+    return {"goodput": met / span if rows else 0.0, "met": met / requests, "ttft_slo": ttft_slo,
+            "tpot_slo": tpot_slo}
 
 
 def summarize(result) -> dict:
@@ -36,7 +86,7 @@ def summarize(result) -> dict:
     latency = [s.finished_at - s.request.arrival for s in done]
     busy = [r.decode_rows + max(r.prefills, r.prefill_chunks) for r in result.steps]
     gaps = [b - a for s in done for a, b in zip(s.token_times, s.token_times[1:])]
-    tpot = [(s.finished_at - s.first_token_at) / (len(s.output) - 1) for s in done if len(s.output) >= 2]
+    tpot = [t for s in done if (t := time_per_output_token(s.first_token_at, s.finished_at, len(s.output))) is not None]
     return {
         "policy": result.policy,
         "max_slots": result.max_slots,

@@ -22,7 +22,7 @@ def markdown_table(header, rows) -> str:
 def records_table(records: list[dict]) -> str:
     """A list of same-keyed dicts as a Markdown table: the first dict's keys are the header.
 
-    Notebook 00 (where the time goes): its claims table; `roofline.markdown_table` is this.
+    Notebook 00 (where the time goes): its claims table; notebooks 03 and 04 use it for theirs.
     """
     keys = list(records[0])
     return markdown_table(keys, [[record[k] for k in keys] for record in records])

@@ -36,6 +36,7 @@ from ..engine.serving import BlockManager, Engine, PagedKVCache, ServedSequence
 from ..engine.serving.block_manager import blocks_needed
 from ..engine.serving.model_runner import ModelRunner
 from ..errors import LabError
+from .serving_metrics import goodput, request_times
 
 END = -1                                   # a header whose request index is END: no more requests
 
@@ -178,22 +179,13 @@ def serve_disaggregated(model, requests: list, slots: int = 4, block_size: int =
     prefill, decode = run_ranks(2, _rank, (model, requests, slots, block_size), threads=1, timeout=timeout)
     out = []
     for index, request in enumerate(requests):
-        first, times = prefill["first_token_at"][index], decode["token_times"][index]
-        out.append({"tokens": decode["tokens"][index], "ttft": first - request.arrival,
-                    "tpot": (times[-1] - first) / len(times), "arrival": request.arrival,
+        first, times = prefill["first_token_at"][index], decode["token_times"][index]    # times: after the first
+        out.append({"tokens": decode["tokens"][index],
+                    **request_times(request.arrival, first, times[-1] if times else first, len(times) + 1),
+                    "arrival": request.arrival,
                     "prefill_from": prefill["prefill_from"][index], "first_token": first,
-                    "received": decode["received_at"][index], "seated": decode["seated_at"][index],
-                    "finished": times[-1]})
+                    "received": decode["received_at"][index], "seated": decode["seated_at"][index]})
     return {"requests": out, "handovers": decode["handovers"]}
-
-
-def goodput(rows: list[dict], ttft_slo: float, tpot_slo: float) -> dict:
-    """Requests per second meeting both objectives over the trace's span (first arrival, at 0,
-    to the last token), and the share that met them. rows: dicts with "ttft", "tpot" and
-    "finished" (seconds from the start). Notebook 10 (past one device)."""
-    met = sum(r["ttft"] <= ttft_slo and r["tpot"] <= tpot_slo for r in rows)
-    span = max(r["finished"] for r in rows)
-    return {"goodput": met / span, "met": met / len(rows), "ttft_slo": ttft_slo, "tpot_slo": tpot_slo}
 
 
 def colocated_rows(result) -> list[dict]:
@@ -201,9 +193,8 @@ def colocated_rows(result) -> list[dict]:
     Notebook 10 (past one device)."""
     rows = []
     for seq in sorted(result.sequences, key=lambda s: s.index):
-        first, times = seq.first_token_at, seq.token_times
-        rows.append({"tokens": list(seq.output), "ttft": first - seq.request.arrival,
-                     "tpot": (times[-1] - first) / max(len(times) - 1, 1), "finished": times[-1]})
+        rows.append({"tokens": list(seq.output), **request_times(seq.request.arrival, seq.first_token_at,
+                                                                 seq.token_times[-1], len(seq.token_times))})
     return rows
 
 

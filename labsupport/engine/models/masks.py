@@ -105,7 +105,7 @@ def chunk_mask(query_positions: torch.Tensor, *, window: int | None, num_keys: i
     stay hidden. query_positions: (B, T). Returns (B, 1, T, S), S = `num_keys`, or the largest
     position + 1 (which reads it from the device: a CUDA graph passes its fixed width instead).
 
-    Notebook 06 (continuous batching): chunked prefill; its decode graphs pass num_keys.
+    Notebook 06b (chunked prefill and prefix caching): chunked prefill; its decode graphs pass num_keys.
     """
     if num_keys is None:
         num_keys = int(query_positions.max()) + 1
@@ -121,7 +121,7 @@ def packed_mask(query_rows: torch.Tensor, query_positions: torch.Tensor, num_row
     its position (the last `window` of them, with a window), and no other row's.
     query_rows, query_positions: (N,). Returns (1, 1, N, num_rows * keys_per_row).
 
-    Notebook 06 (continuous batching): chunked prefill without padding.
+    Notebook 06b (chunked prefill and prefix caching): chunked prefill without padding.
     """
     keys = torch.arange(num_rows * keys_per_row, device=query_rows.device)                   # (K,)
     same_row = (keys // keys_per_row)[None, :] == query_rows[:, None]                        # (N, K)

@@ -153,8 +153,8 @@ class Attention(nn.Module):
         # model always runs math; fp16/bf16 prompts without padding get flash (or cuDNN); a padded
         # batch, a window or a fixed-shape decode mask gets cuDNN where it is tried, else math. On a CPU (sdp_utils_cpp.cpp) the fused kernel takes GQA,
         # masks, fp32 and bf16 (torch._fused_sdp_choice answers FLASH_ATTENTION for all four on
-        # 2.13). No path repeats the key/value heads by hand: pyproject asks for torch >= 2.5, which
-        # has enable_gqa.
+        # 2.13). No path repeats the key/value heads by hand: pyproject asks for torch >= 2.11, which (like every
+        # torch since 2.5) has enable_gqa.
         # The mask is a tensor or the string "causal"; `mask == "causal"` on a tensor is a tensor
         # comparison that torch < 2.13's Dynamo cannot trace ("torch.* op returned non-Tensor"),
         # so the type is asked first and the comparison is a plain Python one.
