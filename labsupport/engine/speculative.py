@@ -119,6 +119,22 @@ class SpeculativeStats:
     def tokens(self) -> int:
         return self.accepted + self.replaced + self.bonus
 
+    def count(self, drafted: list[int], n: int, kept: list[int], kind: str, draft_seconds: float,
+              target_seconds: float) -> tuple[int, bool]:
+        """Add one target pass that accepted `n` of `drafted` and kept `kept` (an end token may have
+        cut it); returns (drafts kept, whether the target's extra token was kept)."""
+        n_kept, extra_kept = min(n, len(kept)), len(kept) > n
+        replaced = kind in REPLACEMENT_KINDS and extra_kept
+        self.drafted += len(drafted)
+        self.accepted += n_kept
+        self.rejected += int(replaced and n < len(drafted))
+        self.replaced += int(replaced)
+        self.bonus += int(kind == "bonus" and extra_kept)
+        self.target_calls += 1
+        self.draft_seconds += draft_seconds
+        self.target_seconds += target_seconds
+        return n_kept, extra_kept
+
     @property
     def acceptance_rate(self) -> float:
         """Fraction of drafted tokens that were kept (vLLM's definition)."""
@@ -302,49 +318,10 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
 
     new_tokens: list[int] = []
     while len(new_tokens) < max_new_tokens:
-        # 1. draft (never more than can still be used: each step adds up to k + 1 tokens)
-        t0 = time.perf_counter()
-        k_step = min(k, max_new_tokens - len(new_tokens) - 1)
-        drafted, draft_probs = draft.propose(context, k_step) if k_step > 0 else ([], None)
-        drafted = drafted[:k_step]
-        synchronize(device)
-        t1 = time.perf_counter()
-
-        # 2. one target pass over [pending, d_1..d_k]: k + 1 next-token distributions
-        start = cache.length
-        logits = target_pass([context[-1], *drafted]).float()                         # (k + 1, vocab)
-        target_probs = None if sampling.greedy else probabilities(logits, sampling)
-        target_argmax = logits.argmax(dim=-1)                                         # (k + 1,)
-        n, extra, kind = verify(target_probs, target_argmax, drafted,
-                                draft_probs[: len(drafted)] if draft_probs is not None else None,
-                                generator)
-        synchronize(device)
-        t2 = time.perf_counter()
-
-        # 3. keep d_1..d_n and the extra token, stopping at an end token
-        kept = drafted[:n] + [extra]
-        for j, token in enumerate(kept):
-            if token in eos:
-                kept = kept[: j + 1]
-                break
-        n_kept = min(n, len(kept))
-        extra_kept = len(kept) > n
-        stats.drafted += len(drafted)
-        stats.accepted += n_kept
-        replaced = kind in REPLACEMENT_KINDS and extra_kept
-        stats.rejected += int(replaced and n < len(drafted))
-        stats.replaced += int(replaced)
-        stats.bonus += int(kind == "bonus" and extra_kept)
-        stats.target_calls += 1
-        stats.draft_seconds += t1 - t0
-        stats.target_seconds += t2 - t1
-        if steps is not None:
-            steps.append(SpeculativeStep(drafted, n_kept, extra if extra_kept else None,
-                                         kind if extra_kept else None, target_argmax.tolist()))
-
-        # 4. roll back both caches past what was rejected: keep pending + d_1..d_n
-        cache.truncate(start + 1 + n_kept)
-        draft.accept(n_kept)
+        # draft, verify, keep, roll back (_speculative_step): one target pass, 1 to k + 1 tokens
+        k_step = min(k, max_new_tokens - len(new_tokens) - 1)    # never more than can still be used
+        kept = _speculative_step(target_pass, draft, cache, context, k_step, sampling, generator, eos, stats,
+                                 steps, device)
         context += kept
         new_tokens += kept
         if kept[-1] in eos:
@@ -356,3 +333,41 @@ def speculative_generate(target, draft: Draft, prompt, max_new_tokens: int = 32,
     return SpeculativeResult(tokens=new_tokens, prompt_length=len(prompt), stats=stats, trace=steps,
                              seconds=seconds, path=path, verify_path=verify_path.path,
                              draft_path=draft_path.path if draft_path else None)
+
+
+def _speculative_step(target_pass, draft: Draft, cache, context: list[int], k_step: int, sampling: SamplingConfig,
+                      generator, eos: set[int], stats: SpeculativeStats, steps: list | None, device) -> list[int]:
+    """One step of `speculative_generate`: the draft proposes, one target pass checks, the kept
+    tokens come back and both caches roll back past the rest. Notebook 05 (speculative decoding)."""
+    # 1. draft (never more than can still be used: each step adds up to k + 1 tokens)
+    t0 = time.perf_counter()
+    drafted, draft_probs = draft.propose(context, k_step) if k_step > 0 else ([], None)
+    drafted = drafted[:k_step]
+    synchronize(device)
+    t1 = time.perf_counter()
+
+    # 2. one target pass over [pending, d_1..d_k]: k + 1 next-token distributions
+    start = cache.length
+    logits = target_pass([context[-1], *drafted]).float()                         # (k + 1, vocab)
+    target_probs = None if sampling.greedy else probabilities(logits, sampling)
+    target_argmax = logits.argmax(dim=-1)                                         # (k + 1,)
+    n, extra, kind = verify(target_probs, target_argmax, drafted,
+                            draft_probs[: len(drafted)] if draft_probs is not None else None, generator)
+    synchronize(device)
+    t2 = time.perf_counter()
+
+    # 3. keep d_1..d_n and the extra token, stopping at an end token
+    kept = drafted[:n] + [extra]
+    for j, token in enumerate(kept):
+        if token in eos:
+            kept = kept[: j + 1]
+            break
+    n_kept, extra_kept = stats.count(drafted, n, kept, kind, t1 - t0, t2 - t1)
+    if steps is not None:
+        steps.append(SpeculativeStep(drafted, n_kept, extra if extra_kept else None,
+                                     kind if extra_kept else None, target_argmax.tolist()))
+
+    # 4. roll back both caches past what was rejected: keep pending + d_1..d_n
+    cache.truncate(start + 1 + n_kept)
+    draft.accept(n_kept)
+    return kept
