@@ -397,7 +397,7 @@ def test_every_gpu_sweep_fits_the_gpus_memory(gpu, shape, monkeypatch):
     cfg, dtype = timed(torch.float32)
     resident = weights(config, torch.float32) + (weights(cfg, dtype) if cfg is not config else 0)
     model = SimpleNamespace(config=cfg, dtype=dtype, device=CUDA)
-    batches, _ = _batches_swept(monkeypatch, batch_timing, "measure_batch", lambda: batching_timing.sweep_batch_sizes(
+    batches, _ = _batches_swept(monkeypatch, batching_timing, "measure_batch", lambda: batching_timing.sweep_batch_sizes(
         model, [1] * 40, batching.batch_sizes(CUDA), 64), resident, gpu)
     assert batches and _need(resident, cfg, max(batches), 104, dtype, tokens=40) <= total, (cfg.name, batches)
 

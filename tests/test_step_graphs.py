@@ -87,7 +87,7 @@ def test_notebook_01s_uncached_step_is_graphed_on_a_gpu_too(tiny_llama, monkeypa
     """Cached against uncached: on a GPU both sides replay a graph, or the uncached side would
     be timed launch by launch."""
     captured = []
-    monkeypatch.setattr(kv_timing, "captured", lambda fn, device, what: fn if device.type != "cuda" else captured.append(what) or fn)
+    monkeypatch.setattr(kv_cache_timing, "captured", lambda fn, device, what: fn if device.type != "cuda" else captured.append(what) or fn)
     sequence = torch.zeros(1, 6, dtype=torch.long)
     kv_cache_timing._naive_step(tiny_llama, sequence)
     assert captured == []                                         # a CPU: eager
@@ -96,7 +96,7 @@ def test_notebook_01s_uncached_step_is_graphed_on_a_gpu_too(tiny_llama, monkeypa
     assert captured == ["the uncached step over 6 tokens"]
 
 
-@pytest.mark.parametrize("timing", ["roofline", "kv_timing", "long_context"])
+@pytest.mark.parametrize("timing", ["roofline", "kv_cache_timing", "long_context"])
 def test_every_timed_step_asks_for_the_default_path_and_the_profile_for_eager(tiny_llama, monkeypatch, timing):
     """The step timings of notebooks 00, 01 and 08 leave `graphed` at its default (a CUDA graph on a
     GPU); notebook 00's profile asks for eager. A spy records what each asked for."""
@@ -105,17 +105,17 @@ def test_every_timed_step_asks_for_the_default_path_and_the_profile_for_eager(ti
     def spy(model, cache, step=None, seed=0, graphed=None):
         asked.append(graphed)
         return step_timing.step_runner(model, cache, step, seed, graphed=False)
-    modules = {"roofline": roofline, "kv_timing": kv_timing, "long_context": long_context}
+    modules = {"roofline": roofline, "kv_cache_timing": kv_cache_timing, "long_context": long_context}
     monkeypatch.setattr(modules[timing], "step_runner", spy)
     if timing == "roofline":
         roofline.time_decode_step(tiny_llama, 1, context=4, repeats=1)
-    elif timing == "kv_timing":
+    elif timing == "kv_cache_timing":
         kv_cache_timing._cached_step(tiny_llama, torch.zeros(1, 6, dtype=torch.long))
     else:
         long_context.time_cache_kinds(tiny_llama, context=4, repeats=1)
     assert asked and all(g is None for g in asked)
 
-    monkeypatch.setattr(step_profile, "step_runner", spy)
+    monkeypatch.setattr(roofline_step_profile, "step_runner", spy)
     asked.clear()
     roofline_step_profile.profile_decode_step(tiny_llama, steps=1, context=4)
     assert asked == [False]

@@ -35,6 +35,19 @@ class BaselineOptions(SectionOptions):
     repeats: int = count(3)
 
 
+@dataclass
+class _SideBySide:
+    """What the side-by-side rounds measured, and their last runs. Notebook 00 (where the time goes)."""
+
+    timings: dict                   # "labsupport", "huggingface", "copy" -> Timing
+    result: object                  # our last `GenerationResult`
+    hf_tokens: list[int]            # Hugging Face's last new tokens
+    paths: dict                     # name -> the decode paths its runs took
+    warmup_s: list[float]           # our compile/capture seconds, one per run
+    memory: object                  # `track_peak_memory`'s `PeakMemory`
+    copy_bytes: int                 # bytes of one copy of the probe
+
+
 def section_baseline(ctx: BenchContext, options: BaselineOptions) -> dict:
     """labsupport generate() against Hugging Face generate(): same model, prompt and
     tokens; fp32, greedy, batch 1. Also the bandwidth a decode step reaches.
@@ -44,11 +57,40 @@ def section_baseline(ctx: BenchContext, options: BaselineOptions) -> dict:
     are replayed CUDA graphs (`measure.timed_compile`): ours compiled + CUDA graphs, Hugging
     Face's static cache + torch.compile; each figure says the paths, compile time apart.
     """
-    new_tokens, repeats = options.new_tokens, options.repeats
+    new_tokens = options.new_tokens
     model, tok = ctx.model(torch.float32)
     hf = ctx.hf_model(torch.float32)
     ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
+    side = _time_side_by_side(ctx, model, hf, ids, options)
+    timings, paths = side.timings, side.paths
+    every_path = [p for ps in paths.values() for p in ps]
+    busy = busy_reason(timings)                 # the load probe is the suite's (mark_busy)
+    same_tokens = side.result.row(0) == side.hf_tokens
+    ours_tps = new_tokens / timings["labsupport"].median
+    hf_tps = new_tokens / timings["huggingface"].median
+    bw = _bandwidth(model, len(ids), new_tokens, side)
+    return {
+        "prompt_tokens": len(ids), "new_tokens": new_tokens, "dtype": "float32", "batch": 1,
+        "same_tokens_as_huggingface": same_tokens,
+        "timings_s": {k: v.to_dict() for k, v in timings.items()},
+        "tokens_per_s": {"labsupport": ours_tps, "huggingface": hf_tps},
+        **bw,
+        "probe_bandwidth_bytes_per_s": ctx.hardware.bandwidth,
+        "peak_memory_bytes": side.memory.peak_bytes,
+        "decode_paths": {name: sorted(p) for name, p in paths.items()}, "compile_s": sum(side.warmup_s),
+        "figures": [
+            mark_graphed(reported("labsupport generate / HF generate (fp32, greedy, batch 1)",
+                                  ours_tps / hf_tps, "x", target=1.5, busy=busy,
+                                  note=f"{ours_tps:.1f} vs {hf_tps:.1f} tokens/s, {new_tokens} new tokens; "
+                                       f"same tokens: {same_tokens}"), every_path, ctx.device),
+            mark_graphed(_bandwidth_figure(bw, busy), paths["labsupport"], ctx.device),
+        ],
+    }
 
+
+def _time_side_by_side(ctx: BenchContext, model, hf, ids: list[int], options: BaselineOptions) -> _SideBySide:
+    """Ours, Hugging Face's and a memory copy, timed in the same rounds. Notebook 00 (where the time goes)."""
+    new_tokens = options.new_tokens
     ours_out, hf_out = {}, {}
     graphed = timed_compile(ctx.device)
     hf_fn = hf_static_compiled_fn if graphed else hf_generate_fn
@@ -79,48 +121,37 @@ def section_baseline(ctx: BenchContext, options: BaselineOptions) -> dict:
         hf_warmup = hf_fn(hf, ids, WARMUP_TOKENS)
         timings = time_side_by_side({"labsupport": ours, "huggingface": theirs,
                                      "copy": lambda: destination.copy_(source)}, ctx.device,
-                                    warmup=1, repeats=repeats,
+                                    warmup=1, repeats=options.repeats,
                                     warmup_fns={"labsupport": lambda: run_ours(WARMUP_TOKENS),
                                                 "huggingface": hf_warmup})
-    every_path = [p for ps in paths.values() for p in ps]
-    busy = busy_reason(timings)                 # the load probe is the suite's (mark_busy)
-    result = ours_out["result"]
-    same_tokens = result.row(0) == hf_out["tokens"]
-    ours_tps = new_tokens / timings["labsupport"].median
-    hf_tps = new_tokens / timings["huggingface"].median
+    return _SideBySide(timings, ours_out["result"], hf_out["tokens"], paths, warmup_s, memory, nbytes)
 
+
+def _bandwidth(model, prompt_tokens: int, new_tokens: int, side: _SideBySide) -> dict:
+    """The bandwidth a decode step reached, against the copies of the same rounds. Notebook 00 (where the time goes)."""
     # Bandwidth: bytes a decode step reads (every weight, and the cache at its mean length)
     # x decode steps per second, against the copy bandwidth of the same rounds.
-    decode_tps = result.decode_tokens_per_s
+    decode_tps = side.result.decode_tokens_per_s
     weight_bytes = model.weight_bytes()
-    mean_context = len(ids) + new_tokens / 2
+    mean_context = prompt_tokens + new_tokens / 2
     kv_bytes = kv_cache_bytes(model.config, int(mean_context), 1, model.dtype)
     achieved = (weight_bytes + kv_bytes) * decode_tps
-    copy_bw = copy_bandwidth(nbytes, timings["copy"].median)
-    copy_spread = timings["copy"].spread / timings["copy"].median
-    return {
-        "prompt_tokens": len(ids), "new_tokens": new_tokens, "dtype": "float32", "batch": 1,
-        "same_tokens_as_huggingface": same_tokens,
-        "timings_s": {k: v.to_dict() for k, v in timings.items()},
-        "tokens_per_s": {"labsupport": ours_tps, "huggingface": hf_tps},
-        "decode_tokens_per_s": decode_tps,
-        "weight_bytes_per_token": weight_bytes,
-        "kv_cache_bytes_per_token_mean": kv_bytes,
-        "bandwidth_achieved_bytes_per_s": achieved,
-        "copy_bandwidth_bytes_per_s": copy_bw, "copy_bandwidth_spread": copy_spread,
-        "probe_bandwidth_bytes_per_s": ctx.hardware.bandwidth,
-        "peak_memory_bytes": memory.peak_bytes,
-        "decode_paths": {name: sorted(p) for name, p in paths.items()}, "compile_s": sum(warmup_s),
-        "figures": [
-            mark_graphed(reported("labsupport generate / HF generate (fp32, greedy, batch 1)",
-                                  ours_tps / hf_tps, "x", target=1.5, busy=busy,
-                                  note=f"{ours_tps:.1f} vs {hf_tps:.1f} tokens/s, {new_tokens} new tokens; "
-                                       f"same tokens: {same_tokens}"), every_path, ctx.device),
-            mark_graphed(reported("decode bandwidth achieved / measured copy bandwidth", achieved / copy_bw,
-                                  "fraction", target=0.6, busy=busy,
-                                  note=f"({weight_bytes / 1e6:.0f} MB of weights + {kv_bytes / 1e6:.1f} MB of "
-                                       f"cache) x {decode_tps:.1f} steps/s = {achieved / 1e9:.1f} GB/s of "
-                                       f"{copy_bw / 1e9:.1f} GB/s (copies timed in the same rounds, spread "
-                                       f"±{copy_spread / 2:.0%})"), paths["labsupport"], ctx.device),
-        ],
-    }
+    copy = side.timings["copy"]
+    return {"decode_tokens_per_s": decode_tps,
+            "weight_bytes_per_token": weight_bytes,
+            "kv_cache_bytes_per_token_mean": kv_bytes,
+            "bandwidth_achieved_bytes_per_s": achieved,
+            "copy_bandwidth_bytes_per_s": copy_bandwidth(side.copy_bytes, copy.median),
+            "copy_bandwidth_spread": copy.spread / copy.median}
+
+
+def _bandwidth_figure(bw: dict, busy: str | None) -> dict:
+    """Decode bandwidth achieved as a fraction of the measured copy bandwidth. Notebook 00 (where the time goes)."""
+    achieved, copy_bw = bw["bandwidth_achieved_bytes_per_s"], bw["copy_bandwidth_bytes_per_s"]
+    return reported("decode bandwidth achieved / measured copy bandwidth", achieved / copy_bw,
+                    "fraction", target=0.6, busy=busy,
+                    note=f"({bw['weight_bytes_per_token'] / 1e6:.0f} MB of weights + "
+                         f"{bw['kv_cache_bytes_per_token_mean'] / 1e6:.1f} MB of cache) x "
+                         f"{bw['decode_tokens_per_s']:.1f} steps/s = {achieved / 1e9:.1f} GB/s of "
+                         f"{copy_bw / 1e9:.1f} GB/s (copies timed in the same rounds, spread "
+                         f"±{bw['copy_bandwidth_spread'] / 2:.0%})")

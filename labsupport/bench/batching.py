@@ -90,9 +90,49 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
     model, tok = ctx.model(torch.float32)
     timed, timed_name = ctx.timing_model(torch.float32)      # the sweep's model: at 1.7B's shape on a big GPU
     new_tokens = options.new_tokens
-    sizes = list(options.sizes)
     prompt = tok.encode(chat_prompt(tok, STORY_PROMPT))
+    sweep, capped, paths = _sweep(ctx, timed, prompt, list(options.sizes), new_tokens)
+    # the headline ratio: batch 16 against batch 1, interleaved; in fp32, and in bf16
+    # where the hardware has it (16-bit matrix units make the compute-bound side cheaper)
+    ratio, pair = batch_speedup(timed, prompt, 16, new_tokens, warmup=1, repeats=options.repeats)
+    bf16_ratio, bf16_skipped, bf16_pair = _bf16_speedup(ctx, prompt, new_tokens, options.repeats)
 
+    # padding: very different prompt lengths in one batch, against the same prompts sorted by length
+    prompts = [tok.encode(chat_prompt(tok, q)) for q in BATCHING_PROMPTS]
+    waste, sorted_waste = _padding_waste(prompts)
+
+    # Hugging Face generate() on the same left-padded batch
+    vs_hf, hf_figure = _versus_hf(ctx, model, tok, prompts, new_tokens, options.repeats)
+    ridge = ridge_batch(ctx.hardware, timed.config, timed.dtype, context=len(prompt) + new_tokens // 2)
+    return {
+        "new_tokens": new_tokens, "sweep": sweep, "capped": capped, "ridge_batch": ridge,
+        "decode_paths": sorted(paths),
+        "device_type": ctx.device.type,
+        "timed_model": timed_name,
+        "batch16_over_batch1": ratio, "batch16_over_batch1_bf16": bf16_ratio,
+        "bf16_skipped": bf16_skipped, "timings_s": {k: v.to_dict() for k, v in pair.items()},
+        "padding": {"lengths": [len(p) for p in prompts], "waste": waste, "sorted_waste": sorted_waste},
+        "vs_huggingface": vs_hf,
+        "figures": [
+            mark_graphed(reported("throughput at batch 16 / batch 1 (fp32 decode)", ratio, "x", target=8.0,
+                                  busy=busy_reason(pair),
+                                  note=f"{new_tokens} new tokens per row, one prompt repeated; weights read per "
+                                       "second / copy bandwidth by batch: " + ", ".join(
+                                           f"{r['batch']}: {r['bandwidth_fraction']:.0%}" for r in sweep)),
+                         paths, ctx.device),
+            *([reported("throughput at batch 16 / batch 1 (bf16 decode)", bf16_ratio, "x", target=8.0,
+                        busy=busy_reason(bf16_pair),
+                        note="bf16 weights and activations on the CPU's bf16 instructions")]
+              if bf16_ratio is not None else []),
+            reported("padding waste of a batch of 8 mixed-length prompts", waste, "fraction",
+                     note=f"{100 * sorted_waste:.0f}% when sorted into batches of 4 by length"),
+            hf_figure,
+        ],
+    }
+
+
+def _sweep(ctx: BenchContext, timed, prompt: list[int], sizes: list[int], new_tokens: int) -> tuple[list, list, set]:
+    """Throughput by batch size, one prompt repeated: (rows, sizes capped, decode paths). Notebook 02 (batching)."""
     graphed = timed_compile(ctx.device)          # on a GPU a replayed CUDA graph, every row
     paths: set = set()
 
@@ -115,55 +155,36 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
                       "ms_per_step": 1e3 * seconds / new_tokens,
                       # every weight read once per step (the prompt's prefill counted in the time)
                       "bandwidth_fraction": timed.weight_bytes() * new_tokens / seconds / ctx.hardware.bandwidth})
-    # the headline ratio: batch 16 against batch 1, interleaved; in fp32, and in bf16
-    # where the hardware has it (16-bit matrix units make the compute-bound side cheaper)
-    ratio, pair = batch_speedup(timed, prompt, 16, new_tokens, warmup=1, repeats=options.repeats)
-    bf16_ratio, bf16_skipped, bf16_pair = None, None, {}
+    return sweep, capped, paths
+
+
+def _bf16_speedup(ctx: BenchContext, prompt: list[int], new_tokens: int, repeats: int) -> tuple:
+    """Batch 16 over batch 1 in bf16: (ratio, None, pair), or (None, why not, {}). Notebook 02 (batching)."""
     if bf16_supported(ctx.device):
         bf16_ratio, bf16_pair = batch_speedup(ctx.timing_model(torch.bfloat16)[0], prompt, 16, new_tokens,
-                                              warmup=1, repeats=options.repeats)
-    else:
-        bf16_skipped = ("bf16 not timed: this device has no bf16 hardware, and emulated 16-bit "
-                        "matmuls would measure the emulation, not batching (notebook 03 times it)")
+                                              warmup=1, repeats=repeats)
+        return bf16_ratio, None, bf16_pair
+    return None, ("bf16 not timed: this device has no bf16 hardware, and emulated 16-bit "
+                  "matmuls would measure the emulation, not batching (notebook 03 times it)"), {}
 
-    # padding: very different prompt lengths in one batch, against the same prompts sorted by length
-    prompts = [tok.encode(chat_prompt(tok, q)) for q in BATCHING_PROMPTS]
+
+def _padding_waste(prompts: list[list[int]]) -> tuple[float, float]:
+    """Padding waste of the prompts in one batch, and sorted into batches of 4 by length. Notebook 02 (batching)."""
     waste = padding_waste([len(p) for p in prompts])
     groups = sorted_batches(prompts, 4)
     sorted_waste = sum(padding_waste([len(prompts[i]) for i in g]) * len(g) for g in groups) / len(prompts)
+    return waste, sorted_waste
 
-    # Hugging Face generate() on the same left-padded batch
+
+def _versus_hf(ctx: BenchContext, model, tok, prompts: list[list[int]], new_tokens: int,
+               repeats: int) -> tuple[dict, dict]:
+    """Ours against HF generate() on the same left-padded batch: (comparison, figure). Notebook 02 (batching)."""
     hf = ctx.hf_model(torch.float32)
     padded = left_pad(prompts, pad_id=tok.pad_token_id or 0)
-    side, tokens = versus_huggingface(model, hf, prompts, padded, new_tokens, repeats=options.repeats)
+    side, tokens = versus_huggingface(model, hf, prompts, padded, new_tokens, repeats=repeats)
     same = tokens["labsupport"].tolist() == tokens["huggingface"].tolist()
     vs_hf = side["huggingface"].median / side["labsupport"].median
-    ridge = ridge_batch(ctx.hardware, timed.config, timed.dtype, context=len(prompt) + new_tokens // 2)
-    return {
-        "new_tokens": new_tokens, "sweep": sweep, "capped": capped, "ridge_batch": ridge,
-        "decode_paths": sorted(paths),
-        "device_type": ctx.device.type,
-        "timed_model": timed_name,
-        "batch16_over_batch1": ratio, "batch16_over_batch1_bf16": bf16_ratio,
-        "bf16_skipped": bf16_skipped, "timings_s": {k: v.to_dict() for k, v in pair.items()},
-        "padding": {"lengths": [len(p) for p in prompts], "waste": waste, "sorted_waste": sorted_waste},
-        "vs_huggingface": {"speedup": vs_hf, "same_tokens": same,
-                           "timings_s": {k: v.to_dict() for k, v in side.items()}},
-        "figures": [
-            mark_graphed(reported("throughput at batch 16 / batch 1 (fp32 decode)", ratio, "x", target=8.0,
-                                  busy=busy_reason(pair),
-                                  note=f"{new_tokens} new tokens per row, one prompt repeated; weights read per "
-                                       "second / copy bandwidth by batch: " + ", ".join(
-                                           f"{r['batch']}: {r['bandwidth_fraction']:.0%}" for r in sweep)),
-                         paths, ctx.device),
-            *([reported("throughput at batch 16 / batch 1 (bf16 decode)", bf16_ratio, "x", target=8.0,
-                        busy=busy_reason(bf16_pair),
-                        note="bf16 weights and activations on the CPU's bf16 instructions")]
-              if bf16_ratio is not None else []),
-            reported("padding waste of a batch of 8 mixed-length prompts", waste, "fraction",
-                     note=f"{100 * sorted_waste:.0f}% when sorted into batches of 4 by length"),
-            mark_graphed(reported("labsupport / HF generate on the same padded batch of 8", vs_hf, "x",
-                                  busy=busy_reason(side), note=f"same tokens: {same}"),
-                         [p for ps in tokens["paths"].values() for p in ps], ctx.device),
-        ],
-    }
+    figure = mark_graphed(reported("labsupport / HF generate on the same padded batch of 8", vs_hf, "x",
+                                   busy=busy_reason(side), note=f"same tokens: {same}"),
+                          [p for ps in tokens["paths"].values() for p in ps], ctx.device)
+    return {"speedup": vs_hf, "same_tokens": same, "timings_s": {k: v.to_dict() for k, v in side.items()}}, figure

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -108,126 +108,155 @@ class EnginesOptions(SectionOptions):
 GRAPHED_ALREADY = "on a GPU every labsupport row is already compiled + CUDA graphs (measure.timed_compile)"
 
 
+@dataclass
+class _Rows:
+    """The rows as gathered: runs, why absent, compile seconds, kernels. Notebook 00 (where the time goes)."""
+
+    ids: list[int]
+    device: torch.device
+    graphed: bool
+    paths: dict                                    # name -> the decode paths its calls took
+    engines: dict = field(default_factory=dict)    # name -> (run(n) -> new token ids, weight bytes per step)
+    absent: dict = field(default_factory=dict)     # name -> why it is absent
+    compile_s: dict = field(default_factory=dict)
+    kernels: dict = field(default_factory=dict)
+    ours_rows: list = field(default_factory=list)
+
+    def ours(self, m, name, compiled=False):
+        """Row `name`'s run(n): our `m`, its paths and compile seconds kept. Notebook 00 (where the time goes)."""
+        self.ours_rows.append(name)
+
+        def run(n):
+            result = generate(m, self.ids, n, eos_token_ids=(), compile=compiled or self.graphed)
+            self.paths.setdefault(name, set()).add(result.decode_path)
+            if self.graphed:                            # compiling and recording: reported apart
+                self.compile_s[name] = self.compile_s.get(name, 0.0) + result.warmup_seconds
+            return require_graphed(result, name, self.device).row(0)
+        return run
+
+    def theirs(self, make, name, path):
+        """run(n) of a peer's generate() closure `make(n)` as row `name`. Notebook 00 (where the time goes)."""
+        runs = {}                                 # one generate() closure per token count
+
+        def run(n):
+            self.paths.setdefault(name, set()).add(path)
+            return runs.setdefault(n, make(n))()[0, len(self.ids):].tolist()
+        return run
+
+
 def _engines(ctx: BenchContext, options: EnginesOptions, ids: list[int],
              paths: dict | None = None) -> tuple[dict, dict, dict, dict]:
     """name -> (run(n) -> new token ids, weight bytes a decode step reads); name -> why it is
     absent; name -> seconds its first call spent compiling; name -> the kernel its layers run
     (quantized rows). paths: a dict filled with name -> the decode paths its calls took."""
-    new_tokens = options.new_tokens
     model, _ = ctx.model(torch.float32)
     hf = ctx.hf_model(torch.float32)
-    engines, absent, compile_s, kernels = {}, {}, {}, {}
-    paths = {} if paths is None else paths
-    graphed = timed_compile(ctx.device)
+    rows = _Rows(ids, ctx.device, timed_compile(ctx.device), {} if paths is None else paths)
+    _our_rows(rows, ctx, model, options)
+    _hf_rows(rows, hf, model.weight_bytes(), options)
+    if rows.graphed:      # each row's first call compiles and records it; one that cannot be graphed fails alone
+        _record_graphs(rows, options.new_tokens)
+    _llamacpp_row(rows, ctx, options)
+    return rows.engines, rows.absent, rows.compile_s, rows.kernels
 
-    ours_rows = []
 
-    def ours(m, name, compiled=False):
-        ours_rows.append(name)
-
-        def run(n):
-            result = generate(m, ids, n, eos_token_ids=(), compile=compiled or graphed)
-            paths.setdefault(name, set()).add(result.decode_path)
-            if graphed:                            # compiling and recording: reported apart
-                compile_s[name] = compile_s.get(name, 0.0) + result.warmup_seconds
-            return require_graphed(result, name, ctx.device).row(0)
-        return run
-
-    def theirs(make, name, path):
-        runs = {}                                 # one generate() closure per token count
-
-        def run(n):
-            paths.setdefault(name, set()).add(path)
-            return runs.setdefault(n, make(n))()[0, len(ids):].tolist()
-        return run
-
-    def hf_static(name, path):
-        """HF's static cache + torch.compile; its first call compiles, timed apart."""
-        static = theirs(lambda n: hf_static_compiled_fn(hf, ids, n), name, path)
-        start = time.perf_counter()
-        static(new_tokens)
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        static(new_tokens)
-        compile_s[name] = max(0.0, first - (time.perf_counter() - start))
-        return static
-
-    engines[OURS] = (ours(model, OURS), model.weight_bytes())
-    if graphed:
-        absent[OURS_COMPILED] = GRAPHED_ALREADY
-    elif options.compile:
-        warm = generate(model, ids, new_tokens, eos_token_ids=(), compile=True)
-        if warm.decode_path != "eager":
-            compile_s[OURS_COMPILED] = warm.warmup_seconds
-            engines[OURS_COMPILED] = (ours(model, OURS_COMPILED, compiled=True), model.weight_bytes())
-        else:
-            absent[OURS_COMPILED] = warm.decode_note
-    else:
-        absent[OURS_COMPILED] = "switched off (engines.compile=False; --all-peers turns it on)"
+def _our_rows(rows: _Rows, ctx: BenchContext, model, options: EnginesOptions) -> None:
+    """Our rows: fp32, int4 (also via aten's kernel), int8, compiled if asked. Notebook 00 (where the time goes)."""
+    rows.engines[OURS] = (rows.ours(model, OURS), model.weight_bytes())
+    _compiled_row(rows, model, OURS_COMPILED, model.weight_bytes(), options)
     int4 = ctx.variants.get("float32", "int4", group_size=32)          # the run's int4 variant
-    engines[OURS_INT4] = (ours(int4, OURS_INT4), quantized_bytes(int4))
-    kernels[OURS_INT4] = ctx.variants.handle("float32", "int4", group_size=32).describe()
-    if graphed:
-        absent[OURS_INT4_COMPILED] = GRAPHED_ALREADY
-    elif options.compile:                            # inductor's fusion against our one call per layer
-        warm = generate(int4, ids, new_tokens, eos_token_ids=(), compile=True)
-        if warm.decode_path != "eager":
-            compile_s[OURS_INT4_COMPILED] = warm.warmup_seconds
-            engines[OURS_INT4_COMPILED] = (ours(int4, OURS_INT4_COMPILED, compiled=True), quantized_bytes(int4))
-            kernels[OURS_INT4_COMPILED] = kernels[OURS_INT4]
-        else:
-            absent[OURS_INT4_COMPILED] = warm.decode_note
-    else:
-        absent[OURS_INT4_COMPILED] = "switched off (engines.compile=False; --all-peers turns it on)"
-    if "W4A8" in kernels[OURS_INT4]:               # the same weights through the kernel it replaced
+    rows.engines[OURS_INT4] = (rows.ours(int4, OURS_INT4), quantized_bytes(int4))
+    rows.kernels[OURS_INT4] = ctx.variants.handle("float32", "int4", group_size=32).describe()
+    # inductor's fusion against our one call per layer
+    if _compiled_row(rows, int4, OURS_INT4_COMPILED, quantized_bytes(int4), options):
+        rows.kernels[OURS_INT4_COMPILED] = rows.kernels[OURS_INT4]
+    if "W4A8" in rows.kernels[OURS_INT4]:               # the same weights through the kernel it replaced
         aten_int4 = copy.deepcopy(model)
-        kernels[OURS_INT4_ATEN] = quantize_model(aten_int4, "int4", group_size=32, kernel="fast").describe()
-        engines[OURS_INT4_ATEN] = (ours(aten_int4, OURS_INT4_ATEN), quantized_bytes(aten_int4))
+        rows.kernels[OURS_INT4_ATEN] = quantize_model(aten_int4, "int4", group_size=32, kernel="fast").describe()
+        rows.engines[OURS_INT4_ATEN] = (rows.ours(aten_int4, OURS_INT4_ATEN), quantized_bytes(aten_int4))
     else:
-        absent[OURS_INT4_ATEN] = f"the int4 row already runs it ({kernels[OURS_INT4]})"
-    engines[OURS_INT8] = (ours(ctx.variants.get("float32", "int8"), OURS_INT8),
-                          quantized_bytes(ctx.variants.get("float32", "int8")))
-    kernels[OURS_INT8] = ctx.variants.handle("float32", "int8").describe()
+        rows.absent[OURS_INT4_ATEN] = f"the int4 row already runs it ({rows.kernels[OURS_INT4]})"
+    rows.engines[OURS_INT8] = (rows.ours(ctx.variants.get("float32", "int8"), OURS_INT8),
+                               quantized_bytes(ctx.variants.get("float32", "int8")))
+    rows.kernels[OURS_INT8] = ctx.variants.handle("float32", "int8").describe()
 
-    if graphed:                                    # on a GPU HF's row is its graphed fast path
-        engines[HF] = (hf_static(HF, HF_GRAPHED), model.weight_bytes())
-        absent[HF_STATIC] = f"on a GPU the {HF} row is already its static cache + torch.compile"
+
+def _compiled_row(rows: _Rows, m, name: str, weight_bytes: int, options: EnginesOptions) -> bool:
+    """Row `name`: `m` with its decode step compiled (True), or why not (False). Notebook 00 (where the time goes)."""
+    if rows.graphed:
+        rows.absent[name] = GRAPHED_ALREADY
+    elif options.compile:
+        warm = generate(m, rows.ids, options.new_tokens, eos_token_ids=(), compile=True)
+        if warm.decode_path != "eager":
+            rows.compile_s[name] = warm.warmup_seconds
+            rows.engines[name] = (rows.ours(m, name, compiled=True), weight_bytes)
+            return True
+        rows.absent[name] = warm.decode_note
     else:
-        engines[HF] = (theirs(lambda n: hf_generate_fn(hf, ids, n), HF, "eager"), model.weight_bytes())
+        rows.absent[name] = "switched off (engines.compile=False; --all-peers turns it on)"
+    return False
+
+
+def _hf_rows(rows: _Rows, hf, weight_bytes: int, options: EnginesOptions) -> None:
+    """Hugging Face's rows: generate(), static cache, prompt lookup, assisted. Notebook 00 (where the time goes)."""
+    ids = rows.ids
+    if rows.graphed:                                    # on a GPU HF's row is its graphed fast path
+        rows.engines[HF] = (_hf_static(rows, hf, HF, HF_GRAPHED, options.new_tokens), weight_bytes)
+        rows.absent[HF_STATIC] = f"on a GPU the {HF} row is already its static cache + torch.compile"
+    else:
+        rows.engines[HF] = (rows.theirs(lambda n: hf_generate_fn(hf, ids, n), HF, "eager"), weight_bytes)
         if options.compile:
-            engines[HF_STATIC] = (hf_static(HF_STATIC, "static cache + torch.compile"), model.weight_bytes())
+            rows.engines[HF_STATIC] = (_hf_static(rows, hf, HF_STATIC, "static cache + torch.compile",
+                                                  options.new_tokens), weight_bytes)
         else:
-            absent[HF_STATIC] = "switched off (engines.compile=False; --all-peers turns it on)"
+            rows.absent[HF_STATIC] = "switched off (engines.compile=False; --all-peers turns it on)"
     if options.lookup:
-        engines[HF_LOOKUP] = (theirs(lambda n: hf_generate_fn(hf, ids, n, prompt_lookup=options.lookup), HF_LOOKUP,
-                                     NOT_GRAPHED if graphed else "eager"), model.weight_bytes())
+        rows.engines[HF_LOOKUP] = (rows.theirs(lambda n: hf_generate_fn(hf, ids, n, prompt_lookup=options.lookup),
+                                               HF_LOOKUP, NOT_GRAPHED if rows.graphed else "eager"), weight_bytes)
     else:
-        absent[HF_LOOKUP] = "switched off (engines.lookup=0; --all-peers turns it on)"
+        rows.absent[HF_LOOKUP] = "switched off (engines.lookup=0; --all-peers turns it on)"
     if options.draft_layers:
         draft = hf_early_layers_draft(hf, options.draft_layers)
-        engines[HF_ASSISTED] = (theirs(lambda n: hf_assisted_fn(hf, draft, ids, n), HF_ASSISTED,
-                                       NOT_GRAPHED if graphed else "eager"), model.weight_bytes())
+        rows.engines[HF_ASSISTED] = (rows.theirs(lambda n: hf_assisted_fn(hf, draft, ids, n), HF_ASSISTED,
+                                                 NOT_GRAPHED if rows.graphed else "eager"), weight_bytes)
     else:
-        absent[HF_ASSISTED] = "switched off (engines.draft_layers=0; --all-peers turns it on)"
+        rows.absent[HF_ASSISTED] = "switched off (engines.draft_layers=0; --all-peers turns it on)"
 
-    if graphed:      # each row's first call compiles and records it; one that cannot be graphed fails alone
-        for name in ours_rows:
-            try:
-                engines[name][0](new_tokens)
-            except LabError as error:
-                del engines[name]
-                absent[name] = str(error)
 
+def _hf_static(rows: _Rows, hf, name: str, path: str, new_tokens: int):
+    """HF's static cache + torch.compile; its first call compiles, timed apart. Notebook 00 (where the time goes)."""
+    static = rows.theirs(lambda n: hf_static_compiled_fn(hf, rows.ids, n), name, path)
+    start = time.perf_counter()
+    static(new_tokens)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    static(new_tokens)
+    rows.compile_s[name] = max(0.0, first - (time.perf_counter() - start))
+    return static
+
+
+def _record_graphs(rows: _Rows, new_tokens: int) -> None:
+    """Run each of our rows once to compile and record it; drop any that fails. Notebook 00 (where the time goes)."""
+    for name in rows.ours_rows:
+        try:
+            rows.engines[name][0](new_tokens)
+        except LabError as error:
+            del rows.engines[name]
+            rows.absent[name] = str(error)
+
+
+def _llamacpp_row(rows: _Rows, ctx: BenchContext, options: EnginesOptions) -> None:
+    """llama.cpp on the model's own GGUF file and the same threads, or why not. Notebook 00 (where the time goes)."""
+    ids = rows.ids
     gguf = find_gguf() if options.llamacpp and ctx.device.type == "cpu" else None
     reason = (llamacpp_unavailable(gguf) if gguf is not None else
               "switched off (engines.llamacpp=False)" if not options.llamacpp else
               "measured on the CPU only (this run is on a GPU)")
     if reason is None:
-        peer = LlamaCppGreedy(gguf, threads=torch.get_num_threads(), context=len(ids) + new_tokens + 8)
-        engines[LLAMACPP] = (lambda n: peer.generate(ids, n), gguf.stat().st_size)
+        peer = LlamaCppGreedy(gguf, threads=torch.get_num_threads(), context=len(ids) + options.new_tokens + 8)
+        rows.engines[LLAMACPP] = (lambda n: peer.generate(ids, n), gguf.stat().st_size)
     else:
-        absent[LLAMACPP] = reason
-    return engines, absent, compile_s, kernels
+        rows.absent[LLAMACPP] = reason
 
 
 def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:

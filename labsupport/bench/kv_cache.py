@@ -64,7 +64,6 @@ def section_kv_cache(ctx: BenchContext, options: KVCacheOptions) -> dict:
     model, tok = ctx.model(torch.float32)
     ids = tok.encode(KV_PROMPT)
     lengths = sorted(options.lengths)
-    repeats = options.repeats
     budget = options.naive_budget_s
 
     positions = kv_positions(lengths)
@@ -73,63 +72,86 @@ def section_kv_cache(ctx: BenchContext, options: KVCacheOptions) -> dict:
     rows, estimated_rows, figures = [], [], []
     for new_tokens in lengths:
         estimate = estimated_total_seconds(steps, new_tokens)
-        estimated_speedup = estimate["naive_s"] / estimate["cached_s"]
         if new_tokens != lengths[0] and estimate["naive_s"] > budget:
-            estimated_rows.append({"new_tokens": new_tokens, "speedup": estimated_speedup,
-                                   "estimated_s": estimate})
-            figures.append(reported(
-                f"KV cache speedup over the uncached loop, {new_tokens} new tokens (estimated)",
-                estimated_speedup, "x", target=4.0 if new_tokens == 256 else None, busy=steps_busy,
-                note=f"ESTIMATE, not a full run: single steps timed at positions {positions} and summed over "
-                     f"positions 0..{new_tokens - 1} ({estimate['naive_s']:.0f} s vs {estimate['cached_s']:.1f} s; "
-                     f"a full uncached run would take about {estimate['naive_s']:.0f} s, over the "
-                     f"{budget:.0f} s budget)"))
-            continue
-        out = {}
-
-        def cached():
-            out["cached"] = generate(model, ids, new_tokens, eos_token_ids=())
-
-        def naive():
-            out["naive"] = generate_naive(model, ids, new_tokens, eos_token_ids=())
-
-        timings = time_side_by_side({"cached": cached, "naive": naive}, ctx.device,
-                                    warmup=0, repeats=repeats)
-        speedup = timings["naive"].median / timings["cached"].median
-        same = out["cached"].tokens.tolist() == out["naive"].tokens.tolist()
-        # the cached decode's fraction of copy bandwidth: (weights + the cache at its mean length)
-        # read per step x decode steps per second
-        step_bytes = model.weight_bytes() + kv_cache_bytes(model.config, len(ids) + new_tokens // 2, 1, model.dtype)
-        fraction = step_bytes * out["cached"].decode_tokens_per_s / ctx.hardware.bandwidth
-        rows.append({"new_tokens": new_tokens, "same_tokens": same, "speedup": speedup,
-                     "estimated_speedup": estimated_speedup, "estimated_s": estimate,
-                     "cached_bandwidth_fraction": fraction,
-                     "timings_s": {k: v.to_dict() for k, v in timings.items()}})
-        figures.append(reported(
-            f"KV cache speedup over the uncached loop, {new_tokens} new tokens", speedup, "x",
-            target=4.0 if new_tokens == 256 else None, busy=busy_reason(timings),
-            note=f"measured: full runs side by side, {timings['naive'].median:.1f} s vs "
-                 f"{timings['cached'].median:.2f} s; same tokens: {same}"
-                 + ("" if same else " (TOKENS DIFFER)")
-                 + f"; the per-step estimate said {estimated_speedup:.1f}x; the cached decode reached "
-                 f"{fraction:.0%} of copy bandwidth"))
+            row, figure = _estimated(new_tokens, estimate, positions, budget, steps_busy)
+            estimated_rows.append(row)
+        else:
+            row, figure = _full_runs(ctx, model, ids, new_tokens, options.repeats, estimate)
+            rows.append(row)
+        figures.append(figure)
 
     savings = gqa_savings(model.config, length=1024)
-    figures.append(reported(
-        f"KV cache saved by grouped-query attention ({savings['kv_heads']} vs {savings['num_heads']} kv heads)",
-        savings["ratio"], "x",
-        note=f"{savings['gqa_bytes'] / 2**20:.0f} MiB vs {savings['mha_bytes'] / 2**20:.0f} MiB "
-             f"at 1024 tokens, fp32, batch 1"))
     seven_b = PRESETS["llama-7b-shape"]
     small, large = (kv_cache_bytes(seven_b, n, 1, torch.float16) for n in (512, 128 * 1024))
-    figures.append(reported("KV cache of a 7B model (fp16, batch 1): 128K tokens / 512 tokens, computed",
-                            large / small, "x",
-                            note=f"computed from the formula, not measured: {small / 2**20:.0f} MiB at 512 tokens, "
-                                 f"{large / 2**30:.0f} GiB at 128K"))
+    figures += _formula_figures(savings, small, large)
     return {"prompt_tokens": len(ids), "per_position_s": steps, "rows": rows,
             "estimated_rows": estimated_rows, "gqa": savings, "figures": figures,
             **allocated_bytes(model, [len(ids) + n for n in lengths]),
             "seven_b": {"weights": seven_b.num_parameters * 2, "at_512": small, "at_128k": large}}
+
+
+def _estimated(new_tokens: int, estimate: dict, positions: list[int], budget: float,
+               steps_busy: str | None) -> tuple[dict, dict]:
+    """A length too slow to run uncached, estimated from single steps: (row, figure). Notebook 01 (KV cache)."""
+    estimated_speedup = estimate["naive_s"] / estimate["cached_s"]
+    row = {"new_tokens": new_tokens, "speedup": estimated_speedup, "estimated_s": estimate}
+    figure = reported(
+        f"KV cache speedup over the uncached loop, {new_tokens} new tokens (estimated)",
+        estimated_speedup, "x", target=4.0 if new_tokens == 256 else None, busy=steps_busy,
+        note=f"ESTIMATE, not a full run: single steps timed at positions {positions} and summed over "
+             f"positions 0..{new_tokens - 1} ({estimate['naive_s']:.0f} s vs {estimate['cached_s']:.1f} s; "
+             f"a full uncached run would take about {estimate['naive_s']:.0f} s, over the "
+             f"{budget:.0f} s budget)")
+    return row, figure
+
+
+def _full_runs(ctx: BenchContext, model, ids: list[int], new_tokens: int, repeats: int,
+               estimate: dict) -> tuple[dict, dict]:
+    """Full runs with and without the cache, side by side, tokens checked: (row, figure). Notebook 01 (KV cache)."""
+    estimated_speedup = estimate["naive_s"] / estimate["cached_s"]
+    out = {}
+
+    def cached():
+        out["cached"] = generate(model, ids, new_tokens, eos_token_ids=())
+
+    def naive():
+        out["naive"] = generate_naive(model, ids, new_tokens, eos_token_ids=())
+
+    timings = time_side_by_side({"cached": cached, "naive": naive}, ctx.device,
+                                warmup=0, repeats=repeats)
+    speedup = timings["naive"].median / timings["cached"].median
+    same = out["cached"].tokens.tolist() == out["naive"].tokens.tolist()
+    # the cached decode's fraction of copy bandwidth: (weights + the cache at its mean length)
+    # read per step x decode steps per second
+    step_bytes = model.weight_bytes() + kv_cache_bytes(model.config, len(ids) + new_tokens // 2, 1, model.dtype)
+    fraction = step_bytes * out["cached"].decode_tokens_per_s / ctx.hardware.bandwidth
+    row = {"new_tokens": new_tokens, "same_tokens": same, "speedup": speedup,
+           "estimated_speedup": estimated_speedup, "estimated_s": estimate,
+           "cached_bandwidth_fraction": fraction,
+           "timings_s": {k: v.to_dict() for k, v in timings.items()}}
+    figure = reported(
+        f"KV cache speedup over the uncached loop, {new_tokens} new tokens", speedup, "x",
+        target=4.0 if new_tokens == 256 else None, busy=busy_reason(timings),
+        note=f"measured: full runs side by side, {timings['naive'].median:.1f} s vs "
+             f"{timings['cached'].median:.2f} s; same tokens: {same}"
+             + ("" if same else " (TOKENS DIFFER)")
+             + f"; the per-step estimate said {estimated_speedup:.1f}x; the cached decode reached "
+             f"{fraction:.0%} of copy bandwidth")
+    return row, figure
+
+
+def _formula_figures(savings: dict, small: int, large: int) -> list[dict]:
+    """GQA's saving, and a 7B model's cache at 128K against 512 tokens, from the formula. Notebook 01 (KV cache)."""
+    return [
+        reported(f"KV cache saved by grouped-query attention ({savings['kv_heads']} vs "
+                 f"{savings['num_heads']} kv heads)", savings["ratio"], "x",
+                 note=f"{savings['gqa_bytes'] / 2**20:.0f} MiB vs {savings['mha_bytes'] / 2**20:.0f} MiB "
+                      f"at 1024 tokens, fp32, batch 1"),
+        reported("KV cache of a 7B model (fp16, batch 1): 128K tokens / 512 tokens, computed",
+                 large / small, "x",
+                 note=f"computed from the formula, not measured: {small / 2**20:.0f} MiB at 512 tokens, "
+                      f"{large / 2**30:.0f} GiB at 128K"),
+    ]
 
 
 def allocated_bytes(model, lengths: list[int]) -> dict:

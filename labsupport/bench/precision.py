@@ -35,6 +35,17 @@ class PrecisionOptions(SectionOptions):
     repeats: int = count(5)
 
 
+@dataclass(frozen=True)
+class _Timings:
+    """The decode and prefill timings, side by side, and what they timed. Notebook 03 (mixed precision)."""
+
+    decode: dict                    # name -> Timing of `new_tokens` new tokens at batch 1
+    prefill: dict                   # name -> Timing of a `prompt_tokens`-token prefill
+    new_tokens: int
+    prompt_tokens: int
+    path: str                       # the decode path
+
+
 def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
     """Memory per dtype; fp32 against 16-bit in decode (batch 1) and prefill; agreement.
 
@@ -45,6 +56,38 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
     agreement stay the course's model's. Its claims: `claims.precision.precision_section_claims`.
     """
     model, tok = ctx.model(torch.float32)
+    models, timed = _precisions(ctx)
+    gpt2 = PRESETS["gpt2"].num_parameters
+    memory = {name: tensor_bytes(m) for name, m in models.items()}
+    figures = [_gpt2_figure(gpt2)]
+
+    ids = tok.encode(LIGHTHOUSE_PROMPT)
+    long_prompt = (ids * 64)[: options.prefill_tokens]
+    t = _time(ctx, timed, ids, long_prompt, options)
+    probe_tokens = torch.tensor([long_prompt[:128]], device=ctx.device)
+    rows = {}
+    for name, m in models.items():
+        rows[name] = {"bytes": memory[name],
+                      "decode_speedup": t.decode["float32"].median / t.decode[name].median,
+                      "prefill_speedup": t.prefill["float32"].median / t.prefill[name].median,
+                      # weights read per token x tokens/s (the short prompt's prefill counted in the time)
+                      "bandwidth_fraction": timed[name].weight_bytes() * t.new_tokens / t.decode[name].median
+                      / ctx.hardware.bandwidth,
+                      **(logit_agreement(model, m, probe_tokens) if name != "float32" else {})}
+        if name != "float32":
+            rows[name]["emulated"] = bool(emulation_note(ctx.device, name))
+            figures += _half_figures(ctx, name, rows, t)
+    return {"models": rows, "memory_bytes": memory, "bf16": bf16_report(ctx.device), "speeds": _speeds(ctx, models, t),
+            "device": str(ctx.device), "model_name": model.config.name, "timed_model": ctx.timed_model,
+            "note": ctx.timed_note(),
+            "gpt2_mib": {d: parameter_bytes(gpt2, d) / MIB for d in ("float32", "float16")},
+            "timings_s": {"decode": {k: v.to_dict() for k, v in t.decode.items()},
+                          "prefill": {k: v.to_dict() for k, v in t.prefill.items()}},
+            "figures": figures}
+
+
+def _precisions(ctx: BenchContext) -> tuple[dict, dict]:
+    """fp32 and the 16-bit dtypes worth timing here: (variants, timed variants). Notebook 03 (mixed precision)."""
     # bf16 where the hardware has it, and emulated on a CPU without it (labelled so);
     # fp16 only where it is fast (emulated fp16 is notebook 03's to show, not the bench's)
     half = [torch.bfloat16] if bf16_supported(ctx.device) or bf16_emulated(ctx.device) else []
@@ -52,67 +95,55 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
         half.append(torch.float16)
     models = {name: ctx.variants.get(name) for name in ["float32"] + [dtype_name(d) for d in half]}
     timed = {name: ctx.timing_variants.get(name) for name in models}       # what the speed rows time
+    return models, timed
 
-    gpt2 = PRESETS["gpt2"].num_parameters
-    memory = {name: tensor_bytes(m) for name, m in models.items()}
-    figures = [reported("GPT-2 weights in fp32 / fp16 (counted from its config)",
-                        parameter_bytes(gpt2, "float16") / parameter_bytes(gpt2, "float32"), "fraction",
-                        note=f"{gpt2:,} parameters: {parameter_bytes(gpt2, 'float32') / 2**20:.1f} MiB fp32, "
-                             f"{parameter_bytes(gpt2, 'float16') / 2**20:.1f} MiB fp16")]
 
-    ids = tok.encode(LIGHTHOUSE_PROMPT)
-    new_tokens = options.new_tokens
-    long_prompt = (ids * 64)[: options.prefill_tokens]
+def _gpt2_figure(gpt2: int) -> dict:
+    """GPT-2's weights in fp16 as a fraction of fp32, counted from its config. Notebook 03 (mixed precision)."""
+    return reported("GPT-2 weights in fp32 / fp16 (counted from its config)",
+                    parameter_bytes(gpt2, "float16") / parameter_bytes(gpt2, "float32"), "fraction",
+                    note=f"{gpt2:,} parameters: {parameter_bytes(gpt2, 'float32') / 2**20:.1f} MiB fp32, "
+                         f"{parameter_bytes(gpt2, 'float16') / 2**20:.1f} MiB fp16")
 
-    def decode(m):
-        return decode_run(m, ids, new_tokens)
 
-    def prefill_once(m):
-        return prefill_run(m, long_prompt)
-
-    repeats = options.repeats
+def _time(ctx: BenchContext, timed: dict, ids: list[int], long_prompt: list[int],
+          options: PrecisionOptions) -> _Timings:
+    """Every timed precision's decode, then its prefill, each side by side. Notebook 03 (mixed precision)."""
     # on a GPU each decode is a replayed CUDA graph, else a LabError (`precision.decode_run`)
     path = CUDA_GRAPHS if timed_compile(ctx.device) else "eager"
-    decode_t = time_side_by_side({n: decode(m) for n, m in timed.items()}, ctx.device, repeats=repeats)
-    prefill_t = time_side_by_side({n: prefill_once(m) for n, m in timed.items()}, ctx.device, repeats=repeats)
-    probe_tokens = torch.tensor([long_prompt[:128]], device=ctx.device)
-    rows = {}
-    for name, m in models.items():
-        rows[name] = {"bytes": memory[name],
-                      "decode_speedup": decode_t["float32"].median / decode_t[name].median,
-                      "prefill_speedup": prefill_t["float32"].median / prefill_t[name].median,
-                      # weights read per token x tokens/s (the short prompt's prefill counted in the time)
-                      "bandwidth_fraction": timed[name].weight_bytes() * new_tokens / decode_t[name].median
-                      / ctx.hardware.bandwidth,
-                      **(logit_agreement(model, m, probe_tokens) if name != "float32" else {})}
-        if name != "float32":
-            label, emulated = dtype_label(ctx.device, name), emulation_note(ctx.device, name)
-            rows[name]["emulated"] = bool(emulated)
-            # each ratio stands on two timings: its own and fp32's, taken side by side
-            decode_busy = busy_reason({"float32": decode_t["float32"], name: decode_t[name]})
-            prefill_busy = busy_reason({"float32": prefill_t["float32"], name: prefill_t[name]})
-            figures += [
-                reported(f"{label} / fp32 decode speed (batch 1)", rows[name]["decode_speedup"], "x",
-                         note="; ".join(filter(None, [
-                             f"{new_tokens} new tokens", f"{rows[name]['bandwidth_fraction']:.0%} of copy bandwidth "
-                             f"(fp32: {rows['float32']['bandwidth_fraction']:.0%})", emulated,
-                             f"model {ctx.timed_model}", f"decode path: {path}"])),
-                         busy=decode_busy),
-                reported(f"{label} / fp32 prefill speed ({len(long_prompt)}-token prompt)",
-                         rows[name]["prefill_speedup"], "x", busy=prefill_busy,
-                         note="; ".join(filter(None, [emulated, f"model {ctx.timed_model}"]))),
-                reported(f"{name} top-1 agreement with fp32", rows[name]["top1_agreement"], "fraction",
-                         note=f"max |logit difference| {rows[name]['max_abs_diff']:.3f}"),
-            ]
-    speeds = {regime: {name: {"speedup": t["float32"].median / t[name].median, "seconds": t[name].median,
-                              "fp32_seconds": t["float32"].median, "note": emulation_note(ctx.device, name),
-                              "timing": t[name].to_dict(), "fp32_timing": t["float32"].to_dict()}
-                       for name in models if name != "float32"}
-              for regime, t in (("decode", decode_t), ("prefill", prefill_t))}
-    return {"models": rows, "memory_bytes": memory, "bf16": bf16_report(ctx.device), "speeds": speeds,
-            "device": str(ctx.device), "model_name": model.config.name, "timed_model": ctx.timed_model,
-            "note": ctx.timed_note(),
-            "gpt2_mib": {d: parameter_bytes(gpt2, d) / MIB for d in ("float32", "float16")},
-            "timings_s": {"decode": {k: v.to_dict() for k, v in decode_t.items()},
-                          "prefill": {k: v.to_dict() for k, v in prefill_t.items()}},
-            "figures": figures}
+    decode_t = time_side_by_side({n: decode_run(m, ids, options.new_tokens) for n, m in timed.items()}, ctx.device,
+                                 repeats=options.repeats)
+    prefill_t = time_side_by_side({n: prefill_run(m, long_prompt) for n, m in timed.items()}, ctx.device,
+                                  repeats=options.repeats)
+    return _Timings(decode_t, prefill_t, options.new_tokens, len(long_prompt), path)
+
+
+def _half_figures(ctx: BenchContext, name: str, rows: dict, t: _Timings) -> list[dict]:
+    """A 16-bit dtype's decode and prefill speed over fp32's, and its top-1 agreement. Notebook 03 (mixed precision)."""
+    label, emulated = dtype_label(ctx.device, name), emulation_note(ctx.device, name)
+    # each ratio stands on two timings: its own and fp32's, taken side by side
+    decode_busy = busy_reason({"float32": t.decode["float32"], name: t.decode[name]})
+    prefill_busy = busy_reason({"float32": t.prefill["float32"], name: t.prefill[name]})
+    return [
+        reported(f"{label} / fp32 decode speed (batch 1)", rows[name]["decode_speedup"], "x",
+                 note="; ".join(filter(None, [
+                     f"{t.new_tokens} new tokens", f"{rows[name]['bandwidth_fraction']:.0%} of copy bandwidth "
+                     f"(fp32: {rows['float32']['bandwidth_fraction']:.0%})", emulated,
+                     f"model {ctx.timed_model}", f"decode path: {t.path}"])),
+                 busy=decode_busy),
+        reported(f"{label} / fp32 prefill speed ({t.prompt_tokens}-token prompt)",
+                 rows[name]["prefill_speedup"], "x", busy=prefill_busy,
+                 note="; ".join(filter(None, [emulated, f"model {ctx.timed_model}"]))),
+        reported(f"{name} top-1 agreement with fp32", rows[name]["top1_agreement"], "fraction",
+                 note=f"max |logit difference| {rows[name]['max_abs_diff']:.3f}"),
+    ]
+
+
+def _speeds(ctx: BenchContext, models: dict, t: _Timings) -> dict:
+    """Each 16-bit dtype's decode and prefill against fp32's, in full. Notebook 03 (mixed precision)."""
+    return {regime: {name: {"speedup": timings["float32"].median / timings[name].median,
+                            "seconds": timings[name].median,
+                            "fp32_seconds": timings["float32"].median, "note": emulation_note(ctx.device, name),
+                            "timing": timings[name].to_dict(), "fp32_timing": timings["float32"].to_dict()}
+                     for name in models if name != "float32"}
+            for regime, timings in (("decode", t.decode), ("prefill", t.prefill))}

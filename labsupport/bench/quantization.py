@@ -32,7 +32,7 @@ course's model's.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median as _median
 
 import torch
@@ -97,6 +97,41 @@ def _fp16_rounded(model):
     return rounded
 
 
+@dataclass(frozen=True)
+class _Fp32:
+    """What the other rows are set against: the fp32 model's perplexity and bytes. Notebook 04 (quantization)."""
+
+    perplexity: float
+    weight_bytes: int
+    resident_bytes: int
+    eval_tokens: int
+
+
+@dataclass
+class _Decodes:
+    """The rows' timed decodes: seconds per step by "row@tokens", paths, compile seconds. Notebook 04 (quantization)."""
+
+    device: torch.device
+    models: dict                                 # row name -> the variant its speed is timed on
+    ids: list[int]
+    graphed: bool
+    steps: dict[str, list[float]] = field(default_factory=dict)
+    paths: dict[str, set] = field(default_factory=dict)
+    compile_s: dict[str, float] = field(default_factory=dict)
+
+    def decode(self, name: str, tokens: int):
+        """A call that decodes `tokens` new tokens with row `name`, its step kept. Notebook 04 (quantization)."""
+        m = self.models[name]
+
+        def run():
+            result = require_graphed(generate(m, self.ids, tokens, eos_token_ids=(), compile=self.graphed),
+                                     f"the {name} decode", self.device)
+            self.paths.setdefault(name, set()).add(result.decode_path)
+            self.compile_s[name] = self.compile_s.get(name, 0.0) + result.warmup_seconds
+            self.steps.setdefault(f"{name}@{tokens}", []).append(result.decode_seconds / (tokens - 1))
+        return run
+
+
 def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dict:
     """Memory, decode speed (ratio to fp32) and quality of each precision and quantization.
 
@@ -104,13 +139,42 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
     `claims.quantization.quantization_section_claims` (the rows).
     """
     model, tok = ctx.model(torch.float32)
-    new_tokens, slow_tokens, repeats = options.new_tokens, options.slow_new_tokens, options.repeats
+    new_tokens, slow_tokens = options.new_tokens, options.slow_new_tokens
     ids = tok.encode(chat_prompt(tok, DEFAULT_PROMPT))
     eval_ids = eval_tokens(tok, max_tokens=options.eval_tokens)
     fp16_runs = ctx.device.type == "cuda" or fp16_fast(ctx.device)
 
     # Every row is a variant of the run: made once from the fp32 model, shared with the other sections;
     # its speed is timed on the same variant of the timing model (the course's model but on a big GPU).
+    variants, speed, rows = _variants(ctx)
+
+    # Memory and quality, one row at a time.
+    fp32 = _memory_and_quality(model, variants, rows, eval_ids, fp16_runs)
+
+    # Speed: decode tokens/s, all rows interleaved; very slow rows in a pair with fp32 on fewer tokens.
+    # On a GPU every row is a replayed CUDA graph (`measure.timed_compile`), its compiling apart.
+    decodes = _Decodes(ctx.device, speed, ids, timed_compile(ctx.device))
+    timed = [n for n in variants if n != "fp16" or fp16_runs]
+    timings, fast_rows, how = _time_decodes(decodes, timed, options)
+    for name in timed:
+        tokens = new_tokens if name in fast_rows else slow_tokens
+        rows[name].update(_speed_columns(ctx, decodes, name, tokens))
+        if "bf16" in fast_rows and name in fast_rows and rows[name]["kind"] in ("int8", "int4"):
+            rows[name].update(_bf16_columns(decodes, name, tokens))
+    if "fp16" in rows and "fp16" not in timed:
+        rows["fp16"]["decode_speedup"] = None
+        rows["fp16"]["speed_note"] = "not timed: fp16 matmuls are emulated on this CPU (slow)"
+
+    return {"rows": rows, "fp32_weight_bytes": fp32.weight_bytes, "eval_tokens": fp32.eval_tokens,
+            "prompt_tokens": len(ids), "new_tokens": new_tokens, "timed_model": ctx.timed_model,
+            "timings_s": {k: v.to_dict() for k, v in timings.items()},
+            "note": "weight-only quantization; activations stay fp32 (bf16 inside the fast kernels). "
+                    + ctx.timed_note(),
+            "figures": _figures(ctx, rows, fp32, how)}
+
+
+def _variants(ctx: BenchContext) -> tuple[dict, dict, dict]:
+    """Each row's variant, its timed variant, and its row (kind, kernel or error). Notebook 04 (quantization)."""
     variants, speed, rows = {}, {}, {}
     for name, (precision, weights, group_size) in ROWS.items():
         row = rows[name] = {"kind": "cast" if weights == "float" else weights}
@@ -123,8 +187,11 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
         except LabError as error:                  # e.g. bitsandbytes missing or not on this device
             row["error"] = str(error)
             variants.pop(name, None)
+    return variants, speed, rows
 
-    # Memory and quality, one row at a time.
+
+def _memory_and_quality(model, variants: dict, rows: dict, eval_ids, fp16_runs: bool) -> _Fp32:
+    """Each row's bytes, perplexity and top-1 agreement, set against fp32's. Notebook 04 (quantization)."""
     fp32_logits = logits_of(model, eval_ids)
     fp32_ppl = perplexity_from_logits(fp32_logits, eval_ids)
     fp32_bytes = model.weight_bytes()
@@ -142,58 +209,54 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
                           resident_fraction=rows[name]["tensor_bytes"] / fp32_resident, perplexity=ppl,
                           perplexity_increase=ppl / fp32_ppl - 1,
                           top1_agreement=top1_agreement_from_logits(fp32_logits, logits), quality_from=how)
+    return _Fp32(fp32_ppl, fp32_bytes, fp32_resident, len(eval_ids))
 
-    # Speed: decode tokens/s, all rows interleaved; very slow rows in a pair with fp32 on fewer tokens.
-    # On a GPU every row is a replayed CUDA graph (`measure.timed_compile`), its compiling apart.
-    decode_s: dict[str, list[float]] = {}
-    graphed = timed_compile(ctx.device)
-    paths: dict[str, set] = {}
-    compile_s: dict[str, float] = {}
 
-    def decode(name, tokens):
-        m = speed[name]
-
-        def run():
-            result = require_graphed(generate(m, ids, tokens, eos_token_ids=(), compile=graphed),
-                                     f"the {name} decode", ctx.device)
-            paths.setdefault(name, set()).add(result.decode_path)
-            compile_s[name] = compile_s.get(name, 0.0) + result.warmup_seconds
-            decode_s.setdefault(f"{name}@{tokens}", []).append(result.decode_seconds / (tokens - 1))
-        return run
-
-    timed = [n for n in variants if n != "fp16" or fp16_runs]
+def _time_decodes(d: _Decodes, timed: list[str], options: QuantizationOptions) -> tuple[dict, list, dict]:
+    """The rows' decodes timed, slow ones paired with fp32: (timings, fast rows, how). Notebook 04 (quantization)."""
+    new_tokens, slow_tokens = options.new_tokens, options.slow_new_tokens
     warm = {}
     for name in timed:                                             # warm-up, also sizes each row
-        decode(name, new_tokens)()
-        warm[name] = decode_s.pop(f"{name}@{new_tokens}")[0]
+        d.decode(name, new_tokens)()
+        warm[name] = d.steps.pop(f"{name}@{new_tokens}")[0]
     fast_rows = [n for n in timed if warm[n] <= 5 * warm["fp32"]]
     slow_rows = [n for n in timed if n not in fast_rows]
-    timings = time_side_by_side({n: decode(n, new_tokens) for n in fast_rows}, ctx.device,
-                                warmup=0, repeats=repeats)
+    timings = time_side_by_side({n: d.decode(n, new_tokens) for n in fast_rows}, d.device,
+                                warmup=0, repeats=options.repeats)
     for name in slow_rows:
-        pair = time_side_by_side({"fp32": decode("fp32", slow_tokens), name: decode(name, slow_tokens)},
-                                 ctx.device, warmup=0, repeats=1)
+        pair = time_side_by_side({"fp32": d.decode("fp32", slow_tokens), name: d.decode(name, slow_tokens)},
+                                 d.device, warmup=0, repeats=1)
         timings[f"{name} (pair)"] = pair[name]
-    for name in timed:
-        tokens = new_tokens if name in fast_rows else slow_tokens
-        step, read = _median(decode_s[f"{name}@{tokens}"]), quantized_bytes(speed[name])   # the timed model's bytes
-        rows[name].update(decode_tokens_per_s=1 / step,
-                          decode_speedup=_median(decode_s[f"fp32@{tokens}"]) / step,
-                          timed_on_new_tokens=tokens,
-                          bandwidth_bytes_per_s=read / step,
-                          bandwidth_fraction=read / step / ctx.hardware.bandwidth,
-                          decode_path=", ".join(sorted(paths[name])), compile_s=compile_s[name],
-                          timing=Timing(decode_s[f"{name}@{tokens}"]).to_dict(),
-                          busy=busy_reason({"fp32": Timing(decode_s[f"fp32@{tokens}"]),
-                                            name: Timing(decode_s[f"{name}@{tokens}"])}))
-        if "bf16" in fast_rows and name in fast_rows and rows[name]["kind"] in ("int8", "int4"):
-            rows[name]["decode_speedup_bf16"] = _median(decode_s[f"bf16@{tokens}"]) / step
-            rows[name]["busy_bf16"] = busy_reason({"bf16": Timing(decode_s[f"bf16@{tokens}"]),
-                                                   name: Timing(decode_s[f"{name}@{tokens}"])})
-    if "fp16" in rows and "fp16" not in timed:
-        rows["fp16"]["decode_speedup"] = None
-        rows["fp16"]["speed_note"] = "not timed: fp16 matmuls are emulated on this CPU (slow)"
+    how = {name: (f"interleaved with every row, {new_tokens} new tokens" if name in fast_rows else
+                  f"timed in a pair with fp32 on {slow_tokens} new tokens (about "
+                  f"{warm[name] / warm['fp32']:.0f}x slower than fp32 in the warm-up)") for name in timed}
+    return timings, fast_rows, how
 
+
+def _speed_columns(ctx: BenchContext, d: _Decodes, name: str, tokens: int) -> dict:
+    """Row `name`'s decode speed, its ratio to fp32's and its share of copy bandwidth. Notebook 04 (quantization)."""
+    step, read = _median(d.steps[f"{name}@{tokens}"]), quantized_bytes(d.models[name])   # the timed model's bytes
+    return dict(decode_tokens_per_s=1 / step,
+                decode_speedup=_median(d.steps[f"fp32@{tokens}"]) / step,
+                timed_on_new_tokens=tokens,
+                bandwidth_bytes_per_s=read / step,
+                bandwidth_fraction=read / step / ctx.hardware.bandwidth,
+                decode_path=", ".join(sorted(d.paths[name])), compile_s=d.compile_s[name],
+                timing=Timing(d.steps[f"{name}@{tokens}"]).to_dict(),
+                busy=busy_reason({"fp32": Timing(d.steps[f"fp32@{tokens}"]),
+                                  name: Timing(d.steps[f"{name}@{tokens}"])}))
+
+
+def _bf16_columns(d: _Decodes, name: str, tokens: int) -> dict:
+    """A quantized row's decode speed as a ratio to bf16's, and its busy reason. Notebook 04 (quantization)."""
+    step = _median(d.steps[f"{name}@{tokens}"])
+    return {"decode_speedup_bf16": _median(d.steps[f"bf16@{tokens}"]) / step,
+            "busy_bf16": busy_reason({"bf16": Timing(d.steps[f"bf16@{tokens}"]),
+                                      name: Timing(d.steps[f"{name}@{tokens}"])})}
+
+
+def _figures(ctx: BenchContext, rows: dict, fp32: _Fp32, how: dict) -> list[dict]:
+    """Every row's figures against fp32: memory, decode speed, quality. Notebook 04 (quantization)."""
     figures = []
     for name, row in rows.items():
         if name == "fp32" or "error" in row:
@@ -202,36 +265,36 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
             continue
         figures.append(reported(f"{name} resident bytes / fp32", row["resident_fraction"], "fraction",
                                 higher_is_better=False,
-                                note=f"{row['tensor_bytes'] / 2**20:.0f} MiB vs {fp32_resident / 2**20:.0f} MiB fp32 "
-                                     "(every tensor the model holds, float lookup tables included)"))
+                                note=f"{row['tensor_bytes'] / 2**20:.0f} MiB vs {fp32.resident_bytes / 2**20:.0f} "
+                                     "MiB fp32 (every tensor the model holds, float lookup tables included)"))
         figures.append(reported(f"{name} bytes read per token / fp32", row["memory_fraction"], "fraction",
                                 higher_is_better=False,
-                                note=f"{row['weight_bytes'] / 2**20:.0f} MiB vs {fp32_bytes / 2**20:.0f} MiB fp32 "
-                                     "(the weights a decode step streams; an embedding is read one row per token)"))
-        if row.get("decode_speedup") is not None:
-            how = (f"interleaved with every row, {new_tokens} new tokens" if name in fast_rows else
-                   f"timed in a pair with fp32 on {slow_tokens} new tokens (about "
-                   f"{warm[name] / warm['fp32']:.0f}x slower than fp32 in the warm-up)")
-            figures.append(reported(f"{name} / fp32 decode speed (batch 1)", row["decode_speedup"], "x",
-                                    target=TARGETS.get(name),
-                                    note=f"{row['decode_tokens_per_s']:.1f} tokens/s, "
-                                         f"{row['bandwidth_fraction']:.0%} of copy bandwidth; {how}; "
-                                         f"{row.get('kernel', 'dense matmul')}; model {ctx.timed_model}; "
-                                         f"decode path: {row['decode_path']} (fp32: {rows['fp32']['decode_path']})",
-                                    busy=row["busy"]))
-        if row.get("decode_speedup_bf16") is not None:
-            figures.append(reported(f"{name} / bf16 decode speed (batch 1)", row["decode_speedup_bf16"], "x",
-                                    note=f"{row.get('kernel')}: where the kernel computes in bf16, this ratio "
-                                         f"is what the smaller weights add over a bf16 model; model {ctx.timed_model}",
-                                    busy=row["busy_bf16"]))
+                                note=f"{row['weight_bytes'] / 2**20:.0f} MiB vs {fp32.weight_bytes / 2**20:.0f} "
+                                     "MiB fp32 (the weights a decode step streams; an embedding is read one row "
+                                     "per token)"))
+        figures += _speed_figures(ctx, name, row, how.get(name), rows["fp32"])
         figures.append(reported(f"{name} perplexity increase over fp32", row["perplexity_increase"], "fraction",
                                 higher_is_better=False,
-                                note=f"perplexity {row['perplexity']:.2f} vs {fp32_ppl:.2f} on "
-                                     f"{len(eval_ids)} tokens of the evaluation text ({row['quality_from']})"))
+                                note=f"perplexity {row['perplexity']:.2f} vs {fp32.perplexity:.2f} on "
+                                     f"{fp32.eval_tokens} tokens of the evaluation text ({row['quality_from']})"))
         figures.append(reported(f"{name} top-1 agreement with fp32", row["top1_agreement"], "fraction"))
-    return {"rows": rows, "fp32_weight_bytes": fp32_bytes, "eval_tokens": len(eval_ids),
-            "prompt_tokens": len(ids), "new_tokens": new_tokens, "timed_model": ctx.timed_model,
-            "timings_s": {k: v.to_dict() for k, v in timings.items()},
-            "note": "weight-only quantization; activations stay fp32 (bf16 inside the fast kernels). "
-                    + ctx.timed_note(),
-            "figures": figures}
+    return figures
+
+
+def _speed_figures(ctx: BenchContext, name: str, row: dict, how: str | None, fp32_row: dict) -> list[dict]:
+    """A row's decode speed over fp32's, and over bf16's where it was timed. Notebook 04 (quantization)."""
+    figures = []
+    if row.get("decode_speedup") is not None:
+        figures.append(reported(f"{name} / fp32 decode speed (batch 1)", row["decode_speedup"], "x",
+                                target=TARGETS.get(name),
+                                note=f"{row['decode_tokens_per_s']:.1f} tokens/s, "
+                                     f"{row['bandwidth_fraction']:.0%} of copy bandwidth; {how}; "
+                                     f"{row.get('kernel', 'dense matmul')}; model {ctx.timed_model}; "
+                                     f"decode path: {row['decode_path']} (fp32: {fp32_row['decode_path']})",
+                                busy=row["busy"]))
+    if row.get("decode_speedup_bf16") is not None:
+        figures.append(reported(f"{name} / bf16 decode speed (batch 1)", row["decode_speedup_bf16"], "x",
+                                note=f"{row.get('kernel')}: where the kernel computes in bf16, this ratio "
+                                     f"is what the smaller weights add over a bf16 model; model {ctx.timed_model}",
+                                busy=row["busy_bf16"]))
+    return figures

@@ -137,6 +137,29 @@ def _decode_costs(model, slots: int) -> dict | None:
     return decode_step_costs(model, batch_size=slots, context=128, steps=5)
 
 
+@dataclass
+class _Served:
+    """The workload served side by side, and what it measured. Notebook 06 (continuous batching)."""
+
+    requests: list
+    slots: int
+    longest: int                    # positions of the longest request
+    timings: dict                   # name -> `Timing` of the whole workload
+    runs: dict                      # name -> its last run (`serve_side_by_side`)
+    load: float | None              # `load_per_core` right after the timed runs
+    tokens: int                     # new tokens of the whole workload
+    speed: dict                     # name -> tokens/s
+    metrics: dict                   # ours: name -> `serving_metrics.summarize`
+    reference: dict                 # the continuous server's tokens, request id -> tokens
+    same: dict                      # name -> (requests with the reference's tokens, requests)
+    memory: dict                    # `serving_metrics.reserved_vs_used` of the continuous run
+    lengths: list                   # the answer lengths
+
+    def busy(self, *names):
+        """Why the machine looked busy while `names` were timed, or None. Notebook 06 (continuous batching)."""
+        return busy_reason({n: self.timings[n] for n in names}, load=self.load)
+
+
 def section_serving(ctx: BenchContext, options: ServingOptions) -> dict:
     """All requests arrive at once; each server runs the whole workload, side by side; then a
     load curve over Poisson arrival rates, the vLLM peer and the decode step's cost shares.
@@ -151,14 +174,35 @@ def section_serving(ctx: BenchContext, options: ServingOptions) -> dict:
     model, tok = ctx.model(dtype)
     hf = ctx.hf_model(dtype)
     slots, budget = options.slots, options.token_budget
+    served = _serve(ctx, model, hf, tok, options)
+    curve = _load_curve(ctx, model, tok, hf, options)
+    # vLLM against our plain continuous row: prefix caching off in both, the same dtype
+    vllm = vllm_serve(resolve_hf_source(ctx.model_name), served.requests, ctx.device, max_slots=slots,
+                      reference=served.reference, dtype=dtype_name(dtype), prefix_caching=False)
+    costs = _decode_costs(model, slots)
+
+    figures = _figures(ctx, served, curve, vllm, budget)
+    if costs is not None:
+        figures.append(_decode_cost_figure(ctx, costs, served.load))
+        costs = {k: v for k, v in costs.items() if k != "timings"}
+    same, everyone = served.same, len(served.reference)
+    return {"requests": len(served.requests), "slots": slots, "tokens": served.tokens,
+            "answer_lengths": served.lengths, "token_budget": budget, "tokens_per_s": served.speed,
+            "timings_s": {k: t.to_dict() for k, t in served.timings.items()}, "metrics": served.metrics,
+            "same_tokens": same, "prefill_stall": prefill_stall(served.runs["continuous"]),
+            "same_tokens_static_continuous": same["static"][0] == everyone,
+            "same_tokens_as_hf": same["hf"][0] == everyone,
+            "memory": served.memory, "load": served.load, "load_curve": curve,
+            "vllm": {k: v for k, v in vllm.items() if k != "tokens"}, "decode_cost": costs, "figures": figures}
+
+
+def _serve(ctx: BenchContext, model, hf, tok, options: ServingOptions) -> _Served:
+    """The long-tailed workload, all arriving at once, served side by side. Notebook 06 (continuous batching)."""
     requests = serving_workload(tok, ctx.device, options.requests)
     longest = max(r.max_length for r in requests)
-    timings, runs = serve_side_by_side(model, hf, requests, slots, options.repeats, token_budget=budget)
+    timings, runs = serve_side_by_side(model, hf, requests, options.slots, options.repeats,
+                                       token_budget=options.token_budget)
     load = load_per_core()
-
-    def busy(*names):
-        return busy_reason({n: timings[n] for n in names}, load=load)
-
     tokens = sum(r.max_new_tokens for r in requests)
     speed = {name: tokens / t.median for name, t in timings.items()}
     metrics = {name: summarize(runs[name]) for name in OURS}
@@ -168,10 +212,12 @@ def section_serving(ctx: BenchContext, options: ServingOptions) -> dict:
     same["hf"] = (sum(runs["hf"]["tokens"].get(i) == t for i, t in reference.items()), len(reference))
     memory = reserved_vs_used(runs["continuous"], max_length=longest)
     lengths = [r.max_new_tokens for r in requests]
-    plain, cached = metrics["continuous"], metrics["prefix caching"]
-    first, second = requests[0].prompt, requests[1 % len(requests)].prompt
-    shared = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
+    return _Served(requests, options.slots, longest, timings, runs, load, tokens, speed, metrics, reference, same,
+                   memory, lengths)
 
+
+def _load_curve(ctx: BenchContext, model, tok, hf, options: ServingOptions) -> dict:
+    """The saturation rate, and each server at rising Poisson rates below it. Notebook 06 (continuous batching)."""
     # the load curve: the same seeded workload at rising Poisson rates, fractions of the saturation rate
     sizes = SERVING_PRESETS[device_class(ctx.device)]
     curve_prompts, curve_slots = chat_prompts(tok, options.curve_requests), options.curve_slots
@@ -184,26 +230,48 @@ def section_serving(ctx: BenchContext, options: ServingOptions) -> dict:
     if ctx.device.type == "cuda":                    # on a CPU, a Hugging Face curve waits out every arrival
         def peer(reqs):
             return hf_serve(hf, reqs, max_slots=curve_slots, defaults=True)
-    curve = load_curve(model, curve_prompts, rates, options.curve_requests, curve_slots, budget, peer=peer,
-                       **shape)
+    curve = load_curve(model, curve_prompts, rates, options.curve_requests, curve_slots, options.token_budget,
+                       peer=peer, **shape)
     curve_load = load_per_core()
     at = near_saturation(curve, saturation)
-    point = {r["configuration"]: r for r in curve if r["rate"] == at}
-    chunked, unchunked = point["chunked prefill"], point["continuous"]
+    return {"saturation_rate": saturation, "slots": curve_slots, "rates": rates, "rows": curve,
+            "chunked_at": at, "load": curve_load}
 
-    # vLLM against our plain continuous row: prefix caching off in both, the same dtype
-    vllm = vllm_serve(resolve_hf_source(ctx.model_name), requests, ctx.device, max_slots=slots, reference=reference,
-                      dtype=dtype_name(dtype), prefix_caching=False)
-    costs = _decode_costs(model, slots)
 
-    figures = [
+def _figures(ctx: BenchContext, s: _Served, curve: dict, vllm: dict, budget: int) -> list[dict]:
+    """Every figure but the decode cost's, marked with the paths it read. Notebook 06 (continuous batching)."""
+    figures = (_batching_figures(s) + _chunked_prefill_figures(curve, budget) + _peer_figures(s, vllm, budget)
+               + _static_figures(s))
+    # on a GPU a figure read from a run whose decode steps were not replayed CUDA graphs is a failed
+    # measurement (measure.mark_graphed); the peers graph by default (their paths say so, unverified)
+    paths = {name: [s.runs[name].decode_path] for name in OURS}
+    paths["hf"], paths["vllm"] = [HF_CB_GRAPHED], [VLLM_GRAPHED]
+    paths["curve"] = sorted({r["decode_path"] for r in curve["rows"] if "decode_path" in r})     # ours, not the peer's
+    uses = {"continuous / static": ("continuous", "static"), "prefill tokens": ("continuous", "prefix caching"),
+            "time to first token p50": ("continuous", "prefix caching"), "inter-token": ("curve",),
+            "throughput with / without": ("curve",), "Hugging Face": ("chunked + prefix caching", "hf"),
+            "vLLM": ("continuous", "vllm"), "latency p99": ("continuous", "static"),
+            "time to first token p99": ("continuous", "static"), "paged cache": ()}
+    for figure in figures:
+        names = next(v for k, v in uses.items() if k in figure["name"])
+        mark_graphed(figure, [p for n in names for p in paths[n]], ctx.device)
+    return figures
+
+
+def _batching_figures(s: _Served) -> list[dict]:
+    """Continuous over static batching, and what prefix caching saves. Notebook 06 (continuous batching)."""
+    speed, metrics, same, lengths = s.speed, s.metrics, s.same, s.lengths
+    plain, cached = metrics["continuous"], metrics["prefix caching"]
+    first, second = s.requests[0].prompt, s.requests[1 % len(s.requests)].prompt
+    shared = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
+    return [
         reported("serving: continuous / static batching throughput", speed["continuous"] / speed["static"], "x",
                  target=2.0,
-                 note=f"{len(requests)} requests, {slots} slots, answer lengths {min(lengths)}-{max(lengths)} "
+                 note=f"{len(s.requests)} requests, {s.slots} slots, answer lengths {min(lengths)}-{max(lengths)} "
                       f"(median {sorted(lengths)[len(lengths) // 2]}); slot use "
                       f"{plain['slot_utilization']:.0%} vs {metrics['static']['slot_utilization']:.0%}; "
                       f"same tokens: {same['static'][0]}/{same['static'][1]}",
-                 busy=busy("continuous", "static")),
+                 busy=s.busy("continuous", "static")),
         reported("serving: prefill tokens computed, prefix caching / without", cached["prefill_tokens_computed"]
                  / plain["prefill_tokens_computed"], "fraction", target=0.5, higher_is_better=False,
                  note=f"{cached['prefill_tokens_computed']} of {plain['prefill_tokens_computed']} prompt tokens "
@@ -214,62 +282,68 @@ def section_serving(ctx: BenchContext, options: ServingOptions) -> dict:
                  plain["ttft_p50"] / cached["ttft_p50"], "x", target=1.5,
                  note=f"{plain['ttft_p50']:.2f} s without, {cached['ttft_p50']:.2f} s with; same tokens: "
                       f"{same['prefix caching'][0]}/{same['prefix caching'][1]}",
-                 busy=busy("continuous", "prefix caching")),
+                 busy=s.busy("continuous", "prefix caching")),
+    ]
+
+
+def _chunked_prefill_figures(curve: dict, budget: int) -> list[dict]:
+    """Chunked prefill's inter-token latency and throughput near saturation. Notebook 06 (continuous batching)."""
+    at, saturation, curve_load = curve["chunked_at"], curve["saturation_rate"], curve["load"]
+    point = {r["configuration"]: r for r in curve["rows"] if r["rate"] == at}
+    chunked, unchunked = point["chunked prefill"], point["continuous"]
+    return [
         reported("serving: inter-token latency p99, without / with chunked prefill",
                  unchunked["itl_p99"] / chunked["itl_p99"], "x", target=1.5,
                  note=f"{unchunked['itl_p99'] * 1e3:.0f} ms without, {chunked['itl_p99'] * 1e3:.0f} ms with a "
                       f"budget of {budget} tokens, at {at:.2f} requests/s ({at / saturation:.0%} of the "
-                      f"{saturation:.2f} requests/s served when all arrive at once; {curve_slots} slots)",
+                      f"{saturation:.2f} requests/s served when all arrive at once; {curve['slots']} slots)",
                  busy=busy_reason({}, load=curve_load)),
         reported("serving: throughput with / without chunked prefill, near saturation",
                  chunked["throughput"] / unchunked["throughput"], "x", target=0.9,
                  note=f"{chunked['throughput']:.1f} vs {unchunked['throughput']:.1f} tokens/s at {at:.2f} "
                       "requests/s (target: within 10%)", busy=busy_reason({}, load=curve_load)),
+    ]
+
+
+def _peer_figures(s: _Served, vllm: dict, budget: int) -> list[dict]:
+    """Ours against Hugging Face's continuous batching and against vLLM. Notebook 06 (continuous batching)."""
+    speed, same = s.speed, s.same
+    return [
         reported("serving: ours / Hugging Face continuous batching (both: chunked prefill, prefix sharing)",
                  speed["chunked + prefix caching"] / speed["hf"], "x", target=1.0,
                  note=f"budget {budget} tokens (ours), transformers' own (theirs); same tokens as HF: "
                       f"{same['hf'][0]}/{same['hf'][1]}; ours without either: "
-                      f"{speed['continuous'] / speed['hf']:.2f}x", busy=busy("chunked + prefix caching", "hf")),
+                      f"{speed['continuous'] / speed['hf']:.2f}x", busy=s.busy("chunked + prefix caching", "hf")),
         reported("serving: ours / vLLM throughput", speed["continuous"] / vllm["tokens_per_s"]
                  if vllm["skipped"] is None else float("nan"), "x",
                  note=vllm["skipped"] or f"same tokens as vLLM: {vllm['same_tokens'][0]}/{vllm['same_tokens'][1]}"),
+    ]
+
+
+def _static_figures(s: _Served) -> list[dict]:
+    """Static batching's tail latencies over continuous's; the paged cache's use. Notebook 06 (continuous batching)."""
+    metrics, memory = s.metrics, s.memory
+    plain = metrics["continuous"]
+    return [
         reported("serving: latency p99, static / continuous",
-                 metrics["static"]["latency_p99"] / plain["latency_p99"], "x", busy=busy("continuous", "static")),
+                 metrics["static"]["latency_p99"] / plain["latency_p99"], "x", busy=s.busy("continuous", "static")),
         reported("serving: time to first token p99, static / continuous",
                  metrics["static"]["ttft_p99"] / plain["ttft_p99"], "x",
                  note=f"p50 {plain['ttft_p50']:.2f} s continuous vs {metrics['static']['ttft_p50']:.2f} s static",
-                 busy=busy("continuous", "static")),
+                 busy=s.busy("continuous", "static")),
         reported("serving: paged cache peak / per-slot reservation", memory["used_bytes"] / memory["reserved_bytes"],
                  "fraction", note=f"{memory['used_bytes'] / 2**20:.1f} MiB used vs "
-                                  f"{memory['reserved_bytes'] / 2**20:.1f} MiB reserved for {slots} x {longest} "
+                                  f"{memory['reserved_bytes'] / 2**20:.1f} MiB reserved for {s.slots} x {s.longest} "
                                   f"positions"),
     ]
-    # on a GPU a figure read from a run whose decode steps were not replayed CUDA graphs is a failed
-    # measurement (measure.mark_graphed); the peers graph by default (their paths say so, unverified)
-    paths = {name: [runs[name].decode_path] for name in OURS}
-    paths["hf"], paths["vllm"] = [HF_CB_GRAPHED], [VLLM_GRAPHED]
-    paths["curve"] = sorted({row["decode_path"] for row in curve if "decode_path" in row})     # ours, not the peer's
-    uses = {"continuous / static": ("continuous", "static"), "prefill tokens": ("continuous", "prefix caching"),
-            "time to first token p50": ("continuous", "prefix caching"), "inter-token": ("curve",),
-            "throughput with / without": ("curve",), "Hugging Face": ("chunked + prefix caching", "hf"),
-            "vLLM": ("continuous", "vllm"), "latency p99": ("continuous", "static"),
-            "time to first token p99": ("continuous", "static"), "paged cache": ()}
-    for figure in figures:
-        names = next(v for k, v in uses.items() if k in figure["name"])
-        mark_graphed(figure, [p for n in names for p in paths[n]], ctx.device)
-    if costs is not None:
-        figures.append(reported("serving: decode step, share of the gather", costs["gather_share"], "fraction",
-                                note=f"block tables {costs['table_build_share']:.0%}, the rest "
-                                     f"{costs['rest_share']:.0%}; {costs['batch_size']} rows of "
-                                     f"{costs['context']} positions; attention over the pool: "
-                                     f"{costs['step_s'] / costs['pool_step_s']:.2f}x the gathering step's speed",
-                                busy=busy_reason(costs["timings"], load=load)))
-        mark_graphed(figures[-1], [NOT_GRAPHED], ctx.device)      # its parts are timed one by one, eagerly
-        costs = {k: v for k, v in costs.items() if k != "timings"}
-    return {"requests": len(requests), "slots": slots, "tokens": tokens, "answer_lengths": lengths,
-            "token_budget": budget, "tokens_per_s": speed, "timings_s": {k: t.to_dict() for k, t in timings.items()},
-            "metrics": metrics, "same_tokens": same, "prefill_stall": prefill_stall(runs["continuous"]), "same_tokens_static_continuous": same["static"][0] == len(reference),
-            "same_tokens_as_hf": same["hf"][0] == len(reference), "memory": memory, "load": load,
-            "load_curve": {"saturation_rate": saturation, "slots": curve_slots, "rates": rates, "rows": curve,
-                           "chunked_at": at, "load": curve_load},
-            "vllm": {k: v for k, v in vllm.items() if k != "tokens"}, "decode_cost": costs, "figures": figures}
+
+
+def _decode_cost_figure(ctx: BenchContext, costs: dict, load: float | None) -> dict:
+    """The paged decode step's share spent gathering the cache. Notebook 06 (continuous batching)."""
+    figure = reported("serving: decode step, share of the gather", costs["gather_share"], "fraction",
+                      note=f"block tables {costs['table_build_share']:.0%}, the rest "
+                           f"{costs['rest_share']:.0%}; {costs['batch_size']} rows of "
+                           f"{costs['context']} positions; attention over the pool: "
+                           f"{costs['step_s'] / costs['pool_step_s']:.2f}x the gathering step's speed",
+                      busy=busy_reason(costs["timings"], load=load))
+    return mark_graphed(figure, [NOT_GRAPHED], ctx.device)      # its parts are timed one by one, eagerly

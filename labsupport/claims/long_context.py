@@ -194,7 +194,7 @@ def long_context_claims(prefill_rows: Sequence[Mapping], share_rows: Sequence[Ma
     Introduced in notebook 08 (long context).
 
     prefill_rows: `prefill_attention_sweep`; share_rows: `decode_attention_share`;
-    crossovers: [{"model", "batch", "context"}], contexts from `decode_bytes.crossover_context`;
+    crossovers: [{"model", "batch", "context"}], contexts from `long_context_bytes.crossover_context`;
     variant_rows: `time_kv_variants`; int8_bytes: {"int8", "sixteen_bit", "fp32": bytes of
     the same cache, "head_dim"}; int8_speed: `time_cache_kinds`; quality:
     `kv_precision_quality`; agreement: `generation_agreement`; window_rows:

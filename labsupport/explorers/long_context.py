@@ -3,7 +3,7 @@
 Introduced in notebook 08 (long context).
 
 For every setting it computes what one decode step reads per generated token, split into
-weights and cache (`decode_bytes.step_bytes`), and the time that takes at the bandwidth
+weights and cache (`long_context_bytes.step_bytes`), and the time that takes at the bandwidth
 this machine's decode steps reached (`predicted_step_seconds`). Where the setting is one
 the embedded model can run (its own kv-heads, a float or an int8 cache) and the cache fits
 the memory offered, it also times one decode step on a cache of random values

@@ -155,7 +155,7 @@ def batch_that_fits(configs: Sequence[ModelConfig], context: int, device, larges
 def time_kv_variants(variants: dict[str, ModelConfig], context: int, batch: int = 1, device="cpu",
                      dtype: torch.dtype = torch.float32, repeats: int = 3) -> list[dict]:
     """One decode step and its attention, at `context`, for each config of `variants`
-    (`decode_bytes.kv_head_variants`: MHA, GQA, MQA), all timed side by side.
+    (`long_context_bytes.kv_head_variants`: MHA, GQA, MQA), all timed side by side.
 
     Introduced in notebook 08 (long context). Each variant is a `Transformer` with random
     weights (`random_weights_model`): the same shapes but for the kv-heads, so only the cache

@@ -40,7 +40,7 @@ def per_token_time_figure(rows: Sequence[dict], highlight: dict | None = None) -
     """Milliseconds per generated token against the tokens already in the sequence.
 
     Introduced in notebook 01 (KV cache). rows: those of
-    `kv_timing.time_per_token_by_position` (either or both of naive_s / cached_s).
+    `kv_cache_timing.time_per_token_by_position` (either or both of naive_s / cached_s).
     highlight: an optional {"sequence_length": ..., "seconds": ..., "label": ...} point.
     """
     fig = go.Figure()
@@ -69,7 +69,7 @@ def cumulative_time_figure(rows: Sequence[dict], new_tokens: int,
     """Total seconds to generate 1 .. new_tokens tokens: the running sum of per-step times.
 
     Introduced in notebook 01 (KV cache). The curves are estimates from the
-    measured steps (`kv_timing.estimated_step_seconds`);
+    measured steps (`kv_cache_timing.estimated_step_seconds`);
     measured_totals, {new_tokens: {"naive_s": s, "cached_s": s}}, adds full runs as markers.
     """
     counts = np.arange(1, new_tokens + 1)

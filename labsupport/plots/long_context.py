@@ -154,7 +154,7 @@ def step_split_figure(bytes_per_token: Mapping, seconds_per_token: Mapping, labe
                       measured_s: float | None = None) -> go.Figure:
     """One decode step per generated token: bytes and time, each split into weights and cache
     (computed), with a measured time beside it when there is one. Introduced in notebook 08.
-    bytes_per_token, seconds_per_token: `decode_bytes.step_bytes` and `predicted_step_seconds`."""
+    bytes_per_token, seconds_per_token: `long_context_bytes.step_bytes` and `predicted_step_seconds`."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("MiB read per generated token",
                                                         "ms per generated token"))
     for part in ("weights", "cache"):

@@ -54,66 +54,16 @@ def hf_serve(hf_model, requests: list[Request], max_slots: int = 8, block_size: 
     config.eos_token_id = -1                      # stop at each request's own length only
     if cache_tokens is None:
         cache_tokens = max_slots * max(r.max_length for r in requests)
-    page_field = _page_field(ContinuousBatchingConfig)
-    # transformers switches a model to FlashAttention by itself when flash_attn is installed, also
-    # for fp32, which FlashAttention does not take: newer versions read `auto_switch_to_flash`
-    # (set off here); older ones leave a model on a paged implementation alone (paged SDPA below).
-    no_switch = {"auto_switch_to_flash": False} if "auto_switch_to_flash" in _fields(ContinuousBatchingConfig) else {}
-    if defaults:
-        page = getattr(ContinuousBatchingConfig(), page_field)
-        cb_config = ContinuousBatchingConfig(max_requests_per_batch=max_slots, num_blocks=-(-cache_tokens // page),
-                                             **no_switch)
-        described = f"transformers' defaults, at most {max_slots} requests per batch"
-    else:
-        cb_config = ContinuousBatchingConfig(**{page_field: block_size}, max_requests_per_batch=max_slots,
-                                             num_blocks=-(-cache_tokens // block_size),
-                                             max_batch_tokens=token_budget, allow_block_sharing=prefix_sharing,
-                                             use_cuda_graph=False, **no_switch)
-        described = (f"pages of {block_size}, at most {max_slots} requests per batch, token budget "
-                     f"{token_budget or 'transformers’ own'}, prefix sharing {'on' if prefix_sharing else 'off'}")
-    # Without that field: paged SDPA (or paged eager) for this run, put back after. With it, SDPA
-    # needs no prefix (transformers 5.2x warns that "paged|sdpa" goes away in 5.23) and eager
-    # becomes "paged|eager" by itself.
-    original_attention = hf_model.config._attn_implementation
-    if not no_switch and "paged|" not in str(original_attention):
-        hf_model.set_attn_implementation(f"paged|{'eager' if original_attention == 'eager' else 'sdpa'}")
+    cb_config, described = _cb_config(ContinuousBatchingConfig, max_slots, cache_tokens, defaults, block_size,
+                                      token_budget, prefix_sharing)
+    original_attention = _use_paged_attention(hf_model, ContinuousBatchingConfig)
     manager = None
     ordered = sorted(requests, key=lambda r: r.arrival)
-    results, stamps, ids, failure = {}, {}, {}, []
     try:
         manager = hf_model.init_continuous_batching(generation_config=config, continuous_batching_config=cb_config)
         manager.start()
         _warm_up(manager, ordered[0], timeout)    # its cache and first batch, outside the timed run
-        synchronize(hf_model.device)
-        start = time.perf_counter()
-
-        def feed():                               # each request enters when its arrival time has come
-            try:
-                for r in ordered:
-                    time.sleep(max(0.0, start + r.arrival - time.perf_counter()))
-                    hf_id = manager.add_request(list(r.prompt), request_id=str(r.request_id),
-                                                max_new_tokens=r.max_new_tokens, record_timestamps=True)
-                    ids[hf_id] = r.request_id
-            except Exception as error:            # surfaced by the main thread below
-                failure.append(error)
-
-        feeder = threading.Thread(target=feed, daemon=True)
-        feeder.start()
-        while len(results) < len(requests) and not failure:
-            out = manager.get_result(timeout=timeout)
-            if out is None:
-                raise LabError("Hugging Face's continuous batching stopped without finishing every request.")
-            if out.is_finished():
-                if out.error:
-                    raise LabError(f"Hugging Face's continuous batching failed: {out.error}")
-                name = ids.get(out.request_id, out.request_id)
-                results[name] = list(out.generated_tokens)
-                stamps[name] = [t - start for t in (out.timestamps or [])]
-        synchronize(hf_model.device)
-        seconds = time.perf_counter() - start
-        feeder.join(timeout=timeout)
-        if failure:
-            raise LabError(f"Adding a request to Hugging Face's continuous batching failed: {failure[0]}")
+        results, stamps, seconds = _serve_at_arrivals(manager, hf_model.device, ordered, timeout)
     finally:
         if manager is not None:
             manager.stop(block=True, timeout=10)
@@ -122,6 +72,75 @@ def hf_serve(hf_model, requests: list[Request], max_slots: int = 8, block_size: 
             hf_model.set_attn_implementation(original_attention)
     return {"tokens": results, "seconds": seconds, "arrivals": {r.request_id: r.arrival for r in requests},
             "token_times": stamps, "config": described}
+
+
+def _cb_config(config_class, max_slots: int, cache_tokens: int, defaults: bool, block_size: int,
+               token_budget: int | None, prefix_sharing: bool) -> tuple[object, str]:
+    """`hf_serve`'s `ContinuousBatchingConfig`, and what was set, in words. Notebook 06 (continuous batching)."""
+    page_field = _page_field(config_class)
+    # transformers switches a model to FlashAttention by itself when flash_attn is installed, also
+    # for fp32, which FlashAttention does not take: newer versions read `auto_switch_to_flash`
+    # (set off here); older ones leave a model on a paged implementation alone (paged SDPA below).
+    no_switch = {"auto_switch_to_flash": False} if "auto_switch_to_flash" in _fields(config_class) else {}
+    if defaults:
+        page = getattr(config_class(), page_field)
+        cb_config = config_class(max_requests_per_batch=max_slots, num_blocks=-(-cache_tokens // page), **no_switch)
+        described = f"transformers' defaults, at most {max_slots} requests per batch"
+    else:
+        cb_config = config_class(**{page_field: block_size}, max_requests_per_batch=max_slots,
+                                 num_blocks=-(-cache_tokens // block_size),
+                                 max_batch_tokens=token_budget, allow_block_sharing=prefix_sharing,
+                                 use_cuda_graph=False, **no_switch)
+        described = (f"pages of {block_size}, at most {max_slots} requests per batch, token budget "
+                     f"{token_budget or 'transformers’ own'}, prefix sharing {'on' if prefix_sharing else 'off'}")
+    return cb_config, described
+
+
+def _use_paged_attention(hf_model, config_class) -> str:
+    """Paged attention for `hf_model` where needed; returns the one it had. Notebook 06 (continuous batching)."""
+    # Without that field: paged SDPA (or paged eager) for this run, put back after. With it, SDPA
+    # needs no prefix (transformers 5.2x warns that "paged|sdpa" goes away in 5.23) and eager
+    # becomes "paged|eager" by itself.
+    original_attention = hf_model.config._attn_implementation
+    if "auto_switch_to_flash" not in _fields(config_class) and "paged|" not in str(original_attention):
+        hf_model.set_attn_implementation(f"paged|{'eager' if original_attention == 'eager' else 'sdpa'}")
+    return original_attention
+
+
+def _serve_at_arrivals(manager, device, ordered: list[Request], timeout: float) -> tuple[dict, dict, float]:
+    """Feed each request at its arrival time: (tokens, token times, wall seconds). Notebook 06 (continuous batching)."""
+    results, stamps, ids, failure = {}, {}, {}, []
+    synchronize(device)
+    start = time.perf_counter()
+
+    def feed():                               # each request enters when its arrival time has come
+        try:
+            for r in ordered:
+                time.sleep(max(0.0, start + r.arrival - time.perf_counter()))
+                hf_id = manager.add_request(list(r.prompt), request_id=str(r.request_id),
+                                            max_new_tokens=r.max_new_tokens, record_timestamps=True)
+                ids[hf_id] = r.request_id
+        except Exception as error:            # surfaced by the main thread below
+            failure.append(error)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    while len(results) < len(ordered) and not failure:
+        out = manager.get_result(timeout=timeout)
+        if out is None:
+            raise LabError("Hugging Face's continuous batching stopped without finishing every request.")
+        if out.is_finished():
+            if out.error:
+                raise LabError(f"Hugging Face's continuous batching failed: {out.error}")
+            name = ids.get(out.request_id, out.request_id)
+            results[name] = list(out.generated_tokens)
+            stamps[name] = [t - start for t in (out.timestamps or [])]
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    feeder.join(timeout=timeout)
+    if failure:
+        raise LabError(f"Adding a request to Hugging Face's continuous batching failed: {failure[0]}")
+    return results, stamps, seconds
 
 
 def _continuous_batching_config_class():
