@@ -2,6 +2,9 @@
 roofline (00), kv_cache (01), batching (02), precision (03), quantization and quantization_* (04),
 speculative and speculative_sampling (05), serving and serving_* (06, 06b), stack and stack_cost (07),
 long_context and long_context_tiled (08), http_serving (09), tensor_parallel and tensor_parallel_goodput (10).
+Shared: grading, reach. (`grading.graded` grades every checker by what the learner's code reaches and
+does: each exercise declares the quantity it teaches, and the package code that computes it is refused;
+`reach` is the walk behind it.)
 
 A checker compares a learner's answer with the package's reference and either
 prints a short confirmation or raises `CheckFailed` with what was expected, what

@@ -226,3 +226,20 @@ NOTEBOOK_00 = [
     refuses(check_step_bounds, "short-labels", "use exactly the labels", short_labels),
     refuses(check_step_bounds, "not-a-list", "one label per row", lambda rows, profile, slack=2.0: "memory-bound"),
 ]
+
+
+# --- mutation testing (scripts/checker_mutants.py) --------------------------------------------------
+
+# exercise 2's answer is a value computed in the notebook: the embedded model's shape on a CPU whose
+# float32 ridge (10 FLOP/byte) a batch reaches at the exercise's context of 256 (about 32 rows), so that
+# the answer is finite and each slip shows
+RIDGE_PROFILE = HardwareProfile(device="cpu", name="a 2-core CPU", bandwidth=20e9, flops={"float32": 200e9})
+RIDGE_CONFIG = PRESETS["smollm2-135m"]
+
+MUTATION_CALLS = {
+    "ex2_ridge_batch": (lambda ns: ns.update(config=RIDGE_CONFIG, profile=RIDGE_PROFILE),
+                        lambda ns: check_ridge_batch(ns["predicted_ridge_batch"], RIDGE_PROFILE, RIDGE_CONFIG,
+                                                     torch.float32, context=ns["EXERCISE_CONTEXT"])),
+}
+
+EQUIVALENT_MUTANTS: dict[str, dict[str, str]] = {}
