@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -61,6 +62,7 @@ def test_every_exercise_names_real_package_code():
         assert deny.callables or exercise.receives or exercise.computed_by == (), name
 
 
+@functools.cache
 def package_modules() -> list[types.ModuleType]:
     """Every module of labsupport a notebook can import (the serving stack included)."""
     found = []
@@ -74,6 +76,7 @@ def package_modules() -> list[types.ModuleType]:
     return found
 
 
+@functools.cache
 def reachable_package_callables() -> dict[str, object]:
     """Every function and class defined in labsupport, by qualified name: what the notebook's
     `import labsupport as ls` reaches through module attributes."""

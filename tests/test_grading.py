@@ -178,3 +178,42 @@ def test_the_stand_ins_are_gone_after_the_checker_and_the_right_answer_passes(ca
     assert ModelConfig.__dict__["num_parameters"] is before and PRESETS["tiny-llama"].num_parameters > 0
     check_width(lambda config: 2 * config.hidden_size)
     assert "Correct" in capsys.readouterr().out
+
+
+CLASS_CHECKER = """
+from labsupport.checks import CheckFailed
+from labsupport.checks.grading import Exercise, graded
+from labsupport.engine.config import PRESETS
+from labsupport.engine.kv_quant import Int8KVCache
+
+
+@graded(Exercise("a class exercise", "the bytes of an int8 cache",
+                 computed_by=("labsupport.engine.kv_quant.Int8KVCache",
+                              "labsupport.engine.kv_quant.Int8KVCache.nbytes")))
+def check_bytes(fn):
+    config = PRESETS["tiny-llama"]
+    mine = Int8KVCache(config, 1, 4)                      # the checker's own instance: built and read freely
+    assert isinstance(mine, Int8KVCache) and mine.nbytes > 0
+    if fn(config) != mine.nbytes:
+        raise CheckFailed("a class exercise: wrong")
+    print("Correct")
+"""
+class_namespace = {"__name__": "labsupport.checks.another_test_checker"}
+exec(compile(CLASS_CHECKER, "another_test_checker.py", "exec"), class_namespace)      # noqa: S102
+check_bytes = class_namespace["check_bytes"]
+
+
+def test_a_class_named_in_computed_by_is_refused_when_built_by_a_name_no_walk_reads(capsys):
+    import importlib
+    from labsupport.engine.kv_quant import Int8KVCache
+    built = "".join(["Int8", "KV", "Cache"])
+
+    def sneaky(config):
+        cls = getattr(importlib.import_module("labsupport.engine.kv_quant"), built)
+        return cls(config, 1, 4).nbytes
+
+    init = Int8KVCache.__dict__["__init__"]
+    with pytest.raises(CheckFailed, match="got a call of the package's engine.kv_quant.Int8KVCache"):
+        check_bytes(sneaky)
+    assert Int8KVCache.__dict__["__init__"] is init                      # put back
+    assert "nbytes" in Int8KVCache.__dict__ and isinstance(Int8KVCache.__dict__["nbytes"], (property, type(init)))

@@ -15,6 +15,7 @@ from labsupport.checks import CheckFailed
 from labsupport.checks import tensor_parallel as checks
 from labsupport.checks.tensor_parallel import check_all_reduce_cost, check_mlp_split
 from labsupport.engine.parallel import plan_split
+from labsupport.errors import LabError
 
 from checker_cases.nb10_tensor_parallel import all_reduce_seconds_per_step, mlp_on_rank
 
@@ -125,13 +126,38 @@ def package_split_by_getattr(x, gate_up_weight, down_weight, rank, world, all_re
 
 
 def test_the_packages_split_is_refused_on_the_ranks_too():
-    """A name the source does not show (getattr) still meets the stand-in the ranks put there."""
-    with pytest.raises(CheckFailed, match="write the steps yourself; plan_split"):
+    """A name the source does not show (getattr) still meets the stand-in the ranks put there (grading by reach
+    holds on each rank: labsupport.checks.grading.graded around the rank's own run)."""
+    with pytest.raises(CheckFailed, match="expected your own code, got a call of the package's "
+                                          "engine.parallel.tensor.plan_split. Hint: ") as refused:
         check_mlp_split(package_split_by_getattr)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_walk_holds_on_the_ranks_too():
+    """The function a rank builds from the source is walked there before it runs: a package callable it reaches
+    (here through an import inside it) is refused on the rank, and the checker says so in one sentence."""
+    said = checks.parallel.run_ranks(2, _walked_on_a_rank, (), threads=1, timeout=30.0)
+    assert all(s.startswith("REFUSED||") and "engine.parallel.tensor.shard_model" in s for s in said), said
+    with pytest.raises(CheckFailed, match="expected your own code, got a call of the package's "
+                                          "engine.parallel.tensor.shard_model") as refused:
+        checks._rank_failed(LabError(f"Rank 0 of 2 failed: {said[0]} The other ranks were stopped."))
+    assert "\n" not in str(refused.value)
+
+
+def _walked_on_a_rank(rank, world):
+    source = ("def mlp_on_rank(x, gate_up_weight, down_weight, rank, world, all_reduce):\n"
+              "    from labsupport.engine.parallel.tensor import shard_model\n"
+              "    return all_reduce(shard_model)\n")
+    try:
+        checks._mlp_rank(rank, world, source, "mlp_on_rank", checks._mlp_cases())
+    except RuntimeError as error:                                # what the rank sends the checker
+        return str(error)
+    return "it ran"
 
 
 @pytest.mark.parametrize("answer, words", [
-    (plan_split, "write the steps yourself"),
+    (plan_split, "expected your own code, got a call of the package's engine.parallel.tensor.plan_split"),
     (lambda x, g, d, rank, world, all_reduce: x, "define mlp_on_rank with def"),
     (all_reduce_seconds_per_step, "keep the six arguments"),
     ("mlp_on_rank", "define mlp_on_rank with def"),

@@ -226,22 +226,38 @@ def _patch_functions(deny: DenyList, calls: list) -> list[tuple[dict, str, objec
 
 
 def _patch_members(deny: DenyList, calls: list) -> list[tuple[type, str, object]]:
-    """Replace every denied method and property of the received classes by a refusing stand-in."""
-    patched = []
+    """Replace by refusing stand-ins, on the classes that define them: every denied method and property
+    of the received classes, every method and property named in `computed_by`, and the constructor
+    of every class named there (so `Int8KVCache(...)` built by a name no walk can read is refused,
+    while the class itself, and isinstance on it, stay what they are)."""
+    targets = []                                                    # (owner class, attribute name, label)
     for cls in deny.classes:
-        for name, member in denied_members(cls):
-            if name not in deny.attributes:
-                continue
-            owner = next(k for k in cls.__mro__ if name in vars(k))
-            if isinstance(member, property):
-                replacement = property(_stand_in(member.fget, deny.attributes[name], calls))
-            elif isinstance(member, types.FunctionType):
-                replacement = _stand_in(member, deny.attributes[name], calls)
-            else:
-                continue
-            patched.append((owner, name, member))
-            setattr(owner, name, replacement)
+        targets += [(cls, name, deny.attributes[name]) for name, _ in denied_members(cls) if name in deny.attributes]
+    for path in deny.exercise.computed_by:
+        obj = _resolve(path)
+        label = path.removeprefix("labsupport.")
+        if isinstance(obj, type):
+            targets.append((obj, "__init__", label))
+        elif "." in path and isinstance(_resolve(path.rsplit(".", 1)[0]), type):
+            targets.append((_resolve(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1], label))
+    patched = []
+    for cls, name, label in targets:
+        owner = next((k for k in cls.__mro__ if name in vars(k)), None)
+        member = vars(owner).get(name) if owner is not None else None
+        if isinstance(member, property):
+            replacement = property(_stand_in(member.fget, label, calls))
+        elif isinstance(member, types.FunctionType):
+            replacement = _stand_in(member, label, calls)
+        else:
+            continue                                                # object's __init__, a slot: nothing to wrap
+        if name == "__init__":
+            owner = cls                                             # the constructor of this class only
+        patched.append((owner, name, vars(owner).get(name, _MISSING)))
+        setattr(owner, name, replacement)
     return patched
+
+
+_MISSING = object()
 
 
 def graded(exercise: Exercise):
@@ -267,8 +283,11 @@ def graded(exercise: Exercise):
             finally:
                 for names, key, value in functions:
                     names[key] = value
-                for owner, name, member in members:
-                    setattr(owner, name, member)
+                for owner, name, member in reversed(members):
+                    if member is _MISSING:
+                        delattr(owner, name)
+                    else:
+                        setattr(owner, name, member)
             if calls:                                              # the learner caught the refusal
                 raise refusal(exercise, calls[0])
             return result

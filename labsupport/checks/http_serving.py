@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import json
 
-from ..lab.http_serving_quality import best_choice, choice_accuracy
+from ..lab.http_serving_quality import best_choice
 from ..serve.text import held_back
-from . import call_learner, fail, grades_quietly, passed, refuses_references
+from . import call_learner, fail, grades_quietly, passed
+from .grading import Exercise, graded
 
 SSE = "reading a stream of server-sent events"
 HOLD = "the text held back for stop strings"
 CHOICE = "a multiple-choice answer from prompt log-probabilities"
+
+SSE_EXERCISE = Exercise(title=SSE, teaches="the chunks of a stream of server-sent events, each data line's JSON up "
+                                           "to data: [DONE]")
+HOLD_EXERCISE = Exercise(title=HOLD, teaches="the length of the longest ending of a text that begins a stop string")
+CHOICE_EXERCISE = Exercise(title=CHOICE, teaches="the index of the choice whose own tokens have the largest summed "
+                                                 "log-probability")
 
 
 def reference_parse_sse(body: str) -> list[dict]:
@@ -44,7 +51,22 @@ def _sse_cases() -> list[tuple[str, str]]:
             ("data: [DONE]\n\n", "an answer with no chunk at all")]
 
 
+def _chunks(count: int) -> str:
+    return f"{count} chunk" + ("" if count == 1 else "s")
+
+
+def _sse_hint(body: str, count: int) -> str:
+    """What a learner's count of chunks says: it read past [DONE], counted comments, or missed some."""
+    lines = body.splitlines()
+    if count == sum(line.startswith("data: ") and line != "data: [DONE]" for line in lines):
+        return "stop at `data: [DONE]`: it ends the stream."
+    if count > len(reference_parse_sse(body)) and any(line.startswith(":") for line in lines):
+        return "lines that start with ':' are comments (keep-alives), not chunks: only a `data: {...}` line holds one."
+    return "every `data: {...}` line before [DONE] is one chunk; lines that start with ':' are comments."
+
+
 @grades_quietly
+@graded(SSE_EXERCISE)
 def check_parse_sse(fn) -> None:
     """Check `fn(body) -> list of dicts`: the chunks of an event stream up to [DONE].
 
@@ -56,10 +78,12 @@ def check_parse_sse(fn) -> None:
         if not isinstance(got, list) or not all(isinstance(c, dict) for c in got):
             fail(SSE, "a list of dicts (json.loads of each chunk)", repr(got)[:80],
                  f"turn each line's text after 'data: ' into a dict with json.loads. Case: {about}")
-        if got != want:
-            hint = ("stop at `data: [DONE]`: it ends the stream." if len(got) > len(want) else
-                    "every `data: {...}` line before [DONE] is one chunk; lines that start with ':' are comments.")
-            fail(SSE, f"{len(want)} chunks", f"{len(got)} chunks", f"{hint} Case: {about}")
+        if len(got) != len(want):
+            fail(SSE, _chunks(len(want)), _chunks(len(got)), f"{_sse_hint(body, len(got))} Case: {about}")
+        wrong = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)
+        if wrong is not None:
+            fail(SSE, f"chunk {wrong} {want[wrong]!r}"[:100], repr(got[wrong])[:80],
+                 f"json.loads the whole text after 'data: ' of each line. Case: {about}")
     passed(SSE, "The load generator reads every server's stream this way (labsupport.lab.http_serving_loadgen).")
 
 
@@ -71,13 +95,36 @@ def _hold_cases() -> list[tuple[str, list[str], str]]:
             ("I said E", ["\n\n", "END"], "the second stop string's start"),
             ("xxEN", ["ENOUGH", "END"], "two stop strings start with the same ending"),
             ("aaaa", ["aaab"], "endings of several lengths start it: the longest is 3"),
+            ("say ab", ["bd", "abc"], "the first stop string that matches gives 1, a later one 2"),
+            ("say ab", ["abc", "bd"], "a later stop string matches a shorter ending than an earlier one"),
+            ("x abc", ["ab", "abcd"], "one stop string is the beginning of another"),
+            ("the END", ["END"], "the text ends with a whole stop string, which already ended the answer"),
             ("", ["stop"], "no text yet"),
             ("tops", ["stop"], "the stop string's letters in another order"),
             ("Hi", [], "no stop strings")]
 
 
+def _hold_hint(text: str, stops: list[str], got: int, want: int) -> str:
+    """The slip `got` makes: one stop string's ending instead of the longest over all, a whole stop
+    string held back, or (else) too little or too much held."""
+    each = [max((k for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0) for stop in stops]
+    matched = [n for n in each if n]
+    if matched and got in (matched[0], matched[-1]) and got < want:
+        which = "first" if got == matched[0] else "last"
+        return (f"that is the {which} matching stop string's ending: keep the longest over every stop string, "
+                f"longest = max(longest, k), whichever stop string gives it.")
+    if got > want and any(text.endswith(stop) and got == len(stop) for stop in stops if stop):
+        return ("a whole stop string has already ended the answer, so it is not held back: only an ending that is "
+                "a beginning shorter than the stop string waits (k from 1 to len(stop) - 1).")
+    if got < want:
+        return ("an ending that is only the BEGINNING of a stop string must wait too; test every length k "
+                "from 1 to len(stop) - 1, and keep the longest.")
+    return ("hold back only an ending that a stop string starts with (text.endswith(stop[:k])), "
+            "and never the whole text for nothing.")
+
+
 @grades_quietly
-@refuses_references(HOLD, held_back)
+@graded(HOLD_EXERCISE)
 def check_held_back(fn) -> None:
     """Check `fn(text, stops) -> int`: the length of the longest ending of `text` that is the
     beginning (not the whole) of a stop string. Introduced in notebook 09 (serving over HTTP)."""
@@ -88,15 +135,9 @@ def check_held_back(fn) -> None:
         if not isinstance(got, int) or isinstance(got, bool):
             fail(HOLD, "an int (a number of characters)", repr(got)[:60],
                  "return how many characters at the end of the text to hold back.")
-        if got == want:
-            continue
-        if got < want:
-            hint = ("an ending that is only the BEGINNING of a stop string must wait too; test every length k "
-                    "from 1 to len(stop) - 1, and keep the longest.")
-        else:
-            hint = ("hold back only an ending that a stop string starts with (text.endswith(stop[:k])), "
-                    "and never the whole text for nothing.")
-        fail(HOLD, str(want), str(got), f"{hint} Case: text {text!r}, stops {stops} ({about})")
+        if got != want:
+            fail(HOLD, str(want), str(got), f"{_hold_hint(text, stops, got, want)} Case: text {text!r}, stops "
+                                            f"{stops} ({about})")
     passed(HOLD, "The server sends everything before the held-back ending, token by token.")
 
 
@@ -115,7 +156,7 @@ def _choice_cases() -> list[tuple[list, list[int], str]]:
 
 
 @grades_quietly
-@refuses_references(CHOICE, best_choice, choice_accuracy)
+@graded(CHOICE_EXERCISE)
 def check_best_choice(fn) -> None:
     """Check `fn(log_probs, lengths) -> int`: the index of the choice whose own last lengths[i]
     tokens have the largest summed log-probability. Introduced in notebook 09 (serving over HTTP)."""

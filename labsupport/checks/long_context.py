@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from ..engine.kv_quant import int8_kv_cache_bytes
 from ..engine.config import PRESETS
-from . import call_learner, close_enough, fail, grades_quietly, passed, refuses_references
+from . import call_learner, close_enough, fail, grades_quietly, passed
+from .grading import Exercise, graded
 
 CROSSOVER = "int8 cache crossover context"
 SCALE_BYTES = 2          # Int8KVCache's scale: one bfloat16 per token per kv-head, for keys and for values
@@ -71,15 +72,27 @@ def _crossover_hint(got: float, config, batch: int, weight_bytes: float) -> str:
             "2-byte scale per token per kv-head, for keys and for values.")
 
 
+CROSSOVER_EXERCISE = Exercise(
+    title=CROSSOVER,
+    teaches="the context at which a decode step reads as many bytes of int8 cache (values and scales) as of weights",
+    computed_by=("labsupport.engine.kv_quant.int8_kv_cache_bytes", "labsupport.engine.kv_quant.Int8KVCache",
+                 "labsupport.engine.kv_quant.Int8KVCache.nbytes", "labsupport.engine.kv_cache.kv_cache_bytes",
+                 "labsupport.engine.kv_cache.StaticKVCache", "labsupport.engine.kv_cache.StaticKVCache.nbytes"),
+    receives=("labsupport.engine.config.ModelConfig",),
+    allowed=("labsupport.engine.config.ModelConfig.head_dim",))
+
+
 @grades_quietly
-@refuses_references("int8 crossover", int8_kv_cache_bytes)
+@graded(CROSSOVER_EXERCISE)
 def check_int8_crossover(fn) -> None:
     """Check `fn(weight_bytes, config, batch)` -> the crossover context of the int8 cache.
 
     Introduced in notebook 08 (long context), exercise 2: n* = W / (B x c) with c, the bytes of one
     cached position, worked out for `Int8KVCache` (int8 values and a bfloat16 scale per token per
     kv-head, for keys and values: `int8_kv_cache_bytes(config, 1)`), which the notebook does not
-    spell out. Each slip of the position's bytes or of the batch gives its own answer and hint."""
+    spell out. Each slip of the position's bytes or of the batch gives its own answer and hint. The
+    package's cache byte counts and the config's own counts (kv_values_per_token, ...) are refused
+    (`CROSSOVER_EXERCISE`)."""
     for name, batch, weight_bytes in CROSSOVER_CASES:
         config = PRESETS[name]
         expected = weight_bytes / (batch * int8_kv_cache_bytes(config, 1, 1))

@@ -4,22 +4,26 @@ Introduced in notebook 08 (long context). The learner's `tiled_attention(q, k, v
 is compared with `F.scaled_dot_product_attention` (in float64) on shapes chosen so that each
 usual slip gives another answer: lengths that are not a multiple of the tile, GQA and MQA, causal
 and not, and keys whose scores grow along the sequence, so that the running max changes from
-tile to tile and a missing rescale shows. Every call is recorded (`long_context_prefill.LargestTensor`):
-a tensor of all the queries' scores against all the keys, a full T x T mask, a row of scores
-against every key, or a call of scaled_dot_product_attention itself is refused, even with the
-right numbers. A wrong output is matched against the slips one by one (`_slipped`).
+tile to tile and a missing rescale shows. Every call is recorded (`ScoreCount`, a
+`long_context_prefill.LargestTensor` that also follows the scores by weak references): a tensor
+of all the queries' scores against all the keys, a full T x T mask, a row of scores against every
+key, each score computed twice, the scores of earlier tiles kept while later ones are made (a
+two-pass softmax), or a call of scaled_dot_product_attention itself is refused, even with the
+right numbers; the package's attention code is refused by reach (`TILED_EXERCISE`). A wrong
+output is matched against the slips one by one (`_slipped`).
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
 
 from ..lab.long_context_prefill import LargestTensor
-from ..lab.long_context_prefill import tiled_attention as reference_tiled_attention
-from . import call_learner, fail, grades_quietly, passed, refuses_references
+from . import call_learner, fail, grades_quietly, passed
+from .grading import Exercise, graded
 
 EXERCISE = "tiled attention with an online softmax"
 
@@ -122,28 +126,81 @@ def _method_hint(record: LargestTensor, case, q, k) -> str | None:
 
 
 class ScoreCount(LargestTensor):
-    """LargestTensor that also adds up the scores the learner's matmuls made: a matmul whose
-    left side ends in head_dim and whose right side has head_dim rows is q @ k_tile^T.
-    Notebook 08 (long context), exercise 1: one pass computes each score once."""
+    """LargestTensor that also follows the learner's scores: a matmul whose left side ends in head_dim
+    and whose right side has head_dim rows is q @ k_tile^T, one tile's scores; a tensor of the same shape
+    made from scores (scaled, masked, exponentiated, cloned) is scores of that tile too. `scores` adds up
+    the scores made (one pass makes each once); `most` is the most score elements alive when a tile's
+    scores are made, and `kept` the most of them from tiles two or more before it (weak references:
+    a tensor the learner's code lets go of is not counted). Notebook 08 (long context), exercise 1."""
 
     def __init__(self, head_dim: int):
         super().__init__()
-        self.head_dim, self.scores = head_dim, 0
+        self.head_dim, self.scores, self.tiles, self.most, self.kept = head_dim, 0, 0, 0, 0
+        self.live: dict[int, tuple] = {}                          # id -> (weak reference, tile, shape)
+
+    def _follow(self, tensor: torch.Tensor, tile: int) -> None:
+        key = id(tensor)
+
+        def gone(ref, key=key):
+            if key in self.live and self.live[key][0] is ref:
+                del self.live[key]
+        self.live[key] = (weakref.ref(tensor, gone), tile, tuple(tensor.shape))
+
+    def _tile_of(self, value) -> int | None:
+        entry = self.live.get(id(value)) if isinstance(value, torch.Tensor) else None
+        return entry[1] if entry is not None and entry[0]() is value else None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         result = super().__torch_function__(func, types, args, kwargs)
+        if not isinstance(result, torch.Tensor):
+            return result
         name = getattr(func, "__name__", "")
         if name in ("__matmul__", "matmul", "bmm") and len(args) == 2 and all(
-                isinstance(a, torch.Tensor) and a.dim() >= 2 for a in args):
-            a, b = args
-            if a.shape[-1] == self.head_dim and b.shape[-2] == self.head_dim and isinstance(result, torch.Tensor):
-                self.scores += result.numel()
+                isinstance(a, torch.Tensor) and a.dim() >= 2 for a in args) and \
+                args[0].shape[-1] == self.head_dim and args[1].shape[-2] == self.head_dim:
+            self.scores += result.numel()
+            alive = [(entry[1], math.prod(entry[2])) for entry in list(self.live.values()) if entry[0]() is not None]
+            self.most = max(self.most, result.numel() + sum(n for _, n in alive))
+            self.kept = max(self.kept, sum(n for tile, n in alive if tile < self.tiles - 1))
+            self._follow(result, self.tiles)
+            self.tiles += 1
+            return result
+        values = [*args, *(kwargs or {}).values()]
+        values += [v for value in values if isinstance(value, (list, tuple)) for v in value]
+        tiles = [t for t in (self._tile_of(v) for v in values) if t is not None]
+        if tiles and self._tile_of(result) is None and any(
+                tuple(v.shape) == tuple(result.shape) for v in values if self._tile_of(v) is not None):
+            self._follow(result, max(tiles))
         return result
 
 
 def _passes(record: ScoreCount, q, k) -> float:
     """How many times the learner computed each query's score against each key: 1 in one pass."""
     return record.scores / (q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
+
+
+TWO_PASS = ("that is a two-pass softmax (the max over every tile first, then the sum and output), which holds "
+            "the scores of every tile, as many as the naive attention: fold each tile into the running max, sum "
+            "and output as it comes, and keep no tile's scores once the next tile's are made.")
+
+
+def _check_method(record: ScoreCount, case, q, k, where: str) -> None:
+    """CheckFailed when the recorded calls show another method than tiles with an online softmax: the
+    whole score matrix, a full mask or a row over all keys, each score computed twice, or the scores
+    of earlier tiles kept while later ones are made (a two-pass softmax that stores them)."""
+    method = _method_hint(record, case, q, k)
+    if method is not None:
+        fail(EXERCISE, f"keys taken one tile at a time ({where})", "the whole row of scores at once", method)
+    passes = _passes(record, q, k)
+    if passes > 1.5:
+        fail(EXERCISE, f"one pass over the keys ({where})", f"each score computed {passes:.0f} times",
+             "keep a running max and rescale the running sum and output when it grows, so that one walk "
+             "over the tiles is enough.")
+    batch, heads, _, n_q, _, _, tile, _ = case
+    one_tile = batch * heads * n_q * tile
+    if record.kept > one_tile:
+        fail(EXERCISE, f"one tile of scores at a time ({where})",
+             f"the scores of {record.most / one_tile:.0f} tiles alive at once", TWO_PASS)
 
 
 def _value_hint(out: torch.Tensor, case, q, k, v) -> str:
@@ -163,8 +220,15 @@ def _value_hint(out: torch.Tensor, case, q, k, v) -> str:
             "weights @ v_tile; at the end out / row_sum.")
 
 
+TILED_EXERCISE = Exercise(
+    title=EXERCISE,
+    teaches="attention taken one tile of keys at a time with an online softmax (a running max, sum and output)",
+    computed_by=("labsupport.engine.models.transformer.Attention", "labsupport.engine.models.masks.causal_mask",
+                 "labsupport.engine.models.masks.chunk_mask"))
+
+
 @grades_quietly
-@refuses_references("tiled attention", reference_tiled_attention)
+@graded(TILED_EXERCISE)
 def check_tiled_attention(tiled_fn) -> None:
     """Check a learner's `tiled_fn(q, k, v, tile, causal=...)` -> (batch, heads, Tq, d): q (batch,
     heads, Tq, d), k and v (batch, kv_heads, Tk, d), keys and values taken one tile of `tile`
@@ -172,11 +236,11 @@ def check_tiled_attention(tiled_fn) -> None:
 
     Introduced in notebook 08 (long context). The output must equal
     `F.scaled_dot_product_attention(..., is_causal=causal, enable_gqa=True)` in float64 to 1e-5 on
-    four shapes (odd lengths, GQA, MQA, causal and not); the calls are recorded
-    (`prefill_attention.LargestTensor`), and an answer that builds all the scores at once, a full
-    mask, a row over all keys, computes the scores twice (a two-pass softmax: the max first, then
-    the sum and output), or calls scaled_dot_product_attention or the package's
-    `prefill_attention.tiled_attention` is refused with the right numbers too.
+    four shapes (odd lengths, GQA, MQA, causal and not); the calls are recorded (`ScoreCount`),
+    and an answer that builds all the scores at once, a full mask, a row over all keys, computes
+    the scores twice or keeps every tile's scores (two-pass softmaxes: the max first, then the sum
+    and output), or calls scaled_dot_product_attention or the package's attention
+    (`long_context_prefill.tiled_attention`, ...) is refused with the right numbers too.
     """
     for number, case in enumerate(CASES, 1):
         batch, heads, kv_heads, n_q, n_k, d, tile, causal = case
@@ -195,14 +259,7 @@ def check_tiled_attention(tiled_fn) -> None:
         if tuple(out.shape) != tuple(expected.shape):
             fail(EXERCISE, f"shape {tuple(expected.shape)} ({where})", f"shape {tuple(out.shape)}",
                  "one output row per query and query head: (batch, heads, Tq, head_dim), as q.")
-        method = _method_hint(record, case, q, k)
-        if method is not None:
-            fail(EXERCISE, f"keys taken one tile at a time ({where})", "the whole row of scores at once", method)
-        passes = _passes(record, q, k)
-        if passes > 1.5:
-            fail(EXERCISE, f"one pass over the keys ({where})", f"each score computed {passes:.0f} times",
-                 "keep a running max and rescale the running sum and output when it grows, so that one walk "
-                 "over the tiles is enough.")
+        _check_method(record, case, q, k, where)
         error = (out.double() - expected).abs().max().item()
         if not error <= 1e-5 + 1e-5 * expected.abs().max().item():
             fail(EXERCISE, f"scaled_dot_product_attention's output to 1e-5 ({where})",

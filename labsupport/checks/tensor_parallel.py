@@ -4,6 +4,8 @@ the seconds a forward pass spends in all-reduces (exercise 2).
 `check_mlp_split` runs `mlp_on_rank` on two spawned processes in a gloo group (`run_ranks`), sent as source
 with its helpers (a notebook's function cannot be imported there), each rank's weights NaN outside its share;
 a slip is named from what the ranks sent and returned, and from probes with an all-reduce that sums nothing.
+Both grade by reach (`grading.graded`), the split on each rank too: the function a rank builds from the
+source is walked there, and the package's split is a refusing stand-in while it runs.
 """
 
 from __future__ import annotations
@@ -20,13 +22,23 @@ import torch.nn.functional as F
 
 from ..engine import parallel
 from ..errors import LabError
-from . import _refusal, call_learner, close_enough, fail, grades_quietly, passed, refuses_references
+from . import CheckFailed, call_learner, close_enough, fail, grades_quietly, passed
+from .grading import Exercise, graded
 
 MLP = "one MLP split across two ranks"
 COST = "the seconds in all-reduces per forward pass"
 WORLD = 2
 TIMEOUT_S = 60.0                      # the whole run, and each collective: a rank left waiting ends there
-PACKAGE = ("shard_model", "plan_split", "run_tensor_parallel")            # the package's own split
+ENGINE = "labsupport.engine."
+MLP_EXERCISE = Exercise(
+    title=MLP, teaches="one rank's share of a SwiGLU MLP: the gate and up rows and the down columns of its units, "
+                       "and one all-reduce of its partial sum",
+    computed_by=tuple(ENGINE + p for p in ("parallel.tensor.plan_split", "parallel.tensor.shard_model",
+                                           "parallel.tensor._even_slices", "parallel.tensor._rows",
+                                           "parallel.tensor.AllReduceOutput", "parallel.launch.run_tensor_parallel",
+                                           "models.transformer.SwiGLU")))
+COST_EXERCISE = Exercise(title=COST, teaches="the seconds one forward pass spends in all-reduces: two per layer, each "
+                                             "a latency plus a ring's 2 (world - 1) / world of the message")
 SIZES = [(3, 40, 96), (1, 24, 64)]    # (T, hidden, inner): hidden is neither inner nor a rank's units
 
 RECIPE = ("take the gate rows start:stop and the up rows inner + start : inner + stop of gate_up_weight and the "
@@ -57,17 +69,6 @@ FRESH = ("your function runs in a fresh process on each rank, with torch, F and 
          "but not the notebook's other variables: keep what it needs inside it.")
 
 # --- on each rank ----------------------------------------------------------------------------------
-
-def _guard_package() -> None:
-    """Replace the package's split in this rank's modules by stand-ins that refuse."""
-    def refusing(name):
-        def refused(*args, **kwargs):
-            raise RuntimeError(f"PACKAGE|{name}|")         # kind|name|text: what _rank_failed reads
-        return refused
-    for module in (parallel, parallel.tensor, parallel.launch):
-        for name in (n for n in PACKAGE if hasattr(module, n)):
-            setattr(module, name, refusing(name))
-
 
 def _masked(gate_up, down, rank, world, regions=("gate", "up", "down")):
     """Copies of the weights with the entries of the other ranks' units in `regions` set to NaN."""
@@ -112,21 +113,28 @@ def _call(fn, case, gate_up, down, rank, world, sent, real):
 
 
 def _mlp_rank(rank, world, program, name, cases):
-    """One rank of `check_mlp_split`: each case with NaN outside its share, then the probes that name a slip."""
-    _guard_package()
+    """One rank of `check_mlp_split`: the learner's function built from its source, graded by reach here too."""
     namespace = {"__name__": "__learner__", "torch": torch, "F": F}
     try:
         exec(compile(program, "<your function>", "exec"), namespace)       # noqa: S102 - the learner's own code
         fn = namespace[name]
     except Exception as error:                                              # noqa: BLE001
         raise RuntimeError(f"SOURCE|{type(error).__name__}|{error}") from None
+    try:
+        return graded(MLP_EXERCISE)(_rank_cases)(fn, rank, world, cases)
+    except CheckFailed as refused:                                          # the package's split, reached or called
+        raise RuntimeError(f"REFUSED||{refused}") from None
+
+
+def _rank_cases(fn, rank, world, cases):
+    """Each case with NaN outside this rank's share, then the probes that name a slip."""
     results = []
     for case in cases:
         sent = []
         try:
             out = _call(fn, case, *_masked(case["gate_up"], case["down"], rank, world), rank, world, sent, True)
         except Exception as error:                                          # noqa: BLE001
-            if str(error).startswith(("PACKAGE|", "PEER|")):
+            if str(error).startswith("PEER|"):
                 raise
             raise RuntimeError(f"LEARNER|{type(error).__name__}|{error}") from None
         result = {"out": out, "sent": sent, "probe_sent": [], "probe_out": None, "reads": []}
@@ -149,16 +157,15 @@ def _names_of(code) -> set[str]:
     return set(code.co_names).union(*(_names_of(c) for c in code.co_consts if inspect.iscode(c)))
 
 
-def _shipped(fn) -> tuple[str, set[str]]:
-    """The source a rank runs (fn's, its helpers', imports for the modules it uses), and every name used."""
-    sources, imports, seen, used = [], [], set(), set()
+def _shipped(fn) -> str:
+    """The source a rank runs: fn's, its helpers', and imports for the modules and callables they use."""
+    sources, imports, seen = [], [], set()
 
     def visit(function) -> None:
         if function in seen:
             return
         seen.add(function)
         names = _names_of(function.__code__)
-        used.update(names)
         for name in sorted(names):
             value = function.__globals__.get(name)
             if inspect.ismodule(value):
@@ -174,7 +181,7 @@ def _shipped(fn) -> tuple[str, set[str]]:
                 raise
 
     visit(fn)
-    return "\n".join([*dict.fromkeys(imports), *sources]), used
+    return "\n".join([*dict.fromkeys(imports), *sources])
 
 
 def _importable(value) -> bool:
@@ -257,15 +264,15 @@ def _judge(case, results) -> None:
 def _rank_failed(error: LabError) -> None:
     """CheckFailed (or the learner's NotImplementedError) for a run that ended in an error."""
     text = str(error)
-    found = re.search(r"Rank (\d+) of \d+ failed: (LEARNER|SOURCE|PACKAGE|PEER)\|([^|]*)\|(.*?)\.? The other ranks "
+    found = re.search(r"Rank (\d+) of \d+ failed: (LEARNER|SOURCE|REFUSED|PEER)\|([^|]*)\|(.*?)\.? The other ranks "
                       r"were stopped\.$", text, re.DOTALL)
     if found is None:
         if "did not finish" in text:
             fail(MLP, "both ranks to finish", text.rstrip("."), WAITED)
         raise error
     rank, kind, name, message = found.groups()
-    if kind == "PACKAGE":
-        raise _refusal(MLP, name) from None
+    if kind == "REFUSED":
+        raise CheckFailed(message + ".") from None
     if name == "NotImplementedError":
         raise NotImplementedError(message or "mlp_on_rank is not written yet") from None
     if kind == "PEER":
@@ -280,26 +287,24 @@ def _rank_failed(error: LabError) -> None:
 
 
 @grades_quietly
+@graded(MLP_EXERCISE)
 def check_mlp_split(fn) -> None:
     """Check `fn(x, gate_up_weight, down_weight, rank, world, all_reduce)` on two real ranks. Notebook 10
     (past one device), exercise 1. Each rank gets the weights with NaN outside its share and an all_reduce
     that counts its calls; each must return F.silu(x @ G.T) * (x @ U.T) @ D.T after one all-reduce. A
-    function that calls the package's split (shard_model, plan_split) is refused."""
+    function that reaches or calls the package's split (plan_split, shard_model, ...) is refused, here and
+    on each rank (`MLP_EXERCISE`)."""
     if not inspect.isfunction(fn) or fn.__name__ == "<lambda>":
         fail(MLP, "a function defined with def", repr(fn)[:60],
              "define mlp_on_rank with def in a cell: the checker sends its source to the ranks.")
-    if fn.__name__ in PACKAGE and fn.__module__.startswith("labsupport."):
-        raise _refusal(MLP, fn.__name__)
     try:
         inspect.signature(fn).bind(*range(6))
-        program, used = _shipped(fn)
+        program = _shipped(fn)
     except TypeError:
         fail(MLP, "mlp_on_rank(x, gate_up_weight, down_weight, rank, world, all_reduce)",
              f"{fn.__name__}{inspect.signature(fn)}", "keep the six arguments of the exercise, in that order.")
     except OSError:
         fail(MLP, "a function whose source can be read", "none", "define mlp_on_rank with def in a notebook cell.")
-    for name in (n for n in PACKAGE if n in used):
-        raise _refusal(MLP, name)
     cases = _mlp_cases()
     try:
         ranks = parallel.run_ranks(WORLD, _mlp_rank, (program, fn.__name__, cases), threads=1, timeout=TIMEOUT_S)
@@ -369,7 +374,13 @@ def _about(case) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in zip(ARGUMENTS, case))
 
 
-def _check_cost(fn) -> None:
+@grades_quietly
+@graded(COST_EXERCISE)
+def check_all_reduce_cost(fn) -> None:
+    """Check `fn(layers, hidden, tokens, bytes_per_value, world, gb_per_s, latency_us) -> seconds`. Notebook 10
+    (past one device), exercise 2. Exact (to 1e-6) on worlds 1, 2, 4, 8, 1 and 512 tokens, two links, with a
+    hint for each usual slip; a function that reaches the package's copies of the formula (`link_arithmetic`,
+    the explorer's `all_reduce_seconds`, this module's reference) is refused (`COST_EXERCISE`)."""
     got = []
     for case in COST_CASES:
         about = _about(case)
@@ -387,11 +398,3 @@ def _check_cost(fn) -> None:
     passed(COST, f"SmolLM2-135M on two ranks over NVLink: {decode * 1e6:.0f} us per decode step, almost all "
                  f"latency; {prefill * 1e6:.0f} us for a 512-token prefill, where the bytes start to count.")
 
-
-@grades_quietly
-def check_all_reduce_cost(fn) -> None:
-    """Check `fn(layers, hidden, tokens, bytes_per_value, world, gb_per_s, latency_us) -> seconds`. Notebook 10
-    (past one device), exercise 2. Exact (to 1e-6) on worlds 1, 2, 4, 8, 1 and 512 tokens, two links, with a
-    hint for each usual slip; a function that calls the package's `link_arithmetic` is refused."""
-    from ..lab.tensor_parallel import link_arithmetic            # not at import: the ranks import this module
-    refuses_references(COST, link_arithmetic)(_check_cost)(fn)

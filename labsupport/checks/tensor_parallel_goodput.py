@@ -6,8 +6,9 @@ Introduced in notebook 10 (past one device).
   tpot_slo, equal counts as met) per second of the trace's span, from 0 (the first arrival) to the
   last "finished". It runs the learner's function on made-up traces, compares with the checker's
   own `reference_goodput`, and names the usual slips (either objective, throughput, the share, <,
-  a span from the first finish, from the last row, or summed over the requests, a dict). A function
-  that calls the package's `labsupport.lab.serving_metrics.goodput` is refused.
+  a span from the first finish, from the last row, or summed over the requests, a dict). It grades
+  by reach (`grading.graded`): a function that reaches the package's goodput
+  (`labsupport.lab.serving_metrics.goodput`) or this module's reference or slips is refused.
 
 The module is apart from `checks.tensor_parallel`, whose checkers fill its 400 lines; notebook 10
 imports `check_goodput` from here.
@@ -18,9 +19,12 @@ from __future__ import annotations
 import copy
 import numbers
 
-from . import call_learner, close_enough, fail, grades_quietly, passed, refuses_references
+from . import call_learner, close_enough, fail, grades_quietly, passed
+from .grading import Exercise, graded
 
 GOODPUT = "the goodput of a trace"
+GOODPUT_EXERCISE = Exercise(title=GOODPUT, teaches="the goodput of a trace: the requests that met both objectives per "
+                                                   "second of the trace's span")
 
 
 def _row(ttft, tpot, finished, tokens=6) -> dict:
@@ -122,7 +126,13 @@ def _error_hint(error: Exception) -> str:
     return RULE[0].upper() + RULE[1:]
 
 
-def _check_goodput(fn) -> None:
+@grades_quietly
+@graded(GOODPUT_EXERCISE)
+def check_goodput(fn) -> None:
+    """Check `fn(rows, ttft_slo, tpot_slo)` -> requests per second that met both objectives. Notebook 10 (past one
+    device), exercise 3. Exact (to 1e-9) on four made-up traces (none met, ties at the objectives, rows not in
+    order of finish), with a hint for each usual slip; a function that reaches the package's goodput
+    (`lab.serving_metrics.goodput`) is refused (`GOODPUT_EXERCISE`)."""
     got = []
     for about, rows, ttft_slo, tpot_slo in TRACES:
         case = f"{about}, ttft_slo={ttft_slo:g} s, tpot_slo={tpot_slo:g} s"
@@ -146,11 +156,3 @@ def _check_goodput(fn) -> None:
                     f"well, first token and pace both on time, per second: {reference_goodput(*TRACES[0][1:]):.3g} "
                     f"of {served:.3g} requests/s on the first trace.")
 
-
-@grades_quietly
-def check_goodput(fn) -> None:
-    """Check `fn(rows, ttft_slo, tpot_slo)` -> requests per second that met both objectives. Notebook 10 (past one
-    device), exercise 3. Exact (to 1e-9) on four made-up traces (none met, ties at the objectives, rows not in
-    order of finish), with a hint for each usual slip; a function that calls the package's `goodput` is refused."""
-    from ..lab.serving_metrics import goodput
-    refuses_references(GOODPUT, goodput)(_check_goodput)(fn)

@@ -1,11 +1,19 @@
 """Checker cases of notebook 08 (long context): the reference and each typical mistake."""
 
+import importlib
 import math
 
 import torch
 
+from labsupport.checks import long_context, long_context_tiled
 from labsupport.checks.long_context import check_int8_crossover
 from labsupport.checks.long_context_tiled import check_tiled_attention
+from labsupport.engine.kv_cache import kv_cache_bytes
+from labsupport.engine.kv_quant import Int8KVCache, int8_kv_cache_bytes
+from labsupport.engine.models.masks import causal_mask
+from labsupport.lab import long_context_bytes
+from labsupport.lab.long_context_prefill import fused_attention
+from labsupport.lab.long_context_prefill import tiled_attention as package_tiled
 
 from checker_cases.common import accepts, refuses
 
@@ -61,6 +69,47 @@ def crossover_one_layer(weight_bytes, config, batch):
 
 def crossover_as_text(weight_bytes, config, batch):
     return f"{reference_crossover(weight_bytes, config, batch):.0f}"
+
+
+# the package's count of the same bytes, however the learner's function holds it
+
+def crossover_by_default(weight_bytes, config, batch, _bytes=int8_kv_cache_bytes):
+    return weight_bytes / _bytes(config, 1, batch)
+
+
+def _closure_over_the_cache():
+    cache_class = Int8KVCache
+
+    def crossover(weight_bytes, config, batch):
+        return weight_bytes / (batch * cache_class(config, 1, 1).nbytes)
+    return crossover
+
+
+def _values_bytes(config):
+    return kv_cache_bytes(config, 1, 1, torch.int8)                  # the int8 values, without their scales
+
+
+def crossover_by_a_helper(weight_bytes, config, batch):
+    scales = config.num_layers * 2 * config.num_kv_heads * 2
+    return weight_bytes / (batch * (_values_bytes(config) + scales))
+
+
+def crossover_by_the_configs_count(weight_bytes, config, batch):
+    scales = config.num_layers * 2 * config.num_kv_heads * 2
+    return weight_bytes / (batch * (config.kv_values_per_token + scales))
+
+
+def crossover_by_the_checkers_table(weight_bytes, config, batch):
+    return weight_bytes / (batch * long_context.POSITION_BYTES[0][0](config))
+
+
+def crossover_by_the_labs_copy(weight_bytes, config, batch):
+    return long_context_bytes.crossover_context(config, weight_bytes, batch, "int8")
+
+
+def crossover_by_a_built_name(weight_bytes, config, batch):
+    module = importlib.import_module("labsupport.engine.kv_quant")
+    return weight_bytes / getattr(module, "int8_kv_cache" + "_bytes")(config, 1, batch)
 
 
 # --- exercise 1: tiled attention with an online softmax -----------------------------------------
@@ -186,6 +235,89 @@ def returns_pair(q, k, v, tile, causal=False):
     return reference_tiled(q, k, v, tile, causal), None
 
 
+def _scores_of(q, k, start, tile, causal):
+    scores = q @ k[:, :, start:start + tile].transpose(-2, -1) / math.sqrt(q.shape[-1])    # (B, H, Tq, t)
+    if causal:
+        keys = torch.arange(start, start + scores.shape[-1])[None, :]
+        scores = scores.masked_fill(keys > torch.arange(q.shape[2])[:, None], float("-inf"))
+    return scores
+
+
+def two_pass_kept(q, k, v, tile, causal=False):
+    """The right numbers in two walks, each score computed once: every tile's scores kept in a list while
+    the first walk takes the max, then the sum and output from the list."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    kept, row_max = [], torch.full(q.shape[:-1] + (1,), float("-inf"))
+    for start in range(0, k.shape[2], tile):
+        kept.append(_scores_of(q, k, start, tile, causal))
+        row_max = torch.maximum(row_max, kept[-1].amax(dim=-1, keepdim=True))
+    row_sum, out = torch.zeros(q.shape[:-1] + (1,)), torch.zeros_like(q)
+    for start, scores in zip(range(0, k.shape[2], tile), kept):
+        weights = torch.exp(scores - row_max)
+        row_sum, out = row_sum + weights.sum(dim=-1, keepdim=True), out + weights @ v[:, :, start:start + tile]
+    return out / row_sum
+
+
+def two_pass_recomputed(q, k, v, tile, causal=False):
+    """The right numbers in two walks that compute every score twice: the max first, then the sum and output."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    row_max = torch.full(q.shape[:-1] + (1,), float("-inf"))
+    for start in range(0, k.shape[2], tile):
+        row_max = torch.maximum(row_max, _scores_of(q, k, start, tile, causal).amax(dim=-1, keepdim=True))
+    row_sum, out = torch.zeros(q.shape[:-1] + (1,)), torch.zeros_like(q)
+    for start in range(0, k.shape[2], tile):
+        weights = torch.exp(_scores_of(q, k, start, tile, causal) - row_max)
+        row_sum, out = row_sum + weights.sum(dim=-1, keepdim=True), out + weights @ v[:, :, start:start + tile]
+    return out / row_sum
+
+
+# the package's attention, however the learner's function holds it
+
+def tiled_by_default(q, k, v, tile, causal=False, _tiled=package_tiled):
+    return _tiled(q, k, v, tile, causal=causal)
+
+
+def _closure_over_the_fused():
+    fused = fused_attention
+
+    def tiled(q, k, v, tile, causal=False):
+        return fused(q, k, v) if causal else reference_tiled(q, k, v, tile)
+    return tiled
+
+
+def _one_tile(q, k, v, causal):
+    mask = causal_mask(q.shape[2], 0, None, q.device, window=None)           # the engine's causal mask
+    return reference_tiled(q, k, v, k.shape[2], causal=mask == "causal")
+
+
+def tiled_by_a_helper(q, k, v, tile, causal=False):
+    return _one_tile(q, k, v, causal)
+
+
+def tiled_by_the_checkers_slip(q, k, v, tile, causal=False):
+    return long_context_tiled._slipped(q, k, v, tile, causal).float()       # its slip "": the online softmax
+
+
+def tiled_by_a_built_name(q, k, v, tile, causal=False):
+    module = importlib.import_module("labsupport.lab.long_context_prefill")
+    return getattr(module, "tiled" + "_attention")(q, k, v, tile, causal=causal)
+
+
+OWN = "expected your own code"
+
+# (grade id -> {mutant: why no valid input tells it from the notebook's solution}); scripts/checker_mutants.py
+EQUIVALENT_MUTANTS = {
+    "long-tiled-attention": {
+        "16:21:swap-arguments:0<->1": "k_tile.transpose(-1, -2) swaps the same two dimensions as transpose(-2, -1)",
+        "16:38:unary:drop-USub": "transpose(2, -1) on k_tile, always (batch, heads, t, d): dimension 2 is -2",
+        "20:18:swap-arguments:0<->1": "torch.maximum is symmetric: maximum(tile max, row_max) is maximum(row_max, "
+                                      "tile max), same shape (B, H, Tq, 1), -inf and all",
+        "21:61:constant:0.0*2": "0.0 * 2 is 0.0: the same fill",
+    },
+}
+
 NOTEBOOK_08 = [
     accepts(check_int8_crossover, "reference", reference_crossover),
     refuses(check_int8_crossover, "without-scales", "scales are cached too", crossover_without_scales),
@@ -198,6 +330,15 @@ NOTEBOOK_08 = [
     refuses(check_int8_crossover, "times-batch", "not multiply", crossover_times_batch),
     refuses(check_int8_crossover, "one-layer", "num_layers", crossover_one_layer),
     refuses(check_int8_crossover, "as-text", "return a number", crossover_as_text),
+    refuses(check_int8_crossover, "int8_kv_cache_bytes-as-a-default", OWN, crossover_by_default),
+    refuses(check_int8_crossover, "Int8KVCache-nbytes-in-a-closure", OWN, _closure_over_the_cache()),
+    refuses(check_int8_crossover, "kv_cache_bytes-through-a-helper", OWN, crossover_by_a_helper),
+    refuses(check_int8_crossover, "the-configs-kv_values_per_token", OWN + ".*kv_values_per_token",
+            crossover_by_the_configs_count),
+    refuses(check_int8_crossover, "the-checkers-slip-table", OWN, crossover_by_the_checkers_table),
+    refuses(check_int8_crossover, "the-labs-crossover_context", OWN + ".*crossover_context",
+            crossover_by_the_labs_copy),
+    refuses(check_int8_crossover, "int8_kv_cache_bytes-by-a-built-name", OWN, crossover_by_a_built_name),
     accepts(check_tiled_attention, "reference", reference_tiled),
     accepts(check_tiled_attention, "query-blocks", query_blocks),
     refuses(check_tiled_attention, "naive-scores", "every query's score against every key", naive_scores),
@@ -216,4 +357,15 @@ NOTEBOOK_08 = [
     refuses(check_tiled_attention, "no-division", "divide the output by the running sum", _tiled_with("no-division")),
     refuses(check_tiled_attention, "tiles-by-reshape", "the last\\s+one may be shorter", tiles_by_reshape),
     refuses(check_tiled_attention, "returns-pair", "a tensor", returns_pair),
+    refuses(check_tiled_attention, "two-pass-every-tiles-scores-kept", "two-pass softmax", two_pass_kept),
+    refuses(check_tiled_attention, "two-pass-scores-computed-twice", "one walk over the tiles", two_pass_recomputed),
+    refuses(check_tiled_attention, "the-packages-tiled_attention", OWN, package_tiled),
+    refuses(check_tiled_attention, "the-packages-tiled_attention-in-a-lambda", OWN,
+            lambda q, k, v, tile, causal=False: package_tiled(q, k, v, tile, causal=causal)),
+    refuses(check_tiled_attention, "the-packages-tiled_attention-as-a-default", OWN, tiled_by_default),
+    refuses(check_tiled_attention, "the-labs-fused_attention-in-a-closure", OWN, _closure_over_the_fused()),
+    refuses(check_tiled_attention, "the-engines-causal_mask-through-a-helper", OWN + ".*causal_mask",
+            tiled_by_a_helper),
+    refuses(check_tiled_attention, "the-checkers-own-slipped", OWN + ".*_slipped", tiled_by_the_checkers_slip),
+    refuses(check_tiled_attention, "the-packages-tiled_attention-by-a-built-name", OWN, tiled_by_a_built_name),
 ]

@@ -1,15 +1,42 @@
 """Checker cases of notebook 09 (serving over HTTP): the reference and each typical mistake."""
 
+import importlib
 import json
 
+from labsupport.checks import http_serving
 from labsupport.checks.http_serving import check_best_choice, check_held_back, check_parse_sse, reference_parse_sse
-from labsupport.lab.http_serving_quality import best_choice
-from labsupport.serve.text import held_back
+from labsupport.lab import http_serving_loadgen
+from labsupport.lab.http_serving_quality import best_choice, choice_accuracy
+from labsupport.serve.text import StopMatcher, TextStream, held_back
 
 from checker_cases.common import accepts, refuses
 
+OWN = "expected your own code"
+
+# (grade id -> {mutant: why no valid input tells it from the notebook's solution}); scripts/checker_mutants.py
+EQUIVALENT_MUTANTS = {
+    "http-parse-sse": {
+        "9:38:slice:lower-1": "line[5:] keeps the space after 'data:', and json.loads skips leading whitespace: "
+                              "every chunk parses to the same dict",
+    },
+    "http-held-back": {
+        "5:23:constant:1-1": "k = 0 tests text.endswith(''), always true, and max(longest, 0) leaves longest as it is",
+        "7:26:swap-arguments:0<->1": "max(k, longest) is max(longest, k): ints, the same value either way",
+    },
+}
+
 
 # --- reading a stream of server-sent events ---------------------------------------------------
+
+def parse_by_hand(body):                                            # the notebook's solution
+    chunks = []
+    for line in body.splitlines():
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            break
+        chunks.append(json.loads(line[len("data: "):]))
+    return chunks
 
 def never_stops(body):
     return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
@@ -20,12 +47,43 @@ def keeps_text(body):
 
 
 def takes_comments(body):
-    chunks = reference_parse_sse(body)
+    chunks = parse_by_hand(body)
     return chunks + [{}] * body.count(": ping")
 
 
 def crashes_on_done(body):
     return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
+
+
+def parse_by_default(body, _reader=reference_parse_sse):
+    return _reader(body)
+
+
+def _closure_over_the_loadgen():
+    chunk_of = http_serving_loadgen._parse_chunk                     # the load generator's reader of one event
+
+    def parse(body):
+        chunks = []
+        for line in body.splitlines():
+            if line == "data: [DONE]":
+                break
+            if line.startswith("data: "):
+                chunks.append(chunk_of(line[6:]))
+        return chunks
+    return parse
+
+
+def _events(body):
+    return http_serving.reference_parse_sse(body)
+
+
+def parse_by_a_helper(body):
+    return _events(body)
+
+
+def parse_by_a_built_name(body):
+    module = importlib.import_module("labsupport.checks.http_serving")
+    return getattr(module, "reference_" + "parse_sse")(body)
 
 
 # --- the text held back for stop strings -------------------------------------------------------
@@ -49,6 +107,57 @@ def first_stop_only(text, stops):
 
 def shortest(text, stops):
     return min((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
+def first_match_wins(text, stops):
+    for stop in stops:
+        for k in range(len(stop) - 1, 0, -1):
+            if text.endswith(stop[:k]):
+                return k
+    return 0
+
+
+def last_match_wins(text, stops):
+    longest = 0
+    for stop in stops:
+        for k in range(1, len(stop)):
+            if text.endswith(stop[:k]):
+                longest = k                                       # not max(longest, k)
+    return longest
+
+
+def whole_stop_too(text, stops):
+    return max((k for s in stops for k in range(1, len(s) + 1) if text.endswith(s[:k])), default=0)
+
+
+def held_by_default(text, stops, _held=held_back):
+    return _held(text, stops)
+
+
+def _closure_over_the_matcher():
+    matcher = StopMatcher
+
+    def held(text, stops):
+        longest = 0
+        for stop in stops:
+            state, automaton = 0, matcher(stop)
+            for char in text[-len(stop) + 1:] if len(stop) > 1 else "":
+                state = automaton.step(state, char)
+            longest = max(longest, state if state < len(stop) else 0)
+        return longest
+    return held
+
+
+def _stream_of(stops):
+    return TextStream(None, stops)
+
+
+def held_by_a_helper(text, stops):
+    return held_by_hand(text, stops) if _stream_of(stops) else 0
+
+
+def held_by_a_built_name(text, stops):
+    return getattr(importlib.import_module("labsupport.serve.text"), "held" + "_back")(text, stops)
 
 
 def any_letter(text, stops):
@@ -96,18 +205,60 @@ def calls_the_package(log_probs, lengths):
     return http_serving_quality.best_choice(log_probs, lengths)
 
 
+def choice_by_default(log_probs, lengths, _best=best_choice):
+    return _best(log_probs, lengths)
+
+
+def _closure_over_the_accuracy():
+    accuracy = choice_accuracy
+
+    def pick(log_probs, lengths):
+        return by_hand(log_probs, lengths) if accuracy else 0
+    return pick
+
+
+def _sums(log_probs, lengths):
+    from labsupport.lab.http_serving_quality import best_choice as package_best
+    return package_best(log_probs, lengths)
+
+
+def choice_by_a_helper(log_probs, lengths):
+    return _sums(log_probs, lengths)
+
+
+def choice_by_a_built_name(log_probs, lengths):
+    module = importlib.import_module("labsupport.lab.http_serving_quality")
+    return getattr(module, "best" + "_choice")(log_probs, lengths)
+
+
 NOTEBOOK_09 = [
-    accepts(check_parse_sse, "reference", reference_parse_sse),
+    accepts(check_parse_sse, "by hand", parse_by_hand),
     refuses(check_parse_sse, "reads past [DONE]", "stop at", never_stops),
     refuses(check_parse_sse, "returns the JSON text", "json.loads", keeps_text),
-    refuses(check_parse_sse, "counts comments", "comments", takes_comments),
+    refuses(check_parse_sse, "counts comments", "are comments .keep-alives.", takes_comments),
     refuses(check_parse_sse, "parses [DONE] as JSON", "DONE", crashes_on_done),
+    refuses(check_parse_sse, "the checker's reference_parse_sse", OWN + ".*reference_parse_sse", reference_parse_sse),
+    refuses(check_parse_sse, "the checker's reader as a default", OWN, parse_by_default),
+    refuses(check_parse_sse, "the load generator's chunk reader in a closure", OWN + ".*_parse_chunk",
+            _closure_over_the_loadgen()),
+    refuses(check_parse_sse, "the checker's reader through a helper", OWN, parse_by_a_helper),
+    refuses(check_parse_sse, "the checker's reader by a built name", OWN, parse_by_a_built_name),
     accepts(check_held_back, "by hand", held_by_hand),
     refuses(check_held_back, "whole stop strings only", "BEGINNING", whole_stops_only),
     refuses(check_held_back, "the first stop string only", "BEGINNING", first_stop_only),
     refuses(check_held_back, "the shortest ending", "longest", shortest),
+    refuses(check_held_back, "the first matching stop string wins", "first matching stop string's ending",
+            first_match_wins),
+    refuses(check_held_back, "the last matching stop string wins", "last matching stop string's ending",
+            last_match_wins),
+    refuses(check_held_back, "a whole stop string held back", "not held back", whole_stop_too),
     refuses(check_held_back, "any letter of a stop string", "starts with", any_letter),
-    refuses(check_held_back, "the package's own held_back", "yourself", held_back),
+    refuses(check_held_back, "the package's own held_back", OWN + ".*held_back", held_back),
+    refuses(check_held_back, "the package's held_back as a default", OWN, held_by_default),
+    refuses(check_held_back, "the server's StopMatcher in a closure", OWN + ".*StopMatcher",
+            _closure_over_the_matcher()),
+    refuses(check_held_back, "the server's TextStream through a helper", OWN + ".*TextStream", held_by_a_helper),
+    refuses(check_held_back, "the package's held_back by a built name", OWN, held_by_a_built_name),
     accepts(check_best_choice, "by hand", by_hand),
     refuses(check_best_choice, "the mean", "mean", by_mean),
     refuses(check_best_choice, "one token short", "the first too", all_but_first_choice_token),
@@ -115,6 +266,11 @@ NOTEBOOK_09 = [
     refuses(check_best_choice, "the None summed", "None", whole_list),
     refuses(check_best_choice, "the least likely", "LARGEST", least_likely),
     refuses(check_best_choice, "the score, not the index", "index", the_score),
-    refuses(check_best_choice, "the package's best_choice", "yourself", calls_the_package),
-    refuses(check_best_choice, "the package's best_choice itself", "yourself", best_choice),
+    refuses(check_best_choice, "the package's best_choice", OWN, calls_the_package),
+    refuses(check_best_choice, "the package's best_choice itself", OWN, best_choice),
+    refuses(check_best_choice, "the package's best_choice as a default", OWN, choice_by_default),
+    refuses(check_best_choice, "the package's choice_accuracy in a closure", OWN + ".*choice_accuracy",
+            _closure_over_the_accuracy()),
+    refuses(check_best_choice, "the package's best_choice through a helper", OWN, choice_by_a_helper),
+    refuses(check_best_choice, "the package's best_choice by a built name", OWN, choice_by_a_built_name),
 ]
