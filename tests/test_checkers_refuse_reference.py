@@ -1,8 +1,7 @@
 """Issue 37, item 1: no exercise checker gives points for the package's own answer.
 
-Each checker runs with the package's reference functions for its exercise replaced by stand-ins
-(`labsupport.checks.refuses_references`): a learner's function that calls one, or is one, is
-refused with a hint to write the steps yourself. Also refused: the wrong methods that gave the
+Each checker grades by reach (`labsupport.checks.grading`): a learner's function that calls the
+package's answer, or is one, is refused with "expected your own code". Also refused: the wrong methods that gave the
 right numbers (a two-pass softmax in 08, a float matmul for W4A8's y in 04, Python's salted
 hash() behind a helper in 06). The notebook's own solutions, rewritten in the checker table
 (tests/checker_cases/), still pass; tests/test_checkers.py runs them.
@@ -32,7 +31,7 @@ from checker_cases.nb08_long_context import reference_tiled
 
 pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
 
-WRITE_IT = "write the steps yourself"
+WRITE_IT = "expected your own code"
 
 
 def generate_01(model, prompt_ids, new_tokens):

@@ -8,7 +8,7 @@ import pytest
 
 import labsupport as ls
 from labsupport.checks import CheckFailed
-from labsupport.checks.grading import Exercise, denied_members, first_refused, graded
+from labsupport.checks.grading import Exercise, denied_members, first_refused
 from labsupport.engine.config import PRESETS, ModelConfig
 from labsupport.lab import roofline
 
@@ -184,16 +184,16 @@ CLASS_CHECKER = """
 from labsupport.checks import CheckFailed
 from labsupport.checks.grading import Exercise, graded
 from labsupport.engine.config import PRESETS
-from labsupport.engine.kv_quant import Int8KVCache
+from labsupport.engine.kv_cache import StaticKVCache
 
 
-@graded(Exercise("a class exercise", "the bytes of an int8 cache",
-                 computed_by=("labsupport.engine.kv_quant.Int8KVCache",
-                              "labsupport.engine.kv_quant.Int8KVCache.nbytes")))
+@graded(Exercise("a class exercise", "the bytes of a float cache",
+                 computed_by=("labsupport.engine.kv_cache.StaticKVCache",
+                              "labsupport.engine.kv_cache.StaticKVCache.nbytes")))
 def check_bytes(fn):
     config = PRESETS["tiny-llama"]
-    mine = Int8KVCache(config, 1, 4)                      # the checker's own instance: built and read freely
-    assert isinstance(mine, Int8KVCache) and mine.nbytes > 0
+    mine = StaticKVCache(config, 1, 4)                      # the checker's own instance: built and read freely
+    assert isinstance(mine, StaticKVCache) and mine.nbytes > 0
     if fn(config) != mine.nbytes:
         raise CheckFailed("a class exercise: wrong")
     print("Correct")
@@ -205,15 +205,15 @@ check_bytes = class_namespace["check_bytes"]
 
 def test_a_class_named_in_computed_by_is_refused_when_built_by_a_name_no_walk_reads(capsys):
     import importlib
-    from labsupport.engine.kv_quant import Int8KVCache
-    built = "".join(["Int8", "KV", "Cache"])
+    from labsupport.engine.kv_cache import StaticKVCache
+    built = "".join(["Static", "KV", "Cache"])
 
     def sneaky(config):
-        cls = getattr(importlib.import_module("labsupport.engine.kv_quant"), built)
+        cls = getattr(importlib.import_module("labsupport.engine.kv_cache"), built)
         return cls(config, 1, 4).nbytes
 
-    init = Int8KVCache.__dict__["__init__"]
-    with pytest.raises(CheckFailed, match="got a call of the package's engine.kv_quant.Int8KVCache"):
+    init = StaticKVCache.__dict__["__init__"]
+    with pytest.raises(CheckFailed, match="got a call of the package's engine.kv_cache.StaticKVCache"):
         check_bytes(sneaky)
-    assert Int8KVCache.__dict__["__init__"] is init                      # put back
-    assert "nbytes" in Int8KVCache.__dict__ and isinstance(Int8KVCache.__dict__["nbytes"], (property, type(init)))
+    assert StaticKVCache.__dict__["__init__"] is init                      # put back
+    assert "nbytes" in StaticKVCache.__dict__ and isinstance(StaticKVCache.__dict__["nbytes"], (property, type(init)))

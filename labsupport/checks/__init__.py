@@ -15,7 +15,6 @@ traceback, and still fails the cell (nbval and nbgrader count it).
 from __future__ import annotations
 
 import functools
-import sys
 import warnings
 
 from ..errors import LabError
@@ -70,79 +69,3 @@ def grades_quietly(check):
             warnings.simplefilter("ignore")
             return check(*args, **kwargs)
     return quietly
-
-
-def _learner_called(entry) -> bool:
-    """True when a frame between the caller of a stand-in and `entry` (the checker's own frame)
-    runs code outside labsupport (torch's and the standard library's wrappers aside): the
-    learner's code, in a notebook or a test module."""
-    frame = sys._getframe(2)
-    while frame is not None and frame is not entry:
-        module = frame.f_globals.get("__name__", "")
-        if not module.startswith(("labsupport.", "torch", "functools", "contextlib")):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _refusal(exercise: str, name: str) -> CheckFailed:
-    return CheckFailed(f"{exercise}: expected your own code, got a call of the package's {name}. "
-                       f"Hint: write the steps yourself; {name} is the answer this exercise rebuilds.")
-
-
-def refuses_references(exercise: str, *references):
-    """Wrap a checker so that the learner's code may not call the package's answer to the exercise.
-
-    Used by the exercise checkers of notebooks 00-08. While the checker runs, every module
-    global that is one of `references` (in labsupport, in the notebook's namespace `__main__`,
-    in any imported module) is replaced by a stand-in. Called from the checker's own code, the
-    stand-in runs the reference; called from the learner's code, it raises, and the checker
-    raises CheckFailed with a hint to write it yourself, whatever the learner's code did next.
-    A learner's function that *is* a reference (passed as itself) is refused the same way.
-    """
-    targets = {id(fn): fn for fn in references}
-
-    def decorate(check):
-        @functools.wraps(check)
-        def guarded(*args, **kwargs):
-            for value in list(args) + list(kwargs.values()):
-                original = getattr(value, "func", value)               # a functools.partial of it too
-                if id(original) in targets:
-                    raise _refusal(exercise, original.__name__)
-            entry, called, patched = sys._getframe(), [], []
-
-            def stand_in(fn):
-                @functools.wraps(fn)
-                def refused(*a, **k):
-                    if _learner_called(entry):
-                        called.append(fn.__name__)
-                        raise _refusal(exercise, fn.__name__)
-                    return fn(*a, **k)
-                return refused
-
-            stand_ins = {key: stand_in(fn) for key, fn in targets.items()}
-            for module in list(sys.modules.values()):
-                try:
-                    names = vars(module)
-                except Exception:                                   # noqa: BLE001 - a lazy module proxy
-                    continue
-                if not isinstance(names, dict):
-                    continue
-                for name, value in list(names.items()):
-                    if id(value) in targets and value is targets[id(value)]:
-                        names[name] = stand_ins[id(value)]
-                        patched.append((names, name, value))
-            try:
-                result = check(*args, **kwargs)
-            except BaseException as error:
-                if called:
-                    raise _refusal(exercise, called[0]) from None
-                raise error
-            finally:
-                for names, name, value in patched:
-                    names[name] = value
-            if called:                                                  # the learner caught the refusal
-                raise _refusal(exercise, called[0])
-            return result
-        return guarded
-    return decorate

@@ -1,18 +1,14 @@
-"""Checkers for notebook 02 (batching).
+"""Checkers for notebook 02 (batching). Each compares a learner's answer with `padding.left_pad`, `generate`
+and `lab.batching` and raises `CheckFailed` with a hint that names the mistake:
 
-Introduced in notebook 02 (batching). Each compares a learner's answer with
-`labsupport.lab.batching` and `generate` and either confirms it or raises `CheckFailed`
-with what was expected, what came back, and a hint that names the mistake:
+* `check_left_pad`: right padding, an inverted mask, a mask from ``token == pad_id`` (wrong once the pad id
+  occurs inside a prompt, as the chat model's end token does), positions that count the padding or start at
+  1, negative positions on the padding, code for equal lengths only;
+* `check_batched_generation`: every row of a left-padded batch must give the tokens its prompt gives alone
+  (rotary and learned positions), in one batch, one pass per step, stopping once every row has finished;
+* `check_padding_waste`: the real fraction, a percentage, the wrong denominator, one batch of all.
 
-* `check_left_pad`: right padding, an inverted mask, a mask built from
-  ``token == pad_id`` (wrong as soon as the pad id occurs inside a prompt, as the
-  chat model's end token does), positions that count the padding or start at 1,
-  negative positions on the padding, code that only works for equal lengths;
-* `check_batched_generation`: every row of a left-padded batch must give exactly the
-  tokens its prompt gives alone (on a model with rotary positions and on one with
-  learned positions, where a wrong position shows);
-* `check_padding_waste`: the real fraction instead of the padding, a percentage,
-  the wrong denominator, the shortest row's padding only.
+Introduced in notebook 02 (batching). Each grades by reach (`grading.graded`, its `Exercise`).
 """
 
 from __future__ import annotations
@@ -22,8 +18,9 @@ import torch
 from ..engine.padding import PaddedBatch, left_pad, padding_waste
 from ..engine.generation import decode_step, generate, prefill
 from ..engine.kv_cache import StaticKVCache
-from . import call_learner, close_enough, fail, grades_quietly, passed, refuses_references
-from .kv_cache import CountingModel, tiny_test_model
+from . import call_learner, close_enough, fail, grades_quietly, passed
+from .grading import Exercise, graded
+from .kv_cache import ENGINE, MODEL, CountingModel, tiny_test_model
 from ..lab.batching import combined_waste
 
 # (prompts, pad_id): the longest prompt not first; a pad id that also occurs inside prompts
@@ -97,17 +94,20 @@ def _positions_hint(positions: torch.Tensor, expected: PaddedBatch, pad_id: int)
     return None
 
 
+LEFT_PAD = Exercise("left padding", "the left-padded tokens, attention mask and positions of a batch of prompts",
+                    computed_by=(ENGINE + "padding.left_pad",))
+
+
 @grades_quietly
-@refuses_references("left padding", left_pad)
+@graded(LEFT_PAD)
 def check_left_pad(fn, prompts=None, pad_id: int | None = None) -> None:
     """Check `fn(prompts, pad_id) -> (tokens, attention_mask, positions)` against `padding.left_pad`.
-
-    Introduced in notebook 02 (batching). The mask may be bool or 0/1 integers; positions
-    on the padding may be any valid id (>= 0); an answer without positions is refused (the
-    exercise asks for them: without them a padded row starts at the wrong position). `prompts`, `pad_id`: the notebook's own batch,
-    checked after the built-in cases (its chat prompts contain the end token that pads them).
+    Introduced in notebook 02 (batching). The mask may be bool or 0/1 integers; positions on the padding any
+    valid id (>= 0); an answer without positions is refused (a padded row would start at the wrong position).
+    `prompts`, `pad_id`: the notebook's own batch (its chat prompts contain the end token that pads them),
+    checked after the built-in cases. Graded by reach (`LEFT_PAD`).
     """
-    exercise = "left padding"
+    exercise = LEFT_PAD.title
     cases = list(LEFT_PAD_CASES) + ([(prompts, pad_id)] if prompts is not None else [])
     for batch, pad in cases:
         expected = left_pad(batch, pad)
@@ -120,9 +120,8 @@ def check_left_pad(fn, prompts=None, pad_id: int | None = None) -> None:
         mask = _as_tensor(mask, "attention_mask", exercise, shape).cpu()
         if not torch.equal(tokens, expected.tokens):
             right = torch.tensor([list(p) + [pad] * (shape[1] - len(p)) for p in batch])
-            hint = ("padding on the right: put the pad ids before each prompt, so that every prompt "
-                    "ends in the last column, where the next token is appended."
-                    if torch.equal(tokens, right) else
+            hint = ("padding on the right: put the pad ids before each prompt, so that every prompt ends in the "
+                    "last column, where the next token is appended." if torch.equal(tokens, right) else
                     f"row i is [pad_id] x (longest - len(prompt i)) followed by prompt i, pad_id={pad}.")
             fail(exercise, f"tokens {expected.tokens.tolist()} for prompts {batch}", tokens.tolist(), hint)
         if not torch.equal(mask.bool(), expected.attention_mask) or mask.unique().numel() > 2:
@@ -149,7 +148,8 @@ GENERATION_CASES = (
     ("tiny-llama", 141, [[7, 3, 9], [11, 141, 4, 20, 31, 8, 5, 12], [40, 41, 42, 43, 44], [99]]),
     ("tiny-gpt2", 82, [[7, 3, 9], [11, 82, 4, 20, 31, 8, 5, 12], [40, 41, 42, 43, 44], [99]]),
 )
-
+# every row finishes (after 3, 2 and 5 tokens): a loop that runs on after the last one shows
+EARLY_FINISH_CASE = ("tiny-llama", 207, [[98, 194, 227, 107, 10, 66, 247], [35, 193, 24], [247, 141]])
 
 # The typical slips of a batched loop, each as the switch that makes `slipped_rows` commit it,
 # with its hint. A wrong answer is run against each: the one that gives the same rows is named.
@@ -171,11 +171,8 @@ SLIPS = {
 
 @torch.inference_mode()
 def slipped_rows(model, prompts, new_tokens: int, end_id: int, slip: str | None = None) -> list[list[int]]:
-    """Batched greedy rows, each cut after its end id, made with one of the `SLIPS` (None: none).
-
-    Introduced in notebook 02 (batching): `check_batched_generation` runs a wrong answer's
-    prompts through each slip to name the one the answer makes.
-    """
+    """Batched greedy rows, each cut after its end id, made with one of the `SLIPS` (None: none). Introduced in
+    notebook 02 (batching): `check_batched_generation` replays a wrong answer's prompts with each slip to name it."""
     padded = left_pad(prompts, pad_id=end_id, device=model.device)
     tokens, mask, positions = padded.tokens, padded.attention_mask, padded.positions   # each (batch, T)
     if slip == "right_padding":                                         # each prompt first, then its padding
@@ -239,10 +236,11 @@ def _generation_hint(failures: list[dict]) -> str:
             "key_mask[:, :cache.length + 1]), feed each row's new token, and move each row's position on by one.")
 
 
-def _require_one_batch(calls: list[dict], prompts, new_tokens: int, name: str) -> None:
-    """The model must have been called on all the prompts together: one prefill of every row, then
-    one call of every row per step, at most `new_tokens` calls in all. A loop over the prompts one
-    at a time gives the right rows, and is the handbook chapter's 1.0x mistake: refused."""
+def _require_one_batch(calls: list[dict], prompts, new_tokens: int, name: str, rows, end_id: int) -> None:
+    """The model must have been called on all the prompts together: one prefill of every row, then one call
+    of every row per step, at most `new_tokens` calls, none once every row of `rows`
+    has finished. A loop over the prompts one at a time gives the right rows, and is the handbook chapter's
+    1.0x mistake: refused."""
     batch = len(prompts)
     if not calls:
         fail(GENERATION, f"the model called on the batch of {batch} prompts", "no call of the model",
@@ -260,12 +258,16 @@ def _require_one_batch(calls: list[dict], prompts, new_tokens: int, name: str) -
              f"{len(calls)} calls, on {[c['tokens'] for c in calls][:6]} positions",
              "prefill the whole padded batch once, then feed only each step's new tokens (batch, 1): "
              "recomputing the sequence every step throws the cache away.")
+    if all(row and row[-1] == end_id for row in rows) and len(calls) > max(map(len, rows)):   # one call a step
+        fail(GENERATION, f"the loop to stop once every row has finished: {max(map(len, rows))} calls (on {name})",
+             f"{len(calls)} calls", "mark a row finished when it picks end_id (finished |= next_tokens == end_id) "
+             "and stop when finished.all(): the steps after that only repeat end_id.")
 
 
 def _run_case(fn, model, name: str, prompts, end_id: int, new_tokens: int, tiny: bool = True) -> list[dict]:
-    """The learner's rows against each prompt alone (and the package's batch); the failing rows.
-    A tiny case keeps its inputs and rows, for `_generation_hint` to replay the slips on. The
-    model is handed over inside a `CountingModel`, so the calls are counted (`_require_one_batch`)."""
+    """The learner's rows against each prompt alone (and the package's batch); the failing rows. A tiny case
+    keeps its inputs and rows, for `_generation_hint` to replay the slips on. The model is handed over inside
+    a `CountingModel`, so the calls are counted (`_require_one_batch`)."""
     counting = CountingModel(model)
     with torch.inference_mode():
         rows = call_learner(GENERATION, f"token rows for {len(prompts)} prompts on {name}",
@@ -280,7 +282,7 @@ def _run_case(fn, model, name: str, prompts, end_id: int, new_tokens: int, tiny:
     except (TypeError, ValueError):
         fail(GENERATION, "one list of token ids per prompt", repr(rows)[:80],
              "return one list of new token ids per prompt, in the prompts' order.")
-    _require_one_batch(counting.calls, prompts, new_tokens, name)
+    _require_one_batch(counting.calls, prompts, new_tokens, name, rows, end_id)
     alone = [generate(model, p, new_tokens, eos_token_ids=[end_id]).row(0) for p in prompts]
     batched = None                                                      # the package's batch: rounding may differ
     case = {"inputs": (model, prompts, new_tokens, end_id), "rows": rows} if tiny else None
@@ -298,29 +300,36 @@ def _run_case(fn, model, name: str, prompts, end_id: int, new_tokens: int, tiny:
     return failures
 
 
+# the engine's whole loops (its prefill and decode steps, and left_pad, are exercise 1's and notebook 01's)
+BATCHED_GREEDY = Exercise(
+    GENERATION, "greedy generation for a left-padded batch: the masks, each row's positions and the finished rows, "
+                "step by step", computed_by=tuple(ENGINE + path for path in (
+                    "generation.generate", "generation.generate_naive", "speculative.speculative_generate",
+                    "drafts.ModelDraft.propose", "serving.engine.Engine.run", "serving.engine.Engine.step")),
+    receives=(MODEL,), allowed=tuple(f"{MODEL}.{name}" for name in ("forward", "logits", "device", "dtype")))
+
+
 @grades_quietly
-@refuses_references("batched generation", generate)
+@graded(BATCHED_GREEDY)
 def check_batched_generation(fn, model=None, prompts=None, end_id: int | None = None,
                              new_tokens: int = NEW_TOKENS) -> None:
-    """Check `fn(model, prompts, new_tokens, end_id) -> rows`: greedy generation for prompts of
-    different lengths in one left-padded batch; row i, cut after its first end_id, must equal
-    what prompt i gives alone.
+    """Check `fn(model, prompts, new_tokens, end_id) -> rows`: greedy generation for prompts of different
+    lengths in one left-padded batch; row i, cut after its first end_id, must equal prompt i alone.
 
-    Introduced in notebook 02 (batching). Runs on two seeded tiny models in float64 (rotary
-    positions, and GPT-2's learned positions, where a wrong position shows), with prompts that
-    hold the end id inside and a padded row that ends early; then, when given, on the
-    notebook's own model and prompts (there a row may also match the package's own batch, which
-    can differ from the prompt alone by float rounding).
+    Introduced in notebook 02 (batching). Runs on two seeded tiny models in float64 (rotary and GPT-2's
+    learned positions, where a wrong position shows), prompts holding the end id, a padded row that ends
+    early, and a batch whose rows all finish early; then on the notebook's model and prompts if given (a row
+    may also match the package's own batch, which float rounding can set apart from the prompt alone).
+    The method is graded (`_require_one_batch`), and by reach (`BATCHED_GREEDY`).
     """
     failures = []
-    for name, case_end, case_prompts in GENERATION_CASES:
+    for name, case_end, case_prompts in GENERATION_CASES + (EARLY_FINISH_CASE,):
         failures += _run_case(fn, tiny_test_model(name), name, case_prompts, case_end, NEW_TOKENS)
     if model is not None:
         failures += _run_case(fn, model, model.config.name, prompts, end_id, new_tokens, tiny=False)
     if failures:
-        first = failures[0]
-        fail(GENERATION, f"row {first['row']} on {first['model']} = its prompt alone: {first['want']}",
-             first["got"], _generation_hint(failures))
+        fail(GENERATION, f"row {failures[0]['row']} on {failures[0]['model']} = its prompt alone: "
+                         f"{failures[0]['want']}", failures[0]["got"], _generation_hint(failures))
     names = [case[0] for case in GENERATION_CASES] + ([model.config.name] if model is not None else [])
     passed(GENERATION, f"every row equals its prompt alone on {', '.join(names)}.")
 
@@ -349,19 +358,22 @@ WASTE_MISTAKES = [
         sum(g * max(b) for b in _groups(ls, g))),
      "the last batch holds only the prompts that are left: its missing rows are not slots."),
 ]
+PADDING_WASTE = Exercise("padding waste", "the share of padding among the slots of batches cut in arrival order, "
+                                          "each padded to its own longest prompt",
+                         computed_by=tuple(ENGINE + path for path in ("padding.padding_waste", "padding.PaddedBatch",
+                                                                      "padding.PaddedBatch.padding_fraction")))
 
 
 @grades_quietly
+@graded(PADDING_WASTE)
 def check_padding_waste(fn) -> None:
-    """Check `fn(lengths, group_size) -> the padding share of all slots` when the prompts, in the order
-    they come, are cut into batches of `group_size` (the last one holds what is left), each padded to
-    its own longest prompt.
-
-    Introduced in notebook 02 (batching), exercise 3. The reference is `batching.combined_waste`;
-    a wrong answer is matched against every slip of `WASTE_MISTAKES` (the mean of the batches'
-    fractions first) on all the cases, to name the one it makes.
+    """Check `fn(lengths, group_size) -> the padding share of all slots` when the prompts, in the order they
+    come, are cut into batches of `group_size` (the last holds what is left), each padded to its own longest.
+    Introduced in notebook 02 (batching), exercise 3. The reference is `batching.combined_waste`; a wrong
+    answer is matched against every slip of `WASTE_MISTAKES` on all the cases, to name the one it makes.
+    Graded by reach (`PADDING_WASTE`): the engine's padding_waste of one batch is refused too.
     """
-    exercise = "padding waste"
+    exercise = PADDING_WASTE.title
     answers, first_wrong = [], None
     for lengths, group in WASTE_CASES:
         answer = call_learner(exercise, f"a fraction for lengths {lengths} in batches of {group}",
@@ -376,8 +388,7 @@ def check_padding_waste(fn) -> None:
         if not (close_enough(got, expected, 1e-6) or abs(got - expected) < 1e-9) and first_wrong is None:
             first_wrong = (lengths, group, expected, got)
     if first_wrong is None:
-        passed(exercise, f"{len(WASTE_CASES)} arrivals, from no padding to mostly padding.")
-        return
+        return passed(exercise, f"{len(WASTE_CASES)} arrivals, from no padding to mostly padding.")
     lengths, group, expected, got = first_wrong
     hint = next((hint for formula, hint in WASTE_MISTAKES
                  if all(abs(a - formula(list(ls), g)) <= 1e-6 * max(1.0, abs(a)) for a, (ls, g) in zip(answers, WASTE_CASES))),

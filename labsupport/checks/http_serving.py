@@ -2,7 +2,7 @@
 text a server must hold back while it may still be the start of a stop string, and the answer to
 a multiple-choice question from the prompt log-probabilities a server echoes. Each compares a
 learner's function with the reference and prints a short confirmation or raises `CheckFailed`;
-the learner's code may not call the package's own answer (`refuses_references`).
+the learner's code is graded by what it reaches (`labsupport.checks.grading`).
 """
 
 from __future__ import annotations

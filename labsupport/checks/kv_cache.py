@@ -1,16 +1,12 @@
-"""Checkers for notebook 01 (KV cache).
+"""Checkers for notebook 01 (KV cache): `check_cache_update` (one layer's new keys and values stored
+in place, everything cached so far returned), `check_cached_generation` (the cached greedy loop must
+give the uncached loop's tokens and logits, one pass per token), `check_tokens_that_fit` and
+`check_cache_size` (the bytes a KV cache needs, turned around or not).
 
-Introduced in notebook 01 (KV cache).
-
-* `check_cache_update`: the learner stores one attention layer's new keys and
-  values in preallocated buffers and returns everything cached so far;
-* `check_cached_generation`: the learner writes the cached greedy loop (prefill
-  once, then one token per step) and must get the uncached loop's tokens and logits;
-* `check_cache_size`: the learner computes the bytes a KV cache needs.
-
-Each compares with the package's reference (`StaticKVCache.write`, `generate_naive`,
-`kv_cache_bytes`) on inputs chosen so that each typical mistake gives a different
-answer, and raises `CheckFailed` with a hint that names the mistake.
+Introduced in notebook 01 (KV cache). Each compares with the package's reference (`StaticKVCache.write`,
+`generate_naive`, `kv_cache_bytes`) on inputs where each typical mistake gives another answer, and names
+the mistake in its hint. Each grades by reach (`grading.graded`, its `Exercise`): the engine's writes,
+cached loop and byte counts are refused.
 """
 
 from __future__ import annotations
@@ -22,8 +18,9 @@ from ..engine.generation import generate_naive
 from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
 from ..engine.config import PRESETS, ModelConfig
 from ..weights.fixtures import random_model
-from ..engine.generation import generate as _generate
-from . import call_learner, fail, grades_quietly, passed, refuses_references
+from . import call_learner, fail, grades_quietly, passed
+from .grading import Exercise, graded
+from .roofline import WIDE_HEADS
 
 UPDATE = "cache update of one attention layer"
 GENERATION = "cached greedy generation"
@@ -31,13 +28,9 @@ SIZE = "KV cache size"
 
 
 def tiny_test_model(name: str, dtype: torch.dtype = torch.float64, scale: float = 10.0):
-    """A tiny preset ("tiny-llama", "tiny-gpt2") whose random weights are `scale` x larger than
-    `random_model`'s, so that its greedy tokens depend on the whole context.
-
-    Used by the checkers of notebooks 01 (KV cache) and 02 (batching). With the usual small
-    weights a tiny random model repeats one token whatever it is shown, which would let a
-    wrong mask or position pass; float64 keeps batched and lone runs equal to the last token.
-    """
+    """A tiny preset ("tiny-llama", "tiny-gpt2") with `scale` x `random_model`'s weights, so that its greedy
+    tokens depend on the whole context (small weights repeat one token, which would let a wrong mask or
+    position pass); float64 keeps batched and lone runs equal. Notebooks 01 (KV cache) and 02 (batching)."""
     model = random_model(name, seed=0, dtype=dtype)
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():
@@ -55,10 +48,9 @@ UPDATE_CASES = [(1, 3, 16, 8, 0, 5), (1, 3, 16, 8, 5, 1), (2, 2, 12, 4, 7, 3), (
 
 def _one_layer_cache(batch: int, kv_heads: int, max_len: int, head_dim: int) -> StaticKVCache:
     """A reference StaticKVCache with a single layer of the given shape."""
-    config = ModelConfig(family="llama", vocab_size=8, hidden_size=kv_heads * head_dim, num_layers=1,
-                         num_heads=kv_heads, num_kv_heads=kv_heads, intermediate_size=8,
-                         max_position=max_len)
-    return StaticKVCache(config, batch, max_len)
+    return StaticKVCache(ModelConfig(family="llama", vocab_size=8, hidden_size=kv_heads * head_dim, num_layers=1,
+                                     num_heads=kv_heads, num_kv_heads=kv_heads, intermediate_size=8,
+                                     max_position=max_len), batch, max_len)
 
 
 def _shape(x) -> str:
@@ -126,16 +118,24 @@ def _check_one_update(fn, batch, kv_heads, max_len, head_dim, length, T, generat
              "different values", "return key_buffer[:, :, :length + T] and value_buffer[:, :, :length + T].")
 
 
+ENGINE = "labsupport.engine."
+# the engine's caches and writers do this write (the walk does not see a method read off an object the
+# learner builds, so the classes themselves are refused)
+CACHE_UPDATE = Exercise(UPDATE, "the in-place write of one layer's new keys and values into its preallocated "
+                                "buffers, and the keys and values cached so far", computed_by=tuple(
+    ENGINE + path for path in ("kv_cache.StaticKVCache", "kv_cache.StaticKVCache.write", "kv_cache.PassWriter",
+                               "kv_cache.PassWriter.update", "kv_cache.FixedShapeWriter",
+                               "kv_cache.FixedShapeWriter.update", "kv_quant.Int8KVCache", "kv_quant.Int8KVCache.write")))
+
+
 @grades_quietly
+@graded(CACHE_UPDATE)
 def check_cache_update(fn) -> None:
     """Check fn(key_buffer, value_buffer, new_keys, new_values, length) -> (keys, values).
-
-    Introduced in notebook 01 (KV cache). Buffers are (batch, kv_heads, max_len,
-    head_dim); new keys/values (batch, kv_heads, T, head_dim); `length` positions
-    are already filled. fn must store the new ones at [length, length + T) in
-    place and return keys and values of positions [0, length + T). The cases: a
-    prefill (T = 5) into an empty cache, decode steps (T = 1) after earlier tokens,
-    a batch of 2, a cache filled up to its last slot.
+    Introduced in notebook 01 (KV cache). Buffers (batch, kv_heads, max_len, head_dim), new keys/values
+    (batch, kv_heads, T, head_dim), `length` positions filled: fn stores the new ones at [length, length + T)
+    in place and returns positions [0, length + T). The cases: a prefill (T = 5) into an empty cache, decode
+    steps after earlier tokens, a batch of 2, a cache filled to its last slot. Graded by reach (`CACHE_UPDATE`).
     """
     generator = torch.Generator().manual_seed(1)
     for case in UPDATE_CASES:
@@ -146,17 +146,20 @@ def check_cache_update(fn) -> None:
 # --- exercise 2: the cached greedy loop ---------------------------------------------------------
 
 class CountingModel:
-    """The model, recording every forward pass: how many tokens (and rows) it was fed and the
-    positions it was given. Lets `check_cached_generation` see whether the cache is really used,
-    and `batching.check_batched_generation` whether the prompts really went through as one batch.
-    Notebook 01 (KV cache)."""
+    """The model, recording every forward pass: the tokens (and rows) fed, the positions given (by name
+    or in place) and the rows of the cache written: whether the cache is really used
+    (`check_cached_generation`), whether the prompts went through as one batch
+    (`batching.check_batched_generation`). Notebook 01 (KV cache)."""
 
     def __init__(self, model):
         self.model, self.calls = model, []
 
     def __call__(self, tokens, *args, **kwargs):
+        positions = kwargs.get("positions", args[0] if args else None)
+        cache = kwargs.get("cache", args[1] if len(args) > 1 else None)
         self.calls.append({"tokens": tokens.shape[-1], "rows": tokens.shape[0] if tokens.dim() > 1 else 1,
-                           "positions": kwargs.get("positions")})
+                           "positions": positions, "shape": tuple(tokens.shape),
+                           "cache_rows": getattr(cache, "batch_size", None)})
         return self.model(tokens, *args, **kwargs)
 
     forward = __call__
@@ -166,8 +169,6 @@ class CountingModel:
 
 
 GENERATION_PROMPT = [5, 17, 42, 99, 3, 250, 7]
-
-
 FEED_ONE = "after the prefill feed only the token just picked, shape (1, 1), with the same cache."
 
 
@@ -193,10 +194,30 @@ def _failure_hint(error: Exception, calls: list[dict]) -> str:
     if isinstance(error, LabError):
         return "make the cache hold the prompt and every new token: max_len = len(prompt_ids) + new_tokens."
     if "dtype" in str(error) or "device" in str(error):
-        return ("create the cache with the model's config, device and dtype: StaticKVCache(model.config, 1, "
-                "max_len, device=model.device, dtype=model.dtype).")
+        return "create the cache as StaticKVCache(model.config, 1, max_len, device=model.device, dtype=model.dtype)."
     return ("prefill: logits = model.logits(model(prompt (1, T), cache=cache), at=-1); each step: "
             "model.logits(model(next token (1, 1), cache=cache), at=-1).")
+
+
+def _require_the_method(calls: list[dict], prompt: list[int], new_tokens: int, case: str) -> None:
+    """The method: a cache of one row; one pass for the whole prompt, then one pass of one token for each
+    later token (the last token's logits come from the pass before it, so it needs none of its own)."""
+    fed = [c["tokens"] for c in calls]
+    if len(fed) > 1 and fed[1] > 1 and all(b > a for a, b in zip(fed, fed[1:])):
+        fail(GENERATION, "one token per forward pass after the prefill", f"passes of {fed[:4]}... tokens",
+             "the cache is not used: after the prefill feed only the newest token and let the cache supply the rest.")
+    if fed and fed[0] != len(prompt):
+        fail(GENERATION, f"one prefill of the whole prompt ({len(prompt)} tokens) first", f"a first pass of "
+             f"{fed[0]} token(s)", "run the whole prompt through the model once (the prefill), then one token per step.")
+    rows = sorted({c["cache_rows"] for c in calls} - {None, 1})
+    if rows:
+        fail(GENERATION, f"a cache of one row (one sequence) {case}", f"a cache of {rows[0]} rows",
+             "StaticKVCache(model.config, batch_size=1, ...): any other row holds max_len positions nothing uses.")
+    if len(calls) != new_tokens:
+        fail(GENERATION, f"{new_tokens} forward passes for {new_tokens} new tokens (one prefill, then one per "
+                         f"later token) {case}", f"{len(calls)} passes",
+             "the prefill's logits give the first token and each pass gives the next one, so the last token "
+             "needs no pass: feed a token only while another one is to come (step < new_tokens - 1).")
 
 
 def _check_one_generation(fn, model, prompt: list[int], new_tokens: int, name: str) -> None:
@@ -211,19 +232,11 @@ def _check_one_generation(fn, model, prompt: list[int], new_tokens: int, name: s
         fail(GENERATION, "a pair (new ids, logits of every step)", type(out).__name__,
              "end with `return new_ids, torch.cat(step_logits)`.")
     try:
-        got_ids = [int(t) for t in out[0]]
-        got_logits = torch.as_tensor(out[1]).detach().float().cpu()
+        got_ids, got_logits = [int(t) for t in out[0]], torch.as_tensor(out[1]).detach().float().cpu()
     except (TypeError, ValueError, RuntimeError) as error:
         fail(GENERATION, "a list of token ids and a tensor of logits", f"{type(error).__name__}: {error}",
              "return the new ids as a list of ints and torch.cat(step_logits), as generate_without_cache does.")
-    fed = [c["tokens"] for c in counting.calls]
-    if len(fed) > 1 and fed[1] > 1 and all(b > a for a, b in zip(fed, fed[1:])):
-        fail(GENERATION, "one token per forward pass after the prefill", f"passes of {fed[:4]}... tokens",
-             "the cache is not used: after the prefill feed only the newest token and let the cache supply the rest.")
-    if fed and fed[0] != len(prompt):
-        fail(GENERATION, f"one prefill of the whole prompt ({len(prompt)} tokens) first",
-             f"a first pass of {fed[0]} token(s)", "run the whole prompt through the model once (the prefill), "
-             "then one token per step.")
+    _require_the_method(counting.calls, prompt, new_tokens, case)
     if got_ids != want_ids:
         fail(GENERATION, f"the uncached loop's tokens {want_ids} {case}", got_ids,
              _generation_hint(counting.calls, got_ids, want_ids))
@@ -238,15 +251,26 @@ def _check_one_generation(fn, model, prompt: list[int], new_tokens: int, name: s
              "logits[i] must be the scores the i-th new token was picked from (the prefill's for i = 0).")
 
 
-@grades_quietly
-@refuses_references("cached generation", _generate)
-def check_cached_generation(fn, model=None, prompt_ids=None, new_tokens: int = 8) -> None:
-    """Check fn(model, prompt_ids, new_tokens) -> (new_ids, logits (new_tokens, vocab)): greedy with a
-    KV cache must give the uncached loop's tokens and logits, with one prefill and one token per step.
+MODEL = ENGINE + "models.transformer.Transformer"
+# the engine's cached loops, whole or in steps, and what runs them (a draft, the serving engine)
+CACHED_LOOP = Exercise(
+    GENERATION, "the greedy loop with a KV cache: one prefill of the prompt, then one pass of one token per new token",
+    computed_by=tuple(ENGINE + path for path in (
+        "generation.generate", "generation.generate_naive", "generation.prefill", "generation.decode_step",
+        "speculative.speculative_generate", "compiled.CompiledDecoder.step", "compiled.fixed_shape_step",
+        "drafts.ModelDraft.propose", "serving.engine.Engine.run", "serving.engine.Engine.step")),
+    receives=(MODEL,),
+    # one forward pass and its logits are the loop's building blocks; the cache goes on the model's device
+    allowed=tuple(f"{MODEL}.{name}" for name in ("forward", "logits", "device", "dtype")))
 
-    Introduced in notebook 01 (KV cache). Runs on two tiny models (Llama-style with rotary
-    positions, GPT-2-style with learned positions: a position that starts again at 0 shows in
-    both) and, when given, on the notebook's own model and prompt.
+
+@grades_quietly
+@graded(CACHED_LOOP)
+def check_cached_generation(fn, model=None, prompt_ids=None, new_tokens: int = 8) -> None:
+    """Check fn(model, prompt_ids, new_tokens) -> (new_ids, logits (new_tokens, vocab)): the uncached loop's
+    tokens and logits, with one prefill and one token per pass (`_require_the_method`).
+    Introduced in notebook 01 (KV cache). Runs on two tiny models (rotary and learned positions: a position
+    restarted at 0 shows in both), then on the notebook's model and prompt if given. Graded by reach (`CACHED_LOOP`).
     """
     cases = [(tiny_test_model(name), GENERATION_PROMPT, 6, name) for name in ("tiny-llama", "tiny-gpt2")]
     if model is not None:
@@ -260,11 +284,7 @@ def check_cached_generation(fn, model=None, prompt_ids=None, new_tokens: int = 8
 # --- exercise 3: the size of a cache -----------------------------------------------------------
 
 BYTES_TO_DTYPE = {4: torch.float32, 2: torch.float16, 1: torch.int8}
-# Heads wider than hidden_size / num_heads, as some checkpoints have them (Qwen3-0.6B's shapes):
-# only such a config tells config.head_dim apart from hidden_size // num_heads.
-WIDE_HEADS = ModelConfig(family="llama", vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16,
-                         num_kv_heads=8, intermediate_size=3072, max_position=40960, explicit_head_dim=128,
-                         name="qwen3-0.6b-shape")
+# WIDE_HEADS (roofline.py, Qwen3-0.6B's shapes): only wide heads tell head_dim from hidden_size // num_heads
 SIZE_CASES = [(PRESETS["smollm2-135m"], 1024, 1, 4), (PRESETS["smollm2-135m"], 512, 8, 2),
               (PRESETS["gpt2"], 1000, 2, 4), (PRESETS["llama-7b-shape"], 4096, 1, 2),
               (PRESETS["tiny-llama"], 7, 3, 1), (WIDE_HEADS, 300, 2, 2)]
@@ -297,10 +317,9 @@ SIZE_MISTAKES = [
 
 
 def _grade_formula(name, fn, cases, reference, mistakes, *, asked, bad_answer, fallback, describe) -> None:
-    """Grade fn on every case against reference(*case); a wrong answer is matched against each
-    slip of `mistakes` ([(formula, hint)]) over all the cases, to name the slip. asked(config)
-    says what fn should return; bad_answer: (test, hint) for an answer of the wrong kind;
-    describe(case, want) words the expected answer. Shared by the two checkers below."""
+    """Grade fn on every case against reference(*case); a wrong answer is matched against each slip of
+    `mistakes` ([(formula, hint)]) over all the cases, to name the slip. asked(config): what fn returns;
+    bad_answer: (test, hint) for a wrong kind of answer; describe(case, want) words the expected one."""
     answers, first_wrong = [], None
     for case in cases:
         want = reference(*case)
@@ -312,22 +331,31 @@ def _grade_formula(name, fn, cases, reference, mistakes, *, asked, bad_answer, f
     if first_wrong is None:
         passed(name, f"{len(cases)} cases agree with the reference.")
         return
-    case, want, got = first_wrong
-    is_bad, bad_hint = bad_answer
+    (case, want, got), (is_bad, bad_hint) = first_wrong, bad_answer
     hint = bad_hint if is_bad(got) else next(
-        (hint for formula, hint in mistakes if all(answer == formula(*c) for answer, c in zip(answers, cases))),
-        fallback)
+        (hint for formula, hint in mistakes if all(answer == formula(*c) for answer, c in zip(answers, cases))), fallback)
     fail(name, describe(case, want), f"{got!r}", hint)
 
 
+def _cache_bytes_exercise(title: str, teaches: str) -> Exercise:
+    """The cache-size exercises' declaration: the engine's byte counts, a cache's allocation (the classes:
+    the walk does not see `.nbytes` read off a cache the learner builds), the config's count per token."""
+    return Exercise(title=title, teaches=teaches, computed_by=tuple(ENGINE + path for path in (
+        "kv_cache.kv_cache_bytes", "kv_quant.int8_kv_cache_bytes", "kv_cache.StaticKVCache",
+        "kv_cache.StaticKVCache.nbytes", "kv_quant.Int8KVCache", "kv_quant.Int8KVCache.nbytes",
+        "config.ModelConfig.kv_values_per_token")),
+        receives=(ENGINE + "config.ModelConfig",), allowed=(ENGINE + "config.ModelConfig.head_dim",))
+
+
+CACHE_SIZE = _cache_bytes_exercise(SIZE, "the bytes a KV cache needs, layers x 2 x kv-heads x head_dim x length x batch")
+
+
 @grades_quietly
+@graded(CACHE_SIZE)
 def check_cache_size(fn) -> None:
     """Check fn(config, length, batch, bytes_per_value) -> bytes against kv_cache_bytes.
-
-    Introduced in notebook 01 (KV cache). The configurations (SmolLM2's grouped-query
-    heads, GPT-2's full multi-head attention, a 7B shape, heads wider than hidden_size /
-    num_heads, batches and byte sizes that differ) give each slip of `SIZE_MISTAKES` its own
-    answers; a wrong answer is matched against them all to name the slip.
+    Introduced in notebook 01 (KV cache). The configurations (grouped-query, full multi-head, 7B, wide
+    heads) give each slip of `SIZE_MISTAKES` its own answers, to name the slip. Graded by reach (`CACHE_SIZE`).
     """
     _grade_formula(
         SIZE, fn, SIZE_CASES, lambda c, n, b, by: kv_cache_bytes(c, n, b, BYTES_TO_DTYPE[by]), SIZE_MISTAKES,
@@ -345,21 +373,21 @@ FIT_CASES = [(c, _formula(c, n, b, by) + extra * _formula(c, 1, b, by) // 2, b, 
              for (c, n, b, by) in SIZE_CASES for extra in (0, 1)]
 FIT_MISTAKES = [(lambda c, m, b, by, wrong=wrong: m // wrong(c, 1, b, by), hint)
                 for wrong, hint in SIZE_MISTAKES if "length" not in hint] + [
-    (lambda c, m, b, by: -(-m // _formula(c, 1, b, by)),
-     "round down: a token whose keys and values do not fit whole does not fit (the cache at your answer "
-     "must be at most the budget)."),
+    (lambda c, m, b, by: -(-m // _formula(c, 1, b, by)), "round down: a token whose keys and values do not fit "
+                                                         "whole does not fit (the cache must be at most the budget)."),
     (lambda c, m, b, by: m // _formula(c, 1, b, by) - 1, "an exact fit counts: the cache may take the whole budget."),
 ]
+TOKENS_THAT_FIT = _cache_bytes_exercise(FIT, "the longest cache that fits a byte budget: the bytes of one token "
+                                             "of the whole batch, and a division rounded down")
 
 
 @grades_quietly
+@graded(TOKENS_THAT_FIT)
 def check_tokens_that_fit(fn) -> None:
     """Check fn(config, budget_bytes, batch, bytes_per_value) -> the longest length whose cache fits.
-
-    Introduced in notebook 01 (KV cache), exercise 3: the cache-size formula turned around, which
-    asks for the bytes of one token of the whole batch and a division rounded down. Budgets that
-    fit exactly and ones with half a token to spare tell rounding up and off-by-one apart; the
-    configurations of `check_cache_size` tell each slip of the formula apart.
+    Introduced in notebook 01 (KV cache), exercise 3: the cache-size formula turned around. Budgets that fit
+    exactly and ones with half a token to spare tell rounding up and off-by-one apart; `check_cache_size`'s
+    configurations tell each slip of the formula apart. Graded by reach (`TOKENS_THAT_FIT`).
     """
     _grade_formula(
         FIT, fn, FIT_CASES, lambda c, m, b, by: m // _formula(c, 1, b, by), FIT_MISTAKES,

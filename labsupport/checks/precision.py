@@ -2,10 +2,14 @@
 
 Introduced in notebook 03 (mixed precision). Each compares a learner's answer
 with `labsupport.lab.precision` and either confirms it or raises `CheckFailed` with
-what was expected, what came back, and a hint.
+what was expected, what came back, and a hint. Each grades by reach (`grading.graded`):
+its `Exercise` declares the quantity it teaches, and the package code that computes it
+(the config's parameter counts among them) is refused.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -13,7 +17,10 @@ from ..engine.hardware import dtype_name
 from ..errors import first_line
 from ..engine.config import PRESETS
 from ..lab.precision import MIB, first_square_overflow, footprint_mib, matmul_accumulate
-from . import close_enough, fail, grades_quietly, passed, refuses_references
+from . import close_enough, fail, grades_quietly, passed
+from .grading import Exercise, graded
+
+ENGINE = "labsupport.engine."
 
 # (config, dtype): GPT-2 gives the handbook chapter's 474.7 / 237.4 and has a position
 # table; SmolLM2 ties its output layer and has RoPE buffers; the 7B Llama shape has its
@@ -66,20 +73,41 @@ def _footprint_hint(config, dtype, got: float) -> str:
     for value, hint in _footprint_slips(config, dtype):
         if close_enough(got, value, 1e-4):
             return hint
-    return ("parameters = block_parameters(config) + the token embedding (vocab_size x hidden_size) + "
-            "GPT-2's position table + an untied output layer; MiB = parameters x dtype.itemsize / 2**20.")
+    expected = footprint_mib(config, dtype)
+    if got in (round(expected, 1), round(expected, 2)):
+        return "return the MiB as computed, not a rounded figure: the checker tries other models and dtypes too."
+    off = round((got - expected) * MIB / dtype.itemsize)
+    if abs(off) < 0.01 * config.num_parameters:
+        return (f"the count is off by {off:+,} parameters: count every norm and bias (an RMSNorm has h weights, a "
+                "LayerNorm h weights and h biases, each GPT-2 projection a bias), the final norm included.")
+    return ("parameters = every block's projections, MLP, norms and biases + the final norm + the token embedding "
+            "+ GPT-2's position table + an untied output layer; MiB = parameters x dtype.itemsize / 2**20.")
+
+
+FOOTPRINT = Exercise(
+    "model footprint per precision",
+    "a model's weights in MiB in one precision, every parameter counted from the config's shapes",
+    # the config's counts; a model built from the config holds the parameters, and counts their bytes
+    computed_by=tuple(ENGINE + path for path in (
+        "config.ModelConfig.num_parameters", "config.ModelConfig.params_read_per_step",
+        "config.ModelConfig.matmul_params", "precision.tensor_bytes", "models.transformer.Transformer",
+        "models.transformer.Transformer.weight_bytes")) + ("labsupport.weights.fixtures.random_model",),
+    receives=(ENGINE + "config.ModelConfig",),
+    allowed=(ENGINE + "config.ModelConfig.head_dim",))           # a field of the shape: the heads' width
 
 
 @grades_quietly
+@graded(FOOTPRINT)
 def check_footprint(fn) -> None:
     """Check a learner's `fn(config, dtype) -> MiB` (weights in MiB when stored in dtype).
 
-    Introduced in notebook 03 (mixed precision). Compared with `precision.footprint_mib`
-    within 0.01% on GPT-2 (learned positions, tied output layer), SmolLM2-135M (tied,
-    RoPE buffers that are not weights), a 7B Llama shape and a GPT-2 with its own output
-    layer, in fp32, fp16 and bf16; each usual slip gets a hint that names it.
+    Introduced in notebook 03 (mixed precision). Compared with `precision.footprint_mib`, exactly
+    (a count: every norm and bias included, to within float rounding) on GPT-2 (learned positions,
+    tied output layer), SmolLM2-135M (tied, RoPE buffers that are not weights), a 7B Llama shape
+    and a GPT-2 with its own output layer, in fp32, fp16 and bf16; each usual slip gets a hint
+    that names it. Graded by reach (`FOOTPRINT`): the config's parameter counts are refused.
     """
-    exercise = "model footprint per precision"
+    exercise = FOOTPRINT.title
     for config, dtype in FOOTPRINT_CASES:
         case = f"{config.name} in {dtype_name(dtype)}"
         expected = footprint_mib(config, dtype)
@@ -89,16 +117,18 @@ def check_footprint(fn) -> None:
         except (TypeError, ValueError):
             fail(f"{exercise} ({case})", "a number of MiB", repr(answer)[:80],
                  "end the function with: return mib (a float)")
-        if not close_enough(got, expected, 1e-4):
-            fail(f"{exercise} ({case})", f"{expected:.1f} MiB", f"{got:.6g}", _footprint_hint(config, dtype, got))
+        if not close_enough(got, expected, 1e-9):                 # a count: float rounding only (a parameter of GPT-2: 8e-9)
+            fail(f"{exercise} ({case})", f"{expected:.4f} MiB", f"{got:.10g}", _footprint_hint(config, dtype, got))
     gpt2 = PRESETS["gpt2"]
     passed(exercise, f"GPT-2: {fn(gpt2, torch.float32):.1f} MiB in fp32, {fn(gpt2, torch.float16):.1f} MiB "
                      f"in fp16, as the handbook chapter says (in MiB); checked on {len(FOOTPRINT_CASES)} cases.")
 
 
 def _overflow_cases() -> list[torch.Tensor]:
-    """Activation vectors where the answer is clear: none is within 0.5 of 256 in size
-    (there, computing the square in fp16 or in fp32 and comparing could disagree)."""
+    """Activation vectors: the random ones keep 0.5 away from 256 in size; the last three sit on the boundary,
+    sqrt(65504) = 255.9375 - 7.6e-6, on both sides of it and exactly on it (a float64 whose square is 65504.0,
+    not larger). None is 255.9375 itself, which fp16 rounds up to 256 (computing the square in fp16 would then
+    disagree with the exact square)."""
     generator = torch.Generator().manual_seed(3)
     cases = [torch.tensor([1.0, 100.0, 255.0, 300.0, 20.0]),          # 3
              torch.tensor([1.0, 300.0, 5.0, 400.0]),                   # 1: the first of two, not the last
@@ -111,7 +141,14 @@ def _overflow_cases() -> list[torch.Tensor]:
         if outlier_at is not None:
             values[outlier_at] = -512.0 if outlier_at % 2 else 900.0
         cases.append(values)
-    return cases
+    return cases + [torch.tensor([255.93, 10.0, 255.95, 256.0, -300.0]),         # 2: 255.95^2 = 65510 > 65504
+                    torch.tensor([-255.94, 3.0]),                               # 0: negative, just past it
+                    torch.tensor([math.sqrt(65504.0), 256.0], dtype=torch.float64)]   # 1: 65504.0 is not larger
+
+
+def _first_index(mask: torch.Tensor) -> int | None:
+    hits = mask.nonzero().flatten().tolist()
+    return hits[0] if hits else None
 
 
 def _overflow_hint(values: torch.Tensor, got) -> str:
@@ -129,6 +166,9 @@ def _overflow_hint(values: torch.Tensor, got) -> str:
         return (f"the value {values[expected]:.1f} at index {expected} squares to {squares[expected]:.0f}, "
                 "above 65504: compare each square with fp16's largest number, torch.finfo(torch.float16).max "
                 "(bf16's and fp32's are about 3.4e38, so nothing overflows against them).")
+    if got in (_first_index(values.abs() > 256), _first_index(values.abs() >= 256)):
+        return (f"compare each square with 65504, not |x| with 256: {values[expected]:.2f} squares to "
+                f"{squares[expected]:.0f}, already past it (sqrt(65504) = 255.94).")
     if got == expected + 1:
         return "Python counts from 0: return the index itself, not index + 1."
     if positive_only and got == positive_only[0]:
@@ -143,15 +183,22 @@ def _overflow_hint(values: torch.Tensor, got) -> str:
             "return the index of the first that is larger, or None.")
 
 
+FIRST_OVERFLOW = Exercise(
+    "first fp16 overflow of a square",
+    "the index of the first activation whose square is larger than fp16's largest number")   # lab code only
+
+
 @grades_quietly
+@graded(FIRST_OVERFLOW)
 def check_first_overflow(fn) -> None:
     """Check a learner's `fn(values) -> index or None`: the index of the first value whose
     square is larger than fp16's largest number (65504).
 
-    Introduced in notebook 03 (mixed precision). Compared with
-    `precision.first_square_overflow` on hand-made and random activation vectors.
+    Introduced in notebook 03 (mixed precision). Compared with `precision.first_square_overflow`
+    on hand-made and random activation vectors, and on the boundary (`_overflow_cases`).
+    Graded by reach (`FIRST_OVERFLOW`).
     """
-    exercise = "first fp16 overflow of a square"
+    exercise = FIRST_OVERFLOW.title
     cases = _overflow_cases()
     for number, values in enumerate(cases, 1):
         expected = first_square_overflow(values)
@@ -204,8 +251,13 @@ def _accumulation_hint(a, b, accumulate, got: torch.Tensor) -> str:
             "a[:, k, None].to(acc) * b[None, k, :].to(acc); return the sum .to(a.dtype).")
 
 
+ACCUMULATION = Exercise(
+    "16-bit matmul with an fp32 or a 16-bit running sum",
+    "a matmul whose products are added one k at a time into a running sum kept in the chosen dtype")   # lab code only
+
+
 @grades_quietly
-@refuses_references("matmul with an accumulator", matmul_accumulate)
+@graded(ACCUMULATION)
 def check_accumulation(fn) -> None:
     """Check a learner's `fn(a, b, accumulate_dtype) -> a @ b`: 16-bit a (M, K) and b (K, N), the
     products added one k at a time into a running sum kept in `accumulate_dtype`, the result
@@ -216,8 +268,9 @@ def check_accumulation(fn) -> None:
     stalls) and, with an fp32 sum, on products that cancel (where a product rounded to 16
     bits shows); elsewhere within one 16-bit step for an fp32 sum (any order), within 1% of
     the sum of |products| for a 16-bit one (a fused multiply-add rounds once per step).
+    Graded by reach (`ACCUMULATION`).
     """
-    exercise = "16-bit matmul with an fp32 or a 16-bit running sum"
+    exercise = ACCUMULATION.title
     for what, a, b in _accumulation_cases():
         for accumulate in (torch.float32, a.dtype):
             case = f"{exercise} ({what}, a {tuple(a.shape)} @ b {tuple(b.shape)}, accumulate_dtype={dtype_name(accumulate)})"

@@ -15,6 +15,26 @@ import torch
 from ..engine.quant import dequantize_int8, pack_int4, quantize_int8_absmax, unpack_int4
 from ..errors import first_line
 from . import fail, grades_quietly, passed
+from .grading import Exercise, graded
+
+ENGINE_QUANT = "labsupport.engine.quant"
+INT8 = Exercise(
+    title="int8 absmax quantization",
+    teaches="symmetric int8 quantization with one absmax scale per row (scale = max|w| / 127, "
+            "q = round(w / scale)) and its dequantization, q * scale",
+    computed_by=(f"{ENGINE_QUANT}.formats.quantize_int8_absmax", f"{ENGINE_QUANT}.formats.dequantize_int8",
+                 f"{ENGINE_QUANT}.kernels.Int8Linear", f"{ENGINE_QUANT}.kernels.Int8Linear.from_linear",
+                 f"{ENGINE_QUANT}.kernels.Int8Linear.dequantized_weight", f"{ENGINE_QUANT}.quantize_linear",
+                 f"{ENGINE_QUANT}.quantized_replacement", f"{ENGINE_QUANT}.quantize_model",
+                 "labsupport.engine.drafts.quantized_copy", "labsupport.engine.kv_quant.quantize_per_token",
+                 "labsupport.engine.kv_quant.dequantize_per_token", "labsupport.engine.kv_quant.Int8KVCache"))
+INT4_PACK = Exercise(
+    title="int4 packing",
+    teaches="the packing of two 4-bit values into one byte (column 2j in the low nibble, 2j + 1 in the "
+            "high one) and its unpacking",
+    computed_by=(f"{ENGINE_QUANT}.formats.pack_int4", f"{ENGINE_QUANT}.formats.unpack_int4",
+                 f"{ENGINE_QUANT}.w4a8.pack_q4_1", f"{ENGINE_QUANT}.w4a8.unpack_q4_1",
+                 f"{ENGINE_QUANT}.kernels.Int4Linear", f"{ENGINE_QUANT}.kernels.Int4Linear.dequantized_weight"))
 
 
 def _as_tensor(value, what: str, exercise: str) -> torch.Tensor:
@@ -80,6 +100,7 @@ def _int8_hint(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> str:
 
 
 @grades_quietly
+@graded(INT8)
 def check_int8_absmax(quantize_fn, dequantize_fn) -> None:
     """Check a learner's `quantize_fn(w) -> (q, scale)` and `dequantize_fn(q, scale) -> w_approx`:
     symmetric absmax int8 with one scale per row (output channel).
@@ -87,6 +108,7 @@ def check_int8_absmax(quantize_fn, dequantize_fn) -> None:
     Introduced in notebook 04 (quantization). Compared with `quantize_int8_absmax` and
     `dequantize_int8` on weight-like matrices (none square, one with an outlier, one with
     rows of very different sizes); the round trip must stay within scale / 2 of the original.
+    A call of the package's int8 code (`INT8.computed_by`) is refused.
     """
     exercise = "int8 absmax quantization"
     cases = _int8_cases()
@@ -184,13 +206,15 @@ def _unpack_hint(q: torch.Tensor, expected: torch.Tensor, unpacked: torch.Tensor
 
 
 @grades_quietly
+@graded(INT4_PACK)
 def check_int4_pack(pack_fn, unpack_fn) -> None:
     """Check a learner's `pack_fn(q) -> packed` and `unpack_fn(packed, columns) -> q`: two 4-bit
     values (0..15) per byte, column 2j in the low nibble and column 2j + 1 in the high one; an
     odd last column paired with a zero high nibble, dropped again by `unpack_fn`.
 
     Introduced in notebook 04 (quantization). Compared with `pack_int4` / `unpack_int4` on
-    even and odd widths; the round trip must give back the values exactly.
+    even and odd widths; the round trip must give back the values exactly. A call of the
+    package's nibble packing (`INT4_PACK.computed_by`) is refused.
     """
     exercise = "int4 packing"
     cases = _pack_cases()

@@ -16,9 +16,18 @@ import torch
 
 from ..engine.quant import dequantize_int4, quantize_int4_groupwise
 from ..lab.quantization_awq import AWQ_GRID, awq_search, awq_weight, error_removed, output_error, scales_for
-from . import call_learner, fail, grades_quietly, passed, refuses_references
+from . import call_learner, fail, grades_quietly, passed
+from .grading import Exercise, graded
 
 EXERCISE = "AWQ scale search"
+# The search is the answer; the int4 round trip in groups is its building block (section 2's format, the
+# notebook's `Q.quantize_int4_groupwise` and `Q.dequantize_int4`). The package's own search
+# (lab.quantization_awq) sits above the engine: denied with every other lab function.
+AWQ = Exercise(
+    title=EXERCISE,
+    teaches="AWQ's search over alpha: scales s = mean|x| ** alpha per input channel, the layer's output error "
+            "with the int4 weight Q(W * s) / s for each alpha, and the scales of the best one",
+    allowed=("labsupport.engine.quant.formats.quantize_int4_groupwise", "labsupport.engine.quant.formats.dequantize_int4"))
 TOLERANCE = 0.005          # the learner's scales may remove this much less of the held-out error than the reference's
 
 
@@ -195,7 +204,7 @@ def _check_case(search_fn, case: dict) -> dict:
 
 
 @grades_quietly
-@refuses_references(EXERCISE, awq_search, awq_weight)
+@graded(AWQ)
 def check_awq_search(search_fn, weight=None, calibration=None, held_out=None, group_size: int = 128,
                      grid=AWQ_GRID, layer: str = "the notebook's layer") -> None:
     """Check a learner's `search_fn(weight, activations, group_size, grid) -> (scales, errors)`:

@@ -16,12 +16,28 @@ import dataclasses
 import dis
 import functools
 import sys
+import sysconfig
 import types
 from typing import Iterator
+
+_INSTALLED = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 def _is_package(obj) -> bool:
     module = getattr(obj, "__module__", None) or (obj.__name__ if isinstance(obj, types.ModuleType) else "")
     return isinstance(module, str) and (module == "labsupport" or module.startswith("labsupport."))
+
+
+def _is_library(obj) -> bool:
+    """A function or class of the standard library or of an installed library (torch, numpy, ...): none of
+    them imports the package, so the walk does not go into them (nn.Linear's methods lead to thousands of
+    torch objects and none of ours)."""
+    if not isinstance(obj, (types.FunctionType, type)) or _is_package(obj):
+        return False
+    top = (getattr(obj, "__module__", None) or "").split(".")[0]
+    if top in sys.stdlib_module_names or top == "builtins":
+        return True
+    path = getattr(sys.modules.get(top), "__file__", None) or ""
+    return path.startswith(_INSTALLED)
 
 
 def _code_names(code: types.CodeType) -> set[str]:
@@ -59,8 +75,8 @@ def reach(fn, limit: int = 2000) -> Iterator[tuple[str, object]]:
         if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool, complex)):
             continue
         seen.add(id(obj))
-        if isinstance(obj, types.ModuleType):
-            continue                                           # a module itself: its named attributes are walked
+        if isinstance(obj, types.ModuleType) or _is_library(obj):
+            continue                                           # a module: its named attributes are walked; a library: not ours
         if isinstance(obj, Attribute):
             yield how, obj
             continue

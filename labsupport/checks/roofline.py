@@ -9,7 +9,12 @@ tables: a hint and how that mistake computes), and calls the learner's code on
 inputs where every one of them gives a different answer from the right one:
 a batch above 1 and a cache (context) so that per-row and cache terms show,
 grouped-query attention (SmolLM2: 9 query, 3 key-value heads), 2 and 4 bytes per
-value, GPT-2's learned position table, and an untied output layer.
+value, GPT-2's learned position table, an untied output layer, and heads wider than
+hidden_size / num_heads (Qwen3-0.6B's shapes).
+
+Each checker grades by reach (`grading.graded`): its `Exercise` declares the quantity it
+teaches, and the package code that computes it (the config's own cost methods among them)
+is refused.
 """
 
 from __future__ import annotations
@@ -23,23 +28,37 @@ from ..lab.roofs import HardwareProfile
 from ..engine.config import PRESETS, ModelConfig
 from ..lab.roofline import (COMPUTE_BOUND, MEMORY_BOUND, OVERHEAD_BOUND, attention_flops, bytes_per_value,
                             decode_step_cost, matmul_params, ridge_batch, step_bounds)
-from ..lab.roofline import decode_step_cost as _decode_step_cost
-from ..lab.roofline import step_bounds as _step_bounds
-from . import close_enough, fail, grades_quietly, passed, refuses_references
+from . import close_enough, fail, grades_quietly, passed
+from .grading import Exercise, graded
 
 SMOLLM2 = PRESETS["smollm2-135m"]
+# Heads wider than hidden_size / num_heads, as some checkpoints have them (Qwen3-0.6B's shapes):
+# only such a config tells config.head_dim apart from hidden_size // num_heads (notebooks 00 and 01).
+WIDE_HEADS = ModelConfig(family="llama", vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16,
+                         num_kv_heads=8, intermediate_size=3072, max_position=40960, explicit_head_dim=128,
+                         name="qwen3-0.6b-shape")
 # (config, batch, context, bytes per value): chosen so that each mistake below shows.
 DECODE_CASES = (
     (SMOLLM2, 1, 0, 4),
     (SMOLLM2, 8, 1024, 2),
     (PRESETS["gpt2"], 4, 512, 4),
     (SMOLLM2.with_(tie_embeddings=False, name="smollm2-135m with an untied lm_head"), 2, 256, 2),
+    (WIDE_HEADS, 3, 300, 2),
 )
 TOLERANCE = 0.003  # 0.3%: counting or skipping norms and biases is fine, GPT-2's position table is not
 
 
 def _attention_with_kv_heads(c: ModelConfig, b: int, n: int) -> float:
     return 4 * c.num_layers * c.num_kv_heads * c.head_dim * n * b
+
+
+def _narrow_heads(c: ModelConfig) -> ModelConfig:
+    """`c` with heads of hidden_size / num_heads, the slip of a count that ignores config.head_dim."""
+    return c.with_(explicit_head_dim=None) if c.explicit_head_dim else c
+
+
+HEAD_DIM_HINT = ("use config.head_dim: some models' heads are wider than hidden_size / num_heads "
+                 "(qwen3-0.6b-shape: 128, not 64).")
 
 
 # Wrong FLOP counts: (hint, flops(config, batch, context, bytes per value)).
@@ -59,6 +78,7 @@ FLOP_MISTAKES = (
      lambda c, b, n, s: matmul_params(c) * b + attention_flops(c, b, n)),
     ("a multiply-add is 2 FLOPs (a multiply and an add): 2 per matmul weight per row, not 1.",
      lambda c, b, n, s: decode_step_cost(c, b, n, s).flops / 2),
+    (HEAD_DIM_HINT, lambda c, b, n, s: decode_step_cost(_narrow_heads(c), b, n, s).flops),
 )
 
 # Wrong byte counts: (hint, bytes(config, batch, context, bytes per value)).
@@ -80,11 +100,12 @@ BYTE_MISTAKES = (
     ("use the bytes_per_value argument, not a fixed 4 bytes (float32).",
      lambda c, b, n, s: decode_step_cost(c, b, n, s).bytes * 4 / s),
     ("the token embedding is a lookup (one row per token): it is read in full only as lm_head when "
-     "tied, and then once; config.num_parameters already counts a tied matrix once.",
+     "tied, and then once (a tied lm_head is the embedding: one matrix).",
      lambda c, b, n, s: decode_step_cost(c, b, n, s).bytes + c.vocab_size * c.hidden_size * s),
     ("a GPT-2 model's learned position table is looked up, one row per token: leave it out "
      "(max_position x hidden).",
      lambda c, b, n, s: decode_step_cost(c, b, n, s).bytes + c.max_position * c.hidden_size * s),
+    (HEAD_DIM_HINT, lambda c, b, n, s: decode_step_cost(_narrow_heads(c), b, n, s).bytes),
 )
 
 
@@ -97,17 +118,35 @@ def _hint(mistakes, got: float, args: tuple, expected: float, fallback: str) -> 
     return fallback
 
 
+STEP_COST = Exercise(
+    title="FLOPs and bytes of one decode step",
+    teaches="the FLOPs and bytes of one decode step, counted from the config's shapes",
+    # the config's own cost model computes every part of it; a model or a cache counts its bytes too
+    computed_by=("labsupport.engine.config.ModelConfig.decode_flops",
+                 "labsupport.engine.config.ModelConfig.attention_flops",
+                 "labsupport.engine.config.ModelConfig.matmul_params",
+                 "labsupport.engine.config.ModelConfig.params_read_per_step",
+                 "labsupport.engine.config.ModelConfig.num_parameters",
+                 "labsupport.engine.config.ModelConfig.kv_values_per_token",
+                 "labsupport.engine.kv_cache.kv_cache_bytes",
+                 "labsupport.engine.models.transformer.Transformer.weight_bytes",
+                 "labsupport.engine.precision.tensor_bytes"),
+    receives=("labsupport.engine.config.ModelConfig",),
+    allowed=("labsupport.engine.config.ModelConfig.head_dim",))   # a field of the shape: the heads' width
+
+
 @grades_quietly
-@refuses_references("decode step cost", _decode_step_cost)
+@graded(STEP_COST)
 def check_decode_step_cost(fn) -> None:
     """Check a learner's `fn(config, batch, context, bytes_per_value) -> (flops, bytes)`.
 
     Introduced in notebook 00 (where the time goes). Compared with
-    `roofline.decode_step_cost` within 0.3% on SmolLM2-135M (tied and untied) and GPT-2
-    shapes; a wrong count gets the hint of the mistake that gives it (`FLOP_MISTAKES`,
-    `BYTE_MISTAKES`).
+    `roofline.decode_step_cost` within 0.3% on SmolLM2-135M (tied and untied), GPT-2 and
+    Qwen3-0.6B shapes (heads wider than hidden_size / num_heads); a wrong count gets the
+    hint of the mistake that gives it (`FLOP_MISTAKES`, `BYTE_MISTAKES`). Graded by reach
+    (`STEP_COST`): the config's cost methods and properties are refused, its head_dim is not.
     """
-    exercise = "FLOPs and bytes of one decode step"
+    exercise = STEP_COST.title
     for config, batch, context, size in DECODE_CASES:
         case = f"{config.name}, batch {batch}, context {context}, {size} bytes per value"
         answer = fn(config, batch, context, size)
@@ -124,8 +163,8 @@ def check_decode_step_cost(fn) -> None:
         if not close_enough(nbytes, cost.bytes, TOLERANCE):
             fail(f"{exercise} ({case}), bytes", f"{cost.bytes:.4g}", f"{nbytes:.4g}",
                  _hint(BYTE_MISTAKES, nbytes, args, cost.bytes,
-                       "bytes = (every weight read once: config.num_parameters, less the lookup tables) x "
-                       "bytes_per_value + the KV cache of all rows."))
+                       "bytes = (every matmul weight read once, lm_head included; the lookup tables are not "
+                       "read in full) x bytes_per_value + the KV cache of all rows."))
     passed(exercise, f"Checked on {len(DECODE_CASES)} configurations.")
 
 
@@ -176,7 +215,13 @@ def _cache_mistakes(profile: HardwareProfile, config: ModelConfig, dtype, contex
     ]
 
 
+RIDGE_BATCH = Exercise(
+    title="ridge batch size",
+    teaches="the batch size at which a decode step's intensity reaches the ridge point")   # a value: nothing runs
+
+
 @grades_quietly
+@graded(RIDGE_BATCH)
 def check_ridge_batch(answer: float, profile: HardwareProfile, config: ModelConfig,
                       dtype=torch.float32, context: int = 0) -> None:
     """Check a learner's predicted ridge batch size against `roofline.ridge_batch` (within 5%).
@@ -188,7 +233,7 @@ def check_ridge_batch(answer: float, profile: HardwareProfile, config: ModelConf
     notebook asks at its CONTEXT), the empty-cache answer, one row's cache counted as if
     shared, attention's FLOPs left out. A context past `roofline.ridge_context` expects inf.
     """
-    exercise = "ridge batch size"
+    exercise = RIDGE_BATCH.title
     expected = ridge_batch(profile, config, dtype, context)
     name = dtype_name(dtype)
     try:
@@ -232,20 +277,28 @@ STEP_ROWS = [
     _synthetic_row("float32", 8, 8e9, 1e9, 0.30),     # 0.10 s / 0.08 s: 3x the roofline, just overhead-bound
     _synthetic_row("bfloat16", 16, 8e9, 4e8, 0.05),   # 0.04 s / 0.02 s (bf16 peak): memory-bound
     _synthetic_row("float32", 6, 8e9, 1e9, 0.12),     # 0.10 s / 0.08 s: a little slower than the roof, memory-bound
+    # on the boundaries (exact in floating point): the labels say which side each belongs to
+    _synthetic_row("float32", 3, 2e8, 2e9, 0.4),      # 0.2 s / 0.002 s, exactly 2x the roof: not overhead at slack 2
+    _synthetic_row("float32", 12, 1e10, 1e9, 0.12),   # intensity exactly 10, the ridge: compute-bound
 ]
 
 
-def _bounds_with(roof, ridge_of=None):
-    """A wrong `step_bounds` that predicts the time with `roof(memory_s, compute_s)` (None: no overhead test)."""
+def _bounds_with(roof, ridge_of=None, at_the_boundary=None):
+    """A wrong `step_bounds` that predicts the time with `roof(memory_s, compute_s)` (None: no overhead test);
+    at_the_boundary="overhead" / "ridge": a row exactly on that boundary put on the wrong side."""
     def wrong(rows, profile, slack):
         labels = []
         for row in rows:
             name = ridge_of or row["dtype"]
             memory_s, compute_s = row["bytes"] / profile.bandwidth, row["flops"] / profile.flops[name]
-            if roof is not None and row["seconds"] > slack * roof(memory_s, compute_s):
+            over = roof is not None and row["seconds"] > slack * roof(memory_s, compute_s)
+            if over or (at_the_boundary == "overhead" and row["seconds"] == slack * roof(memory_s, compute_s)):
                 labels.append(OVERHEAD_BOUND)
+            elif row["intensity"] < profile.ridge(name) or (
+                    at_the_boundary == "ridge" and row["intensity"] == profile.ridge(name)):
+                labels.append(MEMORY_BOUND)
             else:
-                labels.append(MEMORY_BOUND if row["intensity"] < profile.ridge(name) else COMPUTE_BOUND)
+                labels.append(COMPUTE_BOUND)
         return labels
     return wrong
 
@@ -266,12 +319,16 @@ STEP_MISTAKES = (
      lambda rows, profile, slack: _bounds_with(max)(rows, profile, 2.0)),
     ("use each row's own dtype: its peak is profile.flops[row['dtype']] and its ridge profile.ridge(row['dtype']).",
      _bounds_with(max, ridge_of="float32")),
+    ("a step that took exactly slack x its roofline time is not overhead-bound: only more than that is "
+     "(seconds > slack x roofline time).", _bounds_with(max, at_the_boundary="overhead")),
+    ("a step exactly at the ridge is compute-bound: memory-bound is only below it (intensity < ridge).",
+     _bounds_with(max, at_the_boundary="ridge")),
 )
 
 
 def _compare_bounds(fn, rows: list[dict], profile: HardwareProfile, slack: float, where: str) -> None:
     """Fail with the matching hint unless fn(rows, profile, slack) is `step_bounds`' answer."""
-    exercise = "what held back each step"
+    exercise = STEP_BOUNDS.title
     expected = step_bounds(rows, profile, slack)
     got = fn([dict(row) for row in rows], profile, slack)          # copies: the learner may change them
     if not (isinstance(got, (list, tuple)) and len(got) == len(rows)):
@@ -293,19 +350,28 @@ def _compare_bounds(fn, rows: list[dict], profile: HardwareProfile, slack: float
          repr(got[first]), hint)
 
 
+STEP_BOUNDS = Exercise(
+    title="what held back each step",
+    teaches="each measured step's label: its roofline time, max(bytes / bandwidth, FLOPs / peak), against "
+            "its measured time, then its intensity against the ridge",
+    receives=("labsupport.lab.roofs.HardwareProfile",),             # its attainable() is the roofline itself
+    allowed=("labsupport.lab.roofs.HardwareProfile.ridge",))        # peak / bandwidth: exercise 2's, named in the text
+
+
 @grades_quietly
-@refuses_references("what held back each step", _step_bounds)
+@graded(STEP_BOUNDS)
 def check_step_bounds(fn, rows: list[dict] | None = None, profile: HardwareProfile | None = None) -> None:
     """Check a learner's `fn(rows, profile, slack) -> list of "memory-bound" / "compute-bound" / "overhead-bound"`.
 
     Introduced in notebook 00 (where the time goes). Compared with `roofline.step_bounds`
-    on made-up rows where each typical mistake (`STEP_MISTAKES`) gives another answer, at
-    slack 2 and 3, then on this notebook's own sweep when `rows` and `profile` are given.
+    on made-up rows where each typical mistake (`STEP_MISTAKES`) gives another answer, rows
+    exactly on the overhead and ridge boundaries among them, at slack 2 and 3, then on this
+    notebook's own sweep when `rows` and `profile` are given. Graded by reach (`STEP_BOUNDS`).
     """
     for slack in (2.0, 3.0):
         _compare_bounds(fn, STEP_ROWS, STEP_PROFILE, slack, "made-up rows")
     if rows is not None and profile is not None:
         _compare_bounds(fn, rows, profile, 2.0, "this notebook's sweep")
     counted = "" if rows is None else f" and on the {len(rows)} steps measured here"
-    passed("what held back each step", f"Checked on {len(STEP_ROWS)} made-up rows{counted}.")
+    passed(STEP_BOUNDS.title, f"Checked on {len(STEP_ROWS)} made-up rows{counted}.")
 

@@ -11,11 +11,14 @@ import itertools
 import numbers
 
 from ..engine.serving.block_manager import blocks_needed
+from .grading import Exercise, graded
 from .serving_processes import hashes_text, stable_across_processes
 from . import call_learner, fail, grades_quietly, passed
 
 STEP = "one scheduler step"
 BLOCKS = "blocks for a set of sequences"
+SERVING = "labsupport.engine.serving."
+SCHEDULER = SERVING + "scheduler."
 
 
 def reference_schedule_step(running, waiting, max_slots, free_blocks, policy="continuous"):
@@ -66,6 +69,11 @@ def _step_cases():
 
 
 @grades_quietly
+@graded(Exercise(
+    title=STEP, teaches="the scheduler's choice of who leaves the batch and who joins it before the next step",
+    computed_by=(SCHEDULER + "Scheduler", SCHEDULER + "Scheduler.schedule", SCHEDULER + "StaticBatching",
+                 SCHEDULER + "StaticBatching.decide", SCHEDULER + "ContinuousBatching",
+                 SCHEDULER + "ContinuousBatching.decide", SCHEDULER + "as_policy")))
 def check_schedule_step(fn) -> None:
     """Check `fn(running, waiting, max_slots, free_blocks, policy) -> (leaving, joining)`.
 
@@ -121,6 +129,10 @@ def reference_blocks_for(lengths, block_size) -> int:
 
 
 @grades_quietly
+@graded(Exercise(
+    title=BLOCKS, teaches="the blocks a set of sequences holds in a paged cache, each rounded up on its own",
+    computed_by=(SERVING + "block_manager.blocks_needed", SERVING + "block_manager.BlockManager",
+                 SERVING + "block_manager.BlockManager.grow", SERVING + "block_manager.BlockManager.extra_blocks")))
 def check_blocks_for(fn) -> None:
     """Check `fn(lengths, block_size) -> int`: the sum over sequences of ceil(length / block_size).
 
@@ -165,23 +177,19 @@ def check_blocks_for(fn) -> None:
 # --- a block's name in the prefix cache -------------------------------------------------------------
 
 HASH = "the hash of a block and its prefix"
+LARGE_IDS = [300, 12, 70_000, 151_000]          # token ids of a real vocabulary: far above 255 (one byte)
 
 
-@grades_quietly
-def check_block_hash(fn) -> None:
-    """Check `fn(parent_hash, block_tokens) -> int`, a block's name in the prefix cache: an
-    integer that depends on every token, their order and the parent's hash, the same on every
-    call and in every process. Introduced in notebook 06b (chunked prefill and prefix caching).
+def _bytes_hint(error) -> str:
+    if isinstance(error, ValueError) and "range(0, 256)" in str(error):
+        return ("bytes(ids) holds only values below 256, and token ids go up to the vocabulary's size (tens of "
+                "thousands): write each id in full, e.g. as text, or with int(t).to_bytes(8, 'little').")
+    return (f"your function raised an error on fn(None, {LARGE_IDS}): token ids go up to the vocabulary's size "
+            "(151,000 here): give each id enough bytes (4 or 8), or write it as text.")
 
-    The last check runs `fn` (with the helpers it calls) in two fresh Pythons of different hash
-    seeds; a call of the built-in hash() on text, even inside a helper, is refused before it."""
-    block = [11, 12, 13, 14]
-    got = call_learner(HASH, "an integer", "your function raised an error on fn(None, [11, 12, 13, 14]).",
-                       fn, None, list(block))
-    if isinstance(got, bool) or not isinstance(got, numbers.Integral) or not -2**63 <= got < 2**64:
-        fail(HASH, "an integer of at most 64 bits", repr(got)[:60],
-             "return an int, e.g. int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), 'little').")
-    parent = fn(None, [1, 2, 3, 4])
+
+def _check_hash_values(fn, block, got, parent) -> None:
+    """Same tokens, same name; any change of a token, of their order or of the prefix, another name."""
     if fn(None, list(block)) != got or fn(None, tuple(block)) != got or fn(parent, list(block)) != fn(parent, block):
         fail(HASH, "the same hash on every call for the same tokens", "different hashes",
              "hash the token ids themselves (not the list object, its id() or a random salt).")
@@ -195,15 +203,56 @@ def check_block_hash(fn) -> None:
     if fn(None, [14, 13, 12, 11]) == got or fn(None, [12, 11, 13, 14]) == got:
         fail(HASH, "a different hash when the tokens are reordered", "the same hash",
              "the order of the tokens matters: hash them in order, not as a set, a sum or sorted.")
+    large = call_learner(HASH, "an integer for token ids of 256 and more", _bytes_hint, fn, None, list(LARGE_IDS))
+    wrapped = [fn(None, [11 + shift, 12, 13, 14]) for shift in (256, 2**16)]
+    if got in wrapped or len({large, *wrapped}) < 3:
+        fail(HASH, "different hashes for the token ids 11, 267 and 65547 in the same place", "the same hash",
+             "keep every bit of each token id: one or two bytes per id (an id modulo 256 or 65536) let different "
+             "tokens share a name.")
+
+
+def _check_hash_width(fn, parent) -> None:
+    """216 different (parent, block) pairs get 216 names, and the names use all 64 bits."""
     blocks = itertools.product(range(3), range(3), range(3), range(4))     # 108 blocks, after 2 parents
     names = {fn(p, list(b)) for b in blocks for p in (None, parent)}
     if len(names) < 2 * 108:
         fail(HASH, "216 different hashes for 216 different (parent, block) pairs", f"{len(names)} different",
              "keep the whole hash (64 bits): a small modulus or a short digest makes different blocks collide.")
+    bits = max(abs(int(n)) for n in names).bit_length()
+    if bits < 63:
+        fail(HASH, "a 64-bit hash (over 216 blocks, some name beyond 2**62)", f"names of at most {bits} bits",
+             "a 32-bit checksum such as zlib.crc32, or a digest shorter than 8 bytes, gives different prefixes "
+             "the same name far sooner: keep all 8 bytes, e.g. int.from_bytes(hashlib.blake2b(data, digest_size=8)"
+             ".digest(), 'little').")
+
+
+@grades_quietly
+@graded(Exercise(
+    title=HASH,
+    teaches="a full block's name in the prefix cache: a stable 64-bit hash of its tokens and its parent's name",
+    computed_by=(SERVING + "prefix_cache.block_hash", SERVING + "prefix_cache.prefix_block_hashes",
+                 SERVING + "prefix_cache.PrefixCache", SERVING + "prefix_cache.PrefixCache.insert",
+                 SERVING + "block_manager.BlockManager", SERVING + "block_manager.BlockManager.cache_full_blocks")))
+def check_block_hash(fn) -> None:
+    """Check `fn(parent_hash, block_tokens) -> int`, a block's name in the prefix cache: a 64-bit
+    integer that depends on every token (ids of any size), their order and the parent's hash, the
+    same on every call and in every process. Introduced in notebook 06b (chunked prefill and prefix caching).
+
+    The last check runs `fn` (with the helpers it calls) in two fresh Pythons of different hash
+    seeds; a call of the built-in hash() on text, even inside a helper, is refused before it."""
+    block = [11, 12, 13, 14]
+    got = call_learner(HASH, "an integer", "your function raised an error on fn(None, [11, 12, 13, 14]).",
+                       fn, None, list(block))
+    if isinstance(got, bool) or not isinstance(got, numbers.Integral) or not -2**63 <= got < 2**64:
+        fail(HASH, "an integer of at most 64 bits", repr(got)[:60],
+             "return an int, e.g. int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), 'little').")
+    parent = fn(None, [1, 2, 3, 4])
+    _check_hash_values(fn, block, got, parent)
+    _check_hash_width(fn, parent)
     salted = "Python's hash() of a str or bytes is salted per process; use hashlib (e.g. blake2b or sha256)."
     if hashes_text(fn, [(None, block), (parent, block)]):
         fail(HASH, "the same hash in every Python process", "a call of hash() on text", salted)
-    stable = stable_across_processes(fn, [(None, block), (parent, block)])
+    stable = stable_across_processes(fn, [(None, block), (parent, block), (None, LARGE_IDS)])
     if stable is False:
         fail(HASH, "the same hash in every Python process", "a different hash in a new process", salted)
     if stable is None:

@@ -22,12 +22,19 @@ from __future__ import annotations
 
 import copy
 
-from ..engine.serving.scheduler import budget_prefill_chunks
 from .serving_step_hints import call_of, diagnose
-from .serving_step_reference import counting_next, package_steps, reference_engine_step, workloads
-from . import CheckFailed, fail, grades_quietly, passed, refuses_references
+from .grading import Exercise, graded
+from .serving_step_reference import counting_next, package_steps, workloads
+from . import CheckFailed, fail, grades_quietly, passed
 
 STEP = "one whole engine step"
+SCHEDULER = "labsupport.engine.serving.scheduler."
+STEP_EXERCISE = Exercise(
+    title=STEP, teaches="one engine step: preemption, decodes, admission, prompt chunks under a token budget, "
+                        "one forward pass and finishing",
+    computed_by=tuple(SCHEDULER + name for name in (
+        "budget_prefill_chunks", "Scheduler", "Scheduler.schedule", "Scheduler.postprocess", "StaticBatching",
+        "StaticBatching.decide", "ContinuousBatching", "ContinuousBatching.decide", "as_policy")))
 
 
 def _plain(rid, prompt, max_new_tokens) -> dict:
@@ -93,14 +100,14 @@ def _before(state) -> str:
 
 
 @grades_quietly
-@refuses_references(STEP, reference_engine_step, budget_prefill_chunks)
+@graded(STEP_EXERCISE)
 def check_engine_step(fn, requests=None, token_budget: int | None = None, max_slots: int | None = None) -> None:
     """Check `fn(state, model, max_slots, token_budget, block_size)`, one engine step on plain data,
     by serving whole workloads with it, step by step against the package's own scheduler.
 
     Introduced in notebook 06b (chunked prefill and prefix caching). requests, token_budget, max_slots: the
     notebook's workload (the requests of its load curve), its budget and its slots, served after the
-    three made-up workloads (up to 64 requests, one arriving per step, in a small cache).
+    four made-up workloads (up to 64 requests, one arriving per step, in a small cache).
     """
     steps = preemptions = 0
     served = workloads(requests, token_budget, max_slots)

@@ -259,6 +259,9 @@ def _chunks_hint(step: _Step, sizes, want_sizes, shown):
     for i, rid in enumerate(order):
         if sizes.get(rid, 0) >= want_sizes[rid]:
             continue
+        if seq_of[rid]["output"] and sizes.get(rid) == 1 and step.todo[rid] > 1:
+            return ("a sequence decodes only when it has an output and exactly one token left to compute; a "
+                    "preempted one with more left computes them as a prompt chunk.", *shown)
         if seq_of[rid]["output"] and seq_of[rid]["computed"] < len(seq_of[rid]["prompt"]):
             return _RECOMPUTE, *shown
         if sizes.get(rid, 0) == 0 and step.todo[rid] > want_sizes[rid]:

@@ -108,8 +108,9 @@ def _synthetic(lengths, new_tokens, arrivals, first=0):
 
 
 def workloads(requests=None, token_budget: int | None = None, max_slots: int | None = None) -> list[dict]:
-    """The workloads the checker serves: three made-up ones (a first batch, a long prompt among
-    arrivals, a cache too small for everyone), then, if given, the notebook's `requests` (the first
+    """The workloads the checker serves: four made-up ones (a first batch, a long prompt among
+    arrivals, a cache too small for everyone, an answer preempted and then recomputed in chunks, its
+    last chunk two tokens), then, if given, the notebook's `requests` (the first
     64: their prompts and answer lengths, one arriving per step) with its budget and slots, in a
     cache of half what its longest requests would hold in a full batch, so that it runs short.
     Notebook 06b (chunked prefill and prefix caching)."""
@@ -120,6 +121,8 @@ def workloads(requests=None, token_budget: int | None = None, max_slots: int | N
              requests=_synthetic([3, 4, 23, 2, 5, 3], [6, 8, 3, 4, 2, 5], [0, 0, 2, 3, 3, 9])),
         dict(name="a cache too small for everyone", max_slots=4, token_budget=12, block_size=4, num_blocks=9,
              requests=_synthetic([7, 7, 5, 5, 7, 3], [10, 7, 10, 6, 4, 8], [0, 0, 1, 2, 2, 2])),
+        dict(name="an answer preempted, then recomputed in chunks", max_slots=3, token_budget=3, block_size=4,
+             num_blocks=3, requests=_synthetic([2, 4], [6, 2], [0, 0])),
     ]
     if requests is None:
         return made_up

@@ -14,9 +14,17 @@ from ..errors import LabError
 from ..engine.config import PRESETS, ModelConfig
 from ..engine.serving.block_manager import BlockManager, blocks_needed
 from ..engine.serving.paged_cache import PagedKVCache
-from . import CheckFailed, fail, grades_quietly, passed, refuses_references
+from .grading import Exercise, graded
+from . import CheckFailed, fail, grades_quietly, passed
 
 WRITE = "one step's keys written into the paged pool"
+SERVING = "labsupport.engine.serving."
+WRITE_EXERCISE = Exercise(
+    title=WRITE, teaches="one step's keys written into the paged pool, each block table grown from the free list",
+    computed_by=tuple(SERVING + path for path in (
+        "paged_cache.PagedKVCache", "paged_cache.PagedKVCache.slots", "paged_cache.PagedKVCache.view",
+        "paged_cache.PagedKVCache.packed_view", "paged_cache.PagedView", "paged_cache.PagedView.write",
+        "paged_cache.PagedView.update", "block_manager.BlockManager", "block_manager.BlockManager.grow")))
 
 
 def reference_paged_write(pool_keys: torch.Tensor, tables, lengths, new_keys, free_blocks, block_size: int) -> None:
@@ -138,7 +146,7 @@ def _error_hint(tables, got_tables, lengths, chunks, free, block_size) -> str:
 
 
 @grades_quietly
-@refuses_references(WRITE, reference_paged_write)
+@graded(WRITE_EXERCISE)
 def check_paged_write(fn, config: ModelConfig | None = None) -> None:
     """Check `fn(pool_keys, tables, lengths, new_keys, free_blocks, block_size)`: one step's keys written
     into one layer's pool in place, each table grown from the free list as its positions need.

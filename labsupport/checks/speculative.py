@@ -1,11 +1,10 @@
 """Checkers for notebook 05 (speculative decoding): the accept/reject step, the expected
 tokens per pass, and one greedy speculative step with its bonus token and cache rollback.
 
-Introduced in notebook 05 (speculative decoding). Each checker runs the learner's function
-on inputs chosen so that every typical mistake gives a different answer from the right
-one; when an answer matches a known mistake on all of them, the hint names that mistake.
-All three are deterministic: the uniform number u is an argument, the resampling step is
-checked through the distribution it would sample from, and the step runs greedy.
+Introduced in notebook 05 (speculative decoding). Each checker runs the learner's function on inputs
+chosen so that every typical mistake gives a different answer from the right one; when an answer matches
+a known mistake on all of them, the hint names that mistake. All three are deterministic: u is an argument,
+the resampling step is checked through the distribution it would sample from, the step runs greedy.
 """
 
 from __future__ import annotations
@@ -19,11 +18,25 @@ from ..weights.fixtures import lively_model
 from ..engine.speculative import PromptLookupDraft
 from ..lab.speculative_math import expected_tokens_per_call, expected_tokens_per_pass
 from . import close_enough, fail, grades_quietly, passed
+from .grading import Exercise, graded
 from .kv_cache import CountingModel
 
 ACCEPT = "the accept/reject-and-resample step"
 EXPECTED = "expected tokens per target pass"
 STEP = "one greedy speculative step"
+VERIFY, MODELS = "labsupport.engine.speculative.verify", "labsupport.engine.models.transformer.Transformer"
+ACCEPT_STEP = Exercise(ACCEPT, "the acceptance test of speculative sampling, u < min(1, p_target[x] / p_draft[x]), "
+                               "and the residual normalize(max(0, p_target - p_draft)) a rejected token is drawn "
+                               "again from", computed_by=(VERIFY,))
+EXPECTED_TOKENS = Exercise(EXPECTED, "the expected tokens of one target pass from one acceptance rate per position, "
+                                     "1 + alpha_1 + alpha_1 alpha_2 + ... + alpha_1 ... alpha_k")   # lab: denied
+GREEDY_STEP = Exercise(    # its building blocks: the pass (forward, logits, device) and the rollback (truncate)
+    STEP, "one greedy speculative step: one target pass over the pending token and the drafts, the drafts kept up "
+          "to the first miss, the target's correction or bonus token, and the cache rolled back",
+    computed_by=(VERIFY, "labsupport.engine.speculative.speculative_generate",
+                 "labsupport.engine.speculative._speculative_step", "labsupport.engine.speculative._verify_pass"),
+    receives=(MODELS, "labsupport.engine.kv_cache.StaticKVCache"),
+    allowed=(f"{MODELS}.forward", f"{MODELS}.logits", f"{MODELS}.device", "labsupport.engine.kv_cache.StaticKVCache.truncate"))
 
 
 # --- warm-up 1: the acceptance rule --------------------------------------------------------
@@ -44,9 +57,7 @@ def reference_accept_step(p_target: torch.Tensor, p_draft: torch.Tensor | None, 
 
 def _point_mass(p: torch.Tensor, token: int) -> torch.Tensor:
     """The draft distribution of a draft that proposes `token` with certainty: one-hot."""
-    q = torch.zeros_like(p)
-    q[token] = 1.0
-    return q
+    return torch.zeros_like(p).index_fill_(0, torch.tensor([token]), 1.0)
 
 
 def _rule(accept, residual, point_mass=None):
@@ -60,10 +71,7 @@ def _rule(accept, residual, point_mass=None):
     return step
 
 
-def _normalized(r):
-    return r / r.sum()
-
-
+_normalized = lambda r: r / r.sum()                                          # noqa: E731
 _RIGHT_TEST = lambda px, qx, u: u < min(1.0, px / qx)                        # noqa: E731
 _RIGHT_RESIDUAL = lambda p, q: _normalized((p - q).clamp_min(0))             # noqa: E731
 ACCEPT_MISTAKES = {   # the typical wrong answers, each with the hint that names it
@@ -97,8 +105,9 @@ ACCEPT_MISTAKES = {   # the typical wrong answers, each with the hint that names
 }
 
 
-def _accept_cases() -> list[tuple[torch.Tensor, torch.Tensor, int, float]]:
-    """(p_target, p_draft, token, u): each mistake above answers at least one of them wrong."""
+def _accept_cases() -> tuple[list, list]:
+    """(p_target, p_draft, token, u): each mistake above answers at least one of them wrong; then the
+    ties, u equal to p/q exactly (0.2 / 0.4 in float32; a point mass's p_target[x]): not below it, rejected."""
     p = torch.tensor([0.5, 0.2, 0.2, 0.1])
     q = torch.tensor([0.1, 0.6, 0.2, 0.1])
     cases = [(p, q, 1, 0.25),            # p/q = 1/3: accepted, though u > p_target[x] = 0.2
@@ -114,7 +123,8 @@ def _accept_cases() -> list[tuple[torch.Tensor, torch.Tensor, int, float]]:
         cases += [(pt, pd, token, ratio * 0.5), (pt, pd, token, min(ratio * 1.5, 0.999))]
     # prompt lookup: no distribution, the token proposed with certainty (p_draft None)
     cases += [(p, None, 1, 0.1), (p, None, 1, 0.5), (p, None, 0, 0.4), (p, None, 3, 0.95)]
-    return cases
+    return cases, [(torch.tensor([0.2, 0.3, 0.4, 0.1]), torch.tensor([0.4, 0.2, 0.2, 0.2]), 0, 0.5),
+                   (p, None, 1, float(p[1]))]
 
 
 def _accept_answer(fn, p, q, token, u):
@@ -143,21 +153,22 @@ def _same(a, b) -> bool:
 
 
 @grades_quietly
+@graded(ACCEPT_STEP)
 def check_accept_step(fn) -> None:
     """Check `fn(p_target, p_draft, token, u) -> (accepted, residual)`: residual is the
     normalized distribution to resample from after a rejection, or None when accepted; p_draft
     None stands for a draft that proposed `token` with certainty (prompt lookup: q one-hot).
     Notebook 05 (speculative decoding)."""
-    everything = _accept_cases()
-    for cases in ([c for c in everything if c[1] is not None], [c for c in everything if c[1] is None]):
-        _accept_group(fn, cases)       # a draft with a distribution first, then the point masses
+    everything, ties = _accept_cases()   # a draft with a distribution first, then the point masses, then ties
+    for cases in ([c for c in everything if c[1] is not None], [c for c in everything if c[1] is None], ties):
+        _accept_group(fn, cases, named=cases is not ties)
     passed(ACCEPT, "Accepting with min(1, p/q) and resampling from the residual gives exactly p_target; "
                    "for a point mass q is one-hot, so the test is u < p_target[x] and x is left out of the residual.")
 
 
-def _accept_group(fn, cases) -> None:
-    """Refuse the first case of `cases` where fn differs from the reference, naming the mistake
-    that answers every one of them as fn does."""
+def _accept_group(fn, cases, named: bool = True) -> None:
+    """Refuse the first case of `cases` where fn differs from the reference, naming (`named`) the
+    mistake that answers every one of them as fn does."""
     answers = [_accept_answer(fn, *case) for case in cases]
     wants = [_accept_answer(reference_accept_step, *case) for case in cases]
     wrong = [i for i, (a, w) in enumerate(zip(answers, wants)) if not _same(a, w)]
@@ -174,8 +185,8 @@ def _accept_group(fn, cases) -> None:
         expected, answer = f"the residual {shown(want[1])}", shown(got[1])
         hint = "after a rejection return residual = (p_target - p_draft).clamp_min(0), divided by its sum."
     point_masses = q is None                        # then the point-mass mistakes are named first
-    for name, (mistake, mistake_hint) in sorted(ACCEPT_MISTAKES.items(),
-                                                key=lambda item: point_masses != item[0].startswith("a point")):
+    mistakes = sorted(ACCEPT_MISTAKES.items(), key=lambda item: point_masses != item[0].startswith("a point"))
+    for name, (mistake, mistake_hint) in mistakes if named else ():
         if all(_same(a, _accept_answer(mistake, *case)) for a, case in zip(answers, cases)):
             hint = f"{name}: {mistake_hint}"
             break
@@ -235,6 +246,7 @@ def _close(got: float, want: float) -> bool:
 
 
 @grades_quietly
+@graded(EXPECTED_TOKENS)
 def check_expected_tokens(fn) -> None:
     """Check `fn(alphas) -> float`: the expected tokens of one target pass when draft i is
     accepted with probability alphas[i - 1] given that all before it were:
@@ -331,6 +343,7 @@ def _step_scenarios(target, prompt, greedy):
 
 
 @grades_quietly
+@graded(GREEDY_STEP)
 def check_speculative_step(fn, model=None, prompt=None, new_tokens: int = 16) -> None:
     """Check `fn(target, cache, pending, drafted) -> new tokens` (greedy): one target pass,
     the accepted prefix plus the target's correction or bonus token, the cache rolled back.
@@ -369,8 +382,7 @@ def check_speculative_step(fn, model=None, prompt=None, new_tokens: int = 16) ->
                         "target's own token goes in with the next pass.")
             fail(STEP, f"the cache {growth} longer after {where}", f"{grew} longer", hint)
     # a whole generation: a draft that is right most of the time, wrong every third token
-    vocab = target.config.vocab_size
-    oracle = lambda context: [t if (len(context) + i) % 3 else (t + 1) % vocab               # noqa: E731
+    oracle = lambda context: [t if (len(context) + i) % 3 else (t + 1) % target.config.vocab_size  # noqa: E731
                               for i, t in enumerate(greedy[len(context) - len(small_prompt):][:3])]
     got = _generate(fn, target, small_prompt, 8, oracle)
     if got != greedy:

@@ -9,15 +9,19 @@ normalize(max(p_i - q_i, 0)) and ends there, or adds a bonus token drawn from p_
 acceptances. Three fixed settings on a vocabulary of 5 tokens, each run many times with drafts
 drawn from q by the checker:
 
-* A: the first token's frequencies must be p_1's, and the first draft must be accepted as often
-  as sum(min(p_1, q_1)) = 1 - TV(p_1, q_1);
-* B: the first draft is always accepted (p_1 = q_1): the second token's frequencies must be p_2's;
-* C: k = 1 and p_1 = q_1: every call ends with a bonus token, whose frequencies must be p_2's.
+* A: k = 2, q far from p at both positions;
+* B: k = 2, the first draft always accepted (p_1 = q_1);
+* C: k = 1 and p_1 = q_1: every call ends with a bonus token.
 
+At EVERY position j of every setting, among the calls whose first j drafts were accepted, the
+token at position j must be distributed as p_(j+1), and draft j + 1 must be accepted as often as
+sum(min(p, q)) = 1 - TV(p, q): a uniform number reused for every draft passes position 1 of B
+(after a sure acceptance) but not of A, where its second token is 0.13 away from p_2.
 Every call is also checked for what no right answer ever does (a draft with p >= q rejected, a
-replacement where p <= q, no bonus after k acceptances). The
-thresholds are set so that a right answer is refused with a probability below 1e-6
-(`false_refusal_bound`), whatever its random numbers; each wrong rule misses them by far.
+replacement where p <= q, no bonus after k acceptances). Each test's threshold follows from the
+number of calls it counts, so that a right answer fails it with a probability below `DELTA`
+(Bretagnolle-Huber-Carol for frequencies, Hoeffding for rates): all of them together below
+`false_refusal_bound()`, whatever its random numbers; each wrong rule misses them by far.
 """
 
 from __future__ import annotations
@@ -27,12 +31,19 @@ import math
 import torch
 
 from . import call_learner, fail, grades_quietly, passed
+from .grading import Exercise, graded
 
 EXERCISE = "the sampling verify loop"
+SAMPLED = Exercise(
+    title=EXERCISE,
+    teaches="the verify loop of speculative sampling: draft i accepted when a fresh uniform number is below "
+            "min(1, p_i(d_i) / q_i(d_i)), the first rejected one replaced from normalize(max(p_i - q_i, 0)), "
+            "a bonus token from p_(k+1) after k acceptances",
+    computed_by=("labsupport.engine.speculative.verify",))
 VOCAB = 5
-TV_LIMIT = {"A": 0.05, "B": 0.06, "C": 0.06}          # total variation allowed from the target's p
-RATE_LIMIT = {"A": 0.05, "B": 0.06}                    # acceptance rate allowed from sum(min(p, q))
-SAMPLES = {"C": 3000, "B": 3000, "A": 4000}            # C first: a missing bonus token shows there
+DELTA = 1e-8                                            # the chance that one test refuses a right answer
+SAMPLES = {"C": 3000, "B": 3000, "A": 6000}             # C first: a missing bonus token shows there
+LEAST = 50                                              # fewer calls at a position: no test there
 
 _P = torch.tensor([[0.45, 0.25, 0.15, 0.10, 0.05],     # the target's distributions, one row per position
                    [0.05, 0.10, 0.40, 0.25, 0.20],
@@ -66,11 +77,22 @@ def settings() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 
 
 def false_refusal_bound() -> float:
-    """An upper bound on the chance that a right answer is refused: Bretagnolle-Huber-Carol,
-    P(TV >= t) <= 2^V exp(-2 N t^2) for each frequency test, and Hoeffding, 2 exp(-2 N e^2), for
-    the acceptance rate; the per-call checks never refuse a right answer. Notebook 05."""
-    tv = sum(2 ** VOCAB * math.exp(-2 * SAMPLES[s] * TV_LIMIT[s] ** 2) for s in SAMPLES)
-    return tv + sum(2 * math.exp(-2 * SAMPLES[s] * RATE_LIMIT[s] ** 2) for s in RATE_LIMIT)
+    """An upper bound on the chance that a right answer is refused: `DELTA` for each test, one frequency
+    test per position and one rate test per draft in each setting (Bretagnolle-Huber-Carol,
+    P(TV >= t) <= 2^V exp(-2 N t^2), and Hoeffding, 2 exp(-2 N e^2), at thresholds set from N); the
+    per-call checks never refuse a right answer. Notebook 05 (speculative decoding)."""
+    tests = sum(2 * q.shape[0] + 1 for _, q in settings().values())
+    return tests * DELTA
+
+
+def _tv_limit(n: int) -> float:
+    """The total variation from p that n draws of p exceed with probability DELTA at most."""
+    return math.sqrt((VOCAB * math.log(2) + math.log(1 / DELTA)) / (2 * n))
+
+
+def _rate_limit(n: int) -> float:
+    """The distance from its chance that an acceptance rate over n drafts exceeds with probability DELTA at most."""
+    return math.sqrt(math.log(2 / DELTA) / (2 * n))
 
 
 def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -130,51 +152,79 @@ def _draws(q: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
     return torch.stack([torch.multinomial(row, n, replacement=True, generator=generator) for row in q], 1)
 
 
-def _rate_hint(rate: float, p: torch.Tensor, q: torch.Tensor) -> str:
-    """Name the acceptance rule whose rate is nearest to the one measured."""
+def _rate_hint(rate: float, p: torch.Tensor, q: torch.Tensor, before: tuple | None) -> str:
+    """Name the acceptance rule whose rate is nearest to the one measured; `before`: (p, q) of the
+    draft before, for the rate a uniform number reused from its test gives."""
+    accept = lambda p_, q_: torch.minimum(p_ / q_, torch.ones_like(p_))           # noqa: E731
     rules = {"accepting only when p(d) >= q(d), as greedy decoding would": float(q[p >= q].sum()),
              "the ratio upside down, q/p instead of p/q": float((q * torch.minimum(q / p, torch.ones_like(p))).sum()),
              "accepting with probability p(d) alone": float((q * p).sum())}
+    if before is not None:                               # u < a_before(d) already: P(u < a(d) | u < a_before(d))
+        a0, q0 = accept(*before), before[1]
+        both = (q0[:, None] * q[None, :] * torch.minimum(a0[:, None], accept(p, q)[None, :])).sum()
+        rules["one uniform number reused for every draft"] = float(both / (q0 * a0).sum())
     name, expected = min(rules.items(), key=lambda item: abs(item[1] - rate))
     if abs(expected - rate) < 0.05:
-        return f"{name}: accept with probability min(1, p(d) / q(d))."
-    return "accept draft i when a uniform u < min(1, p_i(d_i) / q_i(d_i))."
+        return f"{name}: accept with probability min(1, p(d) / q(d)), one fresh uniform number per draft."
+    return "accept draft i when a uniform u, drawn afresh for it, is below min(1, p_i(d_i) / q_i(d_i))."
+
+
+def _position_hint(setting: str, j: int, k: int) -> str:
+    """What a wrong distribution at position j of a setting says about the loop."""
+    if j == k:
+        return "the bonus token comes from p_target[k], the row after the last draft."
+    if j == 0:
+        return "accept with min(1, p/q) and replace from normalize(max(p - q, 0))."
+    if setting == "B":
+        return ("each position i has its own p_target[i] and p_draft[i]: the loop must go on after an "
+                "accepted draft.")
+    return ("after an acceptance, the next draft's test needs a fresh uniform number (torch.rand inside the loop): "
+            "one u reused is known to be small once a draft passed, so the later drafts pass too often; and "
+            "draft i uses row i of p_target and p_draft.")
+
+
+def _check_position(outputs: list[list[int]], p, q, setting: str, j: int) -> None:
+    """Among the calls whose first j drafts were accepted: draft j + 1 accepted as often as
+    sum(min(p_j, q_j)), and the token at position j distributed as p_j."""
+    k = q.shape[0]
+    reached = [out for out in outputs if len(out) > j]
+    if len(reached) < LEAST:
+        return
+    where = f"in setting {setting}" + (f", after draft {j} was accepted ({len(reached)} calls)" if j else "")
+    if j < k:
+        rate = sum(len(out) > j + 1 for out in reached) / len(reached)
+        expected = float(torch.minimum(p[j], q[j]).sum())
+        if abs(rate - expected) > _rate_limit(len(reached)):
+            fail(EXERCISE, f"draft {j + 1} accepted {expected:.2f} of the time {where}: sum(min(p, q)) = 1 - TV(p, q)",
+                 f"{rate:.2f} in {len(reached)} calls",
+                 _rate_hint(rate, p[j], q[j], (p[j - 1], q[j - 1]) if j and setting == "A" else None))
+    freq = torch.bincount(torch.tensor([out[j] for out in reached]), minlength=VOCAB) / len(reached)
+    distance, limit = _tv(freq, p[j]), _tv_limit(len(reached))
+    if distance > limit:
+        what = "the bonus token" if j == k else f"token {j + 1}"
+        fail(EXERCISE, f"{what} distributed as p_target[{j}] {[round(v, 2) for v in p[j].tolist()]} {where} "
+                       f"(within {limit:.3f} in total variation)",
+             f"{[round(v, 2) for v in freq.tolist()]}, {distance:.3f} away", _position_hint(setting, j, k))
 
 
 @grades_quietly
+@graded(SAMPLED)
 def check_verify_sampled(fn, seed: int = 0) -> None:
     """Check `fn(p_target, p_draft, drafted, generator) -> tokens`, the verify loop of speculative
-    sampling, by its output frequencies in three settings (module docstring).
+    sampling, by its acceptance rates and output frequencies at every position of three settings
+    (module docstring).
 
     Introduced in notebook 05 (speculative decoding). A right answer is refused with a
-    probability below `false_refusal_bound()` (about 1e-7), whatever its random numbers.
+    probability below `false_refusal_bound()` (about 1e-7), whatever its random numbers; a call
+    of the package's verify (`engine.speculative.verify`) is refused.
     """
     generator = torch.Generator().manual_seed(seed)
     for setting, (p, q) in settings().items():
-        n = SAMPLES[setting]
-        drafts = _draws(q, n, generator).tolist()                                    # (n, k)
+        drafts = _draws(q, SAMPLES[setting], generator).tolist()                    # (n, k)
         outputs = [_answer(fn, p, q, d, generator, setting) for d in drafts]
         _never_right(outputs, drafts, p, q, setting)
-        position = 0 if setting == "A" else 1
-        if setting in RATE_LIMIT:                        # the draft at `position`, after those before it passed
-            rate = sum(len(out) > position + 1 for out in outputs) / n
-            expected = float(torch.minimum(p[position], q[position]).sum())
-            if abs(rate - expected) > RATE_LIMIT[setting]:
-                fail(EXERCISE, f"draft {position + 1} accepted {expected:.2f} of the time in setting {setting}: "
-                               "sum(min(p, q)) = 1 - TV(p, q)",
-                     f"{rate:.2f} in {n} calls", _rate_hint(rate, p[position], q[position]))
-        tokens = torch.tensor([out[position] for out in outputs])
-        freq = torch.bincount(tokens, minlength=VOCAB) / n
-        distance = _tv(freq, p[position])
-        if distance > TV_LIMIT[setting]:
-            what = {"A": "the first token", "B": "the second token (the first draft always passes)",
-                    "C": "the bonus token"}[setting]
-            hint = {"A": "accept with min(1, p/q) and replace from normalize(max(p - q, 0)).",
-                    "B": "each position i has its own p_target[i] and p_draft[i]: the loop must go on after "
-                         "an accepted draft.",
-                    "C": "the bonus token comes from p_target[k], the row after the last draft."}[setting]
-            fail(EXERCISE, f"{what} distributed as p_target[{position}] {[round(v, 2) for v in p[position].tolist()]} "
-                           f"(within {TV_LIMIT[setting]} in total variation)",
-                 f"{[round(v, 2) for v in freq.tolist()]}, {distance:.3f} away", hint)
-    passed(EXERCISE, f"In {sum(SAMPLES.values())} calls the tokens came out distributed as the target's p "
-                     f"(a right answer fails this check with probability below {false_refusal_bound():.0e}).")
+        for j in range(q.shape[0] + 1):
+            _check_position(outputs, p, q, setting, j)
+    passed(EXERCISE, f"In {sum(SAMPLES.values())} calls the tokens came out distributed as the target's p at "
+                     f"every position (a right answer fails this check with probability below "
+                     f"{false_refusal_bound():.0e}).")

@@ -7,6 +7,7 @@ Introduced in notebook 07 (putting it together).
 from __future__ import annotations
 
 from ..lab.stack import HF_PEER, best_under_budget
+from .grading import Exercise, graded
 from . import close_enough, fail, grades_quietly, passed
 
 CUMULATIVE = "cumulative speedup along the ladder"
@@ -61,6 +62,8 @@ def _cumulative_hint(rows: list[dict], got: dict, stage: str, want: dict) -> str
 
 
 @grades_quietly
+@graded(Exercise(title=CUMULATIVE, teaches="each stage's speedup over the first, its gains multiplied along its chain "
+                                          "of builds_on"))
 def check_cumulative(fn, measured_rows: list[dict] | None = None) -> None:
     """Check `fn(rows) -> {stage: speedup over the first stage}`. Notebook 07 (putting it together)."""
     for rows in _ladders(measured_rows):
@@ -86,6 +89,7 @@ def reference_ceiling(bandwidth_bytes_per_s: float, weight_bytes: float, batch: 
 
 
 @grades_quietly
+@graded(Exercise(title=CEILING, teaches="the decode throughput of a step that costs only one read of every weight"))
 def check_ceiling(fn) -> None:
     """Check `fn(bandwidth_bytes_per_s, weight_bytes, batch) -> tokens/s`.
     Notebook 07 (putting it together)."""
@@ -154,6 +158,8 @@ def _budget_slips(rows: list[dict], budget: float) -> list[tuple[object, str]]:
 
 
 @grades_quietly
+@graded(Exercise(title=BUDGET, teaches="the choice of the fastest stage whose weights and KV cache fit a memory "
+                                      "budget"))
 def check_best_under_budget(fn, measured_rows: list[dict] | None = None) -> None:
     """Check `fn(rows, budget_bytes) -> the name of the fastest stage that fits, or None`.
 

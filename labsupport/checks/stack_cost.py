@@ -7,10 +7,13 @@ took beyond reading its bytes at the bandwidth; 0 if that is negative) and retur
 token (`speculative_passes_per_token`, the learner's step). The checker fits it to made-up
 ladders generated from a known bandwidth and overhead, where its predictions must be exact
 (in one, a compute-bound stage and a stage faster than its bytes must not pull the median;
-in one, the bytes alone take longer than the passes). It names each usual slip: the bytes
-not subtracted, GB against GiB, bits against bytes, ms against s, rows or passes ignored, the
-mean or the smallest instead of the median, the target's own token forgotten, tokens per pass
-instead of passes per token, alpha = 1 dividing by zero. Then it fits it to this run's
+in one, the bytes alone take longer than the passes; in one, six stages each took their own
+overhead, so that the median of an even count, the mean of its two middle differences, is
+neither middle value nor the median of the seconds minus the median of the bytes' times). It
+names each usual slip: the bytes not subtracted, GB against GiB, bits against bytes, ms against
+s, rows or passes ignored, the mean, the smallest, the upper or the lower middle value, or the
+difference of medians instead of the median of the differences, the target's own token
+forgotten, tokens per pass instead of passes per token, alpha = 1 dividing by zero. Then it fits it to this run's
 measured ladder, and grades it within `TOLERANCE` on the stages the reference explains,
 speculation's stage included.
 """
@@ -21,10 +24,9 @@ import copy
 import math
 import statistics
 
-from ..lab.speculative_math import expected_tokens_per_call, expected_tokens_per_pass
-from ..lab.stack_cost import (GB, TOLERANCE, cost_model, explained, fit_overhead, passes_per_token,
-                              predict_tokens_per_s, speculative_passes_per_token)
-from . import CheckFailed, close_enough, fail, grades_quietly, passed, refuses_references
+from ..lab.stack_cost import GB, TOLERANCE, cost_model, explained, passes_per_token, speculative_passes_per_token
+from .grading import Exercise, graded
+from . import CheckFailed, close_enough, fail, grades_quietly, passed
 
 COST = "the decode cost model"
 PREDICTS_FROM = ("stage", "parameters", "bits_per_weight", "rows", "passes_per_token", "alpha", "k")   # all predict gets
@@ -64,6 +66,12 @@ def _scenarios() -> list[dict]:
                        overhead_ms=6.0, slower=0.5)]
     # passes timed at 20 GB/s + 1 ms, the bandwidth given as 5 GB/s: the bytes alone take longer
     low = _cpu(overhead_ms=1.0)
+    # six passes beyond their bytes by 2 to 15 ms: an even count, whose median (6.5 ms) is the mean of the middle
+    # two (5 and 8), and not the median of the seconds minus the median of the bytes' times (8.5 ms)
+    shapes = [("fp32, batch 1", 32, 1, 1.02), ("fp32, batch 4", 32, 4, 1.25), ("bf16, batch 4", 16, 4, 1.25),
+              ("int4, batch 4", 5.0, 4, 1.25), ("int4, batch 1", 5.0, 1, 1.02), ("int8, batch 8", 8.5, 8, 1.1)]
+    uneven = [_stage(name, 135e6, bits, rows, passes, bandwidth=20.0, overhead_ms=ms)
+              for (name, bits, rows, passes), ms in zip(shapes, (2, 3, 5, 8, 9, 15))]
     return [
         {"name": "a CPU ladder, 20 GB/s, 6 ms per pass", "bandwidth": 20.0, "fit": _cpu(),
          "graded": _cpu() + [held_out]},
@@ -75,6 +83,8 @@ def _scenarios() -> list[dict]:
                  "(half)", "bandwidth": 20.0, "fit": _cpu() + outliers, "graded": _cpu() + [held_out]},
         {"name": "a bandwidth measured low (5 GB/s): the bytes alone take longer than the passes",
          "bandwidth": 5.0, "fit": low, "graded": low},
+        {"name": "six CPU stages whose passes took 2 to 15 ms beyond their bytes, 20 GB/s", "bandwidth": 20.0,
+         "fit": uneven, "graded": uneven + [held_out]},
     ]
 
 
@@ -83,10 +93,13 @@ def _scenarios() -> list[dict]:
 
 def _slip_model(stages, bandwidth, *, unit=GB, weight_bytes=lambda s: s["parameters"] * s["bits_per_weight"] / 8,
                 subtract=True, fit=statistics.median, clamp=True, add_overhead=1.0, rows=True, passes="divide",
-                speculation=speculative_passes_per_token, invert=False):
-    """`cost_model` with one slip (a keyword away from its default); returns predict(stage)."""
+                speculation=speculative_passes_per_token, invert=False, split=False):
+    """`cost_model` with one slip (a keyword away from its default); returns predict(stage).
+    split: the median of the seconds minus the median of the bytes' times, not the median of the differences."""
     reading = lambda s: weight_bytes(s) / (bandwidth * unit)                  # noqa: E731
     overhead = fit([s["seconds_per_pass"] - (reading(s) if subtract else 0.0) for s in stages])
+    if split:
+        overhead = fit([s["seconds_per_pass"] for s in stages]) - fit([reading(s) for s in stages])
     overhead = max(0.0, overhead) if clamp else overhead
 
     def predict(s):
@@ -125,6 +138,12 @@ SLIPS = [
                                  "and every other prediction with it."),
     (dict(fit=min), "the fit is the median, not the smallest: one stage that ran faster than the model (its "
                     "weights in a cache) pulls the smallest down, and every other prediction with it."),
+    (dict(fit=statistics.median_high), "the median of an even number of stages is the mean of the two middle ones "
+                                       "(statistics.median), not the upper one."),
+    (dict(fit=statistics.median_low), "the median of an even number of stages is the mean of the two middle ones "
+                                      "(statistics.median), not the lower one."),
+    (dict(split=True), "the overhead is the median of the differences (each pass's seconds minus its own bytes' "
+                       "time), not the median of the seconds minus the median of the bytes' times."),
     (dict(clamp=False), "a median below zero means the bytes alone took longer than the passes (the bandwidth "
                         "measured low): the overhead is then 0, never negative."),
     (dict(speculation=lambda a, k: _tokens(a, k)),
@@ -246,8 +265,8 @@ def _describe(stage: dict) -> str:
 
 
 @grades_quietly
-@refuses_references("decode cost model", cost_model, fit_overhead, predict_tokens_per_s, passes_per_token,
-                    speculative_passes_per_token, expected_tokens_per_call, expected_tokens_per_pass)
+@graded(Exercise(title=COST, teaches="a cost model of decoding: the overhead per pass fitted as a median beyond the "
+                                    "weights' bytes, and each stage's tokens/s predicted from it"))
 def check_decode_cost_model(fn, inputs: list[dict] | None = None, bandwidth_gb_s: float | None = None) -> None:
     """Check `fn(stages, bandwidth_gb_s) -> predict`, predict(stage) -> tokens/s (`stack_cost.cost_model`).
 

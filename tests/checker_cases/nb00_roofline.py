@@ -4,8 +4,11 @@ from typing import NamedTuple
 
 import torch
 
+import labsupport as ls
 from labsupport.lab import roofline
+from labsupport.checks import roofline as roofline_checks
 from labsupport.checks.roofline import check_decode_step_cost, check_ridge_batch, check_step_bounds
+from labsupport.engine.kv_cache import kv_cache_bytes
 from labsupport.lab.measure import Timing
 from labsupport.lab.roofs import HardwareProfile
 from labsupport.engine.config import PRESETS
@@ -28,19 +31,31 @@ def decode_cost(config, batch, context, bytes_per_value):
     return cost.flops, cost.bytes
 
 
-def by_hand(config, batch, context, size):
-    """The notebook's solution, written out without the package: counted, not copied."""
-    h, i = config.hidden_size, config.intermediate_size
-    q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+def matmul_weights(config, head_dim=None):
+    """Every layer's q, k, v, o and MLP matrices, and lm_head: counted from the fields."""
+    h, i, d = config.hidden_size, config.intermediate_size, head_dim or config.head_dim
+    q_size, kv_size = config.num_heads * d, config.num_kv_heads * d
     per_layer = h * (q_size + 2 * kv_size) + q_size * h + (3 if config.family == "llama" else 2) * h * i
-    flops = 2 * (config.num_layers * per_layer + config.vocab_size * h) * batch \
-        + 4 * config.num_layers * config.num_heads * config.head_dim * context * batch
-    params = config.num_parameters
-    if not config.tie_embeddings:
-        params -= config.vocab_size * h
-    if config.family == "gpt2":
-        params -= config.max_position * h
-    return flops, (params + config.num_layers * 2 * kv_size * context * batch) * size
+    return config.num_layers * per_layer + config.vocab_size * h
+
+
+def by_hand(config, batch, context, size, head_dim=None):
+    """The notebook's solution, written out without the package: counted, not copied (the bytes read are the
+    matmul weights: norms and biases may be left out)."""
+    d = head_dim or config.head_dim
+    flops = 2 * matmul_weights(config, d) * batch + 4 * config.num_layers * config.num_heads * d * context * batch
+    kv_values = config.num_layers * 2 * config.num_kv_heads * d * context * batch
+    return flops, (matmul_weights(config, d) + kv_values) * size
+
+
+def with_norms_and_biases(config, batch, context, size):
+    """The exact parameter count read (norms and biases too), from the fields: accepted as well."""
+    flops, nbytes = by_hand(config, batch, context, size)
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_layers
+    # llama: two RMSNorm weights a layer and the final one; gpt2: q, k, v, o and MLP biases, two LayerNorms
+    # (weight and bias) a layer, and the final one
+    small = layers * 2 * h + h if config.family == "llama" else layers * (4 * h + i + h + 4 * h) + 2 * h
+    return flops, nbytes + small * size
 
 
 class HandCost(NamedTuple):
@@ -75,7 +90,7 @@ no_attention = _with(flops=lambda c, b, n, s, cost: cost.flops - attention(c, b,
 attention_over_kv_heads = _with(flops=lambda c, b, n, s, cost: cost.flops - attention(c, b, n, c.num_heads)
                                 + attention(c, b, n, c.num_kv_heads))
 flops_of_one_row = _with(flops=lambda c, b, n, s, cost: cost.flops / b)
-one_flop_per_weight = _with(flops=lambda c, b, n, s, cost: roofline.matmul_params(c) * b
+one_flop_per_weight = _with(flops=lambda c, b, n, s, cost: matmul_weights(c) * b
                             + attention(c, b, n, c.num_heads))
 no_cache = _with(nbytes=lambda c, b, n, s, cost: cost.weight_bytes)
 weights_read_per_row = _with(nbytes=lambda c, b, n, s, cost: cost.weight_bytes * b + cost.kv_bytes)
@@ -91,6 +106,64 @@ untied_embedding_read = _with(nbytes=lambda c, b, n, s, cost: cost.bytes
                               + (0 if c.tie_embeddings else c.vocab_size * c.hidden_size * s))
 position_table_read = _with(nbytes=lambda c, b, n, s, cost: cost.bytes
                             + (c.max_position * c.hidden_size * s if c.family == "gpt2" else 0))
+
+
+def head_dim_from_hidden_size(config, batch, context, size):
+    """head_dim = hidden_size // num_heads: right on every config but one with wider heads."""
+    return by_hand(config, batch, context, size, head_dim=config.hidden_size // config.num_heads)
+
+
+# Ways of holding the package's answer, each refused (grading by reach: labsupport/checks/grading.py).
+
+def decode_cost_by_default(config, batch, context, size, _cost=roofline.decode_step_cost):
+    cost = _cost(config, batch, context, size)
+    return cost.flops, cost.bytes
+
+
+def _decode_cost_in_a_closure():
+    cost_of = roofline.decode_step_cost
+
+    def step_cost(config, batch, context, size):
+        cost = cost_of(config, batch, context, size)
+        return cost.flops, cost.bytes
+    return step_cost
+
+
+def through_a_helper(config, batch, context, size):
+    return decode_cost(config, batch, context, size)
+
+
+def _kv_values(config, batch, context):
+    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * context * batch
+
+
+# The config's own cost model, one method or property at a time: each computes part of the answer.
+CONFIG_COSTS = {
+    "decode_flops": lambda c, b, n, s: (c.decode_flops(b, n), by_hand(c, b, n, s)[1]),
+    "attention_flops": lambda c, b, n, s: (2 * matmul_weights(c) * b + c.attention_flops(b, n), by_hand(c, b, n, s)[1]),
+    "matmul_params": lambda c, b, n, s: (by_hand(c, b, n, s)[0], (c.matmul_params + _kv_values(c, b, n)) * s),
+    "params_read_per_step": lambda c, b, n, s: (by_hand(c, b, n, s)[0],
+                                                (c.params_read_per_step + _kv_values(c, b, n)) * s),
+    "num_parameters": lambda c, b, n, s: (by_hand(c, b, n, s)[0], (c.num_parameters + _kv_values(c, b, n)) * s),
+    "kv_values_per_token": lambda c, b, n, s: (by_hand(c, b, n, s)[0],
+                                               (matmul_weights(c) + c.kv_values_per_token * n * b) * s),
+}
+
+
+def the_engines_cache_bytes(config, batch, context, size):
+    flops = by_hand(config, batch, context, size)[0]
+    return flops, matmul_weights(config) * size + kv_cache_bytes(config, context, batch, size)
+
+
+def the_checkers_own_helper(config, batch, context, size):
+    kv_attention = roofline_checks._attention_with_kv_heads(config, batch, context)
+    flops = 2 * matmul_weights(config) * batch + kv_attention * config.num_heads // config.num_kv_heads
+    return flops, by_hand(config, batch, context, size)[1]
+
+
+def the_lab_modules_copies(config, batch, context, size):
+    flops = 2 * roofline.matmul_params(config) * batch + roofline.attention_flops(config, batch, context)
+    return flops, by_hand(config, batch, context, size)[1]
 
 
 # Exercise 2, the ridge batch: the right number and the number each mistake gives.
@@ -137,9 +210,49 @@ def _bounds(roof=max, slack_used=None, dtype=None, overhead_test=True):
     return learner
 
 
+def roofline_time(row, profile):
+    return max(row["bytes"] / profile.bandwidth, row["flops"] / profile.flops[row["dtype"]])
+
+
 def inverted_overhead_test(rows, profile, slack=2.0):
-    return ["overhead-bound" if slack * row["seconds"] < roofline.roofline_seconds(row, profile) else
+    return ["overhead-bound" if slack * row["seconds"] < roofline_time(row, profile) else
             "memory-bound" if row["intensity"] < profile.ridge(row["dtype"]) else "compute-bound" for row in rows]
+
+
+def overhead_at_the_boundary(rows, profile, slack=2.0):          # >= where the exercise says more than
+    return ["overhead-bound" if row["seconds"] >= slack * roofline_time(row, profile) else
+            "memory-bound" if row["intensity"] < profile.ridge(row["dtype"]) else "compute-bound" for row in rows]
+
+
+def memory_bound_at_the_ridge(rows, profile, slack=2.0):         # <= where the exercise says below
+    return ["overhead-bound" if row["seconds"] > slack * roofline_time(row, profile) else
+            "memory-bound" if row["intensity"] <= profile.ridge(row["dtype"]) else "compute-bound" for row in rows]
+
+
+def bounds_from_attainable(rows, profile, slack=2.0):            # the profile's own roofline
+    return ["overhead-bound" if row["seconds"] > slack * row["flops"] / profile.attainable(row["intensity"],
+                                                                                          row["dtype"])
+            else "memory-bound" if row["intensity"] < profile.ridge(row["dtype"]) else "compute-bound"
+            for row in rows]
+
+
+def bounds_from_the_lab_roofline_time(rows, profile, slack=2.0):
+    return ["overhead-bound" if row["seconds"] > slack * roofline.roofline_seconds(row, profile)
+            else "memory-bound" if row["intensity"] < profile.ridge(row["dtype"]) else "compute-bound"
+            for row in rows]
+
+
+def bounds_by_default(rows, profile, slack=2.0, _bounds=roofline.step_bounds):
+    return _bounds(rows, profile, slack)
+
+
+def _bounds_in_a_closure():
+    bounds = roofline.step_bounds
+    return lambda rows, profile, slack=2.0: bounds(rows, profile, slack)
+
+
+def bounds_through_a_helper(rows, profile, slack=2.0):
+    return bounds_by_default(rows, profile, slack)
 
 
 def short_labels(rows, profile, slack=2.0):
@@ -156,9 +269,27 @@ def tiny_sweep():
     return rows
 
 
+OWN_CODE = "expected your own code, got a call of the package's"
+
 NOTEBOOK_00 = [
-    refuses(check_decode_step_cost, "the-packages-own-answer", "write the steps yourself", decode_cost),
+    refuses(check_decode_step_cost, "the-packages-own-answer", OWN_CODE, decode_cost),
+    refuses(check_decode_step_cost, "the-packages-own-answer-as-a-default-argument", "default argument",
+            decode_cost_by_default),
+    refuses(check_decode_step_cost, "the-packages-own-answer-in-a-closure", "closure", _decode_cost_in_a_closure()),
+    refuses(check_decode_step_cost, "the-packages-own-answer-through-a-helper", "through_a_helper -> decode_cost",
+            through_a_helper),
+    *[refuses(check_decode_step_cost, f"the-configs-{name.replace('_', '-')}", f"ModelConfig.{name}", answer)
+      for name, answer in CONFIG_COSTS.items()],
+    refuses(check_decode_step_cost, "the-engines-cache-bytes", "kv_cache_bytes", the_engines_cache_bytes),
+    refuses(check_decode_step_cost, "the-checkers-own-helper", "checks.roofline._attention_with_kv_heads",
+            the_checkers_own_helper),
+    refuses(check_decode_step_cost, "the-lab-modules-copies", "lab.roofline.(matmul_params|attention_flops)",
+            the_lab_modules_copies),
+    refuses(check_decode_step_cost, "a-built-name-the-walk-cannot-see", "ModelConfig.num_parameters",
+            lambda c, b, n, s: (by_hand(c, b, n, s)[0], getattr(c, "num_" + "parameters".strip()) * s)),
     accepts(check_decode_step_cost, "counted-by-hand", by_hand),
+    accepts(check_decode_step_cost, "with-norms-and-biases", with_norms_and_biases),
+    refuses(check_decode_step_cost, "head-dim-from-hidden-size", "config.head_dim", head_dim_from_hidden_size),
     refuses(check_decode_step_cost, "missing-lm-head", "lm_head", no_lm_head),
     refuses(check_decode_step_cost, "missing-attention", "attention over the cache", no_attention),
     refuses(check_decode_step_cost, "attention-over-kv-heads", "every query head", attention_over_kv_heads),
@@ -171,7 +302,7 @@ NOTEBOOK_00 = [
     refuses(check_decode_step_cost, "cache-of-one-row", "each row has its own KV cache", cache_of_one_row),
     refuses(check_decode_step_cost, "values-not-bytes", "counted values, not bytes", values_not_bytes),
     refuses(check_decode_step_cost, "always-four-bytes", "not a fixed 4 bytes", always_four_bytes),
-    refuses(check_decode_step_cost, "tied-embedding-twice", "counts a tied matrix once", tied_embedding_twice),
+    refuses(check_decode_step_cost, "tied-embedding-twice", "one matrix", tied_embedding_twice),
     refuses(check_decode_step_cost, "untied-embedding-read", "embedding is a lookup", untied_embedding_read),
     refuses(check_decode_step_cost, "gpt2-position-table-read", "position table", position_table_read),
     refuses(check_decode_step_cost, "not-a-pair", "a pair", lambda *args: 1.0),
@@ -210,9 +341,28 @@ NOTEBOOK_00 = [
     refuses(check_ridge_batch, "past-the-ridge-context-a-number", "about inf", 1e6, FAKE_PROFILE, TINY,
             torch.float32, PAST_RIDGE_CONTEXT),
 
-    refuses(check_step_bounds, "the-packages-own-function", "write the steps yourself", roofline.step_bounds),
-    refuses(check_step_bounds, "the-packages-own-answer", "write the steps yourself",
+    refuses(check_ridge_batch, "the-packages-function-as-the-answer", OWN_CODE, roofline.ridge_batch,
+            FAKE_PROFILE, TINY, torch.float32),
+
+    refuses(check_step_bounds, "the-packages-own-function", OWN_CODE, roofline.step_bounds),
+    refuses(check_step_bounds, "the-packages-own-answer", OWN_CODE,
             lambda rows, profile, slack=2.0: roofline.step_bounds(rows, profile, slack)),
+    refuses(check_step_bounds, "the-packages-own-answer-as-a-default-argument", "default argument",
+            bounds_by_default),
+    refuses(check_step_bounds, "the-packages-own-answer-in-a-closure", "closure", _bounds_in_a_closure()),
+    refuses(check_step_bounds, "the-packages-own-answer-through-a-helper", "bounds_through_a_helper",
+            bounds_through_a_helper),
+    refuses(check_step_bounds, "the-profiles-attainable", "HardwareProfile.attainable", bounds_from_attainable),
+    refuses(check_step_bounds, "the-lab-modules-roofline-time", "lab.roofline.roofline_seconds",
+            bounds_from_the_lab_roofline_time),
+    refuses(check_step_bounds, "the-checkers-own-slip-helper", "checks.roofline",
+            roofline_checks._bounds_with(max)),
+    refuses(check_step_bounds, "through-ls", "lab.roofline.step_bounds",
+            lambda rows, profile, slack=2.0: ls.lab.roofline.step_bounds(rows, profile, slack)),
+    refuses(check_step_bounds, "overhead-at-exactly-slack-times-the-roof", "only more than that",
+            overhead_at_the_boundary),
+    refuses(check_step_bounds, "memory-bound-at-the-ridge", "exactly at the ridge is compute-bound",
+            memory_bound_at_the_ridge),
     accepts(check_step_bounds, "by-hand", bounds_by_hand),
     accepts(check_step_bounds, "reference-on-a-sweep", bounds_by_hand, tiny_sweep(), TWO_DTYPES),
     refuses(check_step_bounds, "min-of-the-two-times", "slower of the two limits", _bounds(roof=min)),
@@ -242,4 +392,22 @@ MUTATION_CALLS = {
                                                      torch.float32, context=ns["EXERCISE_CONTEXT"])),
 }
 
-EQUIVALENT_MUTANTS: dict[str, dict[str, str]] = {}
+# Exercise 2 is a value, computed once on the profile this notebook measured: the checker gets a number and
+# cannot try the solution on another profile. Its three boundary mutants differ from the solution only where the
+# shortfall (one row's FLOPs - ridge x its cache bytes, some 1e8 FLOPs on a real machine) is within one FLOP of 0,
+# where the ridge batch is infinite either way. Exercise 3's is max's argument order.
+EQUIVALENT_MUTANTS: dict[str, dict[str, str]] = {
+    "ex2_ridge_batch": {
+        "7:68:compare:0-Gt->GtE": "shortfall >= 0 for > 0: differs only at a shortfall of exactly 0.0 (a division "
+                                  "by zero instead of inf), which the measured profile of a value exercise never gives",
+        "7:80:constant:0+1": "shortfall > 1 for > 0: differs only for a shortfall in (0, 1] FLOP (inf instead of "
+                             "a ridge batch of over 1e9 rows), which the measured profile of a value exercise never "
+                             "gives",
+        "7:80:constant:0-1": "shortfall > -1 for > 0: differs only for a shortfall in (-1, 0] FLOP, which the "
+                             "measured profile of a value exercise never gives",
+    },
+    "ex3_step_bounds": {
+        "7:36:swap-arguments:0<->1": "max(compute_seconds, memory_seconds) for max(memory_seconds, compute_seconds): "
+                                     "max of two finite floats does not depend on their order",
+    },
+}

@@ -3,8 +3,12 @@
 import torch
 
 import labsupport as ls
+from labsupport.checks import kv_cache as kv_checks
 from labsupport.checks.kv_cache import (check_cache_size, check_cache_update, check_cached_generation,
                                         check_tokens_that_fit)
+from labsupport.engine.kv_cache import FixedShapeWriter, kv_cache_bytes
+from labsupport.engine.kv_quant import Int8KVCache, int8_kv_cache_bytes
+from labsupport.lab import long_context_bytes
 
 from checker_cases.common import accepts, refuses
 
@@ -62,12 +66,30 @@ def heads_as_sequence(key_buffer, value_buffer, new_keys, new_values, length):  
     return key_buffer[:, :, :end], value_buffer[:, :, :end]
 
 
+def through_the_engines_writer(key_buffer, value_buffer, new_keys, new_values, length):
+    """The engine's fixed-shape writer over the learner's buffers: the right numbers, the package's write."""
+    end = length + new_keys.shape[2]
+    writer = FixedShapeWriter(key_buffer[None], value_buffer[None], torch.arange(1), torch.arange(length, end))
+    keys, values = writer.update(0, new_keys, new_values)
+    return keys[:, :, :end], values[:, :, :end]
+
+
+def through_a_static_cache(key_buffer, value_buffer, new_keys, new_values, length):
+    """A StaticKVCache whose one layer is the learner's buffers: its write does the work."""
+    batch, heads, max_len, head_dim = key_buffer.shape
+    config = ls.ModelConfig(family="llama", vocab_size=8, hidden_size=heads * head_dim, num_layers=1,
+                            num_heads=heads, num_kv_heads=heads, intermediate_size=8, max_position=max_len)
+    cache = ls.StaticKVCache(config, batch, max_len)
+    cache.layer_keys, cache.layer_values = [key_buffer], [value_buffer]
+    return cache.write(0, new_keys, new_values, length)
+
+
 # --- the cached greedy loop (exercise 2) ----------------------------------------------------
 
 def cached_loop(model, prompt_ids, new_tokens, max_len=None, dtype=None, first=-1, positions=None,
-                feed_all=False, softmax=False):
+                feed_all=False, softmax=False, extra_pass=False, rows=1):
     """The reference loop, with switches that each introduce one typical mistake."""
-    cache = ls.StaticKVCache(model.config, 1, max_len or len(prompt_ids) + new_tokens, device=model.device,
+    cache = ls.StaticKVCache(model.config, rows, max_len or len(prompt_ids) + new_tokens, device=model.device,
                              dtype=dtype or model.dtype)
     sequence = torch.tensor([prompt_ids], device=model.device)                  # (1, T)
     logits = model.logits(model(sequence, cache=cache), at=first)              # (1, vocab)
@@ -77,7 +99,7 @@ def cached_loop(model, prompt_ids, new_tokens, max_len=None, dtype=None, first=-
         new_ids.append(int(next_token))
         step_logits.append(logits.softmax(-1) if softmax else logits)
         sequence = torch.cat([sequence, next_token], dim=1)
-        if step < new_tokens - 1:
+        if step < new_tokens - 1 or extra_pass:
             fed = sequence if feed_all else next_token
             kwargs = {} if positions is None else {"positions": positions(cache, fed)}
             logits = model.logits(model(fed, cache=cache, **kwargs), at=-1)
@@ -110,6 +132,45 @@ def prompt_one_token_at_a_time(model, prompt_ids, new_tokens):
     return new_ids, torch.cat(step_logits)
 
 
+# Ways of holding the package's cached loop, each refused (grading by reach: labsupport/checks/grading.py).
+
+def generate_01(model, prompt_ids, new_tokens):
+    result = ls.generate(model, prompt_ids, new_tokens, eos_token_ids=(), return_logits=True)
+    return result.tokens[0].tolist(), torch.cat(result.logits)
+
+
+def generate_by_default(model, prompt_ids, new_tokens, _generate=ls.generate):
+    result = _generate(model, prompt_ids, new_tokens, eos_token_ids=(), return_logits=True)
+    return result.tokens[0].tolist(), torch.cat(result.logits)
+
+
+def _generate_in_a_closure():
+    run = ls.generate
+
+    def generate_with_cache(model, prompt_ids, new_tokens):
+        result = run(model, prompt_ids, new_tokens, eos_token_ids=(), return_logits=True)
+        return result.tokens[0].tolist(), torch.cat(result.logits)
+    return generate_with_cache
+
+
+def generate_through_a_helper(model, prompt_ids, new_tokens):
+    return generate_01(model, prompt_ids, new_tokens)
+
+
+def engine_steps(model, prompt_ids, new_tokens):
+    """The loop around the engine's own prefill and decode steps: the steps are the exercise."""
+    cache = ls.StaticKVCache.for_model(model, 1, len(prompt_ids) + new_tokens)
+    logits = ls.prefill(model, torch.tensor([prompt_ids], device=model.device), cache)
+    new_ids, step_logits = [], []
+    for step in range(new_tokens):
+        next_token = logits.argmax(dim=-1)
+        new_ids.append(int(next_token))
+        step_logits.append(logits)
+        if step < new_tokens - 1:
+            logits = ls.decode_step(model, cache, next_token)
+    return new_ids, torch.cat(step_logits)
+
+
 def size_formula(config, length, batch, bytes_per_value):
     return config.num_layers * 2 * config.num_kv_heads * config.head_dim * length * batch * bytes_per_value
 
@@ -123,6 +184,30 @@ def tokens_that_fit(config, budget_bytes, batch, bytes_per_value):
     return budget_bytes // per_token
 
 
+def fit_by_default(config, budget_bytes, batch, bytes_per_value, _bytes=kv_cache_bytes):
+    return budget_bytes // _bytes(config, 1, batch, BYTES[bytes_per_value])
+
+
+def _fit_in_a_closure():
+    bytes_of = ls.kv_cache_bytes
+    return lambda c, m, b, by: m // bytes_of(c, 1, b, BYTES[by])
+
+
+def fit_through_a_helper(config, budget_bytes, batch, bytes_per_value):
+    return fit_by_default(config, budget_bytes, batch, bytes_per_value)
+
+
+def fit_from_an_allocated_cache(config, budget_bytes, batch, bytes_per_value):
+    return budget_bytes // ls.StaticKVCache(config, batch, 1, dtype=BYTES[bytes_per_value]).nbytes
+
+
+def fit_from_an_int8_cache(config, budget_bytes, batch, bytes_per_value):
+    per_token = Int8KVCache(config, batch, 1).nbytes * bytes_per_value // (config.head_dim + 2)
+    return budget_bytes // per_token
+
+
+OWN_CODE = "expected your own code, got a call of the package's"
+
 NOTEBOOK_01 = [
     accepts(check_cache_update, "reference", reference_update),
     refuses(check_cache_update, "not-in-place", "in place", not_in_place),
@@ -134,6 +219,10 @@ NOTEBOOK_01 = [
     refuses(check_cache_update, "assumes-one-new-token", "T > 1 new tokens", only_first_new_token),
     refuses(check_cache_update, "ignores-length", "first free position is `length`", ignores_length),
     refuses(check_cache_update, "sequence-from-the-heads-dimension", "dimension 2", heads_as_sequence),
+    refuses(check_cache_update, "the-engines-fixed-shape-writer", "FixedShapeWriter", through_the_engines_writer),
+    refuses(check_cache_update, "the-engines-static-cache", "StaticKVCache", through_a_static_cache),
+    refuses(check_cache_update, "the-checkers-own-reference-cache", "checks.kv_cache._one_layer_cache",
+            lambda kb, vb, k, v, n: kv_checks._one_layer_cache(*kb.shape).write(0, k, v, n)),
     accepts(check_cached_generation, "reference", cached_loop),
     refuses(check_cached_generation, "no-cache", "cache is not used", without_cache),
     refuses(check_cached_generation, "cache-too-short", "max_len = len\\(prompt_ids\\) \\+ new_tokens",
@@ -150,8 +239,39 @@ NOTEBOOK_01 = [
             lambda m, p, n: cached_loop(m, p, n, softmax=True)),
     refuses(check_cached_generation, "prompt-one-token-at-a-time", "prefill", prompt_one_token_at_a_time),
     refuses(check_cached_generation, "no-pair", "pair", lambda m, p, n: cached_loop(m, p, n)[0]),
+    refuses(check_cached_generation, "the-packages-generate", "generation.generate", generate_01),
+    refuses(check_cached_generation, "the-packages-generate-as-a-default-argument", "default argument",
+            generate_by_default),
+    refuses(check_cached_generation, "the-packages-generate-in-a-closure", "closure", _generate_in_a_closure()),
+    refuses(check_cached_generation, "the-packages-generate-through-a-helper", "generate_through_a_helper",
+            generate_through_a_helper),
+    refuses(check_cached_generation, "the-engines-prefill-and-decode-steps", "generation.(prefill|decode_step)",
+            engine_steps),
+    refuses(check_cached_generation, "the-uncached-loop-of-the-package", "generation.generate_naive",
+            lambda m, p, n: (ls.generate_naive(m, p, n, eos_token_ids=()).tokens[0].tolist(), None)),
+    refuses(check_cached_generation, "the-checkers-own-test-model", "checks.kv_cache.tiny_test_model",
+            lambda m, p, n: cached_loop(kv_checks.tiny_test_model("tiny-llama"), p, n)),
+    refuses(check_cached_generation, "one-pass-after-the-last-token", "the last token needs no pass",
+            lambda m, p, n: cached_loop(m, p, n, max_len=len(p) + n, extra_pass=True)),
+    refuses(check_cached_generation, "a-cache-of-two-rows", "one row",
+            lambda m, p, n: cached_loop(m, p, n, rows=2)),
     accepts(check_tokens_that_fit, "reference", tokens_that_fit),
-    accepts(check_tokens_that_fit, "via-the-package", lambda c, m, b, by: m // ls.kv_cache_bytes(c, 1, b, BYTES[by])),
+    refuses(check_tokens_that_fit, "via-the-package", OWN_CODE, lambda c, m, b, by: m // ls.kv_cache_bytes(c, 1, b, BYTES[by])),
+    refuses(check_tokens_that_fit, "the-package-as-a-default-argument", "default argument", fit_by_default),
+    refuses(check_tokens_that_fit, "the-package-in-a-closure", "closure", _fit_in_a_closure()),
+    refuses(check_tokens_that_fit, "the-package-through-a-helper", "fit_through_a_helper", fit_through_a_helper),
+    refuses(check_tokens_that_fit, "an-allocated-cache", "StaticKVCache", fit_from_an_allocated_cache),
+    refuses(check_tokens_that_fit, "an-int8-caches-bytes", "Int8KVCache", fit_from_an_int8_cache),
+    refuses(check_tokens_that_fit, "the-int8-formula", "int8_kv_cache_bytes",
+            lambda c, m, b, by: m // (int8_kv_cache_bytes(c, 1, b) * by // (c.head_dim + 2))),
+    refuses(check_tokens_that_fit, "the-configs-values-per-token", "ModelConfig.kv_values_per_token",
+            lambda c, m, b, by: m // (c.kv_values_per_token * b * by)),
+    refuses(check_tokens_that_fit, "the-checkers-own-formula", "checks.kv_cache._formula",
+            lambda c, m, b, by: m // kv_checks._formula(c, 1, b, by)),
+    refuses(check_tokens_that_fit, "a-lab-modules-copy", "lab.long_context_bytes.cache_bytes_per_token",
+            lambda c, m, b, by: m // (long_context_bytes.cache_bytes_per_token(c, {4: "fp32", 2: "fp16"}[by]) * b)),
+    refuses(check_tokens_that_fit, "head-dim-from-hidden-size", "config.head_dim",
+            lambda c, m, b, by: m // (c.num_layers * 2 * c.num_kv_heads * (c.hidden_size // c.num_heads) * b * by)),
     refuses(check_tokens_that_fit, "copies-the-size-formula", "tokens",
             lambda c, m, b, by: size_formula(c, m, b, by)),
     refuses(check_tokens_that_fit, "rounds-up", "round down", lambda c, m, b, by: -(-m // size_formula(c, 1, b, by))),
@@ -182,3 +302,15 @@ NOTEBOOK_01 = [
     refuses(check_cache_size, "raises", "num_layers, num_kv_heads and head_dim",
             lambda c, n, b, by: c.num_key_value_heads),
 ]
+
+
+# --- mutation testing (scripts/checker_mutants.py) --------------------------------------------------
+
+EQUIVALENT_MUTANTS = {
+    "kv_cached_loop": {
+        "11:39:unary:drop-USub": "logits.argmax(dim=1) for dim=-1: the logits are always (1, vocab) (model.logits at "
+                                 "one position), and dim 1 of a 2-D tensor is its last",
+        "15:70:constant:1-1": "model.logits(..., at=0) for at=-1 on a decode pass: it feeds one token, so the hidden "
+                              "states are (1, 1, hidden) and position 0 is the last",
+    },
+}

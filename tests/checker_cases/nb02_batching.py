@@ -5,6 +5,7 @@ import torch
 import labsupport as ls
 from labsupport.lab import batching
 from labsupport.engine import padding
+from labsupport.checks import batching as batching_checks
 from labsupport.checks.batching import check_batched_generation, check_left_pad, check_padding_waste
 from labsupport.engine.generation import prefill
 from labsupport.engine.kv_cache import StaticKVCache
@@ -74,6 +75,25 @@ def negative_padding_positions(prompts, pad_id):
     return tokens, mask, mask.long().cumsum(dim=1) - 1
 
 
+# Ways of holding the package's left padding, each refused (grading by reach: labsupport/checks/grading.py).
+
+def left_pad_by_default(prompts, pad_id, _pad=padding.left_pad):          # the hole the instructor's trial found
+    return _pad(prompts, pad_id)
+
+
+def _left_pad_in_a_closure():
+    pad = padding.left_pad
+    return lambda prompts, pad_id: pad(prompts, pad_id)
+
+
+def left_pad_through_a_helper(prompts, pad_id):
+    return left_pad_by_default(prompts, pad_id)
+
+
+def left_pad_by_a_built_name(prompts, pad_id):                         # what no walk sees: refused while it runs
+    return getattr(padding, "left" + "_pad".strip())(prompts, pad_id)
+
+
 def width_of_the_first_prompt(prompts, pad_id):
     width = len(prompts[0])
     tokens = torch.full((len(prompts), width), pad_id)
@@ -112,9 +132,29 @@ def trim_after_end(row, end_id):
     return row[: row.index(end_id) + 1] if end_id in row else row
 
 
+def generate_02(model, prompts, new_tokens, end_id):
+    result = ls.generate(model, prompts, new_tokens, eos_token_ids=(end_id,))
+    return [trim_after_end(row, end_id) for row in result.tokens.tolist()]
+
+
+def generate_by_default(model, prompts, new_tokens, end_id, _generate=ls.generate):
+    result = _generate(model, prompts, new_tokens, eos_token_ids=(end_id,))
+    return [trim_after_end(row, end_id) for row in result.tokens.tolist()]
+
+
+def _generate_in_a_closure():
+    run = ls.generate
+    return lambda model, prompts, new_tokens, end_id: [
+        trim_after_end(row, end_id) for row in run(model, prompts, new_tokens, eos_token_ids=(end_id,)).tokens.tolist()]
+
+
+def generate_through_a_helper(model, prompts, new_tokens, end_id):
+    return generate_02(model, prompts, new_tokens, end_id)
+
+
 def batched_loop(model, prompts, new_tokens, end_id, right_padding=False, mask=True, mask_from_tokens=False,
                  prefill_positions=True, decode_positions="own", decode_mask=True, trim=True,
-                 stop_at_first=False):
+                 stop_at_first=False, run_on=False):
     """The reference solution, with switches that each introduce one typical mistake."""
     padded = padding.left_pad(prompts, pad_id=end_id, device=model.device)
     tokens, attention_mask, positions = padded.tokens, padded.attention_mask, padded.positions
@@ -138,7 +178,7 @@ def batched_loop(model, prompts, new_tokens, end_id, right_padding=False, mask=T
         next_tokens = torch.where(finished, end_id, logits.argmax(dim=-1))
         steps.append(next_tokens)
         finished |= next_tokens == end_id
-        if bool(finished.all()) or (stop_at_first and bool(finished.any())) or step == new_tokens - 1:
+        if (bool(finished.all()) and not run_on) or (stop_at_first and bool(finished.any())) or step == new_tokens - 1:
             break
         if decode_positions == "own":
             positions = positions + 1
@@ -149,14 +189,27 @@ def batched_loop(model, prompts, new_tokens, end_id, right_padding=False, mask=T
     return [trim_after_end(row, end_id) if trim else row for row in rows]
 
 
+def waste_by_hand(lengths):
+    """One batch's padding share, counted (not the engine's padding_waste, which the checker refuses)."""
+    return 1 - sum(lengths) / (len(lengths) * max(lengths))
+
+
+OWN_CODE = "expected your own code, got a call of the package's"
+
 NOTEBOOK_02 = [
     accepts(check_left_pad, "reference", reference_left_pad),
     refuses(check_left_pad, "no-positions", "return the positions too",
             lambda prompts, pad_id: reference_left_pad(prompts, pad_id)[:2]),
     accepts(check_left_pad, "a-padded-batch", a_padded_batch),
-    refuses(check_left_pad, "the-packages-own-answer", "write the steps yourself",
+    refuses(check_left_pad, "the-packages-own-answer", OWN_CODE,
             lambda prompts, pad_id: padding.left_pad(prompts, pad_id)),
-    refuses(check_left_pad, "the-packages-own-function", "write the steps yourself", padding.left_pad),
+    refuses(check_left_pad, "the-packages-own-function", OWN_CODE, padding.left_pad),
+    refuses(check_left_pad, "the-package-as-a-default-argument", "default argument", left_pad_by_default),
+    refuses(check_left_pad, "the-package-in-a-closure", "closure", _left_pad_in_a_closure()),
+    refuses(check_left_pad, "the-package-through-a-helper", "left_pad_through_a_helper", left_pad_through_a_helper),
+    refuses(check_left_pad, "the-package-by-a-built-name", "padding.left_pad", left_pad_by_a_built_name),
+    refuses(check_left_pad, "the-checkers-own-slips", "checks.batching.slipped_rows",
+            lambda prompts, pad_id: batching_checks.slipped_rows(None, prompts, 1, pad_id)),
     accepts(check_left_pad, "a-0-1-mask", lambda prompts, pad_id: (reference_left_pad(prompts, pad_id)[0],
                                                                   reference_left_pad(prompts, pad_id)[1].long(),
                                                                   reference_left_pad(prompts, pad_id)[2])),
@@ -191,12 +244,22 @@ NOTEBOOK_02 = [
     refuses(check_batched_generation, "a-tensor", "one list of new token ids per prompt",
             lambda *args: torch.zeros(3)),
     accepts(check_padding_waste, "reference", padding_waste_in_batches),
-    accepts(check_padding_waste, "via-the-package",
+    refuses(check_padding_waste, "via-the-package", OWN_CODE,
             lambda ls, g: batching.combined_waste([ls[i:i + g] for i in range(0, len(ls), g)])),
+    refuses(check_padding_waste, "the-engines-waste-of-one-batch", "padding.padding_waste",
+            lambda ls, g: sum(padding.padding_waste(ls[i:i + g]) * len(ls[i:i + g]) * max(ls[i:i + g])
+                              for i in range(0, len(ls), g)) / sum(len(ls[i:i + g]) * max(ls[i:i + g])
+                                                                   for i in range(0, len(ls), g))),
+    refuses(check_padding_waste, "a-padded-batchs-fraction", "engine.padding.PaddedBatch",
+            lambda ls, g: padding.PaddedBatch(None, None, None, ls).padding_fraction if g >= len(ls) else
+            padding_waste_in_batches(ls, g)),
+    refuses(check_padding_waste, "the-checkers-own-helpers", "checks.batching._(padding|groups)",
+            lambda ls, g: batching_checks._padding(batching_checks._groups(ls, g))
+            / sum(len(b) * max(b) for b in batching_checks._groups(ls, g))),
     refuses(check_padding_waste, "mean-of-the-batches-fractions", "mean of the batches' fractions",
-            lambda ls, g: sum(padding.padding_waste(ls[i:i + g]) for i in range(0, len(ls), g))
+            lambda ls, g: sum(waste_by_hand(ls[i:i + g]) for i in range(0, len(ls), g))
             / len(range(0, len(ls), g))),
-    refuses(check_padding_waste, "one-batch-of-all", "its own longest", lambda ls, g: padding.padding_waste(ls)),
+    refuses(check_padding_waste, "one-batch-of-all", "its own longest", lambda ls, g: waste_by_hand(ls)),
     refuses(check_padding_waste, "sorted-first", "unsorted", lambda ls, g: padding_waste_in_batches(sorted(ls), g)),
     refuses(check_padding_waste, "real-fraction", "fraction of real tokens",
             lambda ls, g: 1 - padding_waste_in_batches(ls, g)),
@@ -204,10 +267,39 @@ NOTEBOOK_02 = [
     refuses(check_padding_waste, "last-batch-full", "missing rows are not slots",
             lambda ls, g: padding_waste_in_batches(ls + [0] * (-len(ls) % g), g)),
     refuses(check_padding_waste, "not-a-number", "return a float", lambda ls, g: "a lot"),
-    refuses(check_padding_waste, "old-signature", "group_size", lambda lengths: padding.padding_waste(lengths)),
+    refuses(check_padding_waste, "old-signature", "group_size", lambda lengths: waste_by_hand(lengths)),
     refuses(check_batched_generation, "one-prompt-at-a-time", "a loop over the prompts is plain decoding",
             lambda model, prompts, new_tokens, end_id: [batched_loop(model, [p], new_tokens, end_id)[0]
                                                         for p in prompts]),
     refuses(check_batched_generation, "recomputes-the-sequence-every-step", "throws the cache away",
             lambda model, prompts, new_tokens, end_id: recomputing_loop(model, prompts, new_tokens, end_id)),
+    refuses(check_batched_generation, "the-packages-generate", "generation.generate", generate_02),
+    refuses(check_batched_generation, "the-packages-generate-as-a-default-argument", "default argument",
+            generate_by_default),
+    refuses(check_batched_generation, "the-packages-generate-in-a-closure", "closure", _generate_in_a_closure()),
+    refuses(check_batched_generation, "the-packages-generate-through-a-helper", "generate_through_a_helper",
+            generate_through_a_helper),
+    refuses(check_batched_generation, "the-checkers-own-slips", "checks.batching.slipped_rows",
+            lambda model, prompts, new_tokens, end_id: batching_checks.slipped_rows(model, prompts, new_tokens, end_id)),
+    refuses(check_batched_generation, "runs-on-after-every-row-finished", "stop once every row has finished",
+            lambda *args: batched_loop(*args, run_on=True)),
 ]
+
+
+# --- mutation testing (scripts/checker_mutants.py) --------------------------------------------------
+
+_CUT_BY_PREFILL = ("ls.prefill cuts the key mask to the prompt's positions itself (generation._mask takes "
+                   "key_mask[:, :start + T]), so a mask over more cache slots gives the same mask")
+_CUT_BY_DECODE_STEP = ("ls.decode_step cuts the key mask to cache.length + 1 slots itself (generation._mask), so "
+                       "a mask over more cache slots gives the same mask")
+EQUIVALENT_MUTANTS = {
+    "ex2_batched_greedy": {
+        "23:40:unary:drop-USub": "logits.argmax(dim=1) for dim=-1: ls.prefill and ls.decode_step return (batch, "
+                                 "vocab) logits, and dim 1 of a 2-D tensor is its last",
+        "18:45:slice:upper+1": _CUT_BY_PREFILL,
+        "18:45:slice:drop-upper": _CUT_BY_PREFILL,
+        "31:53:slice:upper+1": _CUT_BY_DECODE_STEP,
+        "31:53:slice:drop-upper": _CUT_BY_DECODE_STEP,
+        "31:70:constant:1+1": _CUT_BY_DECODE_STEP,
+    },
+}

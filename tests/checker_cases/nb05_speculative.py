@@ -2,11 +2,23 @@
 
 import torch
 
+import labsupport.checks.speculative as speculative_checks
 from labsupport.checks.speculative import (check_accept_step, check_expected_tokens, check_speculative_step,
                                            reference_accept_step, reference_speculative_step)
+from labsupport.engine import speculative as speculative_engine
+from labsupport.engine.speculative import verify
+from labsupport.lab import speculative_math
 from labsupport.lab.speculative_math import expected_tokens_per_pass
 
 from checker_cases.common import accepts, refuses
+
+OWN_CODE = "expected your own code"
+
+
+def _closure_of(function):
+    def learner(*args):
+        return function(*args)
+    return learner
 
 
 # --- exercise 1: the accept/reject step (p_draft None: a point mass, prompt lookup), written as a learner might -------------------------
@@ -32,18 +44,47 @@ reversed_residual = _accept(ratio_test, lambda p, q: torch.relu(q - p) / torch.r
 negative_residual = _accept(ratio_test, lambda p, q: (p - q) / torch.relu(p - q).sum())
 
 
+def accept_step(p_target, p_draft, token, u):     # the notebook's solution
+    if p_draft is None:
+        p_draft = torch.zeros_like(p_target)
+        p_draft[token] = 1.0
+    ratio = float(p_target[token]) / float(p_draft[token])
+    if u < min(1.0, ratio):
+        return True, None
+    residual = (p_target - p_draft).clamp_min(0)
+    return False, residual / residual.sum()
+
+
 def general_only(p, q, x, u):          # right for a draft with a distribution; q None crashes
-    return reference_accept_step(p, q, x, u) if q is not None else (u < float(p[x] / q[x]), None)
+    return accept_step(p, q, x, u) if q is not None else (u < float(p[x] / q[x]), None)
 
 
 def point_mass_always_accepted(p, q, x, u):
-    return (True, None) if q is None else reference_accept_step(p, q, x, u)
+    return (True, None) if q is None else accept_step(p, q, x, u)
 
 
 def point_mass_residual_p(p, q, x, u):  # forgets that max(0, p - one-hot) drops the drafted token
     if q is None:
         return (True, None) if u < float(p[x]) else (False, p / p.sum())
-    return reference_accept_step(p, q, x, u)
+    return accept_step(p, q, x, u)
+
+
+def accepted_at_the_ratio(p, q, x, u):   # u <= min(1, p/q): accepts u equal to the ratio
+    q = torch.zeros_like(p).index_fill_(0, torch.tensor([x]), 1.0) if q is None else q
+    if u <= min(1.0, float(p[x]) / float(q[x])):
+        return True, None
+    return False, (p - q).clamp_min(0) / (p - q).clamp_min(0).sum()
+
+
+def accept_by_the_engines_verify(p, q, x, u):   # the engine's verify loop, one draft, its own random number
+    n, token, kind = verify(torch.stack([p, p]), torch.stack([p, p]).argmax(-1), [x], None if q is None else q[None],
+                            torch.Generator().manual_seed(int(u * 1e6)))
+    return n == 1, None if n == 1 else accept_step(p, q, x, 1.0)[1]
+
+
+def accept_with_the_checkers_rule(p, q, x, u):  # the checker's own slip helper, with the right test and residual
+    return speculative_checks._rule(lambda px, qx, v: v < min(1.0, px / qx),
+                                    lambda p_, q_: (p_ - q_).clamp_min(0) / (p_ - q_).clamp_min(0).sum())(p, q, x, u)
 
 
 # --- exercise 2: expected tokens per pass, one rate per position -----------------------------
@@ -80,7 +121,45 @@ def all_or_nothing(alphas):            # only the all-accepted case
     return 1 + len(alphas) * product if alphas else 1.0
 
 
+def expected_by_the_checkers_products(alphas):   # the checker's own helper
+    return 1 + sum(speculative_checks._products(alphas))
+
+
+def expected_by_default(alphas, _formula=expected_tokens_per_pass):
+    return _formula(alphas)
+
+
 # --- exercise 3: one greedy speculative step --------------------------------------------------
+
+@torch.inference_mode()
+def speculative_step(target, cache, pending, drafted):    # the notebook's solution
+    start = cache.length
+    fed = torch.tensor([[pending, *drafted]], device=target.device)
+    choice = target.logits(target(fed, cache=cache))[0].argmax(dim=-1).tolist()
+    n = 0
+    while n < len(drafted) and drafted[n] == choice[n]:
+        n += 1
+    cache.truncate(start + 1 + n)
+    return drafted[:n] + [choice[n]]
+
+
+@torch.inference_mode()
+def step_by_the_engines_verify(target, cache, pending, drafted):   # one pass, then the engine's verify
+    start = cache.length
+    logits = target.logits(target(torch.tensor([[pending, *drafted]], device=target.device), cache=cache))[0]
+    n, token, kind = verify(None, logits.argmax(dim=-1), list(drafted), None, None)
+    cache.truncate(start + 1 + n)
+    return drafted[:n] + [token]
+
+
+@torch.inference_mode()
+def step_rolled_back_by_reserve(target, cache, pending, drafted):   # a method of the cache it is given
+    start = cache.length
+    choice = _choices(target, cache, pending, drafted)
+    n = _prefix(drafted, choice)
+    cache.truncate(start)
+    cache.reserve(1 + n)
+    return drafted[:n] + [choice[n]]
 
 def _choices(target, cache, pending, drafted):
     fed = torch.tensor([[pending, *drafted]])                         # (1, k + 1)
@@ -149,7 +228,14 @@ def step_one_pass_per_token(target, cache, pending, drafted):
 
 
 NOTEBOOK_05 = [
-    accepts(check_accept_step, "reference", reference_accept_step),
+    accepts(check_accept_step, "reference", accept_step),
+    refuses(check_accept_step, "the-checkers-own-reference", OWN_CODE, reference_accept_step),
+    refuses(check_accept_step, "the-checkers-reference-as-a-default-argument", OWN_CODE,
+            lambda p, q, x, u, _step=reference_accept_step: _step(p, q, x, u)),
+    refuses(check_accept_step, "the-checkers-reference-in-a-closure", OWN_CODE, _closure_of(reference_accept_step)),
+    refuses(check_accept_step, "the-checkers-own-slip-helper", "_rule", accept_with_the_checkers_rule),
+    refuses(check_accept_step, "the-engines-verify", "speculative.verify", accept_by_the_engines_verify),
+    refuses(check_accept_step, "u-equal-to-the-ratio-accepted", "accepted=False", accepted_at_the_ratio),
     refuses(check_accept_step, "always-accept", "always accepting", always_accept),
     refuses(check_accept_step, "u-against-p-alone", "u against p_target alone", against_p),
     refuses(check_accept_step, "ratio-upside-down", "upside down", upside_down),
@@ -161,14 +247,25 @@ NOTEBOOK_05 = [
     refuses(check_accept_step, "point-mass-not-handled", "what is the draft's distribution q then", general_only),
     refuses(check_accept_step, "point-mass-always-accepted", "not always true", point_mass_always_accepted),
     refuses(check_accept_step, "point-mass-residual-keeps-the-token", "cannot be drawn again", point_mass_residual_p),
-    accepts(check_expected_tokens, "reference", expected_tokens_per_pass),
     accepts(check_expected_tokens, "a-loop-of-products", expected_right),
+    refuses(check_expected_tokens, "the-labs-formula", OWN_CODE, expected_tokens_per_pass),
+    refuses(check_expected_tokens, "the-labs-formula-as-a-default-argument", OWN_CODE, expected_by_default),
+    refuses(check_expected_tokens, "the-labs-formula-in-a-closure", OWN_CODE, _closure_of(expected_tokens_per_pass)),
+    refuses(check_expected_tokens, "the-labs-formula-through-its-module", OWN_CODE,
+            lambda alphas: speculative_math.expected_tokens_per_pass(alphas)),
+    refuses(check_expected_tokens, "the-checkers-own-helper", "_products", expected_by_the_checkers_products),
     refuses(check_expected_tokens, "closed-form-with-the-mean-rate", "the closed form with the mean rate", mean_rate),
     refuses(check_expected_tokens, "independent-drafts", "independent drafts", independent),
     refuses(check_expected_tokens, "no-bonus-token", "no bonus token", no_bonus),
     refuses(check_expected_tokens, "no-token-of-the-target", "no token of the target's own", no_own_token),
     refuses(check_expected_tokens, "only-all-accepted", "only the all-accepted case", all_or_nothing),
-    accepts(check_speculative_step, "reference", reference_speculative_step),
+    accepts(check_speculative_step, "reference", speculative_step),
+    refuses(check_speculative_step, "the-checkers-own-reference", OWN_CODE, reference_speculative_step),
+    refuses(check_speculative_step, "the-engines-verify", "speculative.verify", step_by_the_engines_verify),
+    refuses(check_speculative_step, "the-engines-generation", "speculative_generate",
+            lambda target, cache, pending, drafted: speculative_engine.speculative_generate(target, None, [pending])),
+    refuses(check_speculative_step, "a-method-of-the-cache-it-is-given", "StaticKVCache.reserve",
+            step_rolled_back_by_reserve),
     refuses(check_speculative_step, "no-bonus-token", "no bonus token", step_without_bonus),
     refuses(check_speculative_step, "no-rollback", "no rollback", step_without_rollback),
     refuses(check_speculative_step, "rollback-one-short", "rollback off by one", step_rollback_one_short),
@@ -228,13 +325,73 @@ verify_q_over_p = _verify_with(lambda p, q, d, u: u < min(1.0, float(q[d] / p[d]
 verify_not_renormalised = _verify_with(by_ratio, lambda p, q, g: _inverse_cdf(torch.relu(p - q), g))
 
 
+def verify_sampled(p_target, p_draft, drafted, generator):     # the notebook's solution
+    for i, d in enumerate(drafted):
+        u = float(torch.rand((), generator=generator))
+        if u < min(1.0, float(p_target[i, d]) / float(p_draft[i, d])):
+            continue
+        residual = (p_target[i] - p_draft[i]).clamp_min(0)
+        return list(drafted[:i]) + [int(torch.multinomial(residual / residual.sum(), 1, generator=generator))]
+    k = len(drafted)
+    return list(drafted) + [int(torch.multinomial(p_target[k], 1, generator=generator))]
+
+
+def verify_one_uniform_for_all(p, q, drafted, generator):
+    """One uniform number reused for every draft: right at the first position, 0.13 off at the second."""
+    u = float(torch.rand((), generator=generator))
+    for i, d in enumerate(drafted):
+        if u < min(1.0, float(p[i, d] / q[i, d])):
+            continue
+        return drafted[:i] + [from_residual(p[i], q[i], generator)]
+    return list(drafted) + [int(torch.multinomial(p[len(drafted)], 1, generator=generator))]
+
+
+def verify_by_the_engine(p, q, drafted, generator):
+    n, token, kind = verify(p, p.argmax(dim=-1), list(drafted), q, generator)
+    return list(drafted[:n]) + [token]
+
+
+def verify_engine_by_default(p, q, drafted, generator, _verify=verify):
+    n, token, kind = _verify(p, p.argmax(dim=-1), list(drafted), q, generator)
+    return list(drafted[:n]) + [token]
+
+
+def _verify_helper(p, q, drafted, generator):
+    return speculative_engine.verify(p, p.argmax(dim=-1), list(drafted), q, generator)
+
+
+def verify_engine_through_a_helper(p, q, drafted, generator):
+    n, token, kind = _verify_helper(p, q, drafted, generator)
+    return list(drafted[:n]) + [token]
+
+
+def verify_with_the_labs_distribution(p, q, drafted, generator):
+    """The replacement drawn from the lab's exact output distribution of a position, minus what was kept."""
+    for i, d in enumerate(drafted):
+        if float(torch.rand((), generator=generator)) < min(1.0, float(p[i, d] / q[i, d])):
+            continue
+        emitted = speculative_math.speculative_token_distribution(p[i], q[i])
+        return drafted[:i] + [int(torch.multinomial((emitted - torch.minimum(p[i], q[i])).clamp_min(0), 1,
+                                                    generator=generator))]
+    return list(drafted) + [int(torch.multinomial(p[len(drafted)], 1, generator=generator))]
+
+
 def verify_sampling_p_directly(p, q, drafted, generator):
     """The right first-token distribution by another method: ignores the drafts, samples p."""
     return [int(torch.multinomial(p[0], 1, generator=generator))]
 
 
 NOTEBOOK_05 += [
-    accepts(check_verify_sampled, "reference", reference_verify_sampled),
+    accepts(check_verify_sampled, "reference", verify_sampled),
+    refuses(check_verify_sampled, "the-checkers-own-reference", OWN_CODE, reference_verify_sampled),
+    refuses(check_verify_sampled, "the-engines-verify", OWN_CODE, verify_by_the_engine),
+    refuses(check_verify_sampled, "the-engines-verify-as-a-default-argument", OWN_CODE, verify_engine_by_default),
+    refuses(check_verify_sampled, "the-engines-verify-in-a-closure", OWN_CODE,
+            _closure_of(lambda p, q, d, g: [*d[:verify(p, p.argmax(-1), list(d), q, g)[0]], 0])),
+    refuses(check_verify_sampled, "the-engines-verify-through-a-helper", OWN_CODE, verify_engine_through_a_helper),
+    refuses(check_verify_sampled, "the-labs-distribution", "speculative_token_distribution",
+            verify_with_the_labs_distribution),
+    refuses(check_verify_sampled, "one-uniform-for-every-draft", "fresh uniform number", verify_one_uniform_for_all),
     accepts(check_verify_sampled, "vectorised", verify_in_one_call),
     accepts(check_verify_sampled, "multinomial-of-the-unnormalised-residual", verify_right_multinomial_unnormalised),
     refuses(check_verify_sampled, "residual-from-p", "drawing from p itself", verify_residual_from_p),
@@ -244,3 +401,24 @@ NOTEBOOK_05 += [
     refuses(check_verify_sampled, "not-renormalised", "not divided by its sum", verify_not_renormalised),
     refuses(check_verify_sampled, "sampling-p-directly", "always when p\\(d\\) >= q\\(d\\)", verify_sampling_p_directly),
 ]
+
+
+# --- mutants of the notebook's solutions that compute what the solution computes (scripts/checker_mutants.py) ---
+
+_MIN_SYMMETRIC = ("min(ratio, 1.0) is min(1.0, ratio): the ratio of two probabilities is never NaN here (a zero "
+                  "p_draft[x] raises ZeroDivisionError in both), and min of two numbers does not depend on their order")
+_U_BELOW_ONE = ("u is a uniform number in [0, 1): u < min(2, ratio) and u < min(1, ratio) agree for every u below 1")
+_MULTINOMIAL_NORMALISES = ("torch.multinomial takes unnormalised weights: max(p - q, 0), divided by its sum, "
+                           "multiplied by it or left as it is, gives the same distribution to draw from")
+EQUIVALENT_MUTANTS = {
+    "spec-accept-step": {"7:11:swap-arguments:0<->1": _MIN_SYMMETRIC, "7:15:constant:1.0*2": _U_BELOW_ONE},
+    "spec-greedy-step": {
+        "5:53:constant:0-1": "the step verifies one sequence: the logits are (1, k + 1, vocab), whose row -1 is row 0",
+        "5:67:unary:drop-USub": "the logits of the one row are (k + 1, vocab): argmax over dim 1 is argmax over dim -1"},
+    "spec-verify-sampled": {
+        "5:11:compare:0-Lt->LtE": ("u <= ratio differs from u < ratio only when the uniform number the learner drew "
+                                   "equals p/q exactly, with probability at most 2^-24 per draft: the same "
+                                   "distribution of tokens, and the checker cannot know which u was drawn"),
+        "5:15:swap-arguments:0<->1": _MIN_SYMMETRIC, "5:19:constant:1.0*2": _U_BELOW_ONE,
+        "8:58:operator:Div->Mult": _MULTINOMIAL_NORMALISES, "8:58:drop-term:keep-left": _MULTINOMIAL_NORMALISES},
+}

@@ -1,4 +1,6 @@
-"""Checker cases of notebook 07 (putting it together): the reference and each typical mistake."""
+"""Checker cases of notebook 07 (putting it together): the notebook's solutions (written out here: no row's
+answer calls the package), each typical mistake, and the package's own answers, however a learner's
+function holds them (all refused)."""
 
 import statistics
 
@@ -6,14 +8,23 @@ import numpy as np
 
 from labsupport.checks.stack import (check_best_under_budget, check_ceiling, check_cumulative,
                                      reference_best_under_budget, reference_ceiling, reference_cumulative)
-from labsupport.checks.stack_cost import check_decode_cost_model
+from labsupport.checks.stack_cost import _slip_model, check_decode_cost_model
 from labsupport.lab.speculative_math import expected_tokens_per_call
-from labsupport.lab.stack_cost import cost_model, fit_overhead
+from labsupport.lab.stack import best_under_budget as package_best_under_budget
+from labsupport.lab.stack_cost import cost_model, fit_overhead, predict_tokens_per_s
 
 from checker_cases.common import accepts, refuses
+from checker_cases.nb06_serving import OWN_CODE, refuses_held
 
 
 # --- notebook 07 (putting it together): how gains combine ----------------------------------
+
+def cumulative(rows):                          # the notebook's solution
+    total = {}
+    for row in rows:
+        total[row["stage"]] = 1.0 if row["builds_on"] is None else total[row["builds_on"]] * row["gain"]
+    return total
+
 
 def multiply_in_order(rows):                   # compounds the side branch too
     out, total = {}, 1.0
@@ -35,12 +46,31 @@ def own_gains(rows):                           # each stage's gain over the one 
 
 
 def without_first(rows):
-    out = reference_cumulative(rows)
+    out = cumulative(rows)
     del out[rows[0]["stage"]]
     return out
 
 
+# --- the ceiling that fewer bytes raise -------------------------------------------------------
+
+def ceiling(bandwidth_bytes_per_s, weight_bytes, batch):          # the notebook's solution
+    return batch * bandwidth_bytes_per_s / weight_bytes
+
+
+def ceiling_of_the_cost_model(bandwidth_bytes_per_s, weight_bytes, batch):
+    """The lab's cost model with no overhead, 8 bits per weight (refused: its copy of the formula)."""
+    return predict_tokens_per_s(weight_bytes, 8, batch, 1.0, bandwidth_bytes_per_s / 1e9, 0.0)
+
+
 # --- the fastest configuration under a memory budget ------------------------------------------
+
+def best_under_budget(rows, budget_bytes):     # the notebook's solution
+    fitting = [r for r in rows if r["weight_bytes"] is not None
+               and r["weight_bytes"] + r["kv_cache_bytes"] <= budget_bytes]
+    if not fitting:
+        return None
+    return max(fitting, key=lambda r: r["tokens_per_s"])["stage"]
+
 
 def _ours(rows):
     return [r for r in rows if r.get("weight_bytes") is not None]
@@ -86,7 +116,7 @@ def keeps_the_peer(rows, budget):              # None + None raises on Hugging F
 
 
 def whole_row(rows, budget):
-    name = reference_best_under_budget(rows, budget)
+    name = best_under_budget(rows, budget)
     return next((r for r in rows if r["stage"] == name), None)
 
 
@@ -98,12 +128,15 @@ def spec_passes(alpha, k):                     # the notebook's solution: 1 + al
 
 def model(unit=1e9, weight_bytes=lambda s: s["parameters"] * s["bits_per_weight"] / 8, subtract=True,
           fit=statistics.median, clamp=True, overhead_scale=1.0, use_rows=True, passes="divide",
-          spec=spec_passes, invert=False):
-    """The notebook's solution, or with one thing changed: a learner's cost_model(stages, bandwidth_gb_s)."""
+          spec=spec_passes, invert=False, split=False):
+    """The notebook's solution, or with one thing changed: a learner's cost_model(stages, bandwidth_gb_s).
+    split: the median of the seconds minus the median of the bytes' times."""
     def cost_model(stages, bandwidth_gb_s):
         def reading(s):
             return weight_bytes(s) / (bandwidth_gb_s * unit)
         overhead = fit([s["seconds_per_pass"] - (reading(s) if subtract else 0.0) for s in stages])
+        if split:
+            overhead = fit([s["seconds_per_pass"] for s in stages]) - fit([reading(s) for s in stages])
         overhead = max(0.0, overhead) if clamp else overhead
 
         def predict(stage):
@@ -117,7 +150,7 @@ def model(unit=1e9, weight_bytes=lambda s: s["parameters"] * s["bits_per_weight"
     return cost_model
 
 
-reference_cost_model = model()
+solution_cost_model = model()                 # the notebook's solution
 
 
 def closed_form_at_alpha_one(alpha, k):        # right but at alpha = 1, where it divides by zero
@@ -133,7 +166,7 @@ def numpy_at_alpha_one(alpha, k):              # numpy's 0 / 0 at alpha = 1 is n
 def fits_from_measured(stages, bandwidth_gb_s):  # time per pass from tokens/s: None passes for speculation
     for s in stages:
         s["seconds_per_pass"] = s["rows"] / (s["passes_per_token"] * s["measured"])
-    return reference_cost_model(stages, bandwidth_gb_s)
+    return solution_cost_model(stages, bandwidth_gb_s)
 
 
 def own_timing(stages, bandwidth_gb_s):        # predicts each stage from its own measured time
@@ -147,7 +180,7 @@ def packages_overhead(stages, bandwidth_gb_s):  # its own prediction, the packag
 
 
 def returns_a_number(stages, bandwidth_gb_s):
-    return reference_cost_model(stages, bandwidth_gb_s)(stages[0])
+    return solution_cost_model(stages, bandwidth_gb_s)(stages[0])
 
 
 def measured_inputs():
@@ -162,25 +195,38 @@ def measured_inputs():
 
 
 def special_cases_the_ladder(stages, bandwidth_gb_s):       # right on the made-up ladders only
-    predict = reference_cost_model(stages, bandwidth_gb_s)
+    predict = solution_cost_model(stages, bandwidth_gb_s)
     return lambda stage: predict(stage) * (10 if stage["stage"].startswith("+ ") else 1)
 
 
+def split_medians(stages, bandwidth_gb_s):     # the median of the seconds minus the median of the bytes' times
+    return model(fit=statistics.median, split=True)(stages, bandwidth_gb_s)
+
+
 NOTEBOOK_07 = [
-    accepts(check_cumulative, "reference", reference_cumulative),
+    accepts(check_cumulative, "the-notebooks-solution", cumulative),
+    refuses(check_cumulative, "the-checkers-reference", OWN_CODE, reference_cumulative),
+    *refuses_held(check_cumulative, "the-checkers-reference", reference_cumulative),
     refuses(check_cumulative, "side-branch-compounded", "builds on B", multiply_in_order),
     refuses(check_cumulative, "gains-added", "do not add them", add_gains),
     refuses(check_cumulative, "own-gains", "own gain", own_gains),
     refuses(check_cumulative, "first-stage-left-out", "first stage belongs", without_first),
     refuses(check_cumulative, "a-list", "one entry per stage",
-            lambda rows: list(reference_cumulative(rows).values())),
-    accepts(check_ceiling, "reference", reference_ceiling),
+            lambda rows: list(cumulative(rows).values())),
+    accepts(check_ceiling, "the-notebooks-solution", ceiling),
+    refuses(check_ceiling, "the-checkers-reference", OWN_CODE, reference_ceiling),
+    *refuses_held(check_ceiling, "the-checkers-reference", reference_ceiling),
+    refuses(check_ceiling, "the-labs-cost-model", "predict_tokens_per_s", ceiling_of_the_cost_model),
     refuses(check_ceiling, "one-row", "multiply by the batch size", lambda bw, w, b: bw / w),
     refuses(check_ceiling, "divides-by-the-batch", "do not divide", lambda bw, w, b: bw / (w * b)),
     refuses(check_ceiling, "bits", "no factor of 8", lambda bw, w, b: b * bw / (8 * w)),
     refuses(check_ceiling, "seconds-per-step", "its inverse", lambda bw, w, b: w / bw),
     refuses(check_ceiling, "text", "a float", lambda bw, w, b: "fast"),
-    accepts(check_best_under_budget, "reference", reference_best_under_budget),
+    accepts(check_best_under_budget, "the-notebooks-solution", best_under_budget),
+    refuses(check_best_under_budget, "the-labs-best_under_budget", "lab.stack.best_under_budget",
+            package_best_under_budget),
+    *refuses_held(check_best_under_budget, "the-labs-best_under_budget", package_best_under_budget),
+    refuses(check_best_under_budget, "the-checkers-reference", OWN_CODE, reference_best_under_budget),
     refuses(check_best_under_budget, "ignores-the-budget", "does not fit the budget", ignores_budget),
     refuses(check_best_under_budget, "weights-only", "KV cache needs memory too", weights_only),
     refuses(check_best_under_budget, "strictly-below", "<=, not <", strictly_below),
@@ -189,17 +235,24 @@ NOTEBOOK_07 = [
     refuses(check_best_under_budget, "nothing-fits-raises", "return None", max_of_nothing),
     refuses(check_best_under_budget, "peer-not-skipped", "skip them", keeps_the_peer),
     refuses(check_best_under_budget, "whole-row", "stage's name", whole_row),
-    accepts(check_decode_cost_model, "reference", reference_cost_model),
-    accepts(check_decode_cost_model, "reference-on-a-ladder", reference_cost_model, *measured_inputs()),
+    accepts(check_decode_cost_model, "the-notebooks-solution", solution_cost_model),
+    accepts(check_decode_cost_model, "the-notebooks-solution-on-a-ladder", solution_cost_model, *measured_inputs()),
     accepts(check_decode_cost_model, "closed-form-with-alpha-one", model(spec=lambda a, k: 1 / (k + 1) if a == 1 else
                                                                            (1 - a) / (1 - a ** (k + 1)))),
-    accepts(check_decode_cost_model, "trimmed-mean", model(fit=lambda x: statistics.fmean(sorted(x)[1:-1]))),
-    refuses(check_decode_cost_model, "the-packages-own-function", "write the steps yourself", cost_model),
-    refuses(check_decode_cost_model, "the-packages-own-answer", "write the steps yourself",
+    refuses(check_decode_cost_model, "the-labs-cost_model", "lab.stack_cost.cost_model", cost_model),
+    refuses(check_decode_cost_model, "a-call-of-the-labs-cost_model", OWN_CODE,
             lambda stages, bw: cost_model(stages, bw)),
-    refuses(check_decode_cost_model, "the-packages-overhead", "write the steps yourself", packages_overhead),
-    refuses(check_decode_cost_model, "notebook-05s-package-formula", "write the steps yourself",
+    *refuses_held(check_decode_cost_model, "the-labs-cost_model", cost_model),
+    refuses(check_decode_cost_model, "the-labs-overhead", "fit_overhead", packages_overhead),
+    refuses(check_decode_cost_model, "the-checkers-slip-model", "_slip_model",
+            lambda stages, bw: _slip_model(stages, bw)),
+    refuses(check_decode_cost_model, "notebook-05s-package-formula", "expected_tokens_per_call",
             model(spec=lambda a, k: 1 / expected_tokens_per_call(a, k))),
+    refuses(check_decode_cost_model, "upper-median", "not the upper one", model(fit=statistics.median_high)),
+    refuses(check_decode_cost_model, "lower-median", "not the lower one", model(fit=statistics.median_low)),
+    refuses(check_decode_cost_model, "difference-of-medians", "median of the differences", split_medians),
+    refuses(check_decode_cost_model, "trimmed-mean", "the median of what each pass took",
+            model(fit=lambda x: statistics.fmean(sorted(x)[1:-1]))),
     refuses(check_decode_cost_model, "bytes-not-subtracted", "subtract the bytes' time", model(subtract=False)),
     refuses(check_decode_cost_model, "no-overhead", "add the overhead to every pass", model(overhead_scale=0.0)),
     refuses(check_decode_cost_model, "milliseconds-added-to-seconds", "keep the overhead in seconds",
@@ -242,3 +295,14 @@ NOTEBOOK_07 = [
     refuses(check_decode_cost_model, "special-cases-the-ladder", "within 2x", special_cases_the_ladder,
             *measured_inputs()),
 ]
+
+
+# --- mutation testing (scripts/checker_mutants.py) --------------------------------------------------
+
+EQUIVALENT_MUTANTS: dict[str, dict[str, str]] = {
+    "stack-cost-model": {
+        "20:15:swap-arguments:0<->1": "max(0.0, m) and max(m, 0.0) are the same number (the median of finite times "
+                                      "is never NaN).",
+        "20:19:constant:0.0*2": "0.0 * 2 is 0.0: the clamp is the same.",
+    },
+}
