@@ -90,3 +90,17 @@ def test_every_checker_runs_with_warnings_silenced(capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")                   # any warning that leaks would raise here
         assert check_noisy() == "done"
+
+
+def test_no_accepted_answer_is_the_packages_own_function():
+    """Issue 48: the table once accepted the package's answers (`accepts(check_block_hash, "reference",
+    block_hash)`). An accepted answer is the learner's code: no callable argument of an accepts row is
+    a labsupport function, and none reaches one that its exercise denies (labsupport.checks.grading)."""
+    from labsupport.checks.grading import first_refused
+    from labsupport.checks.reach import _is_package
+    package_answers = [case_id(case) for case in CASES if case.hint is None
+                       for arg in case.args if callable(arg) and not isinstance(arg, type) and _is_package(arg)]
+    assert not package_answers, f"these accepted answers are the package's own functions: {package_answers}"
+    reaching = [(case_id(case), str(first_refused(case.checker.exercise, arg))) for case in CASES if case.hint is None
+                for arg in case.args if callable(arg) and first_refused(case.checker.exercise, arg) is not None]
+    assert not reaching, f"these accepted answers reach the package's answer: {reaching}"
