@@ -322,3 +322,63 @@ def test_the_engine_ends_only_the_request_whose_callback_raises(model):
     engine.blocks.assert_no_leaks()
     with pytest.raises(LabError, match="'bad' failed while being served"):
         Engine(model, block_size=4).run([Request([1, 2], max_new_tokens=3, request_id="bad", on_token=explode)])
+
+
+def _failing_pass(runner, when):
+    """runner.forward that raises, once, for the first pass `when(seqs, chunks)` picks, as a kernel's
+    error or an exhausted memory would: before the pass has written its keys and values."""
+    real, fired = runner.forward, []
+
+    def forward(seqs, chunks, padding_rows=0):
+        if not fired and when(seqs, chunks):
+            fired.append([seq.id for seq in seqs])
+            raise RuntimeError("CUDA error: an illegal memory access\nwas encountered")
+        return real(seqs, chunks, padding_rows)
+    return forward, fired
+
+
+@pytest.mark.parametrize("token_budget", [None, 8])
+def test_a_forward_pass_that_raises_ends_its_requests_and_the_engine_serves_on(model, token_budget):
+    """Issue 49: a failing forward pass ends that pass's requests, each with one sentence in `failures`,
+    and nothing else: the engine serves on, no block leaks, and no block of the failed pass reaches the
+    prefix cache (the same prompt afterwards gets the tokens it gets alone)."""
+    engine = Engine(model, max_slots=2, block_size=4, record=False, prefix_caching=True, token_budget=token_budget)
+    prompt = list(range(10, 22))
+    engine.runner.forward, fired = _failing_pass(
+        engine.runner, lambda seqs, chunks: any(s.id == "bad" and s.num_cached == 0 for s in seqs))
+    good = engine.add_request(Request([4, 5, 6], max_new_tokens=6, request_id="good"))
+    for _ in range(3):
+        engine.step()
+    bad = engine.add_request(Request(prompt, max_new_tokens=4, request_id="bad"))
+    while engine.has_work:
+        engine.step()
+    failed_ids = dict(engine.failures)
+    assert "bad" in fired[0] and set(failed_ids) == set(fired[0]) and bad.is_finished
+    assert "RuntimeError: CUDA error: an illegal memory access was encountered" in failed_ids["bad"]
+    if "good" not in fired[0]:                                  # the newcomer's own pass: the other decodes on
+        assert good.output == generate(model, [4, 5, 6], 6, eos_token_ids=()).row(0)
+    engine.blocks.assert_no_leaks()
+    hits = engine.prefix_hit_tokens
+    again = engine.add_request(Request(prompt, max_new_tokens=4, request_id="again"))
+    while engine.has_work:
+        engine.step()
+    assert engine.prefix_hit_tokens == hits                     # the failed pass's blocks were never offered
+    assert again.output == generate(model, prompt, 4, eos_token_ids=()).row(0)
+
+
+def test_a_failing_forward_pass_is_a_500_and_the_server_serves_on(served, model):
+    """Issue 49: over HTTP, the request whose pass failed gets a 500 in one sentence, /health stays
+    200, and the next request is served in full."""
+    runner = served.app.state.engine.runner
+    forward, fired = _failing_pass(runner, lambda seqs, chunks: any(s.request.prompt[:4] == [98, 111, 111, 109]
+                                                                     for s in seqs))
+    runner.forward = forward
+    try:
+        reply = httpx.post(served.url + "/v1/completions", json={"model": NAME, "prompt": "boom", "max_tokens": 4},
+                           timeout=TIMEOUT)
+    finally:
+        del runner.forward                                      # the class's own again
+    assert fired and reply.status_code == 500
+    message = reply.json()["error"]["message"]
+    assert "illegal memory access was encountered" in message and "\n" not in message and message.endswith(".")
+    still_serving(served, model)

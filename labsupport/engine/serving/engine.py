@@ -34,7 +34,8 @@ goes away; made with `record=False`, the engine then keeps no log, so that its m
 stays bounded however long it serves. One request's error (its sampling, its `on_token`
 callback) ends that request alone: it is aborted and listed in `failures` as
 (request id, one sentence) for the server to tell its client, and the others carry on
-(notebook 09: no request stops the engine).
+(notebook 09: no request stops the engine). A forward pass that raises (a kernel's error,
+memory run out) ends the requests in that pass the same way, and keeps none of their blocks.
 """
 
 from __future__ import annotations
@@ -233,13 +234,13 @@ class Engine:
         events: list[tuple[ServedSequence, int]] = []
         if self.token_budget is None:
             for seq, n in chunked:                                     # each newcomer alone
-                events += self._sample([seq], [n], self.runner.forward([seq], [n]))
+                events += self._forward_and_sample([seq], [n])
             rows, chunks = plan.decode, [1] * len(plan.decode)
         else:                                                          # decodes + chunks, one pass
             rows = plan.decode + [seq for seq, _ in chunked]
             chunks = [1] * len(plan.decode) + [n for _, n in chunked]
         if rows:
-            events += self._sample(rows, chunks, self.runner.forward(rows, chunks, plan.padding_rows))
+            events += self._forward_and_sample(rows, chunks, plan.padding_rows)
         elif not chunked and not self.scheduler.running:
             # nothing computed and nothing in flight: the next step would be the same, forever
             raise LabError(f"The scheduling policy {self.scheduler.policy!r} admitted none of the "
@@ -249,6 +250,7 @@ class Engine:
         prompts_done = sum(seq.num_cached + n == len(seq.tokens) for seq, n in chunked)
         self.clock.tick()
         now = self.clock()
+        _drop_rows(plan, {id(seq) for seq, _ in self._failed})    # a failed pass: nothing of it is kept
         finished, failed = self.scheduler.postprocess(plan, events, now)
         for seq in finished:
             self.live.pop(seq.id, None)
@@ -264,6 +266,18 @@ class Engine:
                 prefill_tokens=sum(n for _, n in chunked), prefill_chunks=len(chunked),
                 cached_tokens=plan.cached_tokens))
         return events
+
+    def _forward_and_sample(self, seqs: list[ServedSequence], chunks: list[int],
+                            padding_rows: int = 0) -> list[tuple[ServedSequence, int]]:
+        """One forward pass and its tokens. A pass that raises (a kernel's error, memory run out)
+        fails every request in it, each alone with a sentence in `failures`; the engine serves on.
+        Notebook 09 (serving over HTTP): no forward pass stops the server."""
+        try:
+            logits = self.runner.forward(seqs, chunks, padding_rows)
+        except Exception as error:                      # noqa: BLE001 - this pass's requests alone fail
+            self._failed += [(seq, error) for seq in seqs]
+            return []
+        return self._sample(seqs, chunks, logits)
 
     def _sample(self, seqs: list[ServedSequence], chunks: list[int], logits) -> list[tuple[ServedSequence, int]]:
         """The next token of every sequence whose tokens are all computed once its chunk is (a
@@ -372,3 +386,14 @@ class _RunClock:
 
     def skip_to(self, t: float) -> None:
         self.offset += max(0.0, t - self())
+
+
+def _drop_rows(plan, failed: set[int]) -> None:
+    """Take the sequences whose pass failed out of the step's plan, so that its bookkeeping keeps
+    nothing of them (no position counted as computed, no block offered to the prefix cache: the
+    pass may have left those blocks half-written). Notebook 09 (serving over HTTP)."""
+    if not failed:
+        return
+    plan.decode = [seq for seq in plan.decode if id(seq) not in failed]
+    kept = [(seq, n) for seq, n in zip(plan.prefill, plan.chunks) if id(seq) not in failed]
+    plan.prefill, plan.chunks = [seq for seq, _ in kept], [n for _, n in kept]
