@@ -96,8 +96,10 @@ def _serving_commands(sub) -> None:
     serve.add_argument("--quantize", default=None,
                        help="int8 or int4 weights (notebook 04; int4 runs the W4A8 kernel on a CPU); default none")
     serve.add_argument("--api-key", default=None,
-                       help="require 'Authorization: Bearer KEY' on /v1/ routes (default: no key; set one "
-                            "whenever --host is beyond 127.0.0.1)")
+                       help="require 'Authorization: Bearer KEY' on every route but /health (default: no "
+                            "key; set one whenever --host is beyond 127.0.0.1)")
+    serve.add_argument("--max-body-bytes", type=int, default=None,
+                       help="the largest request body read, in bytes (default 2 MiB; a 413 past it)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     load = sub.add_parser("loadgen", help="send a seeded workload to an OpenAI-compatible server, write JSON")
     load.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
@@ -115,6 +117,7 @@ def _serving_commands(sub) -> None:
 
 def _serve(args) -> int:
     from .serve import create_app, run_server
+    from .serve.guards import MAX_BODY_BYTES
     from .serve.precision import quantize_for_serving, served_dtype
     from .weights.loading import load_model
 
@@ -125,6 +128,7 @@ def _serve(args) -> int:
     quantize_for_serving(model, args.quantize)
     app = create_app(model, tokenizer, args.served_model_name or args.model, max_waiting=args.max_waiting,
                      api_key=args.api_key,
+                     max_body_bytes=MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes,
                      max_slots=args.max_slots, policy=args.policy, token_budget=args.token_budget,
                      prefix_caching=args.prefix_caching, block_size=args.block_size, cache_tokens=args.cache_tokens)
     run_server(app, args.host, args.port, args.log_level)

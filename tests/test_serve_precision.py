@@ -1,6 +1,6 @@
 """What the server serves (notebook 09): --dtype, --quantize int8|int4, /v1/models saying
-precision and kernel, --api-key (401 in one sentence on /v1/, /health open), the warning
-when binding beyond 127.0.0.1 without a key, /metrics for Prometheus, and bad values refused in one sentence."""
+precision and kernel, the warning when binding beyond 127.0.0.1 without a key (the key itself:
+tests/test_serve_guards.py), /metrics for Prometheus, and bad values refused in one sentence."""
 
 import httpx
 import pytest
@@ -57,23 +57,6 @@ def test_models_says_the_precision_and_the_quantized_server_answers(method, weig
         assert len(out.choices[0].logprobs.token_logprobs) == 4
 
 
-def test_an_api_key_guards_v1_and_health_stays_open():
-    app = create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=2, block_size=4, api_key="s3cret")
-    with BackgroundServer(app) as server:
-        assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 200
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
-            reply = httpx.get(server.url + "/v1/models", headers=headers, timeout=TIMEOUT)
-            error = reply.json()["error"]
-            assert reply.status_code == 401 and error["message"].endswith(".") and "API key" in error["message"]
-        bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0, timeout=TIMEOUT)
-        with pytest.raises(openai.AuthenticationError):
-            bad.completions.create(model=NAME, prompt="x", max_tokens=1)
-        good = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0, timeout=TIMEOUT)
-        assert good.completions.create(model=NAME, prompt="x", max_tokens=2, temperature=0).usage.completion_tokens == 2
-    with pytest.raises(LabError, match="non-empty"):
-        create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=2, block_size=4, api_key=" ")
-
-
 def test_binding_beyond_localhost_without_a_key_warns(monkeypatch, capsys):
     monkeypatch.setattr(server_module.uvicorn, "run", lambda *a, **k: None)
     open_app = create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=1, block_size=4)
@@ -94,7 +77,8 @@ def test_metrics_count_requests_tokens_blocks_and_latencies_for_prometheus():
                                extra_body={"ignore_eos": True})
         list(api.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                          stream=True, extra_body={"ignore_eos": True}))
-        reply = httpx.get(server.url + "/metrics", timeout=TIMEOUT)          # open, like /health
+        assert httpx.get(server.url + "/metrics", timeout=TIMEOUT).status_code == 401      # behind the key
+        reply = httpx.get(server.url + "/metrics", headers={"Authorization": "Bearer k"}, timeout=TIMEOUT)
         assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain")
         samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                    for family in text_string_to_metric_families(reply.text) for s in family.samples}

@@ -40,12 +40,12 @@ class Choice:
     per token asked for, or None. Notebook 09 (serving over HTTP)."""
 
     def __init__(self, server, request: Request | None, prompt: list[int], index: int, body, chat: bool,
-                 echo_text: str | None = None):
+                 echo_text: str | None = None, matchers: list | None = None):
         self.server, self.request, self.prompt, self.index, self.body, self.chat = \
             server, request, prompt, index, body, chat
         self.echo_text, self.top = echo_text, lp.top_asked(body)
         self.tokens = TokenQueue()
-        self.text = TextStream(server.tokenizer, protocol.stop_strings(body))
+        self.text = TextStream(server.tokenizer, protocol.stop_strings(body) if matchers is None else None, matchers)
         self.ids: list[int] = []
         self.entries: list = []               # the answer's TokenLogprobs, if asked
         self.prompt_entries: list | None = None

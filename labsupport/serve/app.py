@@ -3,7 +3,7 @@
 Introduced in notebook 09 (serving over HTTP). `create_app` builds a FastAPI app around
 one model and one serving engine (stepped by `EngineThread`):
 
-    GET  /health                 200 while the engine thread runs, 503 once it has stopped
+    GET  /health                 200 while the engine thread runs, 503 once it has stopped (HEAD too)
     GET  /v1/models              the one model this server serves
     POST /v1/completions         prompt (text or token ids) -> text
     POST /v1/chat/completions    messages, in the tokenizer's chat template -> a reply
@@ -28,6 +28,7 @@ in one sentence) and the engine serves on; every refusal (4xx) is logged with it
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ..weights.chat import chat_prompt
@@ -48,22 +50,25 @@ from . import logprobs as lp
 from .answer import Choice, EventStream, Reply, one_sentence
 from .engine_loop import EngineThread
 from .metrics import Metrics
-from .precision import add_api_key, describe
+from .guards import MAX_BODY_BYTES, add_guards
+from .precision import describe
 from .protocol import ApiError, ChatRequest, CompletionRequest
+from .text import stop_matchers
 from .tokenizer_api import add_tokenizer_routes, require_served_model
 
 LOG = logging.getLogger("uvicorn.error")        # uvicorn's own log: what the server prints
 
 
 def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_timeout: float = 600.0,
-               api_key: str | None = None, **engine_options) -> FastAPI:
+               api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, **engine_options) -> FastAPI:
     """The server's FastAPI app; its engine thread starts and stops with the app (lifespan).
 
     Introduced in notebook 09 (serving over HTTP). model, tokenizer: what `load_model` gives;
     model_name: the name clients put in "model"; max_waiting: requests accepted beyond the
     engine's batch slots before new ones get a 429; token_timeout: seconds a request waits
-    for its next token before it is aborted (a 503); api_key: the key /v1/ routes
-    require (`precision.add_api_key`), or None; engine_options: `Engine` keyword
+    for its next token before it is aborted (a 503); api_key: the key every route but
+    /health requires (`guards.add_guards`), or None; max_body_bytes: the largest request body
+    read (a 413 past it); engine_options: `Engine` keyword
     arguments (max_slots, policy, token_budget, prefix_caching, block_size, cache_tokens).
     The app's state holds `engine` and `engine_thread` (tests check the blocks after a run).
     """
@@ -80,7 +85,7 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
 
     app = FastAPI(title="labsupport", lifespan=lifespan)
     app.state.engine, app.state.engine_thread, app.state.server = engine, server.thread, server
-    add_api_key(app, api_key)
+    add_guards(app, api_key, max_body_bytes)
 
     @app.exception_handler(ApiError)
     async def api_error(request, error: ApiError):
@@ -111,6 +116,7 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
         if not server.thread.alive:
             raise ApiError(503, "The engine has stopped; restart the server.", kind="server_error")
         return {"status": "ok"}
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)   # what probes send too
 
     described = describe(model)
 
@@ -173,6 +179,9 @@ class _Server:
         self.limit, self.token_timeout = limit, token_timeout
         self.in_flight = 0
         self.created = int(time.time())
+        # one worker thread tokenizes at a time: a Rust tokenizer refuses a call while another
+        # thread changes its settings ("Already borrowed"), and one long body takes one core, not all
+        self.tokenizer_lock = threading.Lock()
         eos = set(engine.model.config.eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
             eos.add(tokenizer.eos_token_id)
@@ -191,7 +200,8 @@ class _Server:
             raise ApiError(503, "The engine has stopped; restart the server.", kind="server_error")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.metrics.requests.labels(endpoint="chat" if chat else "completions").inc()
-        choices = self._choices(body, chat, rid)
+        prompts, matchers = await run_in_threadpool(self._prepare, body, chat)     # off the event loop
+        choices = self._choices(body, chat, rid, prompts, matchers)
         if self.in_flight + len(choices) > self.limit:
             raise ApiError(429, f"The server is busy: {self.in_flight} requests are in flight and this one "
                                 f"brings {len(choices)}, past its limit of {self.limit}; retry in a moment.",
@@ -216,10 +226,16 @@ class _Server:
         finally:
             reply.close()
 
-    def _choices(self, body, chat: bool, rid: str) -> list[Choice]:
+    def _prepare(self, body, chat: bool) -> tuple[list[tuple[list[int], str | None]], list]:
+        """What takes time in proportion to the body, done once per request in a worker thread (so
+        that no body, however long, holds the event loop and every stream on it): the prompts'
+        tokens, and the stop strings' automata that all its choices share."""
+        with self.tokenizer_lock:
+            return self._prompts(body, chat), stop_matchers(protocol.stop_strings(body))
+
+    def _choices(self, body, chat: bool, rid: str, prompts, matchers) -> list[Choice]:
         """One `Choice` per prompt and per `n`, indexed prompt by prompt; choice j of a prompt
         draws with seed + j, so that choice 0 is what n=1 gives. Too many is a 400."""
-        prompts = self._prompts(body, chat)
         if len(prompts) * body.n > self.limit:
             raise ApiError(400, f"This request asks for {len(prompts) * body.n} choices ({len(prompts)} prompts "
                                 f"x n={body.n}) but the server holds at most {self.limit} at once; split it.",
@@ -230,7 +246,7 @@ class _Server:
                 name = f"{rid}-{i * body.n + j}" if several else rid       # the engine's request id
                 request = self._engine_request(body, ids, chat, name, j)
                 echo = text if not chat and body.echo else None
-                choices.append(Choice(self, request, ids, i * body.n + j, body, chat, echo))
+                choices.append(Choice(self, request, ids, i * body.n + j, body, chat, echo, matchers))
         return choices
 
     def _prompts(self, body, chat: bool) -> list[tuple[list[int], str | None]]:

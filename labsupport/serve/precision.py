@@ -1,4 +1,4 @@
-"""What the server serves: the model's precision and the kernel its matmuls run, and the API key.
+"""What the server serves: the model's precision and the kernel its matmuls run.
 
 Introduced in notebook 09 (serving over HTTP). ``python -m labsupport serve --dtype bfloat16``
 loads the model in that precision (refused in one sentence where the hardware cannot run it,
@@ -6,22 +6,14 @@ loads the model in that precision (refused in one sentence where the hardware ca
 quantized ones of notebook 04 (`quant.quantize_model`; int4 runs our W4A8 kernel on a CPU
 that can build it). `/v1/models` says which (`describe`), so that a comparison between
 servers never mixes precisions unknowingly.
-
-``--api-key KEY`` (as vLLM and llama.cpp take it): every /v1/ route then needs the header
-``Authorization: Bearer KEY`` and answers 401 in one sentence without it; /health stays open
-(load balancers probe it). A server bound beyond 127.0.0.1 without a key prints a warning.
 """
 
 from __future__ import annotations
-
-import hmac
-import logging
 
 from ..engine import quant
 from ..engine.hardware import as_dtype, dtype_name, require_usable_dtype
 from ..engine.quant.kernels import Int4Linear, Int8Linear
 from ..errors import LabError
-from .protocol import error_body
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZE = ("int8", "int4")
@@ -55,25 +47,3 @@ def describe(model) -> dict:
         return {"dtype": dtype, "weights": dtype, "kernel": "dense matmul"}
     weights = "int8" if isinstance(layer, Int8Linear) else "int4"
     return {"dtype": dtype, "weights": weights, "kernel": quant.kernel_description(layer)}
-
-
-def add_api_key(app, api_key: str | None) -> None:
-    """With a key, every /v1/ request must carry ``Authorization: Bearer <key>`` (else a 401
-    in one sentence, the API's error shape); without one, nothing changes. Notebook 09 (serving over HTTP)."""
-    app.state.api_key = api_key
-    if api_key is None:
-        return
-    if not isinstance(api_key, str) or not api_key.strip():
-        raise LabError("The API key must be a non-empty string (or None for no key).")
-    from fastapi.responses import JSONResponse
-    expected = f"Bearer {api_key}".encode()
-
-    @app.middleware("http")
-    async def require_key(request, call_next):
-        if request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                message = "Invalid or missing API key; send the header 'Authorization: Bearer <key>'."
-                logging.getLogger("uvicorn.error").info("%s %s -> 401: %s", request.method, request.url.path, message)
-                return JSONResponse(error_body(message, code="invalid_api_key"), status_code=401)
-        return await call_next(request)

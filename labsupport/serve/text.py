@@ -52,6 +52,12 @@ class StopMatcher:
         return state + 1 if char == self.stop[state] else 0
 
 
+def stop_matchers(stops: list[str] | None) -> list[StopMatcher]:
+    """The automaton of each non-empty stop string: built once per request, in linear time.
+    Notebook 09 (serving over HTTP)."""
+    return [StopMatcher(stop) for stop in stops or [] if stop]
+
+
 def held_back(text: str, stops: list[str]) -> int:
     """How many characters at the end of `text` must wait: the length of its longest ending
     that is the beginning (not the whole) of one of the `stops`; 0 if none. Reads only the
@@ -69,9 +75,11 @@ class TextStream:
     """The text of one answer, token by token: `add(token)` returns the text that is safe to
     send now; `stopped` turns True when a stop string appears. Notebook 09 (serving over HTTP)."""
 
-    def __init__(self, tokenizer, stop: list[str] | None = None):
-        self.tokenizer, self.stop = tokenizer, list(stop or [])
-        self.matchers = [StopMatcher(s) for s in self.stop if s]
+    def __init__(self, tokenizer, stop: list[str] | None = None, matchers: list[StopMatcher] | None = None):
+        """stop: the stop strings; or matchers: their automata, built once (`stop_matchers`) and shared
+        by every choice of a request (an automaton holds no state of its own)."""
+        self.matchers = stop_matchers(stop) if matchers is None else list(matchers)
+        self.tokenizer, self.stop = tokenizer, [m.stop for m in self.matchers]
         self.states = [0] * len(self.matchers)
         self.fed = ""                  # the text the matchers have read (none of it can change)
         self.ids: list[int] = []

@@ -11,6 +11,9 @@ generator or a client written for vLLM works here unchanged:
 
 from __future__ import annotations
 
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
 from .protocol import ApiError, DetokenizeRequest, TokenizeRequest
 
 
@@ -48,16 +51,24 @@ def tokenizer_info(server) -> dict:
             "bos_token_id": getattr(tok, "bos_token_id", None), "chat_template": getattr(tok, "chat_template", None)}
 
 
+def _locked(server, route, body) -> JSONResponse:
+    """`route(server, body)` in a worker thread, one tokenizer call at a time (`_Server.tokenizer_lock`),
+    rendered to JSON there too: a million token ids take a second to render, which must not be the
+    event loop's second."""
+    with server.tokenizer_lock:
+        return JSONResponse(route(server, body))
+
+
 def add_tokenizer_routes(app, server) -> None:
     """Register /tokenize, /detokenize and /tokenizer_info on `app`. Notebook 09 (serving over HTTP)."""
 
     @app.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest):
-        return tokenize(server, body)
+        return await run_in_threadpool(_locked, server, tokenize, body)     # off the event loop: it grows with the body
 
     @app.post("/detokenize")
     async def detokenize_route(body: DetokenizeRequest):
-        return detokenize(server, body)
+        return await run_in_threadpool(_locked, server, detokenize, body)
 
     @app.get("/tokenizer_info")
     async def tokenizer_info_route():
