@@ -60,7 +60,8 @@ class Choice:
         if self.echo_text is not None and self.top is not None:
             self.server.thread.score(self.prompt, self.top, self.tokens)
         if self.request is not None:
-            self.server.metrics.prompt_tokens.inc(len(self.prompt))
+            if self.index % self.body.n == 0:                  # a prompt counts once, however many choices
+                self.server.metrics.prompt_tokens.inc(len(self.prompt))
             self.server.thread.submit(self.request, self.tokens)
 
     async def first(self):
@@ -225,6 +226,12 @@ class Reply:
             self.close()
 
     def close(self) -> None:
+        """Close every choice; one log line when some ended before their last token (the client went
+        away, or an error logged above), since their tokens were aborted in the engine."""
+        cut = sum(c.open and c.finish_reason is None for c in self.choices)
+        if cut:
+            LOG.info("%s: ended before its last token (the client went away, or the error above); aborted %d "
+                     "choice(s) in the engine.", self.id, cut)
         for choice in self.choices:
             choice.close()
 

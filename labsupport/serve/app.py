@@ -165,7 +165,8 @@ def _validation_error(errors: list[dict]) -> ApiError:
         return ApiError(400, f"Unrecognized request argument supplied: {path[-1]}.", param=path[-1])
     if first["type"] == "missing":
         return ApiError(400, f"The field '{'.'.join(path)}' is required.", param=param)
-    msg = first["msg"][0].lower() + first["msg"][1:]
+    msg = first["msg"].removeprefix("Value error, ")
+    msg = msg[0].lower() + msg[1:]
     return ApiError(400, f"Invalid value for '{param}': {msg}.", param=param)
 
 
@@ -265,10 +266,15 @@ class _Server:
             out.append((ids, one if isinstance(one, str) else self.tokenizer.decode(ids)))
         return out
 
-    @staticmethod
-    def _ids(ids: list[int]) -> list[int]:
+    def _ids(self, ids: list[int]) -> list[int]:
+        """A prompt's token ids, if there is one and each is in the vocabulary; else a 400."""
         if not ids:
             raise ApiError(400, "The prompt is empty; send at least one token.", param="prompt")
+        vocab = self.engine.model.config.vocab_size
+        outside = next((i for i, token in enumerate(ids) if not 0 <= token < vocab), None)
+        if outside is not None:
+            raise ApiError(400, f"Token id {ids[outside]} (item {outside} of the prompt) is outside the vocabulary "
+                                f"[0, {vocab}).", param="prompt", code="invalid_token_id")
         return ids
 
     def _chat_text(self, messages) -> str:

@@ -21,12 +21,15 @@ server logs one line naming it (`ignored_fields`), as OpenAI-compatible servers 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 LENIENT = ConfigDict(extra="allow")      # an unknown field is kept aside (model_extra), then ignored
 SEED_RANGE = (-2 ** 63, 2 ** 64)         # vLLM's: a signed or unsigned 64-bit integer
+Whole = Annotated[int, Strict()]         # a JSON integer: never true or false, never 1.0
+TokenId = Annotated[int, Strict(), Field(ge=0)]
+PROMPT_SHAPES = "text, a list of texts, a list of token ids (whole numbers from 0), or a list of such lists"
 
 
 class ApiError(Exception):
@@ -55,15 +58,67 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
+def lone_surrogate(value, path: str = "") -> str | None:
+    """Where a JSON body holds a lone surrogate (``"\\ud800"``: valid JSON, but not Unicode text, so
+    no tokenizer can encode it), as one sentence; None when it holds none. Notebook 09 (serving over HTTP)."""
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            return (f"the text of '{path or 'the body'}' holds a lone surrogate (U+{ord(value[error.start]):04X}) "
+                    f"at character {error.start}, which is not Unicode text; send valid UTF-8")
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = lone_surrogate(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _unicode_only(data):
+    """A body's validator: the body as sent, or a ValueError naming its lone surrogate."""
+    found = lone_surrogate(data)
+    if found is not None:
+        raise ValueError(found)
+    return data
+
+
+def prompt_problem(prompt) -> str | None:
+    """What is wrong with a completions prompt's shape, as one sentence, or None. Notebook 09 (serving over HTTP)."""
+    if isinstance(prompt, str):
+        return None
+    if not isinstance(prompt, list):
+        return f"a prompt is {PROMPT_SHAPES}; got {_json_kind(prompt)}"
+    if all(isinstance(item, str) for item in prompt):
+        return None
+    single = not all(isinstance(item, list) for item in prompt)          # token ids, else lists of them
+    for r, row in enumerate([prompt] if single else prompt):
+        for i, token in enumerate(row):
+            where = f"item {i}" if single else f"item {i} of prompt {r}"
+            if isinstance(token, bool) or not isinstance(token, int):
+                return f"a prompt is {PROMPT_SHAPES}; {where} is {_json_kind(token)}"
+            if token < 0:
+                return f"token ids are whole numbers from 0; {where} is {token}"
+    return None
+
+
+def _json_kind(value) -> str:
+    names = {type(None): "null", bool: "true/false", str: "text", list: "a list", dict: "an object"}
+    return names.get(type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
 class SamplingFields(BaseModel):
     """The fields both endpoints share. Notebook 09 (serving over HTTP)."""
 
     model_config = LENIENT
     model: str
-    max_tokens: int | None = Field(default=None, ge=0)     # 0: only with echo (logprobs.refusal)
+    max_tokens: Whole | None = Field(default=None, ge=0)   # 0: only with echo (logprobs.refusal)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    seed: int | None = Field(default=None, ge=SEED_RANGE[0], lt=SEED_RANGE[1])
+    seed: Whole | None = Field(default=None, ge=SEED_RANGE[0], lt=SEED_RANGE[1])
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -75,9 +130,11 @@ class SamplingFields(BaseModel):
     logit_bias: dict | None = None
     logprobs: Any = None                     # checked in logprobs.refusal
     # extensions, as vLLM names them
-    top_k: int | None = Field(default=None, ge=1)
+    top_k: Whole | None = Field(default=None, ge=1)
     ignore_eos: bool = False
     return_token_ids: bool = False
+
+    _text_is_unicode = model_validator(mode="before")(classmethod(lambda cls, data: _unicode_only(data)))
 
     @field_validator("n", mode="before")
     @classmethod
@@ -88,10 +145,18 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """A ``/v1/completions`` body: one prompt or several, as text or token ids. Notebook 09 (serving over HTTP)."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Whole | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, prompt):
+        problem = prompt_problem(prompt)
+        if problem is not None:
+            raise ValueError(problem)
+        return prompt
 
 
 class Message(BaseModel):
@@ -107,7 +172,7 @@ class ChatRequest(SamplingFields):
     """A ``/v1/chat/completions`` body. Notebook 09 (serving over HTTP)."""
 
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Whole | None = Field(default=None, ge=1)
     top_logprobs: Any = None
     tools: list | None = None
     tool_choice: Any = None
@@ -150,8 +215,10 @@ class TokenizeRequest(BaseModel):
     model_config = LENIENT
     model: str | None = None
     prompt: str | None = None
-    messages: list[Message] | None = None
+    messages: list[Message] | None = Field(default=None, min_length=1)
     add_special_tokens: bool = True
+
+    _text_is_unicode = model_validator(mode="before")(classmethod(lambda cls, data: _unicode_only(data)))
 
     @model_validator(mode="after")
     def _one_input(self):
@@ -165,7 +232,7 @@ class DetokenizeRequest(BaseModel):
 
     model_config = LENIENT
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 def unsupported(body: SamplingFields) -> ApiError | None:

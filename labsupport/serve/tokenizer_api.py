@@ -43,12 +43,24 @@ def detokenize(server, body: DetokenizeRequest) -> dict:
     return {"prompt": server.tokenizer.decode(body.tokens)}
 
 
+SPECIAL_TOKENS = ("eos", "bos", "pad", "unk")
+
+
 def tokenizer_info(server) -> dict:
-    """The tokenizer's class, sizes, special ids and chat template. Notebook 09 (serving over HTTP)."""
+    """The tokenizer's class, sizes, special tokens (each as text and as id, as lm-eval's remote
+    tokenizer reads them: `eos_token`, `eos_token_id`, ...) and chat template. Notebook 09 (serving over HTTP)."""
     tok, config = server.tokenizer, server.engine.model.config
-    return {"tokenizer_class": type(tok).__name__, "vocab_size": config.vocab_size,
-            "model_max_length": config.max_position, "eos_token_id": getattr(tok, "eos_token_id", None),
-            "bos_token_id": getattr(tok, "bos_token_id", None), "chat_template": getattr(tok, "chat_template", None)}
+    info = {"tokenizer_class": type(tok).__name__, "vocab_size": config.vocab_size,
+            "model_max_length": config.max_position}
+    for name in SPECIAL_TOKENS:
+        info[f"{name}_token"] = _text(getattr(tok, f"{name}_token", None))
+        info[f"{name}_token_id"] = getattr(tok, f"{name}_token_id", None)
+    return dict(info, chat_template=getattr(tok, "chat_template", None))
+
+
+def _text(token) -> str | None:
+    """A special token as text (a tokenizer may hold it as an AddedToken object)."""
+    return None if token is None else str(token)
 
 
 def _locked(server, route, body) -> JSONResponse:

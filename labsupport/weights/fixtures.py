@@ -26,6 +26,7 @@ class ByteTokenizer:
     """
 
     bos_token_id, eos_token_id, pad_token_id = 256, 257, 257
+    bos_token, eos_token, pad_token = "<s>", "</s>", "</s>"         # their text (decode leaves them out)
     chat_template = None
     vocab_size = 260
 
