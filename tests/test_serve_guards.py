@@ -191,3 +191,46 @@ def test_a_client_that_hangs_up_on_a_keyed_server_is_aborted(keyed, monkeypatch)
     while not aborted and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(aborted) == 1
+
+
+def test_a_connection_that_never_finishes_its_head_is_closed_and_a_long_stream_is_not():
+    """uvicorn waits forever for a request head (slowloris: 150 such connections were held 90 s);
+    here a head must be whole within head_timeout, and a response may take as long as it takes."""
+    model = random_model(NAME, dtype=torch.float64)
+    app = create_app(model, ByteTokenizer(), NAME, max_slots=2, block_size=4)
+    real = app.state.engine.runner.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.01)
+        return real(*args, **kwargs)
+    app.state.engine.runner.forward = slow
+    with BackgroundServer(app, head_timeout=0.5) as server:
+        with socket.create_connection((server.host, server.port), timeout=TIMEOUT) as raw:
+            started = time.perf_counter()
+            raw.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")          # never the blank line that ends it
+            assert raw.recv(100) == b""                                     # the server closed it
+            assert time.perf_counter() - started < 5
+        body = {"model": NAME, "prompt": "long", "max_tokens": 150, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=TIMEOUT) as reply:
+            events = [line for line in reply.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and len(events) == 151           # 1.5 s and more: not cut
+        assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 200
+
+
+def test_past_the_connection_limit_a_request_gets_a_503_and_the_server_recovers(keyed):
+    from labsupport.serve.server import MAX_CONNECTIONS
+    idle = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            raw = socket.create_connection((keyed.host, keyed.port), timeout=TIMEOUT)
+            raw.sendall(b"GET /health HTTP/1.1\r\n")                        # a head begun, never finished
+            idle.append(raw)
+        time.sleep(0.2)
+        assert httpx.get(keyed.url + "/health", timeout=TIMEOUT).status_code == 503
+    finally:
+        for raw in idle:
+            raw.close()
+    deadline = time.monotonic() + TIMEOUT
+    while httpx.get(keyed.url + "/health", timeout=TIMEOUT).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpx.get(keyed.url + "/health", timeout=TIMEOUT).status_code == 200

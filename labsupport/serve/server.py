@@ -4,6 +4,11 @@ thread for a notebook, the bench and the tests.
 Introduced in notebook 09 (serving over HTTP). Both listen on 127.0.0.1 unless told
 otherwise: a server on another address is reachable by anyone who can reach the machine,
 so that takes an explicit host.
+
+Both also bound what one client's connections can hold: a connection must send a whole request
+head within `HEAD_TIMEOUT_S` of opening (or of its last response), else it is closed (uvicorn
+itself waits forever: slowloris); an idle kept-alive connection closes after
+`KEEP_ALIVE_S`; past `MAX_CONNECTIONS` connections or requests at once, a request gets a 503.
 """
 
 from __future__ import annotations
@@ -13,11 +18,67 @@ import socket
 import threading
 import time
 
+import logging
+
 import uvicorn
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
 
 from ..errors import LabError
+from ..inputs import finite_number
 
 LOCALHOST = "127.0.0.1"
+HEAD_TIMEOUT_S = 10.0          # to send a whole request head
+KEEP_ALIVE_S = 5.0             # an idle kept-alive connection (uvicorn's default)
+MAX_CONNECTIONS = 256          # connections or requests at once; a 503 past it
+LOG = logging.getLogger("uvicorn.error")
+
+
+class HeadDeadline:
+    """Mixed into uvicorn's HTTP protocol: a connection that has not sent a whole request head
+    `head_timeout` seconds after it opened, or after its last response, is closed. `cycle` is what
+    uvicorn makes once a head is complete, so an unchanged one means none came. Notebook 09 (serving over HTTP)."""
+
+    head_timeout = HEAD_TIMEOUT_S
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm_head_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_head_deadline()
+
+    def connection_lost(self, exc) -> None:
+        handle = getattr(self, "_head_deadline", None)
+        if handle is not None:
+            handle.cancel()
+        super().connection_lost(exc)
+
+    def _arm_head_deadline(self) -> None:
+        handle = getattr(self, "_head_deadline", None)
+        if handle is not None:
+            handle.cancel()
+        self._head_deadline = self.loop.call_later(self.head_timeout, self._head_too_slow, self.cycle)
+
+    def _head_too_slow(self, cycle_then) -> None:
+        if self.cycle is cycle_then and not self.transport.is_closing():
+            LOG.info("Closed a connection from %s: no whole request head within %.0f s.",
+                     "%s:%d" % self.client if self.client else "a client", self.head_timeout)
+            self.transport.close()
+
+
+def guarded_protocol(head_timeout: float = HEAD_TIMEOUT_S) -> type:
+    """uvicorn's own HTTP protocol (httptools where installed, else h11) with `HeadDeadline`.
+    Notebook 09 (serving over HTTP)."""
+    base = import_from_string(HTTP_PROTOCOLS["auto"])
+    return type(f"HeadDeadline{base.__name__}", (HeadDeadline, base), {"head_timeout": head_timeout})
+
+
+def _limits(head_timeout: float = HEAD_TIMEOUT_S) -> dict:
+    """uvicorn's settings that bound what one client's connections can hold."""
+    return {"http": guarded_protocol(head_timeout), "timeout_keep_alive": KEEP_ALIVE_S,
+            "limit_concurrency": MAX_CONNECTIONS}
 
 
 def is_loopback(host: str) -> bool:
@@ -35,7 +96,7 @@ def run_server(app, host: str = LOCALHOST, port: int = 8000, log_level: str = "i
     if not is_loopback(host) and getattr(app.state, "api_key", None) is None:
         print(f"warning: listening on {host} without an API key: anyone who can reach this machine can use "
               "this server (start it with --api-key KEY).", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, **_limits())
 
 
 class BackgroundServer:
@@ -44,9 +105,12 @@ class BackgroundServer:
     Introduced in notebook 09 (serving over HTTP). ``with BackgroundServer(app) as server:``
     starts it (waiting until it accepts connections), gives `server.url`, and stops it at
     the end: uvicorn finishes the requests in flight, then the app's engine thread stops.
+    head_timeout: seconds a connection has to send a whole request head (`HeadDeadline`).
     """
 
-    def __init__(self, app, host: str = LOCALHOST, port: int = 0, log_level: str = "warning"):
+    def __init__(self, app, host: str = LOCALHOST, port: int = 0, log_level: str = "warning",
+                 head_timeout: float = HEAD_TIMEOUT_S):
+        head_timeout = finite_number(head_timeout, "head_timeout (seconds)", minimum=0, above_minimum=True)
         if not is_loopback(host):
             raise LabError(f"A background server listens on this machine only; got host {host!r}. Use "
                            "`python -m labsupport serve --host ...` to serve other machines.")
@@ -59,7 +123,7 @@ class BackgroundServer:
             raise LabError(f"Cannot listen on {host}:{port} ({error.strerror}); choose another port.") from None
         self.host, self.port = host, self.socket.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on",
-                                                    timeout_graceful_shutdown=10))
+                                                    timeout_graceful_shutdown=10, **_limits(head_timeout)))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
                                        name="labsupport-http", daemon=True)
 
