@@ -87,29 +87,7 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
     app.state.engine, app.state.engine_thread, app.state.server = engine, server.thread, server
     add_guards(app, api_key, max_body_bytes)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request, error: ApiError):
-        _log_error(request, error.status, error.message)
-        headers = {"Retry-After": "1"} if error.status == 429 else None
-        return JSONResponse(error.body(), status_code=error.status, headers=headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request, error: RequestValidationError):
-        refusal = _validation_error(error.errors())
-        _log_error(request, 400, refusal.message)
-        return JSONResponse(refusal.body(), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, error: HTTPException):
-        message = f"{error.detail}: {request.method} {request.url.path}."
-        _log_error(request, error.status_code, message)
-        return JSONResponse(protocol.error_body(message), status_code=error.status_code)
-
-    @app.exception_handler(Exception)
-    async def server_error(request, error: Exception):
-        message = one_sentence(error)
-        _log_error(request, 500, message)
-        return JSONResponse(protocol.error_body(message, kind="server_error"), status_code=500)
+    _add_error_handlers(app)
 
     @app.get("/health")
     async def health():
@@ -140,6 +118,35 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
 
     add_tokenizer_routes(app, server)
     return app
+
+
+def _add_error_handlers(app) -> None:
+    """Every error as the API's one sentence, logged: ours (ApiError), a body that fails validation
+    (a 400), Starlette's (404, 405) and any other exception (a 500)."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, error: ApiError):
+        _log_error(request, error.status, error.message)
+        headers = {"Retry-After": "1"} if error.status == 429 else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request, error: RequestValidationError):
+        refusal = _validation_error(error.errors())
+        _log_error(request, 400, refusal.message)
+        return JSONResponse(refusal.body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, error: HTTPException):
+        message = f"{error.detail}: {request.method} {request.url.path}."
+        _log_error(request, error.status_code, message)
+        return JSONResponse(protocol.error_body(message), status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request, error: Exception):
+        message = one_sentence(error)
+        _log_error(request, 500, message)
+        return JSONResponse(protocol.error_body(message, kind="server_error"), status_code=500)
 
 
 def _log_error(request, status: int, message: str) -> None:
