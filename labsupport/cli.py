@@ -85,7 +85,8 @@ def _serving_commands(sub) -> None:
                        help="requests queued beyond the slots before new ones get a 429 (default 64)")
     serve.add_argument("--policy", default="continuous", choices=["continuous", "static"])
     serve.add_argument("--token-budget", type=int, default=None,
-                       help="tokens per engine step: chunked prefill (default: none, whole prompts)")
+                       help="prompt tokens per engine step: chunked prefill (default 256 on a CPU, 2048 on a GPU; "
+                            "0: each prompt whole in its own pass)")
     serve.add_argument("--prefix-caching", action="store_true", help="share cached blocks of common prompt prefixes")
     serve.add_argument("--block-size", type=int, default=16, help="positions per cache block (default 16)")
     serve.add_argument("--cache-tokens", type=int, default=None,
@@ -129,7 +130,8 @@ def _serve(args) -> int:
     app = create_app(model, tokenizer, args.served_model_name or args.model, max_waiting=args.max_waiting,
                      api_key=args.api_key,
                      max_body_bytes=MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes,
-                     max_slots=args.max_slots, policy=args.policy, token_budget=args.token_budget,
+                     max_slots=args.max_slots, policy=args.policy,
+                     **({} if args.token_budget is None else {"token_budget": args.token_budget or None}),
                      prefix_caching=args.prefix_caching, block_size=args.block_size, cache_tokens=args.cache_tokens)
     run_server(app, args.host, args.port, args.log_level)
     return 0

@@ -116,12 +116,14 @@ def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes
     precision) of servers already running, or name -> the reason it is not (a row with
     "skipped"); also_served: name -> another model our server serves too (e.g. int4 weights)."""
     from ..serve import BackgroundServer, create_app         # here: importing the bench needs no web server
+    from ..serve.app import default_token_budget
     from ..serve.precision import describe
 
     workloads = {rate: chat_workload(sizes.requests, rate, sizes.median_new_tokens, max_new_tokens=sizes.max_new_tokens,
                                      seed=seed) for rate in rates}
     longest = max(r.max_length for r in as_engine_requests(tokenizer, workloads[rates[0]]))
-    settings = dict(max_slots=sizes.slots, cache_tokens=sizes.slots * longest)
+    settings = dict(max_slots=sizes.slots, cache_tokens=sizes.slots * longest,        # the server's default budget
+                    token_budget=default_token_budget(model, sizes.slots))            # in process too: like for like
     app = create_app(model, tokenizer, model_name, max_waiting=sizes.requests, **settings)
     apps = {"our HTTP server": app, **{name: create_app(other, tokenizer, model_name, max_waiting=sizes.requests,
                                                          **settings) for name, other in (also_served or {}).items()}}

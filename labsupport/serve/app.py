@@ -57,6 +57,15 @@ from .text import stop_matchers
 from .tokenizer_api import add_tokenizer_routes, require_served_model
 
 LOG = logging.getLogger("uvicorn.error")        # uvicorn's own log: what the server prints
+# Prompt tokens per engine step, by default (chunked prefill, notebook 06b): a long prompt then
+# holds the other streams for about one such step at a time, not for its whole prefill.
+DEFAULT_TOKEN_BUDGET = {"cuda": 2048, "cpu": 256}
+
+
+def default_token_budget(model, max_slots: int = 8) -> int:
+    """The server's tokens per engine step: `DEFAULT_TOKEN_BUDGET` for the model's device (a CPU's
+    for any other), at least one decode per slot. Notebook 09 (serving over HTTP)."""
+    return max(DEFAULT_TOKEN_BUDGET.get(model.device.type, DEFAULT_TOKEN_BUDGET["cpu"]), max_slots)
 
 
 def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_timeout: float = 600.0,
@@ -70,10 +79,15 @@ def create_app(model, tokenizer, model_name: str, max_waiting: int = 64, token_t
     /health requires (`guards.add_guards`), or None; max_body_bytes: the largest request body
     read (a 413 past it); engine_options: `Engine` keyword
     arguments (max_slots, policy, token_budget, prefix_caching, block_size, cache_tokens).
+    Unlike `Engine`'s, the server's default token_budget is `default_token_budget` (chunked
+    prefill); token_budget=None serves each prompt whole in its own pass.
     The app's state holds `engine` and `engine_thread` (tests check the blocks after a run).
     """
     max_waiting = whole_number(max_waiting, "max_waiting (requests queued beyond the batch slots)", minimum=0)
     token_timeout = finite_number(token_timeout, "token_timeout (seconds)", minimum=0, above_minimum=True)
+    if "token_budget" not in engine_options:
+        slots = engine_options.get("max_slots", 8)
+        engine_options["token_budget"] = default_token_budget(model, slots if isinstance(slots, int) else 8)
     engine = Engine(model, record=False, **engine_options)
     server = _Server(engine, tokenizer, model_name, engine.max_slots + max_waiting, token_timeout)
 
