@@ -342,3 +342,39 @@ def test_an_engine_that_fails_answers_every_client_and_says_so(model):
         assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 503
         again = httpx.post(server.url + "/v1/completions", json={"model": NAME, "prompt": "x"}, timeout=TIMEOUT)
         assert again.status_code == 503 and again.json()["error"]["type"] == "server_error"
+
+
+def test_the_cli_server_steps_the_engine_in_the_thread_that_calls_it(model):
+    """`run_server` (what `python -m labsupport serve` runs) serves over uvicorn in a thread of its own
+    and steps the engine in the calling thread, the one that loaded the model (issue 49: a second
+    thread's OpenMP team starts cold at every step); stopping the engine's loop stops the server."""
+    import socket
+    import threading
+    from labsupport.serve.server import run_server
+    app = create_app(model, ByteTokenizer(), NAME, max_slots=2, block_size=4)
+    stepped_in, real = set(), app.state.engine.step
+
+    def step():
+        stepped_in.add(threading.get_ident())
+        return real()
+    app.state.engine.step = step
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    caller = threading.Thread(target=run_server, args=(app, "127.0.0.1", port, "warning"), daemon=True)
+    caller.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    reply = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "here", "max_tokens": 4,
+                                                      "temperature": 0, "ignore_eos": True}, timeout=TIMEOUT)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+    assert stepped_in == {caller.ident}
+    app.state.engine_thread.stop()
+    caller.join(TIMEOUT)
+    assert not caller.is_alive()

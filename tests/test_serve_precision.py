@@ -57,8 +57,17 @@ def test_models_says_the_precision_and_the_quantized_server_answers(method, weig
         assert len(out.choices[0].logprobs.token_logprobs) == 4
 
 
+class _NoServer:
+    """uvicorn.Server that returns at once: run_server's warning, and its engine loop ending with it."""
+    def __init__(self, config):
+        self.should_exit = False
+
+    def run(self):
+        return None
+
+
 def test_binding_beyond_localhost_without_a_key_warns(monkeypatch, capsys):
-    monkeypatch.setattr(server_module.uvicorn, "run", lambda *a, **k: None)
+    monkeypatch.setattr(server_module.uvicorn, "Server", _NoServer)
     open_app = create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=1, block_size=4)
     keyed = create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=1, block_size=4, api_key="k")
     server_module.run_server(open_app, "0.0.0.0", 8000)

@@ -83,15 +83,29 @@ class EngineThread:
         self.queues: dict = {}                  # request id -> TokenQueue (engine thread only)
         self.error: BaseException | None = None
         self.steps = 0
+        self.in_caller = False                  # run_here: the loop runs in the thread that called it
+        self._running = threading.Event()
         self._thread = threading.Thread(target=self._run, name="labsupport-engine", daemon=True)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and self.error is None
+        return self._running.is_set() and self.error is None
 
     def start(self) -> "EngineThread":
-        self._thread.start()
+        """Step the engine in a thread of its own (a notebook, the tests); nothing when `run_here` owns it."""
+        if not self.in_caller:
+            self._running.set()
+            self._thread.start()
         return self
+
+    def run_here(self) -> None:
+        """Step the engine in the calling thread until `stop` (what ``python -m labsupport serve`` does,
+        in the thread that loaded the model). Why: PyTorch's CPU kernels run their OpenMP team from the
+        thread that calls them, and a second thread's team starts cold at every step on a small CPU (one
+        int4 layer of SmolLM2: about 20 us from the loading thread, 65 us from another, 2 cores). Call
+        with `in_caller` set before the app starts."""
+        self._running.set()
+        self._run()
 
     def submit(self, request: Request, tokens: TokenQueue) -> None:
         """Queue a request; it joins the batch at the engine's next step."""
@@ -107,8 +121,10 @@ class EngineThread:
         self.inbox.put(("abort", request_id, None))
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Finish the step in progress, drop every request, and end the thread."""
+        """Finish the step in progress, drop every request, and end the thread (or `run_here`)."""
         self.inbox.put(("stop", None, None))
+        if self.in_caller:                       # run_here returns in its own thread
+            return
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise LabError(f"The engine thread did not stop within {timeout:.0f} s.")
@@ -124,9 +140,13 @@ class EngineThread:
             self.error = error
             for tokens in self.queues.values():
                 tokens.put(Failure(f"The engine stopped: {type(error).__name__}: {error}"))
-        for request_id in list(self.queues):     # stopping: nothing is left holding blocks
-            self.engine.abort(request_id)
-        self.queues.clear()
+            if isinstance(error, KeyboardInterrupt) and self.in_caller:
+                raise                            # Ctrl+C in run_here: the server shuts down
+        finally:
+            self._running.clear()
+            for request_id in list(self.queues):     # stopping: nothing is left holding blocks
+                self.engine.abort(request_id)
+            self.queues.clear()
 
     def _take_commands(self, wait: bool) -> bool:
         """Apply every command in the inbox (waiting for one when idle); False on stop."""

@@ -92,11 +92,33 @@ def is_loopback(host: str) -> bool:
 
 
 def run_server(app, host: str = LOCALHOST, port: int = 8000, log_level: str = "info") -> None:
-    """Serve `app` until Ctrl+C (what ``python -m labsupport serve`` runs). Notebook 09 (serving over HTTP)."""
+    """Serve `app` until Ctrl+C (what ``python -m labsupport serve`` runs): uvicorn in a thread, and
+    the engine's loop in this one, the thread that loaded the model (`EngineThread.run_here` says
+    why). Notebook 09 (serving over HTTP)."""
     if not is_loopback(host) and getattr(app.state, "api_key", None) is None:
         print(f"warning: listening on {host} without an API key: anyone who can reach this machine can use "
               "this server (start it with --api-key KEY).", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, **_limits())
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, **_limits()))
+    engine = getattr(app.state, "engine_thread", None)
+    if engine is None:
+        server.run()
+        return
+    engine.in_caller = True                  # the engine steps here, in the thread that loaded the model
+
+    def serve_then_stop_the_engine():
+        try:
+            server.run()
+        finally:                             # uvicorn ended (or could not start): so does the engine's loop
+            engine.stop()
+    web = threading.Thread(target=serve_then_stop_the_engine, name="labsupport-http", daemon=True)
+    web.start()
+    try:
+        engine.run_here()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.should_exit = True
+        web.join(30)
 
 
 class BackgroundServer:
