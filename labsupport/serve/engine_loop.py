@@ -98,12 +98,16 @@ class EngineThread:
             self._thread.start()
         return self
 
+    def leave_to_caller(self) -> None:
+        """From now on `start` starts nothing: the caller will step the engine with `run_here`."""
+        self.in_caller = True
+
     def run_here(self) -> None:
         """Step the engine in the calling thread until `stop` (what ``python -m labsupport serve`` does,
         in the thread that loaded the model). Why: PyTorch's CPU kernels run their OpenMP team from the
         thread that calls them, and a second thread's team starts cold at every step on a small CPU (one
         int4 layer of SmolLM2: about 20 us from the loading thread, 65 us from another, 2 cores). Call
-        with `in_caller` set before the app starts."""
+        `leave_to_caller` before the app starts."""
         self._running.set()
         self._run()
 

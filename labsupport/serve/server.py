@@ -103,7 +103,7 @@ def run_server(app, host: str = LOCALHOST, port: int = 8000, log_level: str = "i
     if engine is None:
         server.run()
         return
-    engine.in_caller = True                  # the engine steps here, in the thread that loaded the model
+    engine.leave_to_caller()                 # the engine steps here, in the thread that loaded the model
 
     def serve_then_stop_the_engine():
         try:
