@@ -17,6 +17,7 @@ import checker_mutants as cm  # noqa: E402  (scripts/, after the path)
 
 EXERCISES = cm.exercises()
 SAMPLE = 5                      # mutants per exercise here, spread over its solution
+cm.TIMEOUT_S = 20               # a mutant that loops is refused sooner here (the slowest solution checks in ~3 s)
 
 
 def _sample(every: list, equivalent: dict) -> list:
