@@ -12,6 +12,7 @@ The embedded model is loaded once per session (about 3 s once its converted
 weights are cached; the first run ever converts them, about 20 s).
 """
 
+import logging
 import re
 
 import pytest
@@ -122,3 +123,25 @@ def guard_writes(monkeypatch):
     to watch to the list this yields (tests/serving_reference.py: `watch_shared_writes`)."""
     from serving_reference import watch_shared_writes
     return watch_shared_writes(monkeypatch)
+
+
+class _Lines(logging.Handler):
+    """Every message logged while a test runs, as text."""
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def log_lines():
+    """The lines the server logs (uvicorn's error log, where refusals and cut requests go) during a test."""
+    logger, handler = logging.getLogger("uvicorn.error"), _Lines()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler.lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)

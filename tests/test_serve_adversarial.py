@@ -11,7 +11,6 @@ Every server runs in a thread on 127.0.0.1, every wait has a timeout.
 """
 
 import asyncio
-import logging
 import time
 
 import httpx
@@ -22,7 +21,7 @@ openai = pytest.importorskip("openai")
 
 from labsupport.engine.drafts import PromptLookupDraft  # noqa: E402
 from labsupport.engine.generation import generate  # noqa: E402
-from labsupport.engine.sampling import GREEDY, SamplingConfig, probabilities  # noqa: E402
+from labsupport.engine.sampling import SamplingConfig, probabilities  # noqa: E402
 from labsupport.engine.serving import Engine, Request  # noqa: E402
 from labsupport.engine.speculative import speculative_generate  # noqa: E402
 from labsupport.errors import LabError  # noqa: E402
@@ -211,26 +210,6 @@ def test_a_failure_in_the_server_side_text_or_at_admission_ends_that_request_alo
         api.completions.create(model=NAME, prompt="adm", max_tokens=4)
     monkeypatch.undo()
     still_serving(served, model)
-
-
-class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def log_lines():
-    logger, handler = logging.getLogger("uvicorn.error"), _Lines()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler.lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def test_unknown_fields_are_ignored_with_one_log_line_and_refusals_are_logged(served, model, log_lines):

@@ -4,7 +4,6 @@ carries the special tokens' text (lm-eval's remote tokenizer reads them), a prom
 the prompt-token metric however many choices it has, and a request cut short is logged."""
 
 import json
-import logging
 import re
 import socket
 import time
@@ -27,26 +26,6 @@ def served():
     with BackgroundServer(app) as server:
         server.app = app
         yield server
-
-
-class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def log_lines():
-    logger, handler = logging.getLogger("uvicorn.error"), _Lines()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler.lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 COMPLETION = '{"model": "tiny-llama", "max_tokens": 2, %s}'
