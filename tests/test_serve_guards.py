@@ -234,3 +234,37 @@ def test_past_the_connection_limit_a_request_gets_a_503_and_the_server_recovers(
     while httpx.get(keyed.url + "/health", timeout=TIMEOUT).status_code != 200 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert httpx.get(keyed.url + "/health", timeout=TIMEOUT).status_code == 200
+
+
+def test_the_server_chunks_prompts_by_default_and_takes_whole_prompts_when_told(monkeypatch):
+    """Issue 49: chunked prefill is the server's default (256 prompt tokens per step on a CPU, 2048 on a
+    GPU, never fewer than the slots); token_budget=None serves prompts whole; a bad budget is one sentence."""
+    from labsupport.serve.app import default_token_budget
+    model = random_model(NAME)
+    assert create_app(model, ByteTokenizer(), NAME, max_slots=2, block_size=4).state.engine.token_budget == 256
+    assert create_app(model, ByteTokenizer(), NAME, max_slots=2, block_size=4,
+                      token_budget=None).state.engine.token_budget is None
+    assert default_token_budget(model, 300) == 300
+    monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda")))
+    assert default_token_budget(model, 4) == 2048
+    monkeypatch.undo()
+    with pytest.raises(LabError, match="token_budget"):
+        create_app(model, ByteTokenizer(), NAME, max_slots=2, block_size=4, token_budget=-5)
+
+
+@pytest.mark.parametrize("head_timeout", [0, -1, float("nan"), "10"])
+def test_a_bad_head_timeout_is_one_sentence(head_timeout):
+    app = create_app(random_model(NAME), ByteTokenizer(), NAME, max_slots=1, block_size=4)
+    with pytest.raises(LabError, match="head_timeout") as caught:
+        BackgroundServer(app, head_timeout=head_timeout)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_keyed_server_serves_again_after_a_refusal_storm(keyed):
+    """Reuse: after every kind of refusal at once, the same server answers a keyed request in full."""
+    for _ in range(3):
+        raw_post(keyed, "/tokenize", {"Content-Length": str(LIMIT + 1)}, b"")
+        httpx.post(keyed.url + "/v1/completions", json={"model": NAME, "prompt": "x"}, timeout=TIMEOUT)
+    good = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+    assert good.completions.create(model=NAME, prompt="x", max_tokens=3, temperature=0).usage.completion_tokens == 3
+    keyed.app.state.engine.blocks.assert_no_leaks()
