@@ -2,8 +2,10 @@
 
 Introduced in notebook 09 (serving over HTTP).
 
-The serving engine (`engine.serving.Engine`) is stepped in ONE dedicated thread, and no
-other thread ever touches it. Requests cross over through two one-way channels:
+The serving engine (`engine.serving.Engine`) is stepped in ONE thread, and no other thread
+ever touches it: a thread of its own (`start`: a notebook, the tests), or, for ``python -m
+labsupport serve``, the thread that loaded the model (`run_here`: the web server then runs in
+another). Requests cross over through two one-way channels:
 
     event loop --inbox (queue.SimpleQueue: add / abort)--> engine thread
     engine thread --loop.call_soon_threadsafe(token)-----> each request's asyncio.Queue

@@ -250,7 +250,8 @@ class Engine:
         prompts_done = sum(seq.num_cached + n == len(seq.tokens) for seq, n in chunked)
         self.clock.tick()
         now = self.clock()
-        _drop_rows(plan, {id(seq) for seq, _ in self._failed})    # a failed pass: nothing of it is kept
+        if self._failed:                                               # a failed pass: nothing of it is kept
+            _drop_rows(plan, {id(seq) for seq, _ in self._failed})
         finished, failed = self.scheduler.postprocess(plan, events, now)
         for seq in finished:
             self.live.pop(seq.id, None)
@@ -392,8 +393,6 @@ def _drop_rows(plan, failed: set[int]) -> None:
     """Take the sequences whose pass failed out of the step's plan, so that its bookkeeping keeps
     nothing of them (no position counted as computed, no block offered to the prefix cache: the
     pass may have left those blocks half-written). Notebook 09 (serving over HTTP)."""
-    if not failed:
-        return
     plan.decode = [seq for seq in plan.decode if id(seq) not in failed]
     kept = [(seq, n) for seq, n in zip(plan.prefill, plan.chunks) if id(seq) not in failed]
     plan.prefill, plan.chunks = [seq for seq, _ in kept], [n for _, n in kept]
