@@ -18,6 +18,16 @@ import re
 import pytest
 import torch
 
+try:   # the property-based passes (tests/test_properties_*.py); not on the lent GPU machine
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:
+    _hypothesis_settings = None
+else:
+    # hypothesis's default budget (100 examples a test), with no per-example deadline (a first call
+    # may build a model or a kernel) and no example database written into the working tree
+    _hypothesis_settings.register_profile("course", deadline=None, database=None)
+    _hypothesis_settings.load_profile("course")
+
 # test ids are the preset names; never "gpu" (a test whose keywords hold it is skipped without CUDA)
 TINY_PRESETS = ("tiny-llama", "tiny-gpt2")
 
@@ -27,7 +37,7 @@ TINY_PRESETS = ("tiny-llama", "tiny-gpt2")
 # when only gpu-marked tests are selected, such a module is reported as skipped instead of
 # stopping the run with a collection error. Anywhere else a missing package stays an error.
 NOTEBOOK_ONLY = ("plotly", "ipywidgets", "anywidget", "nbformat", "nbval", "nbclient", "fastapi", "uvicorn",
-                 "gguf", "bitsandbytes", "openai", "playwright")
+                 "gguf", "bitsandbytes", "openai", "playwright", "hypothesis")
 
 
 def _missing_notebook_package(report) -> str | None:
