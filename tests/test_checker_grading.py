@@ -23,6 +23,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 import labsupport
 import labsupport.checks
@@ -186,12 +187,45 @@ def memory_capped(extra_gib: float):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+def cannot_pass_on_the_ranks(checker: str, candidate) -> bool:
+    """check_mlp_split runs the answer in two rank processes (about 2.6 s a candidate). There each rank must
+    return a (tokens, hidden) tensor after exactly one all-reduce; a candidate that, run here as rank 0 on the
+    same cases (its all-reduces counted, summing over nobody), raises or returns anything else cannot pass
+    there, and is not sent."""
+    if checker != "check_mlp_split":
+        return False
+    from labsupport.checks import tensor_parallel as tp
+    for case in tp._mlp_cases():
+        sent = []
+        try:
+            out = tp._call(candidate, case, *tp._masked(case["gate_up"], case["down"], 0, tp.WORLD), 0, tp.WORLD,
+                           sent, False)
+        except Exception:                                                   # noqa: BLE001 - it raises on the ranks too
+            return True
+        if not (isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(case["x"].shape) and len(sent) == 1):
+            return True
+    return False
+
+
+def test_the_rank_zero_filter_keeps_a_right_split():
+    """The filter above sends a right split to the ranks (else it would hide a hole), and not a wrong one."""
+    def mlp_on_rank(x, gate_up, down, rank, world, all_reduce):
+        inner = down.shape[1]
+        mine = slice(rank * inner // world, (rank + 1) * inner // world)
+        gate, up = gate_up[:inner][mine], gate_up[inner:][mine]
+        return all_reduce((torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down[:, mine].T)
+    assert not cannot_pass_on_the_ranks("check_mlp_split", mlp_on_rank)
+    assert cannot_pass_on_the_ranks("check_mlp_split", lambda x, gate_up, down, rank, world, all_reduce: x)
+
+
 @pytest.mark.parametrize("checker", sorted(c for c in CHECKERS if len(SLOTS.get(c, [])) == 1))
 def test_no_package_callable_passes_as_the_answer(checker, capsys):
     fn = CHECKERS[checker]
     arity = SLOTS[checker + ".arity"][0]
     passed = []
     for path, candidate in engine_candidates(arity).items():
+        if cannot_pass_on_the_ranks(checker, candidate):
+            continue
         def answer(*args, _package=candidate):
             return _package(*args)
         try:
