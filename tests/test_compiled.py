@@ -70,6 +70,30 @@ def test_the_bucket_cache_is_reused_and_comes_back_empty(model):
     assert decoder.cache_for(model.to(torch.float32), 3, 20).dtype == torch.float32   # not another dtype's
 
 
+def test_the_caches_kept_fit_the_budget_the_least_recently_used_dropped_first(model):
+    """Issue 51, item 1: a sweep of batch sizes kept a cache per point and nothing released them.
+    Caches of one (model, purpose) now fit `keep_bytes` together: two shapes timed in turn stay
+    (batch 1 against batch 16), the oldest goes first, a cache larger than the budget is made
+    alone, and another purpose's caches (speculative decoding's, in use at once) are never dropped."""
+    from labsupport.engine.compiled import cache_bytes
+    one, two, four = (cache_bytes(model.config, rows, 20, model.dtype) for rows in (1, 2, 4))
+    decoder = CompiledDecoder(backend=CompileCounter(), keep_bytes=two + four)
+    small, large = decoder.cache_for(model, 1, 20), decoder.cache_for(model, 4, 20)
+    verify = decoder.cache_for(model, 8, 20, purpose="verify")               # bigger than the budget: alone
+    assert decoder.cache_for(model, 1, 20) is small and decoder.cache_for(model, 3, 20) is large   # both kept
+    pair = decoder.cache_for(model, 2, 20)                                    # 1 and 4 do not fit beside it
+    assert decoder.held_bytes(model) == two + four + verify.nbytes and pair.nbytes == two
+    assert decoder.cache_for(model, 4, 20) is large and decoder.cache_for(model, 1, 20) is not small   # the oldest went
+    assert decoder.cache_for(model, 8, 20, purpose="verify") is verify
+    alone = CompiledDecoder(backend=CompileCounter(), keep_bytes=0)           # one cache per (model, purpose)
+    alone.cache_for(model, 1, 20), alone.cache_for(model, 2, 200)
+    assert list(alone._caches[model]) == [(2, 256, "decode")]
+    for bad in (-1, 1.5, "1 GiB"):
+        with pytest.raises(LabError, match="keep_bytes must be") as error:
+            CompiledDecoder(keep_bytes=bad)
+        assert "\n" not in str(error.value)
+
+
 def test_sampling_draws_for_the_real_rows_only(model):
     """Padding rows of a bucket never draw random numbers: seeded sampling gives the eager tokens."""
     from labsupport.engine.sampling import SamplingConfig

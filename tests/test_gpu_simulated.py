@@ -480,3 +480,30 @@ def test_the_bench_times_the_sixteen_bit_1_7b_shape_on_a_t4(monkeypatch):
         model, name = ctx.timing_model(torch.float32)
     assert model.dtype == torch.float16 and built == [("smollm2-1.7b-shape", torch.float16)]
     assert name.endswith("in float16")
+
+
+def test_notebook_02s_sweep_holds_one_large_cache_at_a_time_on_a_t4():
+    """Issue 51, item 1: notebook 02 sweeps the 1.7B shape in fp16 on a T4 (11.41 GiB free beside
+    the models), compiled: a prompt of 40 tokens + 64 new ones, a cache of 128 positions per row
+    (`bucket_length`). One cache kept per batch point (1 ... 256) would hold 511 rows of it,
+    11.98 GiB. The decoder keeps its caches within a T4's budget, so the sweep's peak is its
+    largest point's cache, inside the share of the free memory a sweep may take. Sized on the
+    meta device: no memory is allocated."""
+    from labsupport.engine.compiled import CompiledDecoder, cache_budget, cache_bytes
+    from labsupport.lab.timing_model import HEADROOM, batches_that_fit
+
+    class Timed:                                  # what cache_for reads of a model; kept weakly
+        config, dtype, device = MODELS["smollm2-1.7b-shape"], torch.float16, torch.device("meta")
+    model, needed, free = Timed(), 40 + 64, int(11.41 * 2**30)
+    with simulated(GPUS["T4"]), mock.patch.object(torch.cuda, "mem_get_info", return_value=(free, GPUS["T4"].total_memory)):
+        batches, _ = batches_that_fit(model.config, batching.batch_sizes(CUDA), needed, model.dtype, CUDA, tokens=40)
+        decoder = CompiledDecoder(keep_bytes=cache_budget(CUDA))
+    assert batches[-1] == 256 and decoder.keep_bytes == GPUS["T4"].total_memory // 8
+    sizes = [cache_bytes(model.config, batch, needed, model.dtype) for batch in batches]
+    assert sum(sizes) > free                      # one cache per point: 11.98 GiB, more than is free
+    held = []
+    for batch, size in zip(batches, sizes):
+        assert decoder.cache_for(model, batch, needed).nbytes == size          # sized by the buckets
+        held.append(decoder.held_bytes(model))
+    assert max(held) == max(sizes) <= HEADROOM * free, [h / 2**30 for h in held]
+

@@ -18,9 +18,11 @@ cache back at every step; with `index_put_` it writes the one new slot in place.
 * one compiled step per device type (fullgraph=True, dynamic=False: one graph per shape);
 * shapes are rounded up to buckets, so that many prompt lengths and batch sizes share
   a few graphs: rows to 1, 2, 4, 8, ... (`bucket_rows`), cache length to 64, 128, 256, ...
-  up to the model's context (`bucket_length`); one cache per (model, rows, length) is
-  kept and reused (`cache_for`); `step` adds the bucket's extra rows itself and drops their
-  logits, and padding slots are hidden by the mask;
+  up to the model's context (`bucket_length`); the caches of each (model, purpose) are kept
+  for reuse while they fit `keep_bytes` (`cache_budget`: an eighth of a GPU's memory), the
+  least recently used dropped first, so that a sweep of batch sizes (notebook 02) holds one
+  large cache at a time, never one per point (`cache_for`, `cache_bytes`); `step` adds the
+  bucket's extra rows itself and drops their logits, and padding slots are hidden by the mask;
 * `warm_up` compiles (and on a GPU records the CUDA graph) before a generation is timed,
   and says what ran: `DecodePath` ("eager", "compiled", "compiled + CUDA graphs"), the
   warm-up seconds, the graphs compiled, the CUDA-graph skips, and one sentence (also a
@@ -77,8 +79,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..errors import LabError, first_line
+from ..inputs import whole_number
 from .hardware import synchronize
-from .kv_cache import StaticKVCache
+from .kv_cache import StaticKVCache, kv_cache_bytes
 from .models import fused
 from .models.masks import fixed_decode_mask
 
@@ -87,6 +90,8 @@ RECOMPILE_LIMIT = 64              # graphs on the step's code object, all decode
 # Calls that warm a new shape up: on CUDA, cudagraph trees run the graph once eagerly, record it
 # on the second call and replay it from the third; on a CPU the first call compiles.
 WARMUP_CALLS = {"cuda": 3}
+GPU_CACHE_SHARE = 8               # the caches kept per (model, purpose): an eighth of a GPU's memory,
+CACHE_BYTES_ELSEWHERE = 2**29     # 512 MiB on a CPU (`cache_budget`)
 EAGER, COMPILED, CUDA_GRAPHS = "eager", "compiled", "compiled + CUDA graphs"
 
 
@@ -100,6 +105,23 @@ def bucket_length(needed: int, max_position: int) -> int:
     """Cache length of the compiled step for `needed` positions: the next power of two from
     64 on, at most the model's context. Notebook 07 (putting it together)."""
     return min(max(MIN_LENGTH_BUCKET, 1 << (needed - 1).bit_length()), max_position)
+
+
+def cache_bytes(config, batch: int, needed: int, dtype) -> int:
+    """Bytes of the cache `CompiledDecoder.cache_for` makes for `batch` rows and `needed` positions:
+    its buckets' (`bucket_rows`, `bucket_length`), not the shape asked for. Notebook 02 (batching)
+    sizes its sweep's points so."""
+    return kv_cache_bytes(config, bucket_length(needed, config.max_position), bucket_rows(batch), dtype)
+
+
+def cache_budget(device) -> int:
+    """Bytes of caches a `CompiledDecoder` keeps for one (model, purpose) on `device` by default:
+    an eighth of a GPU's memory (a T4: 1.9 GiB), 512 MiB elsewhere. A cache larger than that is
+    still made, alone. Notebook 02 (batching): its sweep never holds a cache per batch point."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // GPU_CACHE_SHARE
+    return CACHE_BYTES_ELSEWHERE
 
 
 @dataclass(frozen=True)
@@ -213,14 +235,17 @@ class CompiledDecoder:
     inductor_options: torch._inductor.config names (e.g. {"freezing": True}); on CUDA the step
         is also captured as a CUDA graph unless they set "triton.cudagraphs" to False.
     backend: torch.compile's backend ("inductor"; tests count compiles with another).
+    keep_bytes: the bytes of caches kept for reuse per (model, purpose), the one in use
+        included (a larger one is still made, alone); None: `cache_budget` of the model's device.
     """
 
-    def __init__(self, inductor_options: dict | None = None, backend="inductor"):
+    def __init__(self, inductor_options: dict | None = None, backend="inductor", keep_bytes: int | None = None):
         if inductor_options is not None and not isinstance(inductor_options, dict):
             raise LabError(f"inductor_options must be a dict of torch._inductor.config names, "
                            f"got {type(inductor_options).__name__}.")
         self.inductor_options = dict(inductor_options or {})
         self.backend = backend
+        self.keep_bytes = None if keep_bytes is None else whole_number(keep_bytes, "keep_bytes", minimum=0)
         self._steps: dict[str, object] = {}
         # model -> {(rows, length, purpose): cache}
         self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -240,14 +265,33 @@ class CompiledDecoder:
         """An empty cache of `model` for `batch` rows and `needed` positions, rounded up to the
         buckets and reused from one generation to the next. purpose: a name that keeps caches
         apart which are in use at once (speculative decoding's "verify" and "draft", notebook 05,
-        which may be one model)."""
+        which may be one model). Before a new cache is made, the least recently used caches of
+        the same (model, purpose) are dropped until all fit `keep_bytes`, or none is left."""
         rows, length = bucket_rows(batch), bucket_length(needed, model.config.max_position)
-        caches = self._caches.setdefault(model, {})
-        cache = caches.get((rows, length, purpose))
+        caches, key = self._caches.setdefault(model, {}), (rows, length, purpose)
+        cache = caches.pop(key, None)                  # put back last: the most recently used
         if cache is None or cache.dtype != model.dtype or cache.device != model.device:
-            cache = caches[(rows, length, purpose)] = StaticKVCache.for_model(model, rows, length)
+            cache = None                               # the old one (another dtype or device) is dropped first
+            self._make_room(caches, purpose, cache_bytes(model.config, batch, needed, model.dtype), model.device)
+            cache = StaticKVCache.for_model(model, rows, length)
+        caches[key] = cache
         cache.truncate(0)
         return cache
+
+    def _make_room(self, caches: dict, purpose: str, new_bytes: int, device) -> None:
+        """Drop `purpose`'s caches from `caches`, least recently used first, until they and a new
+        cache of `new_bytes` fit the budget (or none of them is left)."""
+        budget = cache_budget(device) if self.keep_bytes is None else self.keep_bytes
+        mine = [key for key in caches if key[2] == purpose]             # oldest first
+        held = sum(caches[key].nbytes for key in mine)
+        for key in mine:
+            if held + new_bytes <= budget:
+                return
+            held -= caches.pop(key).nbytes
+
+    def held_bytes(self, model) -> int:
+        """Bytes of the caches this decoder holds for `model` now (every purpose). Notebook 02 (batching)."""
+        return sum(cache.nbytes for cache in self._caches.get(model, {}).values())
 
     def _step_fn(self, device_type: str):
         if device_type not in self._steps:
