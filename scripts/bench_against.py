@@ -28,8 +28,12 @@ ORDER = "ABBA"
 
 def bench(tree: Path, sections: list[str], out: Path) -> dict:
     """One bench run of `sections` from `tree`'s root; its report's figures, name -> value."""
-    subprocess.run([sys.executable, "-m", "labsupport", "bench", "--sections", *sections, "--out", str(out)],
-                   cwd=tree, check=True)
+    try:
+        subprocess.run([sys.executable, "-m", "labsupport", "bench", "--sections", *sections, "--out", str(out)],
+                       cwd=tree, check=True)
+    except subprocess.CalledProcessError as error:
+        sys.exit(f"bench_against: the bench round in {tree} failed (exit status {error.returncode}); "
+                 f"its own message is above.")
     report = json.loads(out.read_text())
     return {f"{section}: {figure['name']}": figure["value"]
             for section, body in report["sections"].items() if isinstance(body, dict)
@@ -42,16 +46,45 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / abs(mean) if mean else float("nan")
 
 
+def require_writable(out: Path) -> None:
+    """Stop in one sentence, before the first round, if the report cannot be written to `out`
+    (its folder cannot be made, it is a folder, or it is not writable): not after four rounds."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            with open(out, "r+b"):                     # writable, left as it is
+                pass
+        else:
+            with tempfile.NamedTemporaryFile(dir=out.parent):
+                pass
+    except OSError as error:
+        sys.exit(f"bench_against: cannot write --out {out} ({error.strerror or error}); "
+                 f"choose a writable file before the four rounds run.")
+
+
+def add_worktree(revision: str, where: Path) -> None:
+    """Check `revision` out into a temporary worktree, or stop in one sentence if git cannot."""
+    try:
+        subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", str(where), revision],
+                       check=True, capture_output=True)
+    except subprocess.CalledProcessError as error:
+        said = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else str(error.stderr or "")
+        why = next((line.strip() for line in said.splitlines() if line.strip()), f"exit status {error.returncode}")
+        sys.exit(f"bench_against: git cannot check out the revision {revision!r} ({why}); "
+                 f"give a commit, tag or branch this repository has (git log --oneline lists them).")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("revision", help="the older revision (A), any name git knows")
     parser.add_argument("--sections", nargs="+", required=True, help="bench sections, as `labsupport bench` takes")
     parser.add_argument("--out", type=Path, help="write every round's figures and the table here, as JSON")
     args = parser.parse_args()
+    if args.out:
+        require_writable(args.out)
     with tempfile.TemporaryDirectory() as scratch:
         old = Path(scratch) / "old"
-        subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", str(old), args.revision],
-                       check=True, capture_output=True)
+        add_worktree(args.revision, old)
         try:
             trees = {"A": old, "B": HERE}
             rounds = [(side, bench(trees[side], args.sections, Path(scratch) / f"{i}{side}.json"))
@@ -71,7 +104,6 @@ def main() -> None:
         print(f"| {name} | {' | '.join(f'{v:.4g}' for v in values)} | {ratio:.3f} | "
               f"{rows[-1]['spread_a']:.1%} | {rows[-1]['spread_b']:.1%} |")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"revision": args.revision, "order": ORDER, "sections": args.sections,
                                         "rows": rows}, indent=2))
 

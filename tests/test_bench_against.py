@@ -59,3 +59,62 @@ def test_spread_of_equal_rounds_is_zero_and_of_a_zero_mean_is_nan(against):
     module, _ = against
     assert module.spread([3.0, 3.0]) == 0.0
     assert module.spread([1.0, -1.0]) != module.spread([1.0, -1.0])
+
+
+def test_an_unknown_revision_is_one_sentence_and_no_round_runs(against, monkeypatch, capsys):
+    """Issue 50: git's refusal was a CalledProcessError traceback."""
+    import subprocess
+    module, calls = against
+
+    def git_refuses(command, cwd=None, check=False, capture_output=False):
+        calls.append((command, cwd))
+        if "worktree" in command and "add" in command:
+            raise subprocess.CalledProcessError(128, command, stderr=b"fatal: invalid reference: nosuchrev\n")
+    monkeypatch.setattr(module.subprocess, "run", git_refuses)
+    monkeypatch.setattr(sys, "argv", ["bench_against.py", "nosuchrev", "--sections", "engines"])
+    with pytest.raises(SystemExit) as stop:
+        module.main()
+    message = str(stop.value.code)
+    assert "'nosuchrev'" in message and "invalid reference" in message and "\n" not in message
+    assert not [command for command, _ in calls if "bench" in command]
+
+
+@pytest.mark.parametrize("where", ["a-file/against.json", "a-folder", "/proc/no/such/against.json"])
+def test_an_unwritable_out_stops_before_the_first_round(against, monkeypatch, tmp_path, where):
+    """Issue 50: --out was first written after all four rounds."""
+    module, calls = against
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-folder").mkdir()
+    out = tmp_path / where
+    monkeypatch.setattr(sys, "argv", ["bench_against.py", "abc123", "--sections", "engines", "--out", str(out)])
+    with pytest.raises(SystemExit) as stop:
+        module.main()
+    message = str(stop.value.code)
+    assert message.startswith("bench_against: cannot write --out") and "\n" not in message
+    assert calls == []                                        # no worktree, no round
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_an_existing_writable_out_is_kept_until_the_table_replaces_it(against, monkeypatch, tmp_path):
+    module, _ = against
+    out = tmp_path / "against.json"
+    out.write_text("old")
+    monkeypatch.setattr(sys, "argv", ["bench_against.py", "abc123", "--sections", "engines", "--out", str(out)])
+    module.main()
+    assert json.loads(out.read_text())["revision"] == "abc123"
+
+
+def test_a_failed_round_is_one_sentence_and_the_worktree_goes(against, monkeypatch):
+    import subprocess
+    module, calls = against
+
+    def bench_fails(command, cwd=None, check=False, capture_output=False):
+        calls.append((command, cwd))
+        if "bench" in command:
+            raise subprocess.CalledProcessError(2, command)
+    monkeypatch.setattr(module.subprocess, "run", bench_fails)
+    monkeypatch.setattr(sys, "argv", ["bench_against.py", "abc123", "--sections", "engines"])
+    with pytest.raises(SystemExit) as stop:
+        module.main()
+    assert "exit status 2" in str(stop.value.code) and "\n" not in str(stop.value.code)
+    assert calls[-1][0][3:5] == ["worktree", "remove"]

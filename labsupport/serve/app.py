@@ -217,7 +217,8 @@ class _Server:
             raise refused
         ignored = protocol.ignored_fields(body)
         if ignored:
-            LOG.info("%s: ignored the fields this server does not know: %s.", http.url.path, ", ".join(ignored))
+            LOG.warning("%s: ignored the fields this server does not know: %s (a misspelled field, such as "
+                        "'temprature', leaves its setting at the default).", http.url.path, ", ".join(ignored))
         if not self.thread.alive:
             raise ApiError(503, "The engine has stopped; restart the server.", kind="server_error")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -306,9 +307,7 @@ class _Server:
             raise ApiError(400, "The last message must come from the user.", param="messages")
         if len(turns) == 1 or (len(turns) == 2 and turns[0]["role"] == "system"):
             system = turns[0]["content"] if len(turns) == 2 else None
-            if getattr(self.tokenizer, "chat_template", None) is None and system:
-                return f"{system}\n\n{turns[-1]['content']}"      # no template: the system text goes first
-            return chat_prompt(self.tokenizer, turns[-1]["content"], system)
+            return chat_prompt(self.tokenizer, turns[-1]["content"], system)    # no template: system text first
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ApiError(400, "This model has no chat template, so its chat endpoint takes one user message "
                                 "(after at most one system message).", param="messages")

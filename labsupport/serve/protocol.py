@@ -14,8 +14,9 @@ choice and chunk also carries the generated token ids: how the tests compare tok
 served (their checks and shapes: `logprobs.py`). A field this server does not implement and
 that would change the answer (`tools`, `suffix`, vLLM's `repetition_penalty`, ...) is refused in one sentence with the
 API's error shape, ``{"error": {"message", "type", "param", "code"}}``. A field this server
-does not know (`store`, `metadata`, a vendor's own) is accepted and ignored, and the
-server logs one line naming it (`ignored_fields`), as OpenAI-compatible servers do.
+does not know (`store`, `metadata`, a vendor's own, a typo such as `temprature`) is accepted and
+ignored, as vLLM does, and the server logs one warning per request naming them all
+(`ignored_fields`): a misspelled field leaves its setting at the default, and the log shows it.
 """
 
 from __future__ import annotations

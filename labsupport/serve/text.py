@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..engine.generation import generate
 from ..engine.sampling import GREEDY, SamplingConfig
+from ..errors import LabError
 from ..weights.chat import chat_prompt
 
 REPLACEMENT = "\ufffd"
@@ -150,9 +151,10 @@ class TextStreamer:
 def generate_text(model, tokenizer, message: str, max_new_tokens: int = 64,
                   sampling: SamplingConfig = GREEDY, chat: bool = True, system: str | None = None,
                   stream: bool = False) -> str:
-    """Reply to `message` (inside the chat template when `chat`), optionally printing as it goes.
-    Text in, text out around notebook 01's `generate` (the README's first example)."""
-    text = chat_prompt(tokenizer, message, system) if chat else message
+    """Reply to `message` (inside the chat template when `chat`, after the `system` message if
+    any: `weights.chat.chat_prompt`, as the server builds its chat prompt), optionally printing
+    as it goes. Text in, text out around notebook 01's `generate` (the README's first example)."""
+    text = _prompt_text(tokenizer, message, chat, system, stream)
     ids = tokenizer.encode(text, add_special_tokens=False)
     eos = set(model.config.eos_token_ids)
     if getattr(tokenizer, "eos_token_id", None) is not None:
@@ -160,3 +162,17 @@ def generate_text(model, tokenizer, message: str, max_new_tokens: int = 64,
     result = generate(model, ids, max_new_tokens, sampling, eos_token_ids=sorted(eos),
                       stream=TextStreamer(tokenizer) if stream else None)
     return tokenizer.decode(result.row(0), skip_special_tokens=True)
+
+
+def _prompt_text(tokenizer, message, chat, system, stream) -> str:
+    """`generate_text`'s prompt as text, after checking its arguments (one sentence each)."""
+    for name, flag in (("chat", chat), ("stream", stream)):
+        if not isinstance(flag, bool):
+            raise LabError(f"{name} must be True or False, got {flag!r} ({type(flag).__name__}).")
+    if not isinstance(message, str):
+        raise LabError(f"The message must be text (a str), got {type(message).__name__}; "
+                       f"for token ids, call generate instead.")
+    if not chat and system is not None:
+        raise LabError("A system message is part of the chat prompt, but chat=False sends the message as it "
+                       "is; use chat=True, or put the system text into the message yourself.")
+    return chat_prompt(tokenizer, message, system) if chat else message

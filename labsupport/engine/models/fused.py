@@ -96,6 +96,18 @@ def active(x: torch.Tensor) -> bool:
     return ENABLED and LOADED and x.device.type == "cpu" and x.dtype in DTYPES and not torch.is_grad_enabled()
 
 
+def rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """The fused rotation of the first `heads` heads of qkv (B, T, H, D), for inputs of any
+    strides (a transposed or sliced qkv, cos or sin is copied to a contiguous one first) and
+    cos, sin that broadcast to (B, T, D), as the plain-torch reference takes them: the kernel
+    reads contiguous (B, T, D) tables only. Notebook 00 (where the time goes)."""
+    if qkv.dim() == 4:
+        rows = (qkv.shape[0], qkv.shape[1], qkv.shape[3])
+        cos = cos if cos.shape == rows else cos.expand(rows)
+        sin = sin if sin.shape == rows else sin.expand(rows)
+    return torch.ops.labsupport.rope(qkv.contiguous(), cos.contiguous(), sin.contiguous(), heads)
+
+
 def _linear_weights(linear) -> list | None:
     """What `decode_block` takes for one linear without bias: [weight] for a float32 nn.Linear,
     [packed, scales, mins] for an int4 layer on our W4A8 kernel (quant/kernels.py); None for any

@@ -36,11 +36,13 @@ same arithmetic); the plain torch code below stays the reference, and the path e
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ...errors import LabError
 from ..kv_cache import KVCache
 from . import fused
 from ..config import ModelConfig
@@ -108,7 +110,7 @@ def rotate_queries_and_keys(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     CPU (fused.py), else `apply_rope` and a concatenation. Notebook 00 (where the time goes).
     """
     if fused.active(qkv) and cos.dtype == qkv.dtype:
-        return torch.ops.labsupport.rope(qkv, cos, sin, heads)
+        return fused.rope(qkv, cos, sin, heads)                      # any strides
     rotated = apply_rope(qkv[:, :, :heads], cos.unsqueeze(2), sin.unsqueeze(2))   # (B, T, heads, D)
     return torch.cat([rotated, qkv[:, :, heads:]], dim=2)
 
@@ -223,6 +225,47 @@ class Block(nn.Module):
         return x + self.mlp(normed)
 
 
+def _checked_state(config: ModelConfig, expected: dict, state) -> dict:
+    """`state` once every tensor `expected` names is there, float, finite and of its shape, and
+    nothing else is (else one sentence naming the first problem); lm_head.weight filled in when tied."""
+    if not isinstance(state, Mapping):
+        raise LabError(f"The state must be a dict from weight names to tensors (like model.state_dict()), "
+                       f"got {type(state).__name__}.")
+    state, fits = dict(state), f"a {config.family} model with this config"
+    if config.tie_embeddings and "lm_head.weight" not in state and "embed.weight" in state:
+        state["lm_head.weight"] = state["embed.weight"]          # the same matrix, by either name
+    extra, missing = [n for n in state if n not in expected], [n for n in expected if n not in state]
+    if extra:
+        raise LabError(f"The state dict holds {extra[0]!r}{_and_more(extra)}, which {fits} does not have; "
+                       f"check that the config belongs to these weights.")
+    if missing:
+        raise LabError(f"The state dict lacks {missing[0]!r} of shape {tuple(expected[missing[0]].shape)}"
+                       f"{_and_more(missing)}, which {fits} needs; give every weight.")
+    for name, like in expected.items():
+        tensor = state[name]
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise LabError(f"The state dict's {name!r} is {kind}, not a floating-point tensor; "
+                           f"give unquantized float weights.")
+        if tensor.shape != like.shape:
+            raise LabError(f"The state dict's {name!r} has shape {tuple(tensor.shape)} where {fits} needs "
+                           f"{tuple(like.shape)}; check that the config belongs to these weights.")
+        # a sum is finite unless a value is not (or it overflows: then each value is checked)
+        if not torch.isfinite(tensor.sum()) and not torch.isfinite(tensor).all():
+            raise LabError(f"The state dict's {name!r} holds NaN or infinite values; these weights are "
+                           f"damaged: load them again.")
+    head, embed = state["lm_head.weight"], state["embed.weight"]
+    same = head.data_ptr() == embed.data_ptr() and head.stride() == embed.stride() and head.dtype == embed.dtype
+    if config.tie_embeddings and not (same or torch.equal(head, embed.to(head.dtype))):
+        raise LabError("The config ties lm_head to the embedding, yet the state dict's 'lm_head.weight' "
+                       "differs from 'embed.weight'; leave it out, or untie the config.")
+    return state
+
+
+def _and_more(names: list[str]) -> str:
+    return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+
+
 class Transformer(nn.Module):
     """The course's decoder. One entrance: `forward` runs tokens (batch, T) through every
     layer and returns hidden states (batch, T, hidden); `logits` projects the positions asked
@@ -251,9 +294,16 @@ class Transformer(nn.Module):
     @classmethod
     def from_state_dict(cls, config: ModelConfig, state: dict, device="cpu", dtype=torch.float32) -> "Transformer":
         """The model holding `state` (in this class's own names: `weights.hf_import` translates a
-        checkpoint's), with no random initialization first. Notebook 00 (where the time goes)."""
+        checkpoint's), with no random initialization first. A state that does not fit the config
+        (a missing or extra name, a wrong shape, non-float or non-finite values) is refused in one
+        sentence naming the first such tensor. With tied embeddings, lm_head.weight may be left out
+        (it is the embedding). Notebook 00 (where the time goes)."""
+        if not isinstance(config, ModelConfig) or not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise LabError(f"from_state_dict takes a ModelConfig and a floating-point torch dtype (such as "
+                           f"torch.float32), got {type(config).__name__} and {dtype!r}.")
         with torch.device("meta"):
             model = cls(config)
+        state = _checked_state(config, model.state_dict(), state)
         # clone: tensors straight from safetensors are views of a memory-mapped file
         model.load_state_dict({k: v.clone(memory_format=torch.contiguous_format) for k, v in state.items()},
                               strict=True, assign=True)

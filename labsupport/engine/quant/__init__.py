@@ -210,9 +210,21 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 32, kernel: 
     if fallbacks and kernel != "reference":
         warnings.warn(f"{len(fallbacks)} of {len(swap.swaps)} layers use the slower reference kernel because the "
                       f"fast {method} kernel is not usable here ({fallbacks[0][1]}).", stacklevel=2)
-    unused = next((s.replacement.w4a8_unused for s in swap.swaps if getattr(s.replacement, "w4a8_unused", None)
-                   and s.replacement.kernel != "w4a8"), None)
-    if unused and kernel == "auto" and group_size == 32 and "CPU kernel" not in unused:
-        warnings.warn(f"The W4A8 kernel is not usable here ({unused}); the int4 layers use aten's fused "
-                      f"kernel instead.", stacklevel=2)
+    _warn_w4a8_unused(swap.swaps, kernel, group_size)
     return QuantizedHandle(swap, method, group_size if METHODS[method].group_size else None, fallbacks)
+
+
+def _warn_w4a8_unused(swaps, kernel: str, group_size: int) -> None:
+    """One warning naming how many layers the W4A8 kernel did not take, why (the first one's
+    reason) and which kernels took them; none where "auto" skips it by design (off the CPU,
+    another group size). A kernel asked for by name ("w4a8") that falls back always warns."""
+    moved = [s for s in swaps if getattr(s.replacement, "w4a8_unused", None) and s.replacement.kernel != "w4a8"]
+    if kernel == "auto":
+        moved = [s for s in moved if group_size == 32 and "CPU kernel" not in s.replacement.w4a8_unused]
+    if moved:
+        took: dict[str, int] = {}
+        for s in moved:
+            took[s.replacement.kernel] = took.get(s.replacement.kernel, 0) + 1
+        warnings.warn(f"The W4A8 kernel does not hold {len(moved)} of {len(swaps)} layers ({moved[0].name}: "
+                      f"{moved[0].replacement.w4a8_unused}); they run the next kernel that holds them instead "
+                      f"({', '.join(f'{k}: {n}' for k, n in took.items())}).", stacklevel=3)

@@ -219,8 +219,9 @@ class Int4Linear(_QuantizedLinear):
     (out, in/2) uint8, w4a8_scales and w4a8_mins (out, in/32) fp16: GGUF's Q4_1 block),
     so memory is never counted twice.
 
-    kernel "auto" picks, in order: "w4a8" (CPU, groups of 32, where the C++ kernel builds;
-    `w4a8_unused` says why not otherwise), "fast", "reference".
+    kernel "auto" picks, in order, the first that holds the layer: "w4a8" (CPU, groups of 32,
+    where the C++ kernel builds and float16 scales hold the weights; `w4a8_unused` says why not
+    otherwise), "fast", "reference"; `kernel` says which one it took.
 
     A group size that does not divide in_features (128 on SmolLM2's 576) is
     handled as gpt-fast does: each row is padded with zeros to whole groups
@@ -270,13 +271,20 @@ class Int4Linear(_QuantizedLinear):
         reason = w4a8_unavailable()
         if reason is not None:
             return reason
-        packed, w_scales, w_mins = pack_q4_1(q, scales, zeros)
-        self.register_buffer("w4a8_packed", packed)
-        self.register_buffer("w4a8_scales", w_scales)
-        self.register_buffer("w4a8_mins", w_mins)
-        self.kernel, self.w4a8_path = "w4a8", default_path()     # $LABSUPPORT_W4A8_PATH, else "auto"
         try:
-            x = torch.randn(1, self.in_features)
+            # float16 scales and minimums: a layer that float16 cannot hold (beyond 65504, or so
+            # small that they underflow) is refused here, and the next kernel takes it
+            packed, w_scales, w_mins = pack_q4_1(q, scales, zeros)
+            exact = dequantize_int4(q, scales, zeros)                             # (out, padded_in)
+            lost = dequantize_int4(q, w_scales, w_mins).sub_(exact).abs_().max()
+            if not lost <= 0.01 * max(-exact.min(), exact.max()):
+                raise ValueError("its float16 scales lose this layer's weights (too small for float16)")
+            del exact
+            self.register_buffer("w4a8_packed", packed)
+            self.register_buffer("w4a8_scales", w_scales)
+            self.register_buffer("w4a8_mins", w_mins)
+            self.kernel, self.w4a8_path = "w4a8", default_path()     # $LABSUPPORT_W4A8_PATH, else "auto"
+            x = torch.randn(1, self.in_features, generator=torch.Generator().manual_seed(0))   # same choice each run
             _check_close(self._w4a8(x), F.linear(self._pad(x), self._w4a8_weight()))
             return None
         except Exception as error:                       # noqa: BLE001 - any failure: the next kernel
