@@ -26,6 +26,7 @@ from ..errors import LabError
 from ..weights.chat import chat_prompt
 
 REPLACEMENT = "\ufffd"
+CONTEXT_TOKENS = 4      # settled tokens decoded again beside a new one (a byte-level BPE character spans at most 4)
 
 
 class StopMatcher:
@@ -86,11 +87,14 @@ class TextStream:
         self.ids: list[int] = []
         self.sent = ""
         self.stopped = False
+        # the text of ids[:len(ids) at the last whole character], and the few ids before that point
+        # (from `context_start`) decoded alone: the next token is decoded with those few as context
+        self.settled, self.context_start, self.context_text = "", 0, ""
 
     def add(self, token: int) -> str:
         """Append a token; the new text to send (possibly empty)."""
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = self._text()
         stable = text.rstrip(REPLACEMENT)               # half a character at the end may still change
         cut = self._feed(stable)
         if cut is not None:
@@ -99,6 +103,25 @@ class TextStream:
         if text.endswith(REPLACEMENT):
             return ""
         return self._send_up_to(text[: len(text) - max(self.states, default=0)])
+
+    def _text(self) -> str:
+        """The answer's text so far, decoding only the newest tokens and a few before them
+        (`CONTEXT_TOKENS`; vLLM's prefix and read offsets): a token costs the same however long
+        the answer is, where decoding every id at every token would be quadratic. When the new
+        token changes how its context decodes, the whole answer is decoded once."""
+        window = self._decode(self.ids[self.context_start:])
+        if window.startswith(self.context_text):
+            text = self.settled + window[len(self.context_text):]
+        else:
+            text = self._decode(self.ids)
+        if not text.endswith(REPLACEMENT):              # a whole character: these tokens settle
+            self.settled, settled_ids = text, len(self.ids)
+            self.context_start = max(0, settled_ids - CONTEXT_TOKENS)
+            self.context_text = self._decode(self.ids[self.context_start:settled_ids])
+        return text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _feed(self, stable: str) -> int | None:
         """Move the matchers over the characters of `stable` they have not read; where the
@@ -119,7 +142,7 @@ class TextStream:
         """The answer has ended: the rest of the text, held back or not (nothing after a stop string)."""
         if self.stopped:
             return ""
-        return self._send_up_to(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        return self._send_up_to(self._decode(self.ids))
 
     def _send_up_to(self, text: str) -> str:
         if not text.startswith(self.sent):          # decoding changed text already sent: send nothing more
