@@ -49,6 +49,18 @@ def reported(name: str, value: float, unit: str, target: float | None = None,
             "busy": busy}
 
 
+def failure_reason(error: BaseException) -> str:
+    """A failed row's or section's reason, in one line: the error's type and its first line.
+    Introduced in notebook 00 (where the time goes): the bench records a failure and goes on."""
+    return first_line(error, limit=300, with_type=True)
+
+
+def failed_figure(what: str, reason: str) -> dict:
+    """The `reported` entry of a row or section that failed: no value, no verdict, the reason as
+    its note. Introduced in notebook 00 (where the time goes)."""
+    return reported(f"{what}: failed", float("nan"), "", note=reason)
+
+
 @dataclass
 class BenchContext:
     """What the sections share: the device, the model (loaded once, in fp32), its variants

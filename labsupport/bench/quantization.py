@@ -27,6 +27,12 @@ course's model's.
   whose top-1 next token agrees with fp32. Where fp16 runs emulated, its quality is
   taken with fp16-rounded weights computed in fp32 (the rounding is what fp16
   storage costs; fp16 overflow in activations is notebook 03's subject).
+
+The bitsandbytes rows decode eager everywhere (`EAGER_ROWS`): LLM.int8() reads its outliers
+on the host (``outliers.any()``, ``argwhere``), which a CUDA graph cannot capture, so on a GPU
+their path says so (`EAGER_LABEL`) beside fp32's CUDA graphs. A row that fails (its variant,
+its quality or its decode) is recorded as failed with its one-line reason (``"failed"``) and
+the other rows go on; only fp32's failure, which every ratio needs, fails the section.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from ..lab.measure import Timing, require_graphed, time_side_by_side, timed_comp
 from ..lab.quality import (eval_tokens, logits_of, perplexity_from_logits, quantized_bytes, resident_bytes,
                            top1_agreement_from_logits)
 from ..lab.workloads import DEFAULT_PROMPT
-from .core import BenchContext, reported
+from .core import BenchContext, failed_figure, failure_reason, reported
 from .options import SectionOptions, count
 
 # row name -> (precision, weights, group size): a `ModelVariants` key
@@ -54,6 +60,10 @@ ROWS = {"fp32": ("float32", "float", None), "bf16": ("bfloat16", "float", None),
         "int8": ("float32", "int8", None), "int4 g32": ("float32", "int4", 32), "int4 g128": ("float32", "int4", 128),
         "bnb int8": ("float32", "bnb-int8", None), "bnb nf4": ("float32", "bnb-nf4", None)}
 TARGETS = {"int8": 2.0, "int4 g32": 2.5, "int4 g128": 2.5}
+# Rows timed eager on every device (LLM.int8() cannot be captured as a CUDA graph; NF4 is timed
+# like it, as bitsandbytes' other row), and what their decode path says on a GPU.
+EAGER_ROWS = ("bnb int8", "bnb nf4")
+EAGER_LABEL = "eager (bitsandbytes: not capturable as a CUDA graph)"
 
 
 @dataclass(frozen=True)
@@ -118,15 +128,26 @@ class _Decodes:
     steps: dict[str, list[float]] = field(default_factory=dict)
     paths: dict[str, set] = field(default_factory=dict)
     compile_s: dict[str, float] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)     # row name -> why its decode failed
 
     def decode(self, name: str, tokens: int):
-        """A call that decodes `tokens` new tokens with row `name`, its step kept. Notebook 04 (quantization)."""
-        m = self.models[name]
+        """A call that decodes `tokens` new tokens with row `name`, its step kept; graphed on a GPU
+        except the `EAGER_ROWS`. A failure is kept in `failed` (later calls of that row do nothing),
+        never raised. Notebook 04 (quantization)."""
+        m, eager = self.models[name], name in EAGER_ROWS
 
         def run():
-            result = require_graphed(generate(m, self.ids, tokens, eos_token_ids=(), compile=self.graphed),
-                                     f"the {name} decode", self.device)
-            self.paths.setdefault(name, set()).add(result.decode_path)
+            if name in self.failed:
+                return
+            try:
+                result = generate(m, self.ids, tokens, eos_token_ids=(), compile=self.graphed and not eager)
+                if not eager:
+                    require_graphed(result, f"the {name} decode", self.device)
+            except Exception as error:                 # noqa: BLE001 - the row is failed, the others go on
+                self.failed[name] = failure_reason(error)
+                return
+            path = EAGER_LABEL if eager and self.graphed else result.decode_path
+            self.paths.setdefault(name, set()).add(path)
             self.compile_s[name] = self.compile_s.get(name, 0.0) + result.warmup_seconds
             self.steps.setdefault(f"{name}@{tokens}", []).append(result.decode_seconds / (tokens - 1))
         return run
@@ -157,9 +178,14 @@ def section_quantization(ctx: BenchContext, options: QuantizationOptions) -> dic
     timed = [n for n in variants if n != "fp16" or fp16_runs]
     timings, fast_rows, how = _time_decodes(decodes, timed, options)
     for name in timed:
+        if name in decodes.failed:
+            rows[name].update(decode_speedup=None, failed=decodes.failed[name],
+                              speed_note=f"failed: {decodes.failed[name]}")
+            continue
         tokens = new_tokens if name in fast_rows else slow_tokens
         rows[name].update(_speed_columns(ctx, decodes, name, tokens))
-        if "bf16" in fast_rows and name in fast_rows and rows[name]["kind"] in ("int8", "int4"):
+        bf16_ok = "bf16" in fast_rows and "bf16" not in decodes.failed
+        if bf16_ok and name in fast_rows and rows[name]["kind"] in ("int8", "int4"):
             rows[name].update(_bf16_columns(decodes, name, tokens))
     if "fp16" in rows and "fp16" not in timed:
         rows["fp16"]["decode_speedup"] = None
@@ -196,17 +222,24 @@ def _memory_and_quality(model, variants: dict, rows: dict, eval_ids, fp16_runs: 
     fp32_ppl = perplexity_from_logits(fp32_logits, eval_ids)
     fp32_bytes = model.weight_bytes()
     fp32_resident = resident_bytes(model)
-    for name, m in variants.items():
-        rows[name]["weight_bytes"] = quantized_bytes(m)
-        rows[name]["tensor_bytes"] = resident_bytes(m)
-        if name == "fp16" and not fp16_runs:
-            scored, how = _fp16_rounded(model), "fp16-rounded weights computed in fp32"
-        else:
-            scored, how = m, "as run"
-        logits = fp32_logits if name == "fp32" else logits_of(scored, eval_ids)
-        ppl = perplexity_from_logits(logits, eval_ids)
-        rows[name].update(memory_fraction=rows[name]["weight_bytes"] / fp32_bytes,
-                          resident_fraction=rows[name]["tensor_bytes"] / fp32_resident, perplexity=ppl,
+    for name, m in list(variants.items()):
+        try:
+            row = {"weight_bytes": quantized_bytes(m), "tensor_bytes": resident_bytes(m)}
+            if name == "fp16" and not fp16_runs:
+                scored, how = _fp16_rounded(model), "fp16-rounded weights computed in fp32"
+            else:
+                scored, how = m, "as run"
+            logits = fp32_logits if name == "fp32" else logits_of(scored, eval_ids)
+            ppl = perplexity_from_logits(logits, eval_ids)
+        except Exception as error:                     # noqa: BLE001 - the row is failed, the others go on
+            if name == "fp32":
+                raise
+            reason = failure_reason(error)
+            rows[name].update(failed=reason, error=f"failed while measuring its memory and quality: {reason}")
+            del variants[name]                         # not timed either
+            continue
+        rows[name].update(row, memory_fraction=row["weight_bytes"] / fp32_bytes,
+                          resident_fraction=row["tensor_bytes"] / fp32_resident, perplexity=ppl,
                           perplexity_increase=ppl / fp32_ppl - 1,
                           top1_agreement=top1_agreement_from_logits(fp32_logits, logits), quality_from=how)
     return _Fp32(fp32_ppl, fp32_bytes, fp32_resident, len(eval_ids))
@@ -215,22 +248,29 @@ def _memory_and_quality(model, variants: dict, rows: dict, eval_ids, fp16_runs: 
 def _time_decodes(d: _Decodes, timed: list[str], options: QuantizationOptions) -> tuple[dict, list, dict]:
     """The rows' decodes timed, slow ones paired with fp32: (timings, fast rows, how). Notebook 04 (quantization)."""
     new_tokens, slow_tokens = options.new_tokens, options.slow_new_tokens
-    warm = {}
     for name in timed:                                             # warm-up, also sizes each row
         d.decode(name, new_tokens)()
-        warm[name] = d.steps.pop(f"{name}@{new_tokens}")[0]
-    fast_rows = [n for n in timed if warm[n] <= 5 * warm["fp32"]]
-    slow_rows = [n for n in timed if n not in fast_rows]
+    _require_fp32(d)
+    warm = {n: d.steps.pop(f"{n}@{new_tokens}")[0] for n in timed if n not in d.failed}
+    fast_rows = [n for n in warm if warm[n] <= 5 * warm["fp32"]]
+    slow_rows = [n for n in warm if n not in fast_rows]
     timings = time_side_by_side({n: d.decode(n, new_tokens) for n in fast_rows}, d.device,
                                 warmup=0, repeats=options.repeats)
     for name in slow_rows:
         pair = time_side_by_side({"fp32": d.decode("fp32", slow_tokens), name: d.decode(name, slow_tokens)},
                                  d.device, warmup=0, repeats=1)
         timings[f"{name} (pair)"] = pair[name]
+    _require_fp32(d)
     how = {name: (f"interleaved with every row, {new_tokens} new tokens" if name in fast_rows else
                   f"timed in a pair with fp32 on {slow_tokens} new tokens (about "
-                  f"{warm[name] / warm['fp32']:.0f}x slower than fp32 in the warm-up)") for name in timed}
+                  f"{warm[name] / warm['fp32']:.0f}x slower than fp32 in the warm-up)") for name in warm}
     return timings, fast_rows, how
+
+
+def _require_fp32(d: _Decodes) -> None:
+    """One sentence when fp32's decode failed: every speed ratio is set against it. Notebook 04 (quantization)."""
+    if "fp32" in d.failed:
+        raise LabError(f"The fp32 decode, which every other row's speed is set against, failed: {d.failed['fp32']}.")
 
 
 def _speed_columns(ctx: BenchContext, d: _Decodes, name: str, tokens: int) -> dict:
@@ -260,7 +300,9 @@ def _figures(ctx: BenchContext, rows: dict, fp32: _Fp32, how: dict) -> list[dict
     figures = []
     for name, row in rows.items():
         if name == "fp32" or "error" in row:
-            if "error" in row:
+            if "failed" in row:
+                figures.append(failed_figure(name, row["error"]))
+            elif "error" in row:
                 figures.append(reported(f"{name}: not run", float("nan"), "", note=row["error"]))
             continue
         figures.append(reported(f"{name} resident bytes / fp32", row["resident_fraction"], "fraction",
@@ -284,6 +326,8 @@ def _figures(ctx: BenchContext, rows: dict, fp32: _Fp32, how: dict) -> list[dict
 def _speed_figures(ctx: BenchContext, name: str, row: dict, how: str | None, fp32_row: dict) -> list[dict]:
     """A row's decode speed over fp32's, and over bf16's where it was timed. Notebook 04 (quantization)."""
     figures = []
+    if row.get("failed"):
+        figures.append(failed_figure(f"{name} / fp32 decode speed (batch 1)", row["failed"]))
     if row.get("decode_speedup") is not None:
         figures.append(reported(f"{name} / fp32 decode speed (batch 1)", row["decode_speedup"], "x",
                                 target=TARGETS.get(name),

@@ -24,7 +24,7 @@ from ..plots import sections as plots
 from . import (baseline, batching, compiled_decode, engines, http_serving, kv_cache, long_context, precision,
                quantization, roofline, serving, speculative, stack, tensor_parallel)
 from .compile_options import CompileOptions
-from .core import BenchContext, machine_info
+from .core import BenchContext, failed_figure, failure_reason, machine_info
 from .options import SectionOptions
 
 
@@ -222,18 +222,31 @@ def run(sections=None, device=None, model_name: str = "smollm2-135m", options: B
               "options": options.to_dict(), "machine": machine_info(ctx), "sections": {}}
     for name in sections or [name for name, section in SECTIONS.items() if section.in_default_run]:
         start = time.perf_counter()
-        if bars:
-            with section_bar(name, *_estimate(name, previous)):
-                section = report["sections"][name] = SECTIONS[name](ctx, options[name])
-        else:
+        if not bars:
             progress(f"[bench] {name} ...")
-            section = report["sections"][name] = SECTIONS[name](ctx, options[name])
+        section = report["sections"][name] = _run_section(name, ctx, options[name], bars, previous)
+        if "failed" in section:
+            progress(f"[bench] {name} failed ({section['failed']}); the run goes on")
         section["seconds"] = time.perf_counter() - start
         section["load_per_core"] = load_per_core()
         mark_busy(section, busy_reason(load=section["load_per_core"]))
-        if SECTIONS[name].claims is not None:
+        if SECTIONS[name].claims is not None and "failed" not in section:
             section["claims"] = SECTIONS[name].claims(section)
     return report
+
+
+def _run_section(name: str, ctx: BenchContext, options: SectionOptions, bars: bool, previous: dict | None) -> dict:
+    """Section `name`'s dict, or, where it raised, a failed section: ``"failed"`` (its one-line
+    reason) and one figure saying so, so that the run goes on (issue 51: one GPU-only failure
+    ended the whole bench and tour)."""
+    try:
+        if bars:
+            with section_bar(name, *_estimate(name, previous)):
+                return SECTIONS[name](ctx, options)
+        return SECTIONS[name](ctx, options)
+    except Exception as error:                     # noqa: BLE001 - recorded in the report, the run goes on
+        reason = failure_reason(error)
+        return {"failed": reason, "figures": [failed_figure(f"section {name}", reason)]}
 
 
 def _estimate(name: str, previous: dict | None) -> tuple[float, str]:

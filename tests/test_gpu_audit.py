@@ -1,0 +1,107 @@
+"""Issue 51: what an audit of the course against torch 2.11's source found around the CUDA graphs,
+each tested on this CPU by patching (no GPU here): a failed bench row or section is recorded and
+the run goes on (item 2), a decode path re-derived when a model's layers are swapped (item 3),
+cuDNN attention off on sm90 and newer (item 6), and CUDA graphs counted, not asserted (item 7)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from labsupport.bench.core import BenchContext
+
+pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
+
+
+# --- item 2: a failed row or section is recorded, the run goes on -------------------------------
+
+@pytest.fixture(scope="module")
+def context():
+    return BenchContext(torch.device("cpu"), model_name="tiny-llama")
+
+
+def test_a_quantization_row_whose_decode_raises_is_failed_and_the_others_are_written(context, monkeypatch):
+    import labsupport.bench.quantization as bench_quantization
+    from labsupport.bench.quantization import QuantizationOptions, section_quantization
+    from labsupport.claims import quantization_section_claims
+    broken = context.timing_variants.get("float32", "int4", group_size=32)
+    real = bench_quantization.generate
+
+    def generate(model, *args, **kwargs):
+        if model is broken:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore lines")
+        return real(model, *args, **kwargs)
+    monkeypatch.setattr(bench_quantization, "generate", generate)
+    section = section_quantization(context, QuantizationOptions(new_tokens=3, slow_new_tokens=2, repeats=1,
+                                                                eval_tokens=16))
+    rows, figures = section["rows"], {f["name"]: f for f in section["figures"]}
+    failed = rows["int4 g32"]
+    assert failed["failed"] == "RuntimeError: CUDA error: operation not permitted when stream is capturing"
+    assert failed["decode_speedup"] is None and failed["speed_note"].startswith("failed: RuntimeError")
+    assert failed["perplexity"] > 0                                   # its memory and quality still measured
+    figure = figures["int4 g32 / fp32 decode speed (batch 1): failed"]
+    assert math.isnan(figure["value"]) and figure["met"] is None and "\n" not in figure["note"]
+    for name in ("int8", "int4 g128", "bf16"):                       # the other rows are timed
+        assert rows[name]["decode_speedup"] > 0 and "failed" not in rows[name]
+    claims = quantization_section_claims(section)
+    assert any(c["weights"] == "int4 g32" and c["verdict"] == "not timed here" for c in claims)
+
+
+def test_a_row_whose_quality_raises_is_failed_and_not_timed(context, monkeypatch):
+    import labsupport.bench.quantization as bench_quantization
+    from labsupport.bench.quantization import QuantizationOptions, section_quantization
+    broken = context.variants.get("float32", "int8")
+    real = bench_quantization.logits_of
+    monkeypatch.setattr(bench_quantization, "logits_of",
+                        lambda model, ids: (_ for _ in ()).throw(ValueError("bad")) if model is broken else real(model, ids))
+    section = section_quantization(context, QuantizationOptions(new_tokens=2, slow_new_tokens=2, repeats=1,
+                                                                eval_tokens=16))
+    row = section["rows"]["int8"]
+    assert row["failed"] == "ValueError: bad" and "decode_speedup" not in row
+    assert "int8: failed" in {f["name"] for f in section["figures"]}
+    assert section["rows"]["int4 g32"]["decode_speedup"] > 0
+
+
+def test_bitsandbytes_rows_decode_eager_and_say_so_where_the_others_are_graphed(monkeypatch):
+    """LLM.int8() reads its outliers on the host, which no CUDA graph captures: the bnb rows are
+    timed eager (compile=False) even where the others are graphed, their path saying why."""
+    import labsupport.bench.quantization as bench_quantization
+    from labsupport.engine.compiled import DecodePath
+    from labsupport.engine.generation import GenerationResult
+    asked = []
+
+    def generate(model, ids, tokens, eos_token_ids, compile):
+        asked.append(compile)
+        return GenerationResult(torch.zeros(1, tokens, dtype=torch.long), len(ids), [tokens], 0.0, 1.0,
+                                path=DecodePath())
+    monkeypatch.setattr(bench_quantization, "generate", generate)
+    decodes = bench_quantization._Decodes(torch.device("cpu"), {"bnb int8": object(), "bnb nf4": object()}, [1, 2],
+                                          graphed=True)
+    for name in bench_quantization.EAGER_ROWS:
+        decodes.decode(name, 4)()
+        assert decodes.paths[name] == {bench_quantization.EAGER_LABEL} and "CUDA graphs" not in decodes.paths[name]
+    assert asked == [False, False] and not decodes.failed
+
+
+def test_a_section_that_raises_is_recorded_and_the_suite_goes_on(monkeypatch):
+    from labsupport.bench import suite
+    from labsupport.report import html_report
+
+    def raises(ctx, options):
+        raise RuntimeError("cannot be captured: outliers.any()\ntraceback lines")
+    ran = []
+    monkeypatch.setitem(suite.SECTIONS, "baseline", replace(suite.SECTIONS["baseline"], run=raises))
+    monkeypatch.setitem(suite.SECTIONS, "roofline", replace(suite.SECTIONS["roofline"], claims=None,
+                                                            run=lambda ctx, options: ran.append(1) or {"figures": []}))
+    monkeypatch.setattr(suite, "machine_info", lambda ctx: {"device": "cpu"})
+    said = []
+    report = suite.run(["baseline", "roofline"], device="cpu", model_name="tiny-llama", progress=said.append)
+    failed = report["sections"]["baseline"]
+    assert failed["failed"] == "RuntimeError: cannot be captured: outliers.any()" and "claims" not in failed
+    assert failed["figures"][0]["name"] == "section baseline: failed" and failed["seconds"] >= 0
+    assert ran == [1] and "seconds" in report["sections"]["roofline"]
+    assert any("baseline failed" in line for line in said)
+    assert "section baseline: failed" in html_report(report)
