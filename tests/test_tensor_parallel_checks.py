@@ -195,3 +195,27 @@ def test_the_cost_checker_prints_one_line_and_names_the_link(capsys):
     check_all_reduce_cost(all_reduce_seconds_per_step)
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith("Correct: ") and "NVLink" in out
+
+
+def textbook_ring_seconds(layers, hidden, tokens, bytes_per_value, world, gb_per_s, latency_us):
+    """The alpha-beta ring: a latency at each of its 2 (world - 1) steps, 2 (world - 1) alpha per all-reduce."""
+    if world == 1:
+        return 0.0
+    message = tokens * hidden * bytes_per_value
+    return 2 * layers * (2 * (world - 1) * latency_us * 1e-6 + 2 * (world - 1) / world * message / (gb_per_s * 1e9))
+
+
+def test_the_textbook_ring_latency_is_refused_with_its_own_reason():
+    """Issue 52: exercise 2 charges one effective latency per all-reduce; a learner who writes the textbook
+    2 (world - 1) alpha is told why it is refused, not handed the generic formula."""
+    with pytest.raises(CheckFailed, match="textbook ring") as refused:
+        check_all_reduce_cost(textbook_ring_seconds)
+    assert "one effective latency per all-reduce, as its text says" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_textbook_hint_names_no_right_answer():
+    """The slip the textbook hint names differs from the reference on some case, so a right answer never gets it."""
+    textbook = next(slip for slip, hint in checks.COST_SLIPS if "textbook ring" in hint)
+    assert any(textbook(*case) != pytest.approx(checks.reference_all_reduce_seconds(*case))
+               for case in checks.COST_CASES)

@@ -327,12 +327,13 @@ def reference_all_reduce_seconds(layers, hidden, tokens, bytes_per_value, world,
     return 2 * layers * (latency_us * 1e-6 + 2 * (world - 1) / world * message / (gb_per_s * 1e9))
 
 
-def _slip(per_layer=2, ring=lambda w: 2 * (w - 1) / w, gb=1e9, latency=1e-6, zero_at_1=True, bits=1, tokens=True):
+def _slip(per_layer=2, ring=lambda w: 2 * (w - 1) / w, gb=1e9, latency=1e-6, zero_at_1=True, bits=1, tokens=True,
+          latencies=lambda w: 1):
     def seconds(layers, hidden, n, bytes_per_value, world, gb_per_s, latency_us):
         if world == 1 and zero_at_1:
             return 0.0
         message = (n if tokens else 1) * hidden * bytes_per_value * bits
-        return per_layer * layers * (latency_us * latency + ring(world) * message / (gb_per_s * gb))
+        return per_layer * layers * (latencies(world) * latency_us * latency + ring(world) * message / (gb_per_s * gb))
     return seconds
 
 
@@ -348,10 +349,12 @@ COST_SLIPS = [
     (_slip(latency=1e-3), "latency_us is in microseconds: x 1e-6 for seconds, not 1e-3 (that reads it as ms)."),
     (_slip(latency=1.0), "latency_us is in microseconds: multiply it by 1e-6 for seconds."),
     (_slip(latency=0.0), "each all-reduce also costs its latency, latency_us x 1e-6 s, however small the message."),
+    (_slip(latencies=lambda w: 2 * (w - 1)), "that is the textbook ring, which charges the latency at each of its 2 "
+     "(world - 1) steps; this exercise charges one effective latency per all-reduce, as its text says: "
+     "latency_us x 1e-6 once per all-reduce."),
     (_slip(zero_at_1=False), "with one rank there is nothing to reduce: return 0.0 when world == 1."),
     (_slip(bits=8.0), BITS), (_slip(bits=1 / 8), BITS),
-    (_slip(tokens=False), "each all-reduce carries every token's row: the message is tokens x hidden x "
-                          "bytes_per_value bytes."),
+    (_slip(tokens=False), "each all-reduce carries every token's row: tokens x hidden x bytes_per_value bytes."),
 ]
 
 COST_CASES = [(30, 576, 1, 4, 2, 450.0, 5.0), (30, 576, 512, 4, 4, 450.0, 5.0), (30, 576, 512, 4, 2, 25.0, 15.0),
@@ -364,10 +367,8 @@ def _cost_hint(got: list[float], index: int) -> str:
     """The slip whose values are all of `got`, else the slip that gives got[index] there, else the rule."""
     everywhere = [h for s, h in COST_SLIPS if all(close_enough(g, s(*c)) for g, c in zip(got, COST_CASES))]
     there = [h for s, h in COST_SLIPS if close_enough(got[index], s(*COST_CASES[index]))]
-    if everywhere or there:
-        return (everywhere or there)[0]
-    return ("2 x layers x (latency_us x 1e-6 + 2 (world - 1) / world x tokens x hidden x bytes_per_value / "
-            "(gb_per_s x 1e9)), and 0.0 when world == 1.")
+    return (everywhere or there or ["2 x layers x (latency_us x 1e-6 + 2 (world - 1) / world x tokens x hidden x "
+                                    "bytes_per_value / (gb_per_s x 1e9)), and 0.0 when world == 1."])[0]
 
 
 def _about(case) -> str:
@@ -383,12 +384,11 @@ def check_all_reduce_cost(fn) -> None:
     the explorer's `all_reduce_seconds`, this module's reference) is refused (`COST_EXERCISE`)."""
     got = []
     for case in COST_CASES:
-        about = _about(case)
-        value = call_learner(COST, "seconds", f"your function raised an error on ({about}).", fn, *case)
+        value = call_learner(COST, "seconds", f"your function raised an error on ({_about(case)}).", fn, *case)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             hint = ("with one rank there is nothing to reduce: return 0.0." if case[4] == 1 and value is None
                     else "return the seconds as a float.")
-            fail(COST, f"seconds for ({about})", repr(value)[:60], hint)
+            fail(COST, f"seconds for ({_about(case)})", repr(value)[:60], hint)
         got.append(float(value))
     for index, (case, value) in enumerate(zip(COST_CASES, got)):
         want = reference_all_reduce_seconds(*case)
