@@ -254,6 +254,35 @@ def test_on_cuda_a_skipped_cuda_graph_shows_in_the_path_and_a_warning(model, mon
     assert cache.keys._dynamo_static_input_type == "unguarded"
 
 
+def test_swapped_layers_on_the_same_model_warm_up_again_and_get_their_own_path(model, monkeypatch):
+    """Issue 51, item 3: notebook 04 swaps quantized layers into the same model; the verdict was
+    kept per (model, cache, width), so each variant compiled inside its first timed decode under
+    fp32's "CUDA graphs" label. The verdict is now kept per `layer_signature` too: a swap warms up
+    afresh and its path is derived again; swapping back finds the first verdict, with no new calls."""
+    import copy
+
+    from simulated_gpu import GPUS, simulated
+    from torch._dynamo.utils import counters
+    decoder, calls, skipping = CompiledDecoder(), [], []
+
+    def fake_step(model, cache, *args):                 # graphs recorded, or skipped once a layer is swapped
+        calls.append(1)
+        counters["inductor"]["cudagraph_skips" if skipping else "cudagraph_recorded_non_static_inputs"] += 1
+    monkeypatch.setattr(decoder, "step", fake_step)
+    cache = _CudaCache(model.config, 1, 16, dtype=model.dtype)
+    original = model.blocks[0].mlp.down
+    with simulated(GPUS["H100"]):
+        assert decoder.warm_up(model, cache).path == CUDA_GRAPHS and len(calls) == 3
+        assert decoder.warm_up(model, cache).path == CUDA_GRAPHS and len(calls) == 3     # known: no new calls
+        model.blocks[0].mlp.down = copy.deepcopy(original)                            # a swapped layer
+        skipping.append(True)
+        with pytest.warns(UserWarning, match="runs without CUDA graphs here"):
+            swapped = decoder.warm_up(model, cache)
+        assert len(calls) == 6 and swapped.path == "compiled" and swapped.cudagraph_skips == 3
+        model.blocks[0].mlp.down = original                                           # swapped back
+        assert decoder.warm_up(model, cache).path == CUDA_GRAPHS and len(calls) == 6
+
+
 def test_on_cuda_generate_compiles_by_default_with_cuda_graphs(monkeypatch):
     from simulated_gpu import GPUS, simulated
     seen = {}

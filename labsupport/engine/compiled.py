@@ -24,8 +24,9 @@ cache back at every step; with `index_put_` it writes the one new slot in place.
   large cache at a time, never one per point (`cache_for`, `cache_bytes`); `step` adds the
   bucket's extra rows itself and drops their logits, and padding slots are hidden by the mask;
 * `warm_up` compiles (and on a GPU records the CUDA graph) before a generation is timed,
-  and says what ran: `DecodePath` ("eager", "compiled", "compiled + CUDA graphs"), the
-  warm-up seconds, the graphs compiled, the CUDA-graph skips, and one sentence (also a
+  once per (model, cache, width, `layer_signature`): a layer swapped in place is a new graph,
+  so notebook 04's variants of one model each warm up and get their own verdict; it says
+  what ran: `DecodePath` ("eager", "compiled", "compiled + CUDA graphs"), the warm-up seconds, the graphs compiled, the CUDA-graph skips, and one sentence (also a
   warning) whenever the fast path was asked for and not taken;
 * the same step over T tokens per row (`verify`, warmed up with ``width=T``) is speculative
   decoding's verify pass (notebook 05): [pending, d_1..d_k] at positions start..start + k,
@@ -149,26 +150,11 @@ class ReportsDecodePath:
     `GenerationResult` and `SpeculativeResult` are such results. Notebook 07 (putting it together)."""
 
     path: DecodePath
-
-    @property
-    def decode_path(self) -> str:
-        return self.path.path
-
-    @property
-    def warmup_seconds(self) -> float:
-        return self.path.warmup_seconds
-
-    @property
-    def compiles(self) -> int:
-        return self.path.compiles
-
-    @property
-    def cudagraph_skips(self) -> int:
-        return self.path.cudagraph_skips
-
-    @property
-    def decode_note(self) -> str | None:
-        return self.path.note
+    decode_path = property(lambda self: self.path.path, doc="str: what the decode steps ran on")
+    warmup_seconds = property(lambda self: self.path.warmup_seconds, doc="float: compiling and recording")
+    compiles = property(lambda self: self.path.compiles, doc="int: graphs compiled in this call")
+    cudagraph_skips = property(lambda self: self.path.cudagraph_skips, doc="int: CUDA graphs torch declined")
+    decode_note = property(lambda self: self.path.note, doc="str | None: why the fast path was not taken")
 
 
 PATH_ORDER = (EAGER, COMPILED, CUDA_GRAPHS)        # slowest first
@@ -217,6 +203,13 @@ def graphs_compiled() -> int:
     return _counts()[0]
 
 
+def layer_signature(model) -> tuple:
+    """The type and identity of each of `model`'s modules: swapping layers in place (notebook 04's
+    quantized variants of one model) changes it, and with it the graph the step compiles to.
+    Notebook 07 (putting it together): `CompiledDecoder.warm_up` keeps a verdict per signature."""
+    return tuple((type(m), id(m)) for m in model.modules())
+
+
 def recompiled(path: DecodePath, graphs: int) -> DecodePath:
     """`path` after `graphs` compiles that happened while decoding, past the warm-up: counted,
     and said in a warning and the note (their seconds are in the decode time). Notebook 07."""
@@ -229,8 +222,8 @@ def recompiled(path: DecodePath, graphs: int) -> DecodePath:
 class CompiledDecoder:
     """Compiled decode steps for `generate` (and speculative decoding's draft steps and verify
     passes), with every piece of compile state: the compiled step per device type, one cache
-    per (model, rows bucket, length bucket, purpose), and what each (model, cache, width) ran
-    on. Introduced in notebook 07 (putting it together).
+    per (model, rows bucket, length bucket, purpose), and what each (model, cache, width, layers)
+    ran on. Introduced in notebook 07 (putting it together).
 
     inductor_options: torch._inductor.config names (e.g. {"freezing": True}); on CUDA the step
         is also captured as a CUDA graph unless they set "triton.cudagraphs" to False.
@@ -249,7 +242,7 @@ class CompiledDecoder:
         self._steps: dict[str, object] = {}
         # model -> {(rows, length, purpose): cache}
         self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # model -> {cache: {width: DecodePath}}
+        # model -> {cache: {(width, layer_signature): DecodePath}}
         self._paths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def options_for(self, device_type: str) -> dict | None:
@@ -345,9 +338,11 @@ class CompiledDecoder:
         `verify`) for this model and cache before anything is timed, and say what it runs on.
         The dummy steps write the slots after what the cache holds and are rolled back
         (`truncate`); the real steps overwrite them. Never raises for a failing compile: the
-        path is then "eager", with the reason in a warning and the note."""
+        path is then "eager", with the reason in a warning and the note. Warmed up once per
+        `layer_signature` of the model: the same model with swapped layers warms up again."""
         paths = self._paths.setdefault(model, weakref.WeakKeyDictionary()).setdefault(cache, {})
-        known = paths.get(width)
+        key = (width, layer_signature(model))
+        known = paths.get(key)
         if known is not None:
             return DecodePath(known.path, note=known.note)
         mark_static(cache)
@@ -374,7 +369,7 @@ class CompiledDecoder:
                           f"(compiled.RECOMPILE_LIMIT; torch._dynamo.reset() forgets them all)")
             note = f"Compiled decoding is not available here ({reason}); decoding without it."
             warnings.warn(note, stacklevel=3)
-            paths[width] = DecodePath(EAGER, note=note)
+            paths[key] = DecodePath(EAGER, note=note)
             return DecodePath(EAGER, compiles=_counts()[0] - graphs, note=note)
         seconds = time.perf_counter() - start
         graphs, skips, recorded = (now - before for now, before in zip(_counts(), (graphs, skips, recorded)))
@@ -387,7 +382,7 @@ class CompiledDecoder:
             warnings.warn(note, stacklevel=3)
         elif wants_graphs:
             path = CUDA_GRAPHS
-        paths[width] = DecodePath(path, note=note)
+        paths[key] = DecodePath(path, note=note)
         return DecodePath(path, seconds, graphs, skips, note)
 
     def release(self, model) -> None:
