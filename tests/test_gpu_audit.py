@@ -55,8 +55,12 @@ def test_a_row_whose_quality_raises_is_failed_and_not_timed(context, monkeypatch
     from labsupport.bench.quantization import QuantizationOptions, section_quantization
     broken = context.variants.get("float32", "int8")
     real = bench_quantization.logits_of
-    monkeypatch.setattr(bench_quantization, "logits_of",
-                        lambda model, ids: (_ for _ in ()).throw(ValueError("bad")) if model is broken else real(model, ids))
+
+    def logits_of(model, ids):
+        if model is broken:
+            raise ValueError("bad")
+        return real(model, ids)
+    monkeypatch.setattr(bench_quantization, "logits_of", logits_of)
     section = section_quantization(context, QuantizationOptions(new_tokens=2, slow_new_tokens=2, repeats=1,
                                                                 eval_tokens=16))
     row = section["rows"]["int8"]

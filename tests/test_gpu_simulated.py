@@ -495,7 +495,7 @@ def test_notebook_02s_sweep_holds_one_large_cache_at_a_time_on_a_t4():
     class Timed:                                  # what cache_for reads of a model; kept weakly
         config, dtype, device = MODELS["smollm2-1.7b-shape"], torch.float16, torch.device("meta")
     model, needed, free = Timed(), 40 + 64, int(11.41 * 2**30)
-    with simulated(GPUS["T4"]), mock.patch.object(torch.cuda, "mem_get_info", return_value=(free, GPUS["T4"].total_memory)):
+    with simulated(GPUS["T4"]), mock.patch.object(torch.cuda, "mem_get_info", return_value=(free, 15 * 2**30)):
         batches, _ = batches_that_fit(model.config, batching.batch_sizes(CUDA), needed, model.dtype, CUDA, tokens=40)
         decoder = CompiledDecoder(keep_bytes=cache_budget(CUDA))
     assert batches[-1] == 256 and decoder.keep_bytes == GPUS["T4"].total_memory // 8

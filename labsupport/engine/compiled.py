@@ -26,8 +26,9 @@ cache back at every step; with `index_put_` it writes the one new slot in place.
 * `warm_up` compiles (and on a GPU records the CUDA graph) before a generation is timed,
   once per (model, cache, width, `layer_signature`): a layer swapped in place is a new graph,
   so notebook 04's variants of one model each warm up and get their own verdict; it says
-  what ran: `DecodePath` ("eager", "compiled", "compiled + CUDA graphs"), the warm-up seconds, the graphs compiled, the CUDA-graph skips, and one sentence (also a
-  warning) whenever the fast path was asked for and not taken;
+  what ran: `DecodePath` ("eager", "compiled", "compiled + CUDA graphs"), the warm-up seconds,
+  the graphs compiled, the CUDA-graph skips, and one sentence (also a warning) whenever the
+  fast path was asked for and not taken;
 * the same step over T tokens per row (`verify`, warmed up with ``width=T``) is speculative
   decoding's verify pass (notebook 05): [pending, d_1..d_k] at positions start..start + k,
   every position's logits; one graph per k + 1 serves every pass (shorter ones are padded).
