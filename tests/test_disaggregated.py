@@ -1,10 +1,13 @@
 """Disaggregated prefill and decode (notebook 10): a prefill rank hands each prompt's KV cache to a
 decode rank; every request's tokens equal the request alone, and both designs are judged by goodput."""
 
+from dataclasses import replace
+
 import pytest
 
 from labsupport.engine.generation import generate
-from labsupport.engine.serving import Request
+from labsupport.engine.sampling import SamplingConfig
+from labsupport.engine.serving import Engine, Request
 from labsupport.errors import LabError
 from labsupport.lab.tensor_parallel_disaggregated import compare_with_colocated, goodput, serve_disaggregated
 from labsupport.weights.fixtures import random_model
@@ -103,3 +106,78 @@ def test_a_receiver_that_fails_posts_its_error_for_the_decode_loop_instead_of_le
     tensor_parallel_disaggregated._receive_handovers(random_model("tiny-llama").config, torch.float32, 0.0, arrived)
     error = arrived.get(timeout=1)
     assert isinstance(error, RuntimeError) and "closed by peer" in str(error)
+
+
+# --- issue 50: sampled requests, end tokens, and bad arguments before any process starts -----
+
+def alone(model, request):
+    """The tokens the single-process engine gives `request` served alone."""
+    return list(Engine(model, max_slots=1).run([request]).sequences[0].output)
+
+
+def test_sampled_requests_and_end_tokens_get_what_the_engine_gives_each_alone():
+    """Issue 50: every request was answered greedily (rank 0's argmax, rank 1's argmax) and ran past
+    its end tokens."""
+    model = random_model("tiny-llama")
+    hot = SamplingConfig(temperature=1.5, top_p=0.95, seed=7)
+    requests = [Request(list(range(3, 15)), max_new_tokens=8, sampling=hot, arrival=0.0, request_id="sampled"),
+                Request(list(range(20, 29)), max_new_tokens=6, sampling=SamplingConfig(temperature=0.9, top_k=50,
+                                                                                         seed=123),
+                        arrival=0.02, request_id="top-k")]
+    free = alone(model, requests[0])
+    assert free != alone(model, replace(requests[0], sampling=SamplingConfig()))     # sampling changes the answer
+    # end tokens: the third token of the free answer, and the first token of the greedy answer
+    requests.append(replace(requests[0], eos_token_ids=[free[2]], request_id="ends-early", arrival=0.04))
+    greedy = Request([9, 8, 7, 6, 5], max_new_tokens=5, arrival=0.06, request_id="greedy-first-token-ends")
+    requests.append(replace(greedy, eos_token_ids=[alone(model, greedy)[0]]))
+    out = serve_disaggregated(model, requests, slots=2, block_size=4, timeout=120)
+    got = [row["tokens"] for row in out["requests"]]
+    assert got == [alone(model, r) for r in requests]
+    assert len(got[2]) == free.index(free[2]) + 1 and len(got[3]) == 1
+
+
+class NoProcess(Exception):
+    """Raised by a stand-in for whatever would start a process."""
+
+
+def _refuse_to_start(*args, **kwargs):
+    raise NoProcess("a process was about to start")
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"slots": 0}, "slots"), ({"slots": True}, "slots"), ({"slots": 2.5}, "slots"),
+    ({"block_size": 0}, "block_size"), ({"block_size": 10 ** 9}, "block_size"),
+    ({"timeout": float("nan")}, "timeout"), ({"timeout": 0}, "timeout"), ({"timeout": -5}, "timeout"),
+    ({"timeout": True}, "timeout"), ({"timeout": float("inf")}, "timeout"),
+    ({"requests": [Request(list(range(250)), max_new_tokens=10)]}, "context holds 256"),
+    ({"requests": [Request([1, 2, 99999], max_new_tokens=3)]}, "outside the vocabulary"),
+    ({"requests": [Request([1, 2, -1], max_new_tokens=3)]}, "outside the vocabulary"),
+    ({"requests": [Request([1, 2], max_new_tokens=3, on_token=print)]}, "on_token"),
+    ({"requests": [Request([1, 2], max_new_tokens=3, logprobs=2)]}, "logprobs"),
+    ({"requests": [[1, 2, 3]]}, "Request objects"), ({"requests": "hello"}, "list of Request"),
+    ({"requests": Request([1, 2], max_new_tokens=3)}, "list of Request"),
+])
+def test_bad_arguments_are_one_sentence_before_any_process_starts(monkeypatch, change, words):
+    """Issue 50: slots=0 spun for the whole timeout; a prompt past the context or outside the
+    vocabulary came back as a rank's IndexError or gloo's 'Connection closed by peer'."""
+    from labsupport.lab import tensor_parallel_disaggregated as module
+    monkeypatch.setattr(module, "run_ranks", _refuse_to_start)
+    arguments = {"requests": workload(2), "slots": 2, "block_size": 4, "timeout": 60, **change}
+    with pytest.raises(LabError, match=words) as refused:
+        serve_disaggregated(random_model("tiny-llama"), **arguments)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"ttft_slo": float("nan")}, "ttft_slo"), ({"tpot_slo": 0}, "tpot_slo"), ({"ttft_slo": -1.0}, "ttft_slo"),
+    ({"token_budget": 1}, "token_budget"), ({"cores": 0}, "cores"), ({"slots": 0}, "slots"),
+    ({"requests": [Request([1, 2], max_new_tokens=3, request_id=1), Request([3], max_new_tokens=3, request_id=1)]},
+     "request_id"),
+])
+def test_the_comparison_refuses_its_arguments_before_serving_anything(monkeypatch, change, words):
+    """Issue 50: a NaN or non-positive objective was refused only after both designs had served every request."""
+    from labsupport.lab import tensor_parallel_disaggregated as module
+    monkeypatch.setattr(module, "serve_disaggregated", _refuse_to_start)
+    arguments = {"requests": workload(2), "slots": 2, "token_budget": 8, "ttft_slo": 1.0, "tpot_slo": 0.2, **change}
+    with pytest.raises(LabError, match=words):
+        compare_with_colocated(random_model("tiny-llama"), **arguments)

@@ -278,3 +278,78 @@ def test_the_ledger_says_where_tensor_parallelism_lost_and_why():
     fast["degrees"][2]["prefill_s"] = 0.3
     fast["degrees"][2]["shares"] = [{"kv_heads": 1}, {"kv_heads": 1}]
     assert tensor_parallel_losses(fast, []) == ["Nothing measured here lost to its baseline."]
+
+
+# --- issue 50: the launcher's and the split's arguments, each in one sentence ----------------
+
+def raise_two_lines_on_rank_one(model, rank, world):
+    if rank == 1:
+        raise ValueError("the shapes do not match on rank 1\n  where: a learner's cell\n  hint: print the shapes")
+    return rank
+
+
+def test_a_ranks_error_of_many_lines_comes_back_as_one_line_naming_the_rank():
+    with pytest.raises(LabError, match=r"^Rank 1 of 2 failed: the shapes do not match on rank 1\. The other ranks "
+                                       r"were stopped\.$") as refused:
+        run_tensor_parallel(random_model("tiny-llama"), 2, raise_two_lines_on_rank_one, threads=1, timeout=60)
+    assert "\n" not in str(refused.value)
+
+
+def _no_process(monkeypatch):
+    started = []
+    monkeypatch.setattr(torch.multiprocessing, "get_context", lambda *a: started.append(a))
+    return started
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), 0, -1.0, True, float("inf"), "60", None, 10 ** 12])
+def test_a_bad_timeout_is_one_sentence_before_any_rank_starts(monkeypatch, timeout):
+    """Issue 50: the timeout was not checked (NaN, 0 or a bool reached the ranks and the timer)."""
+    started = _no_process(monkeypatch)
+    with pytest.raises(LabError, match="timeout") as refused:
+        run_tensor_parallel(random_model("tiny-llama"), 2, raise_on_rank_one, timeout=timeout)
+    assert "\n" not in str(refused.value) and started == []
+
+
+def test_a_lambda_or_an_argument_that_cannot_be_pickled_is_one_sentence_before_any_rank_starts():
+    """Issue 50: a pickling traceback. Spawning pickles in this process, before a child exists."""
+    import multiprocessing
+    import threading
+
+    from labsupport.engine.parallel import run_ranks
+    with pytest.raises(LabError, match=r"picklable .*pickle.*not a lambda") as refused:
+        run_tensor_parallel(random_model("tiny-llama"), 2, lambda model, rank, world: rank, threads=1, timeout=30)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(LabError, match=r"picklable .*\(TypeError: cannot pickle '_thread.lock' object\)"):
+        run_ranks(2, raise_on_rank_one, (threading.Lock(),), threads=1, timeout=30)
+    with pytest.raises(LabError, match="args must be a tuple"):
+        run_ranks(2, raise_on_rank_one, 5, threads=1, timeout=30)
+    with pytest.raises(LabError, match="fn must be a function"):
+        run_ranks(2, "raise_on_rank_one", (), threads=1, timeout=30)
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("rank, world", [(-1, 1), (1, 1), (5, 2), ("0", 1), (True, 1), (0.0, 1), (None, 1)])
+def test_a_rank_outside_the_group_is_one_sentence(rank, world):
+    """Issue 50: rank=-1 silently built the last rank's share; 5 gave an IndexError, "0" a TypeError."""
+    with pytest.raises(LabError, match=r"rank \(one of the \d ranks\)") as refused:
+        shard_model(random_model("tiny-llama"), rank, world)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(LabError, match="degree"):
+        shard_model(random_model("tiny-llama"), 0, 0)
+
+
+def test_a_quantized_model_is_told_to_shard_the_float_model_first(monkeypatch):
+    """Issue 50: an AttributeError ('Int8Linear' object has no attribute 'weight')."""
+    from labsupport.engine.quant import quantize_model
+    model = random_model("tiny-llama")
+    handle = quantize_model(model, "int8", kernel="reference")
+    with pytest.raises(LabError, match="shard the float model first"):
+        shard_model(model, 0, 1)
+    started = _no_process(monkeypatch)
+    with pytest.raises(LabError, match="shard the float model first"):
+        run_tensor_parallel(model, 2, logits_and_tokens, (PROMPT,), threads=1, timeout=30)
+    assert started == []
+    handle.restore()
+    shard_model(model, 0, 1)                                # the float model splits again
+    with pytest.raises(LabError, match="labsupport Transformer"):
+        shard_model("a model", 0, 1)

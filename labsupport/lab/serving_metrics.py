@@ -21,7 +21,7 @@ import numbers
 import numpy as np
 
 from ..errors import LabError
-from ..inputs import finite_number
+from ..inputs import finite_number, whole_number
 
 
 def percentile(values, q: float) -> float:
@@ -53,18 +53,24 @@ def goodput(rows: list[dict], ttft_slo: float, tpot_slo: float, start: float = 0
     `requests` that met them (default: the rows; a request that failed is a row missing, so missed).
 
     rows: `request_times` dicts. Introduced in notebook 09 (serving over HTTP); notebook 10 judges
-    disaggregated serving by it."""
+    disaggregated serving by it. No rows out of `requests` sent is a goodput of 0 (none met); no
+    rows and no requests, a span of no length, objectives not finite and > 0: one sentence."""
     ttft_slo = finite_number(ttft_slo, "ttft_slo (seconds)", minimum=0, above_minimum=True)
     tpot_slo = finite_number(tpot_slo, "tpot_slo (seconds per token)", minimum=0, above_minimum=True)
     start = finite_number(start, "start (seconds)")
-    requests = len(rows) if requests is None else requests
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) for r in rows):
+        got = (f"a {type(rows).__name__}" if not isinstance(rows, (list, tuple)) else
+               f"an item of type {next(type(r).__name__ for r in rows if not isinstance(r, dict))}")
+        raise LabError("goodput's rows must be a list of dicts with 'ttft', 'tpot' and 'finished' in seconds "
+                       f"(request_times makes one per request); got {got}.")
+    requests = len(rows) if requests is None else whole_number(requests, "requests (all the requests sent)", 0)
     if requests < max(len(rows), 1):
         raise LabError(f"goodput needs at least one request, and at least as many as rows ({len(rows)}); "
                        f"got requests={requests}.")
     for key in ("ttft", "tpot", "finished"):
-        bad = [r.get(key) for r in rows if not isinstance(r.get(key), numbers.Real) or not math.isfinite(r[key])]
+        bad = [r.get(key) for r in rows if not _is_seconds(r.get(key))]
         if bad:
-            raise LabError(f"Every row needs a finite {key!r} in seconds; {len(bad)} row(s) have {bad[0]!r}.")
+            raise LabError(f"Every row needs a finite {key!r} in seconds; {len(bad)} row(s) have {bad[0]!r:.40}.")
     met = sum(r["ttft"] <= ttft_slo and r["tpot"] <= tpot_slo for r in rows)
     span = max(r["finished"] for r in rows) - start if rows else 0.0
     if rows and span <= 0:
@@ -72,6 +78,16 @@ def goodput(rows: list[dict], ttft_slo: float, tpot_slo: float, start: float = 0
                        "so the rows' finished times must come after start.")
     return {"goodput": met / span if rows else 0.0, "met": met / requests, "ttft_slo": ttft_slo,
             "tpot_slo": tpot_slo}
+
+
+def _is_seconds(value) -> bool:
+    """Whether `value` is a finite real number (not a bool; an int too large for a float is not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def summarize(result) -> dict:

@@ -26,8 +26,10 @@ import time
 import torch
 
 from ..engine.generation import generate
-from ..engine.parallel import run_tensor_parallel
+from ..engine.parallel import plan_split, run_tensor_parallel
+from ..engine.parallel.tensor import require_float_model
 from ..errors import LabError
+from ..inputs import token_rows, whole_number
 
 # Data-sheet figures for the arithmetic (per direction, per GPU): NVLink 4 on an H100 SXM moves
 # 450 GB/s each way; PCIe 4.0 x16 about 32 GB/s (25 GB/s achieved). Latency per all-reduce: a
@@ -88,13 +90,10 @@ def measure_tensor_parallel(model, prompt: list[int], degrees=(1, 2), cores: int
     Notebook 10 (past one device). Returns, per degree: the median decode tokens/s and prefill
     seconds, rank 0's collectives per decode step and for the prefill, the all-reduce latency
     alone, every rank's share of the heads and MLP units, and whether every degree produced
-    the same greedy tokens.
+    the same greedy tokens. Bad arguments are one sentence before any rank starts (`require_measurement`).
     """
-    cores = cores or os.cpu_count() or 1
-    for world in degrees:
-        if cores % world:
-            raise LabError(f"{cores} cores cannot be shared evenly by {world} ranks; choose degrees that divide "
-                           f"the cores ({cores}).")
+    prompt, degrees, cores, new_tokens, prefill_tokens, rounds = require_measurement(
+        model, prompt, degrees, cores, new_tokens, prefill_tokens, rounds)
     runs: dict[int, list] = {w: [] for w in degrees}
     order = list(degrees)
     for r in range(rounds):
@@ -126,6 +125,39 @@ def measure_tensor_parallel(model, prompt: list[int], degrees=(1, 2), cores: int
             "same_tokens": all(ranks[0]["tokens"] == reference for ranks in per_round),
         }
     return out
+
+
+def require_measurement(model, prompt, degrees=(1, 2), cores=None, new_tokens=32, prefill_tokens=512,
+                        rounds=3) -> tuple:
+    """`measure_tensor_parallel`'s arguments checked before any rank starts: (prompt as ids,
+    degrees as a tuple, cores, new_tokens, prefill_tokens, rounds), or one sentence.
+    Notebook 10 (past one device). The degrees themselves are checked by `plan_split`."""
+    require_float_model(model)
+    context = model.config.max_position
+    if not isinstance(prompt, (list, tuple)) and not hasattr(prompt, "tolist"):      # a tensor or array passes
+        raise LabError(f"The prompt must be a list of token ids (tokenizer.encode(text)), got {type(prompt).__name__}.")
+    prompt = token_rows(prompt, model.config.vocab_size)
+    if len(prompt) != 1:
+        raise LabError(f"measure_tensor_parallel times one prompt, got a batch of {len(prompt)}.")
+    if not isinstance(degrees, (list, tuple)) or not degrees:
+        raise LabError(f"degrees must be a non-empty tuple of tensor-parallel degrees, e.g. (1, 2); got {degrees!r}.")
+    degrees = tuple(whole_number(w, "each degree (ranks)") for w in degrees)
+    for world in degrees:
+        plan_split(model.config, world)
+    if len(set(degrees)) < len(degrees):
+        raise LabError(f"degrees holds a degree twice ({degrees}); give each once.")
+    cores = (os.cpu_count() or 1) if cores is None else whole_number(cores, "cores (shared out among the ranks)")
+    for world in degrees:
+        if cores % world:
+            raise LabError(f"{cores} cores cannot be shared evenly by {world} ranks; choose degrees that divide "
+                           f"the cores ({cores}).")
+    new_tokens = whole_number(new_tokens, "new_tokens (decode steps timed)")
+    if len(prompt[0]) + max(new_tokens, 4) > context:
+        raise LabError(f"The prompt ({len(prompt[0])} tokens) and new_tokens ({new_tokens}, at least 4 for the "
+                       f"warm-up) need more than the model's context of {context}; shorten either.")
+    prefill_tokens = whole_number(prefill_tokens, "prefill_tokens (positions of the long prefill)", maximum=context)
+    rounds = whole_number(rounds, "rounds (side-by-side repetitions)")
+    return prompt[0], degrees, cores, new_tokens, prefill_tokens, rounds
 
 
 def link_arithmetic(result: dict, model_config, links: dict = LINKS) -> list[dict]:

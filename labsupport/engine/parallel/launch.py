@@ -27,8 +27,12 @@ from datetime import timedelta
 
 import torch
 
-from ...errors import LabError
-from .tensor import Collectives, plan_split, shard_model
+from ...errors import LabError, first_line
+from ...inputs import finite_number
+from ..hardware import pick_device
+from .tensor import Collectives, plan_split, require_float_model, shard_model
+
+MAX_TIMEOUT_S = 30 * 24 * 3600.0          # a month: no run needs more (far more overflows the collectives' timer)
 
 
 def free_port() -> int:
@@ -73,6 +77,7 @@ def run_tensor_parallel(model, world: int, fn, args: tuple = (), threads: int = 
     split into (`plan_split`), more ranks x threads than cores (more ranks than GPUs), a port in
     use. timeout: seconds for the whole run and for each collective.
     """
+    require_float_model(model)                              # a Transformer of float weights, or one sentence
     plan_split(model.config, world)                         # refuses a degree the heads cannot take
     return run_ranks(world, _sharded, (model, fn, args), threads=threads, port=port, timeout=timeout,
                      device=model.device)
@@ -90,11 +95,10 @@ def run_ranks(world: int, fn, args: tuple = (), threads: int = 1, port: int | No
     """`fn(rank, world, *args)` in `world` processes joined in one `torch.distributed` group at
     127.0.0.1 (gloo; NCCL with one GPU per rank when `device` is CUDA); returns each rank's
     result, in rank order. Notebook 10 (past one device): `run_tensor_parallel` and the
-    checkers run their ranks through it. The same refusals and timeout as `run_tensor_parallel`."""
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise LabError(f"The number of ranks must be a whole number, 1 or more; got {world!r}.")
-    device = torch.device(device)
-    _check_room(world, threads, device)
+    checkers run their ranks through it. The same refusals and timeout as `run_tensor_parallel`;
+    also, in one sentence and before any rank starts, a function or arguments that cannot be
+    pickled (a lambda, a function defined inside another, a lock or a generator)."""
+    device, args, timeout = require_launch(world, fn, args, threads, timeout, device)
     _check_main_importable()
     if port is None:
         port = free_port()
@@ -105,15 +109,47 @@ def run_ranks(world: int, fn, args: tuple = (), threads: int = 1, port: int | No
     ranks = [context.Process(target=_rank_main, daemon=True,
                              args=(rank, world, port, threads, timeout, device.type, fn, args, results))
              for rank in range(world)]
-    for process in ranks:
-        process.start()
+    started = []
     try:
+        for process in ranks:
+            _start(process)
+            started.append(process)
         return _collect(ranks, results, timeout)
     finally:
-        for process in ranks:
+        for process in started:
             if process.is_alive():
                 process.terminate()
             process.join(timeout=10)
+
+
+def require_launch(world, fn, args, threads, timeout, device) -> tuple[torch.device, tuple, float]:
+    """The checks `run_ranks` makes before it starts a process: (device, args, timeout), or one
+    sentence. Notebook 10 (past one device); pure, so a test can try any value on it."""
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise LabError(f"The number of ranks must be a whole number, 1 or more; got {world!r}.")
+    if not callable(fn):
+        raise LabError(f"fn must be a function the ranks call as fn(rank, world, *args), got {type(fn).__name__}.")
+    if not isinstance(args, (tuple, list)):
+        raise LabError(f"args must be a tuple of fn's further arguments (e.g. (prompt,)), got {type(args).__name__}.")
+    timeout = finite_number(timeout, "timeout (seconds for the run and each collective)", minimum=0,
+                            maximum=MAX_TIMEOUT_S, above_minimum=True)
+    device = pick_device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise LabError(f"The ranks meet through gloo on a CPU or NCCL on CUDA GPUs, not on {device.type}; "
+                       "use device='cpu'.")
+    _check_room(world, threads, device)
+    return device, tuple(args), timeout
+
+
+def _start(process) -> None:
+    """Start one rank; spawning pickles its function and arguments here, in this process."""
+    try:
+        process.start()
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        raise LabError(f"The ranks' function and arguments must be picklable to reach the new processes "
+                       f"({first_line(error, with_type=True)}): define fn with def at the top of a module or "
+                       "a notebook cell (not a lambda, nor inside another function), and pass no lock, open "
+                       "file or generator.") from None
 
 
 def _check_main_importable() -> None:
@@ -173,5 +209,11 @@ def _rank_main(rank, world, port, threads, timeout, device_type, fn, args, resul
         finally:
             torch.distributed.destroy_process_group()
     except BaseException as error:             # noqa: BLE001 - sent back as one sentence, never a traceback here
-        message = str(error).strip() or type(error).__name__
-        results.put(("error", rank, message if message.endswith(".") else message + "."))
+        results.put(("error", rank, _one_line(error)))
+
+
+def _one_line(error: BaseException) -> str:
+    """A rank's error as one line ending in a period: its message's first line (where Python,
+    torch and gloo put what went wrong; the lines after it are where, or advice), or its type."""
+    message = first_line(error, limit=300)
+    return message if message.endswith(".") else message + "."

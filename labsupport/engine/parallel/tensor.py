@@ -36,6 +36,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...errors import LabError
+from ...inputs import whole_number
+from ..config import ModelConfig
 from ..models.layout import apply_layout
 from ..models.transformer import Transformer
 
@@ -69,6 +71,8 @@ def plan_split(config, world: int) -> list[RankShare]:
     """
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise LabError(f"The tensor-parallel degree must be a whole number of ranks, 1 or more; got {world!r}.")
+    if not isinstance(config, ModelConfig):
+        raise LabError(f"plan_split takes a model's config (model.config), got {type(config).__name__}.")
     if config.family != "llama":
         raise LabError(f"Tensor parallelism here splits Llama-family models; {config.name} is {config.family}. "
                        "Use SmolLM2 (the course's model) or another Llama-family model.")
@@ -171,13 +175,18 @@ def shard_model(model: Transformer, rank: int, world: int, collectives: Collecti
     Notebook 10 (past one device). With world=1 the slices are the whole model and nothing is
     communicated. The embedding and the norms are shared with `model`, not copied; every slice
     is a copy, stored in the layout measured fastest for its shape (`layout.apply_layout`), as
-    the loaded model's are.
+    the loaded model's are. Refuses, in one sentence: a rank outside 0 .. world - 1, and a
+    quantized model (`require_float_model`: shard the float model, then quantize each share).
     """
-    config = model.config
-    share = plan_split(config, world)[rank]
+    config = require_float_model(model).config
+    shares = plan_split(config, world)
+    rank = whole_number(rank, f"rank (one of the {world} ranks)", minimum=0, maximum=world - 1)
+    share = shares[rank]
     if world > 1 and not _in_group():
         raise LabError(f"shard_model for {world} ranks needs a process group on every rank: start the ranks "
                        "with run_tensor_parallel (or torchrun), not in this process.")
+    if collectives is not None and not isinstance(collectives, Collectives):
+        raise LabError(f"collectives must be a Collectives (or None for a new one), got {type(collectives).__name__}.")
     collectives = collectives or Collectives()
     D, H, KV, inner = config.head_dim, config.num_heads, config.num_kv_heads, config.intermediate_size
     local_config = config.with_(num_heads=len(share.q_heads), num_kv_heads=len(share.kv_heads),
@@ -210,6 +219,31 @@ def shard_model(model: Transformer, rank: int, world: int, collectives: Collecti
     local.collectives = collectives
     apply_layout(local)                  # each slice stored in the layout its matrix-vector kernel runs fastest
     return local.eval()
+
+
+def require_float_model(model) -> Transformer:
+    """`model` itself, if it is a `Transformer` whose projections are float `nn.Linear`s; else one
+    sentence (a quantized model's layers hold integer weights that cannot be sliced by heads).
+    Notebook 10 (past one device): `shard_model` and `run_tensor_parallel` check it first."""
+    if not isinstance(model, Transformer):
+        raise LabError(f"Tensor parallelism splits a labsupport Transformer (load_model, random_model), "
+                       f"got {type(model).__name__}.")
+    for name, module in _projections(model):
+        if not (isinstance(module, nn.Linear) and module.weight.is_floating_point()):
+            raise LabError(f"{name} is {type(module).__name__}, not a float nn.Linear (a quantized or already "
+                           "sharded model): shard the float model first, then quantize each rank's share "
+                           "(quantize_model on the rank's model).")
+    return model
+
+
+def _projections(model: Transformer):
+    """(name, module) of every matrix shard_model slices."""
+    for i, block in enumerate(model.blocks):
+        for part, name in ((block.attn, "attn.qkv"), (block.attn, "attn.out"), (block.mlp, "mlp.gate_up"),
+                           (block.mlp, "mlp.down")):
+            if hasattr(part, name.split(".")[1]):                # GPT-2's MLP has none: plan_split refuses it
+                yield f"blocks.{i}.{name}", getattr(part, name.split(".")[1])
+    yield "lm_head", model.lm_head
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
