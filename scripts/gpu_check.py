@@ -24,7 +24,8 @@ Then the measurements, side by side in the same process:
   (tokens/s and the fraction of the copy bandwidth);
 * int4 and int8 against 16-bit on the 1.7B shape, every row on the same (compiled) path;
 * the batching knee (decode steps replayed as CUDA graphs) against the predicted ridge;
-* continuous against static batching in the serving engine;
+* continuous against static batching in the serving engine, ok only where every engine's
+  decode steps replay CUDA graphs and, in fp32, give the eager engine's tokens;
 * vLLM, only where it imports.
 
 Every item runs with cuDNN attention off (see `gpu_items.cudnn_attention`) and under its cap:

@@ -492,40 +492,72 @@ def measure_bandwidth_now(ctx: Context) -> float:
 
 
 def serving(ctx: Context) -> dict:
-    """Continuous against static batching in the serving engine, on the small shape: on a GPU
-    both replay their decode steps as CUDA graphs (decode_graphs.py), and the continuous run's
-    tokens are checked against the same engine decoding eagerly."""
+    """Continuous against static batching in the serving engine, on the small shape in 16 bits,
+    and ``ok`` only if it ran as it must: on a GPU each engine replays its decode steps as CUDA
+    graphs (`serving_path`; in a CPU rehearsal, eager), and the graphed tokens equal the same
+    engine's eager tokens in fp32 (`_graphed_tokens_in_fp32`: in 16 bits, random weights round
+    by more than the gap between their top two logits, so equal tokens proved nothing there and
+    unequal ones nothing wrong)."""
     from labsupport.engine.serving import Engine
     from labsupport.lab.serving_metrics import summarize
     from labsupport.lab.serving_workload import make_workload
     model = ctx.model("small")
     prompts = [PROMPT[: 4 + i % 8] for i in range(8)]
-    count = 48 if ctx.gpu else 8
+    count, slots = (48, 16) if ctx.gpu else (8, 4)
     requests = make_workload(prompts, count=count, median_new_tokens=32 if ctx.gpu else 6,
                              max_new_tokens=128 if ctx.gpu else 12, seed=0)
-    rows = ctx.rows
-    tokens = {}
+    rows, failures = ctx.rows, []
     for policy in ("static", "continuous"):
-        engine = Engine(model, max_slots=16 if ctx.gpu else 4, policy=policy)
+        engine = Engine(model, max_slots=slots, policy=policy)
         result = engine.run(requests)
         engine.blocks.assert_no_leaks()
         m = summarize(result)
-        tokens[policy] = result.tokens()
         rows[policy] = {"throughput": m["throughput_tokens_per_s"], "ttft_p50": m["ttft_p50"], "duration": m["duration"],
                         "decode_path": result.decode_path, "decode_note": result.decode_note,
                         "graphs": engine.graphs.captured if engine.graphs else 0,
                         "capture_s": engine.graphs.capture_seconds if engine.graphs else 0.0}
+        failures += _serving_path_failures(ctx, policy, result)
     ratio = rows["continuous"]["throughput"] / rows["static"]["throughput"]
     paths = sorted({rows[p]["decode_path"] for p in ("static", "continuous")})
     same = ""
-    if ctx.gpu:                                       # the graphs' tokens against the same engine, eager
-        eager = Engine(model, max_slots=16, policy="continuous", cuda_graphs=False).run(requests).tokens()
-        matching = sum(eager[i] == t for i, t in tokens["continuous"].items())
-        rows["graphed_same_tokens_as_eager"] = [matching, len(eager)]
-        same = f"; graphed tokens = eager for {matching}/{len(eager)} requests"
-    return {"continuous_over_static": ratio,
-            "headline": f"continuous / static throughput {ratio:.2f}x ({count} requests; decode: "
-                        f"{', '.join(paths)}{same})"}
+    if ctx.gpu:
+        failures += _graphed_tokens_in_fp32(ctx, Engine, requests, slots)
+        matching, total = rows["fp32_graphed_same_tokens_as_eager"]
+        same = f"; fp32 graphed tokens = eager for {matching}/{total} requests"
+    return {"ok": not failures, "failures": failures, "continuous_over_static": ratio,
+            "headline": "; ".join(failures) or (f"continuous / static throughput {ratio:.2f}x ({count} requests; "
+                                                f"decode: {', '.join(paths)}{same})")}
+
+
+def serving_path(ctx: Context) -> str:
+    """The decode path a serving engine must report: its CUDA graphs on a GPU, eager in a CPU
+    rehearsal (the engine captures graphs only on CUDA)."""
+    from labsupport.engine.serving.decode_graphs import EAGER, GRAPHED
+    return GRAPHED if ctx.gpu else EAGER
+
+
+def _serving_path_failures(ctx: Context, what: str, result) -> list[str]:
+    """[a sentence] when `result`'s decode steps did not run on `serving_path`, else []."""
+    if result.decode_path == serving_path(ctx):
+        return []
+    note = f" ({result.decode_note})" if result.decode_note else ""
+    return [f"{what}: the engine's decode steps ran {result.decode_path!r}, not {serving_path(ctx)!r}{note}"]
+
+
+def _graphed_tokens_in_fp32(ctx: Context, engine_class, requests, slots: int) -> list[str]:
+    """The continuous engine on the small shape in fp32, graphed and eager, on the same requests:
+    [a sentence] for a graphed run not on the graphed path or for requests whose tokens differ."""
+    model = ctx.model("small", torch.float32)
+    graphed = engine_class(model, max_slots=slots, policy="continuous").run(requests)
+    eager = engine_class(model, max_slots=slots, policy="continuous", cuda_graphs=False).run(requests).tokens()
+    tokens = graphed.tokens()
+    matching = sum(tokens.get(i) == t for i, t in eager.items())
+    ctx.rows["fp32_graphed_same_tokens_as_eager"] = [matching, len(eager)]
+    failures = _serving_path_failures(ctx, "fp32 graphed run", graphed)
+    if matching != len(eager):
+        failures.append(f"fp32: the graphed engine's tokens differ from the eager engine's for "
+                        f"{len(eager) - matching} of {len(eager)} requests")
+    return failures
 
 
 def vllm(ctx: Context) -> dict:

@@ -271,3 +271,63 @@ def test_the_cpu_kernels_build_before_the_first_item_outside_every_cap(gpu_check
 def test_the_real_build_step_loads_both_kernels(gpu_check):
     built = gpu_check.gpu_items.build_cpu_kernels()
     assert built["status"] == {"fused": None, "w4a8": None} and built["seconds"] >= 0
+
+
+# --- the serving item: ok only on the graphed path, graphed tokens against eager ones in fp32 ----
+
+def test_the_serving_item_says_ok_in_a_rehearsal(gpu_check):
+    """Issue 51, item 4: the serving item returned no ``ok``. In a rehearsal (no GPU) the engines
+    decode eagerly, as expected there, and nothing is compared against graphs."""
+    ctx = _context(gpu_check)
+    result = gpu_check.gpu_items.serving(ctx)
+    assert result["ok"] is True and result["failures"] == []
+    assert {ctx.rows[p]["decode_path"] for p in ("static", "continuous")} == {"eager"}
+    assert "fp32_graphed_same_tokens_as_eager" not in ctx.rows
+
+
+class _FakeEngine:
+    """A serving engine that says it ran `path` with `tokens` (those of an eager engine: `eager`)."""
+    made: list = []
+    path, note, graphed_tokens, eager_tokens = "", None, {}, {}
+
+    def __init__(self, model, max_slots, policy, cuda_graphs=None):
+        from types import SimpleNamespace
+        self.graphs, self.cuda_graphs = None, cuda_graphs
+        self.blocks = SimpleNamespace(assert_no_leaks=lambda: None)
+        _FakeEngine.made.append((model.dtype, policy, cuda_graphs))
+
+    def run(self, requests):
+        from types import SimpleNamespace
+        eager = self.cuda_graphs is False
+        tokens = self.eager_tokens if eager else self.graphed_tokens
+        return SimpleNamespace(decode_path="eager" if eager else self.path, decode_note=None if eager else self.note,
+                               tokens=lambda: dict(tokens))
+
+
+@pytest.mark.parametrize("path, note, graphed, ok, words", [
+    ("CUDA graphs (decode steps)", None, {0: [5, 6], 1: [7]}, True, "fp32 graphed tokens = eager for 2/2"),
+    ("eager", "bucket (4, 2) could not be captured", {0: [5, 6], 1: [7]}, False, "could not be captured"),
+    ("CUDA graphs (decode steps)", None, {0: [5, 9], 1: [7]}, False, "differ from the eager engine's for 1 of 2"),
+])
+def test_the_serving_item_fails_when_a_gpu_engine_is_not_graphed_or_its_fp32_tokens_differ(
+        gpu_check, monkeypatch, path, note, graphed, ok, words):
+    import torch
+
+    import labsupport.engine.serving as serving_package
+    import labsupport.lab.serving_metrics as serving_metrics
+    ctx = _context(gpu_check)
+    ctx.gpu, ctx.half = True, torch.bfloat16                  # decided as on a GPU; the tiny model stays on the CPU
+    _FakeEngine.made = []
+    monkeypatch.setattr(_FakeEngine, "path", path)
+    monkeypatch.setattr(_FakeEngine, "note", note)
+    monkeypatch.setattr(_FakeEngine, "graphed_tokens", graphed)
+    monkeypatch.setattr(_FakeEngine, "eager_tokens", {0: [5, 6], 1: [7]})
+    monkeypatch.setattr(serving_package, "Engine", _FakeEngine)
+    monkeypatch.setattr(serving_metrics, "summarize",
+                        lambda result: {"throughput_tokens_per_s": 10.0, "ttft_p50": 0.1, "duration": 1.0})
+    result = gpu_check.gpu_items.serving(ctx)
+    assert result["ok"] is ok and (words in result["headline"])
+    assert not ok or result["failures"] == []
+    # throughput in 16 bits (graphed by default), the token comparison in fp32, graphed then eager
+    assert _FakeEngine.made == [(torch.bfloat16, "static", None), (torch.bfloat16, "continuous", None),
+                                (torch.float32, "continuous", None), (torch.float32, "continuous", False)]
