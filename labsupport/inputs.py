@@ -35,7 +35,8 @@ def whole_number(value, name: str, minimum: int = 1, maximum: int | None = None)
     value = int(value)
     if not (value >= minimum and (maximum is None or value <= maximum)):
         bound = f"at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-        raise LabError(f"{name} must be {bound}, got {value}.")
+        shown = value if value.bit_length() < 64 else f"an integer of {value.bit_length()} bits"
+        raise LabError(f"{name} must be {bound}, got {shown}.")
     return value
 
 
@@ -49,7 +50,10 @@ def finite_number(value, name: str, minimum: float | None = None, maximum: float
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise LabError(f"{name} must be a number, got {value!r} ({type(value).__name__}).")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:                                      # an int past float's range, e.g. 10**400
+        raise LabError(f"{name} must be a finite number, got an integer of {value.bit_length()} bits.") from None
     low_ok = minimum is None or (value > minimum if above_minimum else value >= minimum)
     high_ok = maximum is None or value <= maximum
     if not (math.isfinite(value) and low_ok and high_ok):      # NaN fails every comparison
@@ -98,7 +102,11 @@ def token_rows(prompt, vocab_size: int | None = None, what: str = "prompt") -> l
             raise LabError(f"The {what} must be 1-D (one prompt) or 2-D (batch, T), got {dims} dimensions.")
         rows = [_as_id_list(prompt, what)] if dims == 1 else [_as_id_list(r, what) for r in prompt]
     else:
-        prompt = list(prompt)
+        try:
+            prompt = list(prompt)
+        except TypeError:                                                   # None, a number, ...
+            raise LabError(f"The {what} must be token ids (a list of ints or a tensor), got "
+                           f"{type(prompt).__name__}.") from None
         if prompt and not isinstance(prompt[0], str) and hasattr(prompt[0], "__len__"):
             rows = [_as_id_list(p, f"{what} {i} of the batch") for i, p in enumerate(prompt)]
         else:

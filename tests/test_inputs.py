@@ -163,3 +163,22 @@ def test_every_entrance_checks_sampling_with_the_one_check_and_seeds_with_the_on
     unseeded = speculative_generate(model, PromptLookupDraft(), [1, 2, 1, 2], 12,
                                     sampling=SamplingConfig(temperature=1.0, seed=None))
     assert len(unseeded.tokens) >= 1                           # no seed: allowed, drawn from torch's own stream
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: finite_number(10 ** 400, "rate"), "rate must be a finite number, got an integer of 1329 bits"),
+    (lambda: finite_number(-10 ** 400, "rate", minimum=0), "rate must be a finite number"),
+    (lambda: token_rows(None), "must be token ids"),
+    (lambda: token_rows(3), "must be token ids"),
+])
+def test_values_past_float_and_no_ids_at_all_are_one_sentence(call, words):
+    """An int too large for a float, and a prompt that is not a sequence at all (issue 50)."""
+    with pytest.raises(LabError, match=words) as error:
+        call()
+    assert "\n" not in str(error.value)
+
+
+def test_a_whole_number_past_python_s_printing_limit_is_one_sentence():
+    """str() of an int over 4,300 digits raises ValueError in Python >= 3.11: the sentence must not print it."""
+    with pytest.raises(LabError, match="count must be from 1 to 8, got an integer of 16610 bits"):
+        whole_number(10 ** 5000, "count", maximum=8)
