@@ -18,9 +18,11 @@ Read it in the order of the idea:
    on every rank but no bandwidth. Where it is tied to the output layer, the rank's output slice
    is a copy of its rows.
 
-Because every rank gets identical logits, every rank samples the same token, and the rest of
-the engine (the KV cache, `generate`, the sampler) runs unchanged on each rank's model. Each
-rank's KV cache holds only its own key/value heads.
+Every rank gets identical logits, so under greedy decoding every rank picks the same token; a
+sampled token is the same on every rank only with the same seed on each (or one rank samples and
+broadcasts it). The rest of the engine (the KV cache, `generate`, the sampler) runs unchanged on
+each rank's model. Each rank's KV cache holds only its own key/value heads. The replicated
+embedding is this course's choice, for simplicity: Megatron-LM and vLLM split it by vocabulary.
 
 The split is uneven where the degree does not divide the heads: SmolLM2-135M has 3 key/value
 heads, so two ranks hold 2 and 1 (vLLM refuses such a degree; here the imbalance is measured).
