@@ -2,6 +2,8 @@
 activations: the numbers the exercise rests on, its checker on the notebook's layer, and the
 scales folded into the model (its checker's made-up layers: tests/test_checkers.py)."""
 
+import math
+
 import pytest
 import torch
 
@@ -95,3 +97,89 @@ def test_bad_names_shapes_and_reuse_of_the_fold(smollm, last_down):
         with quantization_awq.awq_int4_down(model, name, 128, scales):
             pass
         assert quality.perplexity(model, tokenizer, max_tokens=32) == before
+
+
+# --- issue 50: silently wrong and loud-but-bad inputs, each one sentence (tiny made-up layers, no model) ---
+
+def _tiny_layer(seed=0, out_features=4, in_features=8, tokens=6):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(out_features, in_features, generator=generator),
+            torch.randn(tokens, in_features, generator=generator) * torch.linspace(0.1, 3.0, in_features))
+
+
+def test_error_removed_takes_an_nn_linear_weight_and_activations_caught_in_inference_mode():
+    """The natural call (a layer's weight, which requires grad; activations from layer_inputs, made under
+    inference mode) raised torch's 'Inference tensors cannot be saved for backward'."""
+    layer = torch.nn.Linear(8, 4)
+    with torch.inference_mode():
+        x = torch.randn(6, 8) * torch.linspace(0.1, 3.0, 8)
+    scales, errors = quantization_awq.awq_search(layer.weight, x, 4)
+    held = quantization_awq.error_removed(layer.weight, x, 4, scales)
+    assert held["awq"] == pytest.approx(min(errors)) and 0 <= held["removed"] < 1
+    assert not quantization_awq.awq_weight(layer.weight, scales, 4).requires_grad
+    assert quantization_awq.output_error(layer.weight, layer.weight, x) == 0.0
+
+
+def test_a_scale_of_zero_is_refused_not_folded_into_nan_logits():
+    """A zero scale divided the up projection by 0: the model's logits became nan."""
+    from labsupport.errors import LabError
+    from labsupport.lab.quality import logits_of
+    from labsupport.weights.fixtures import random_model
+    model = random_model("tiny-llama")
+    name = "blocks.0.mlp.down"
+    zero_one = torch.ones(model.get_submodule(name).in_features)
+    zero_one[3] = 0.0
+    before = logits_of(model, [1, 2, 3])
+    for bad in (zero_one, -zero_one.abs() - 1, torch.full_like(zero_one, math.nan)):
+        with pytest.raises(LabError, match="finite and > 0"):
+            with quantization_awq.awq_int4_down(model, name, 32, bad):
+                pass
+        assert torch.equal(logits_of(model, [1, 2, 3]), before)          # nothing was changed
+    weight, x = _tiny_layer()
+    with pytest.raises(LabError, match="finite and > 0"):
+        quantization_awq.error_removed(weight, x, 4, zero_one[:8])
+    with pytest.raises(LabError, match="finite and > 0"):
+        quantization_awq.awq_weight(weight, zero_one[:8], 4)
+
+
+def test_layer_inputs_takes_only_a_linear_layer_the_model_runs():
+    from labsupport.errors import LabError
+    from labsupport.weights.fixtures import random_model
+    model = random_model("tiny-llama")
+    x = quantization_awq.layer_inputs(model, "blocks.0.mlp.down", [1, 2, 3])
+    assert x.shape == (3, model.get_submodule("blocks.0.mlp.down").in_features) and not x.is_inference()
+    for name in ("blocks.0", "blocks.0.mlp", "blocks.0.mlp_norm", "embed"):
+        with pytest.raises(LabError, match="not a linear layer"):
+            quantization_awq.layer_inputs(model, name, [1, 2, 3])
+    with pytest.raises(LabError, match="text"):
+        quantization_awq.layer_inputs(model, "blocks.0.mlp.down", "hello")
+    with pytest.raises(LabError, match="outside the model's vocabulary"):
+        quantization_awq.layer_inputs(model, "blocks.0.mlp.down", [10 ** 6])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda w, x: quantization_awq.awq_search(w, x, 4, []), "grid is empty"),
+    (lambda w, x: quantization_awq.awq_search(w, x, 4, [0.5, math.nan]), "from 0 to 1"),
+    (lambda w, x: quantization_awq.awq_search(w, x, 4, [True]), "from 0 to 1"),
+    (lambda w, x: quantization_awq.awq_search(w, x, 4, 0.5), "list of alphas"),
+    (lambda w, x: quantization_awq.awq_search(w, x * math.nan, 4), "nan or inf"),
+    (lambda w, x: quantization_awq.awq_search(w, x[:0], 4), "at least one token"),
+    (lambda w, x: quantization_awq.awq_search(w.T, x, 4), "activations must be"),
+    (lambda w, x: quantization_awq.awq_search(w[:0], x, 4), "non-empty"),
+    (lambda w, x: quantization_awq.awq_search(w.tolist(), x, 4), "2-D torch tensor"),
+    (lambda w, x: quantization_awq.awq_search(w, x, 3), "group_size"),
+    (lambda w, x: quantization_awq.awq_search(w, x * 1e30, 4), "too large"),
+    (lambda w, x: quantization_awq.error_removed(w, x, 4, torch.ones(7)), "one value per input channel"),
+    (lambda w, x: quantization_awq.error_removed(w, x, 4, [1.0] * 8), "one value per input channel"),
+    (lambda w, x: quantization_awq.scales_for(x.mean(dim=0), 0.5), ">= 0"),
+    (lambda w, x: quantization_awq.scales_for(x.abs().mean(dim=0), 2.0), "from 0 to 1"),
+    (lambda w, x: quantization_awq.output_error(w, w[:2], x), "weight's shape"),
+])
+def test_bad_arguments_of_the_search_and_its_steps_are_one_sentence(call, message):
+    """Before: NaN errors returned (nan or empty activations), a TypeError (an empty grid), torch's
+    errors (wrong-length scales, shapes)."""
+    from labsupport.errors import LabError
+    weight, x = _tiny_layer()
+    with pytest.raises(LabError, match=message) as error:
+        call(weight, x)
+    assert "\n" not in str(error.value)

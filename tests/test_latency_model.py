@@ -60,3 +60,39 @@ def test_the_markdown_table_has_a_row_per_machine():
     rows = L.data_sheet_estimates(SMALL, 256, 64)
     table = L.markdown_estimates(rows)
     assert table.count("\n") == len(rows) + 1 and "(compute)" in table and "(memory)" in table
+
+
+@pytest.mark.parametrize("kwargs, match", [                  # issue 50: each of these was taken as a count or a rate
+    (dict(prompt_tokens=2.5), "at least 1 prompt token"), (dict(prompt_tokens=float("nan")), "at least 1 prompt token"),
+    (dict(prompt_tokens=True), "at least 1 prompt token"),
+    (dict(prompt_tokens=float("inf")), "at least 1 prompt token"),
+    (dict(prompt_tokens=10 ** 400), "at most"), (dict(new_tokens=2.5), "at least 1 new token"),
+    (dict(new_tokens=float("nan")), "at least 1 new token"), (dict(new_tokens=True), "at least 1 new token"),
+    (dict(new_tokens=float("inf")), "at least 1 new token"), (dict(bandwidth=float("inf")), "must be positive"),
+    (dict(peak_flops=float("inf")), "must be positive"), (dict(bandwidth=True), "must be positive"),
+    (dict(peak_flops=1e-300), "must be positive"), (dict(dtype=0), "bytes per value"),
+    (dict(dtype=None), "Unknown precision"), (dict(machine=3), "machine"),
+])
+def test_counts_are_whole_numbers_and_rates_finite_one_sentence_each(kwargs, match):
+    args = dict(prompt_tokens=8, new_tokens=8, bandwidth=1e9, peak_flops=1e12) | kwargs
+    with pytest.raises(LabError, match=match) as error:
+        L.estimate(SMALL, **args)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: L.prefill_flops(SMALL, 2.5), "at least 1 prompt token"),
+    (lambda: L.prefill_flops({"hidden_size": 8}, 8), "ModelConfig"),
+    (lambda: L.data_sheet_estimates(SMALL, 8, 8, sheets=[{"name": "x"}]), "DataSheets"),
+    (lambda: L.markdown_estimates([{"machine": "x"}]), "LatencyEstimates"),
+])
+def test_the_other_entry_points_refuse_in_one_sentence(call, match):
+    with pytest.raises(LabError, match=match):
+        call()
+
+
+def test_integer_scalars_of_numpy_and_torch_are_counts():
+    import numpy as np
+    import torch
+    plain = L.estimate(SMALL, 8, 8, 1e9, 1e12)
+    assert L.estimate(SMALL, np.int64(8), torch.tensor(8), 1e9, 1e12) == plain

@@ -4,6 +4,7 @@ Every load here is bounded (a handful of requests, a timeout on each) and ends b
 """
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -103,6 +104,20 @@ def test_summaries_of_hand_made_results():
     (lambda: goodput([], 1.0, 0.1), "at least one request"),
     (lambda: goodput([LoadResult(arrival=0)], 0, 0.1), "ttft_slo"),
     (lambda: as_engine_requests(ByteTokenizer(), agentic_workload(1, 2, 1.0)), "served over HTTP only"),
+    # issue 50: these were taken (a median or a max of 0) or gave NumPy's error (a negative seed, sigma)
+    (lambda: agentic_workload(2, 2, 1.0, median_new_tokens=0), "median_new_tokens"),
+    (lambda: agentic_workload(2, 2, 1.0, max_new_tokens=0), "max_new_tokens"),
+    (lambda: agentic_workload(2, 2, 1.0, seed=-1), "seed"),
+    (lambda: agentic_workload(2, 2, 1.0, seed=2.5), "seed"),
+    (lambda: chat_workload(3, 1.0, seed=-1), "seed"),
+    (lambda: chat_workload(3, 1.0, sigma=-1.0), "sigma"),
+    (lambda: run_load("http://127.0.0.1:1", ["Why?"]), "LoadRequests"),
+    (lambda: run_load("http://127.0.0.1:1", [LoadRequest("x", 2, 0)], model="m", extra={"x": object()}), "extra"),
+    (lambda: goodput([{"sent": 0.0}], 1.0, 0.1), "not a LoadResult"),
+    (lambda: goodput([LoadResult(arrival=0, sent=math.nan, chunk_times=[0.5], tokens=1)], 1.0, 0.1), "finite"),
+    (lambda: goodput([LoadResult(arrival=0, sent=0.0, chunk_times=[0.5, math.inf], tokens=2)], 1.0, 0.1), "finite"),
+    (lambda: goodput([LoadResult(arrival=0, sent=0.0, chunk_times=[0.5, 0.2], tokens=2)], 1.0, 0.1), "in order"),
+    (lambda: goodput([LoadResult(arrival=0, sent=1.0, chunk_times=[0.5], tokens=1)], 1.0, 0.1), "in order"),
 ])
 def test_bad_arguments_are_one_sentence(call, message):
     with pytest.raises(LabError, match=message):
@@ -220,3 +235,64 @@ def test_agentic_turns_reach_the_server_as_conversations_and_hit_its_prefix_cach
     assert hits[False] == 0 and hits[True] > 600 // 8      # the system prompt's blocks, at least once
     raw = run_load("http://127.0.0.1:1", requests[:1], model="m", endpoint="completions")
     assert raw[0].error == "a conversation needs the chat endpoint"
+
+
+@pytest.mark.parametrize("url", ["http://", "https://", "http://[::1", "http://127.0.0.1:99999", "http://127.0.0.1:abc",
+                                 "http://a b:80", "http://127.0.0.1:0"])
+def test_a_malformed_url_is_one_sentence_naming_it(url):
+    """Issue 50: httpx's InvalidURL or an ExceptionGroup came out as a traceback."""
+    for model in (None, "m"):
+        with pytest.raises(LabError, match="is not a server's address") as error:
+            run_load(url, [LoadRequest("x", 2, 0.0)], model=model, timeout=5)
+        assert repr(url) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_unreachable_server_is_one_sentence_naming_its_url():
+    with socket.socket() as s:                                                   # a port with no server
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(LabError, match=f"127.0.0.1:{port}/v1/models .ConnectError.") as error:
+        run_load(f"http://127.0.0.1:{port}", [LoadRequest("x", 2, 0.0)], timeout=5)
+    assert "\n" not in str(error.value)
+
+
+def test_an_odd_model_list_is_one_sentence_naming_the_url():
+    """Issue 50: a /v1/models reply that is not JSON, has no "data", an empty list or no id: one sentence each."""
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse, Response
+
+    replies = {"html": PlainTextResponse("<html>hi</html>"), "list": Response("[]", media_type="application/json"),
+               "null": Response("null", media_type="application/json"), "nodata": Response('{"models": []}'),
+               "empty": Response('{"data": []}'), "strings": Response('{"data": "abc"}'),
+               "noid": Response('{"data": [{"name": "m"}]}'), "intid": Response('{"data": [{"id": 5}]}'),
+               "missing": Response('{"detail": "Not Found"}', status_code=404)}
+    app = FastAPI()
+
+    @app.get("/{case}/v1/models")
+    async def models(case: str):
+        return replies[case]
+    with BackgroundServer(app) as odd:
+        for case in replies:
+            url = f"{odd.url}/{case}"
+            with pytest.raises(LabError, match="Could not read the model's name") as error:
+                run_load(url, [LoadRequest("x", 2, 0.0)], timeout=10)
+            assert f"{url}/v1/models" in str(error.value) and "\n" not in str(error.value), case
+
+
+def test_the_clis_seed_is_checked_before_any_load(capsys):
+    """`loadgen --seed -1` ended in NumPy's traceback; the check is chat_workload's (the CLI calls it)."""
+    from labsupport.cli import main
+    assert main(["loadgen", "--url", "http://127.0.0.1:1", "--seed", "-1", "--out", "unused.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: seed must be at least 0") and "Traceback" not in err
+
+
+def test_goodput_skips_a_failed_requests_non_finite_sent_and_ignores_the_order():
+    served = [LoadResult(arrival=0, sent=1.0, chunk_times=[1.2, 1.3], tokens=2),
+              LoadResult(arrival=0, sent=2.0, chunk_times=[2.5], tokens=1)]
+    failed = [LoadResult(arrival=0, sent=s, error="ConnectError") for s in (math.nan, math.inf, -math.inf)]
+    expected = goodput(served, 1.0, 0.2)
+    assert expected["goodput"] == pytest.approx(2 / 1.5)
+    for order in (served + failed, failed + served, failed[::-1] + served[::-1]):
+        g = goodput(order, 1.0, 0.2)
+        assert g["goodput"] == expected["goodput"] and g["met"] == pytest.approx(2 / 5)

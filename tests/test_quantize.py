@@ -223,6 +223,34 @@ def test_kl_divergence_is_zero_for_the_same_logits_and_the_textbook_sum_otherwis
             kl_divergence_from_logits(p, bad)
 
 
+def test_kl_divergence_with_minus_inf_logits_is_zero_against_itself_and_finite_otherwise():
+    """Issue 50: a token of probability 0 (a -inf logit) made KL(p, p) nan; 0 log 0 adds 0."""
+    from labsupport.lab.quality import kl_divergence_from_logits
+    p = torch.tensor([[0.0, -math.inf, 1.0], [2.0, 0.5, -math.inf]])
+    assert kl_divergence_from_logits(p, p) == 0.0
+    q = torch.tensor([[0.5, 0.0, 0.0], [1.0, 1.0, 1.0]])          # q may give the impossible tokens anything
+    P, Q = p.double().softmax(-1), q.double().softmax(-1)
+    textbook = torch.where(P > 0, P * (P / Q).log(), torch.zeros_like(P)).sum(-1).mean().item()
+    assert kl_divergence_from_logits(p, q) == pytest.approx(textbook, rel=1e-9)
+    with pytest.raises(LabError, match="infinite"):              # q rules out a token p can emit
+        kl_divergence_from_logits(q, p)
+
+
+@pytest.mark.parametrize("reference, other, message", [
+    (torch.zeros(3, 0), torch.zeros(3, 0), "one shape"),                          # an empty vocabulary: was 0
+    (torch.zeros(0, 5), torch.zeros(0, 5), "one shape"),                          # no positions: was nan
+    (torch.tensor([0.0, math.nan]), torch.zeros(2), "nan or \\+inf"),
+    (torch.zeros(2), torch.tensor([math.inf, 0.0]), "nan or \\+inf"),
+    (torch.tensor([-math.inf, -math.inf]), torch.zeros(2), "all -inf"),
+    ([0.0, 1.0], torch.zeros(2), "tensors of logits"),
+])
+def test_kl_divergence_refuses_what_is_no_distribution_in_one_sentence(reference, other, message):
+    from labsupport.lab.quality import kl_divergence_from_logits
+    with pytest.raises(LabError, match=message) as error:
+        kl_divergence_from_logits(reference, other)
+    assert "\n" not in str(error.value)
+
+
 def test_kl_divergence_orders_int8_below_int4():
     from labsupport.lab.quality import kl_divergence_from_logits, logits_of
     model = random_model("tiny-llama")

@@ -26,8 +26,10 @@ import asyncio
 import concurrent.futures
 import json
 import math
+import numbers
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from urllib.parse import urlsplit
 
 from ..engine.serving.request import Request
 from ..errors import LabError
@@ -80,6 +82,8 @@ def chat_workload(count: int, rate: float | None, median_new_tokens: float = 16,
     min_new_tokens = whole_number(min_new_tokens, "min_new_tokens")
     max_new_tokens = whole_number(max_new_tokens, "max_new_tokens", minimum=min_new_tokens)
     finite_number(median_new_tokens, "median_new_tokens", minimum=0, above_minimum=True)
+    finite_number(sigma, "sigma (spread of the answer lengths)", minimum=0)
+    seed = whole_number(seed, "seed", minimum=0)
     lengths = output_lengths(count, median_new_tokens, sigma, min_new_tokens, max_new_tokens, seed)
     if fixed_rate and rate is not None:
         rate = finite_number(rate, "The arrival rate (requests per second)", minimum=0, above_minimum=True)
@@ -107,6 +111,9 @@ def agentic_workload(conversations: int, turns: int, rate: float, system_chars: 
     turns = whole_number(turns, "turns (user turns per conversation)")
     system_chars = whole_number(system_chars, "system_chars (characters of the shared system prompt)")
     think_seconds = finite_number(think_seconds, "think_seconds", minimum=0)
+    finite_number(median_new_tokens, "median_new_tokens", minimum=0, above_minimum=True)
+    max_new_tokens = whole_number(max_new_tokens, "max_new_tokens (answers are at least 2 tokens)", minimum=2)
+    seed = whole_number(seed, "seed", minimum=0)
     notes = eval_text()
     system = AGENT_SYSTEM_HEAD + (notes * (system_chars // len(notes) + 1))[:system_chars]
     starts = arrival_times(conversations, rate, seed)
@@ -147,12 +154,15 @@ def run_load(url: str, requests: list[LoadRequest], model: str | None = None, en
     It runs its own event loop, in a helper thread when one is already running (a notebook's)."""
     if endpoint not in ("chat", "completions"):
         raise LabError(f"endpoint must be 'chat' or 'completions', got {endpoint!r}.")
-    if not requests:
-        raise LabError("The load test has no requests; give it at least one LoadRequest.")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise LabError(f"url must start with http:// or https://, got {url!r}.")
+    if not isinstance(requests, (list, tuple)) or not requests:
+        raise LabError("The load test has no requests; give it a list of at least one LoadRequest.")
+    if not all(isinstance(r, LoadRequest) for r in requests):
+        raise LabError("requests must be LoadRequests (chat_workload's or agentic_workload's).")
+    url = _server_url(url)
+    if model is not None and (not isinstance(model, str) or not model):
+        raise LabError(f"model must be the served model's name or None (the server's first), got {model!r:.40}.")
     timeout = finite_number(timeout, "timeout (seconds per request)", minimum=0, above_minimum=True)
-    work = _load(url.rstrip("/"), requests, model, endpoint, timeout, ignore_eos, dict(extra or {}))
+    work = _load(url, requests, model, endpoint, timeout, ignore_eos, _extra_fields(extra))
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -173,14 +183,53 @@ async def _load(url, requests, model, endpoint, timeout, ignore_eos, extra) -> l
         return list(await asyncio.gather(*tasks))
 
 
-async def _first_model(client, url: str) -> str:
+def _server_url(url) -> str:
+    """`url` without a trailing slash if an http(s) URL with a host and a valid port; else one sentence."""
     import httpx
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise LabError(f"url must start with http:// or https://, got {url!r:.80}.")
     try:
-        reply = await client.get(f"{url}/v1/models")
-        return reply.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as error:
-        raise LabError(f"Could not read the model's name from {url}/v1/models ({type(error).__name__}); "
+        parts, _ = urlsplit(url), httpx.URL(url)
+        port = parts.port                                   # ValueError unless a number from 0 to 65535
+    except (ValueError, httpx.InvalidURL):
+        parts = port = None
+    if parts is None or not parts.hostname or port == 0 or url.split() != [url] or parts.query or parts.fragment:
+        raise LabError(f"url {url!r:.80} is not a server's address; give one such as http://127.0.0.1:8000 "
+                       "(a host, and a port from 1 to 65535).")
+    return url.rstrip("/")
+
+
+def _extra_fields(extra) -> dict:
+    """`extra` as a dict of JSON-ready fields (None: none); else one sentence."""
+    try:
+        if extra is None or (isinstance(extra, dict) and json.dumps(extra)):
+            return dict(extra or {})
+    except (TypeError, ValueError):
+        pass
+    raise LabError("extra must be a dict of JSON fields for every request body, e.g. {'logit_bias': {...}}.")
+
+
+async def _first_model(client, url: str) -> str:
+    """The first model of the server's /v1/models, or one sentence naming the URL and what came back."""
+    import httpx
+    where = f"{url}/v1/models"
+    try:
+        reply = await client.get(where)
+    except httpx.HTTPError as error:
+        raise LabError(f"Could not read the model's name from {where} ({type(error).__name__}); "
                        "is an OpenAI-compatible server running there? Or pass model=...") from None
+    try:
+        listing = reply.json()
+    except ValueError:                                   # not JSON (an HTML page, a proxy's error)
+        listing = None
+    models = listing.get("data") if isinstance(listing, dict) else None
+    first = models[0] if isinstance(models, list) and models else None
+    name = first.get("id") if isinstance(first, dict) else None
+    if reply.status_code != 200 or not isinstance(name, str) or not name:
+        what = "not JSON" if listing is None else "an empty list" if models == [] else "no data[0]['id']"
+        raise LabError(f"Could not read the model's name from {where} (status {reply.status_code}, {what}); is an "
+                       "OpenAI-compatible server running there? Or pass model=...")
+    return name
 
 
 async def _one(client, url, model, endpoint, request: LoadRequest, start: float, timeout: float,
@@ -296,18 +345,50 @@ def summarize_load(results: list[LoadResult]) -> dict:
             "latency_p50": percentile(latency, 50), "latency_p99": percentile(latency, 99)}
 
 
+def _as_result(i: int, r) -> LoadResult:
+    """Result `i` as a LoadResult (from a dict too), with its chunk times a list; else one sentence."""
+    if isinstance(r, dict) and "arrival" in r and set(r) <= {f.name for f in fields(LoadResult)}:
+        r = LoadResult(**r)
+    if not isinstance(r, LoadResult) or not isinstance(r.chunk_times, (list, tuple)):
+        raise LabError(f"Result {i} is not a LoadResult or its dict ({', '.join(f.name for f in fields(LoadResult))}).")
+    return r
+
+
+def _finite_time(t) -> bool:
+    """Whether `t` is a finite number of seconds (not a bool; an int too large for a float is not)."""
+    try:
+        return isinstance(t, numbers.Real) and not isinstance(t, bool) and math.isfinite(t)
+    except OverflowError:
+        return False
+
+
+def _served_row(i: int, r: LoadResult) -> dict:
+    """A served result's `request_times` row, if its times are finite seconds in order; else one sentence."""
+    times = [r.sent, *r.chunk_times]
+    if not all(_finite_time(t) for t in times) or any(later < earlier for earlier, later in zip(times, times[1:])):
+        raise LabError(f"Result {i} was served, so its sent time, then its token times, must be finite seconds, "
+                       f"in order; got sent={r.sent!r:.40} and token times {r.chunk_times!r:.80}.")
+    tokens = r.tokens or len(r.chunk_times)
+    if isinstance(tokens, bool) or not isinstance(tokens, numbers.Integral) or tokens < 1:
+        raise LabError(f"Result {i}'s tokens must be a whole number (0: count its chunks), got {tokens!r:.40}.")
+    return request_times(float(r.sent), float(times[1]), float(times[-1]), int(tokens))
+
+
 def goodput(results: list, ttft_slo: float, tpot_slo: float) -> dict:
     """Goodput (`serving_metrics.goodput`): the requests per second served within both
     service-level objectives (first token within `ttft_slo` seconds of sending, then at most
     `tpot_slo` seconds per later token), over the load test's span from the first request sent,
     and the fraction of all requests that met them (a failed request missed them).
-    results: `run_load`'s LoadResults (or their dicts, as `load_test` returns them). Notebook 09."""
-    results = [r if isinstance(r, LoadResult) else LoadResult(**r) for r in results]
-    if not results:
-        raise LabError("goodput needs the results of at least one request.")
-    sent = [r.sent for r in results if isinstance(r.sent, (int, float)) and math.isfinite(r.sent)]  # nan: never sent
-    rows = [request_times(r.sent, r.chunk_times[0], r.chunk_times[-1], r.tokens or len(r.chunk_times))
-            for r in results if r.error is None and r.chunk_times]
+    results: `run_load`'s LoadResults (or their dicts, as `load_test` returns them). Notebook 09.
+
+    The results' order changes nothing. A failed request (an error, or no token) counts as missed;
+    its `sent` moves the span's start only if finite: a nan (never sent) or other non-finite one is
+    skipped. A served request's times are refused in one sentence unless finite and in order."""
+    if not isinstance(results, (list, tuple)) or not results:
+        raise LabError(f"goodput needs the results of at least one request (run_load's list), got {results!r:.60}.")
+    results = [_as_result(i, r) for i, r in enumerate(results)]
+    rows = [_served_row(i, r) for i, r in enumerate(results) if r.error is None and r.chunk_times]
+    sent = [float(r.sent) for r in results if _finite_time(r.sent)]    # skipped: nan (never sent) and the like
     return serving_goodput(rows, ttft_slo, tpot_slo, start=min(sent, default=0.0), requests=len(results))
 
 

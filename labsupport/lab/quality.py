@@ -87,6 +87,26 @@ def top1_agreement_from_logits(reference: torch.Tensor, other: torch.Tensor) -> 
     return (reference.argmax(-1) == other.to(reference.device).argmax(-1)).float().mean().item()
 
 
+def _logit_pair(reference, other) -> None:
+    """One sentence unless `reference` and `other` are real logit tensors of one non-empty shape
+    (..., vocab) whose values are finite or -inf (probability 0), with a finite logit in every row."""
+    for name, logits in (("reference", reference), ("other", other)):
+        if not isinstance(logits, torch.Tensor) or logits.is_complex() or logits.dtype == torch.bool:
+            what = f"a {logits.dtype} tensor" if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise LabError(f"kl_divergence_from_logits takes two real tensors of logits (..., vocab); {name} is "
+                           f"{what}.")
+    if reference.shape != other.shape or reference.dim() < 1 or reference.numel() == 0:
+        raise LabError(f"kl_divergence_from_logits needs two logit tensors of one shape (..., vocab), with at "
+                       f"least one position and one token; got {tuple(reference.shape)} and {tuple(other.shape)}.")
+    for name, logits in (("reference", reference), ("other", other)):
+        if torch.isnan(logits).any() or (logits == math.inf).any():
+            raise LabError(f"The {name} logits hold nan or +inf; logits must be finite (or -inf for a token "
+                           f"of probability 0).")
+        if not torch.isfinite(logits).any(-1).all():
+            raise LabError(f"A row of the {name} logits is all -inf, which is no distribution; every position "
+                           f"needs at least one finite logit.")
+
+
 def kl_divergence_from_logits(reference: torch.Tensor, other: torch.Tensor) -> float:
     """Mean KL divergence KL(P_reference || P_other), in nats per position, between the next-token
     distributions of two logit tensors of the same shape (..., vocab).
@@ -94,14 +114,22 @@ def kl_divergence_from_logits(reference: torch.Tensor, other: torch.Tensor) -> f
     Perplexity only asks how likely the true next token was; KL asks how far the whole
     distribution moved, so it sees a change that perplexity averages away (a quantized model can
     lose on one token and gain on another). It is 0 for identical distributions and never negative.
+    A logit of -inf is a token of probability 0, which adds nothing where P_reference gives it 0
+    (0 log 0 = 0); where P_other gives 0 to a token P_reference can emit, KL is infinite and
+    refused in one sentence, as are nan or +inf logits and an empty vocabulary. Computed in
+    float64 (float32 on an Apple GPU, which has no float64).
     Introduced in notebook 04 (quantization); notebook 08 measures its int8 cache with it."""
-    if reference.shape != other.shape or reference.dim() < 1:
-        raise LabError(f"kl_divergence_from_logits needs two logit tensors of one shape (..., vocab); "
-                       f"got {tuple(reference.shape)} and {tuple(other.shape)}.")
-    log_p = F.log_softmax(reference.float(), dim=-1)                              # (..., vocab)
-    log_q = F.log_softmax(other.float().to(reference.device), dim=-1)             # (..., vocab)
-    per_position = (log_p.exp() * (log_p - log_q)).sum(-1)                        # (...,)
-    return per_position.mean().clamp_min(0.0).item()
+    _logit_pair(reference, other)
+    wide = torch.float32 if reference.device.type == "mps" else torch.float64
+    log_p = F.log_softmax(reference.to(wide), dim=-1)                             # (..., vocab)
+    log_q = F.log_softmax(other.to(reference.device, wide), dim=-1)               # (..., vocab)
+    p = log_p.exp()
+    terms = torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p))          # 0 log 0 = 0
+    kl = terms.sum(-1).mean().clamp_min(0.0).item()
+    if not math.isfinite(kl):
+        raise LabError("other gives probability 0 (a -inf logit, or one far below the rest) to a token that "
+                       "reference gives probability > 0, so KL(reference || other) is infinite.")
+    return kl
 
 
 def logit_summary(reference: torch.Tensor, other: torch.Tensor) -> dict:
