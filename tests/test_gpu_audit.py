@@ -109,3 +109,30 @@ def test_a_section_that_raises_is_recorded_and_the_suite_goes_on(monkeypatch):
     assert ran == [1] and "seconds" in report["sections"]["roofline"]
     assert any("baseline failed" in line for line in said)
     assert "section baseline: failed" in html_report(report)
+
+
+# --- item 6: cuDNN attention off on compute capability 9.0 and newer ---------------------------
+
+@pytest.mark.parametrize("capability, off", [((9, 0), True), ((10, 0), True), ((8, 0), False), ((7, 5), False)])
+def test_cudnn_attention_is_turned_off_from_sm90_once(monkeypatch, capability, off):
+    """torch 2.11 picks cuDNN attention first on sm90, and it builds a plan for every new prefill
+    shape: the first `pick_device` that hands out such a GPU turns it off, and the runtime note
+    says so; an A100 or a T4 keeps torch's default. Once only: a learner may turn it back on."""
+    from simulated_gpu import GPUS, simulated
+
+    from labsupport.engine import hardware
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    monkeypatch.setattr(hardware, "_attention_configured", False)
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        with simulated(replace(GPUS["H100"], capability=capability)):
+            assert hardware.pick_device() == torch.device("cuda")
+            assert torch.backends.cuda.cudnn_sdp_enabled() is not off
+            assert hardware.cudnn_attention_off("cuda") is off
+            assert ("cuDNN attention off" in hardware.attention_note("cuda")) is off
+            torch.backends.cuda.enable_cudnn_sdp(True)                   # the learner's choice is kept
+            hardware.pick_device("cuda:0")
+            assert torch.backends.cuda.cudnn_sdp_enabled() and hardware.attention_note("cuda") == ""
+        assert hardware.pick_device("cpu").type == "cpu" and hardware.attention_note("cpu") == ""
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

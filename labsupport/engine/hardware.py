@@ -71,10 +71,12 @@ def pick_device(prefer: str | torch.device | None = None) -> torch.device:
     there, so by default a Mac computes on its CPU. A `prefer` such as "cpu",
     "cuda" or "cuda:1" is checked, so a typo or a missing GPU gives a clear
     `LabError` instead of a crash deep inside a model. Every other function
-    here accepts anything this one does.
+    here accepts anything this one does. The first time it hands out a GPU of
+    compute capability 9.0 or newer, it turns cuDNN attention off (`configure_attention`).
     """
     if prefer is None:
         if torch.cuda.is_available():
+            configure_attention("cuda")
             return torch.device("cuda")
         if _mps_available() and untested_platform_allowed():
             return torch.device("mps")
@@ -103,7 +105,45 @@ def pick_device(prefer: str | torch.device | None = None) -> torch.device:
                            f"or set {UNTESTED_SWITCH}=1 to try it anyway.")
     elif device.type != "cpu":
         raise LabError(unknown)
+    if device.type == "cuda":
+        configure_attention(device)
     return device
+
+
+# cuDNN attention is torch 2.11's first SDPA choice from compute capability 9.0 (H100, H200:
+# aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, priority_order), and it builds a plan
+# for every new shape it meets (tens to hundreds of ms; every prefill length is a new shape).
+# The course turns it off there, the first time `pick_device` hands out such a GPU; flash
+# attention then runs. `torch.backends.cuda.enable_cudnn_sdp(True)` afterwards turns it back on.
+CUDNN_ATTENTION_OFF_FROM = (9, 0)
+_attention_configured = False
+
+
+def cudnn_attention_off(device) -> bool:
+    """True on a CUDA GPU of compute capability 9.0 or newer, where the course turns cuDNN
+    attention off (`configure_attention`). Notebook 00 (where the time goes): the runtime line."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= CUDNN_ATTENTION_OFF_FROM
+
+
+def configure_attention(device) -> None:
+    """Once per process, on a GPU of compute capability 9.0 or newer: cuDNN attention off for
+    every SDPA call (`torch.backends.cuda.enable_cudnn_sdp(False)`), as `cudnn_attention_off`
+    says. `pick_device` calls it whenever it returns a CUDA device. Notebook 00 (where the time goes)."""
+    global _attention_configured
+    if _attention_configured or not cudnn_attention_off(device):
+        return
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    _attention_configured = True
+
+
+def attention_note(device) -> str:
+    """What `describe_runtime` says of attention: ", cuDNN attention off (...)" where the course
+    turned it off, else "". Notebook 00 (where the time goes)."""
+    if not cudnn_attention_off(device) or torch.backends.cuda.cudnn_sdp_enabled():
+        return ""
+    return (", cuDNN attention off (compute capability 9.0+: it builds a plan for every new prompt length; "
+            "flash attention instead)")
 
 
 def synchronize(device) -> None:
