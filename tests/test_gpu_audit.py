@@ -136,3 +136,29 @@ def test_cudnn_attention_is_turned_off_from_sm90_once(monkeypatch, capability, o
         assert hardware.pick_device("cpu").type == "cpu" and hardware.attention_note("cpu") == ""
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+# --- item 7: Hugging Face's rows are labelled by torch's counts, not by assertion ---------------
+
+@pytest.mark.parametrize("skips, recorded, graphed", [(0, 2, True), (1, 2, False), (0, 0, False)])
+def test_a_hugging_face_row_is_labelled_by_torchs_counts_as_ours_is(skips, recorded, graphed):
+    """The bench said "CUDA graphs" of every Hugging Face row on a GPU because it asked for them.
+    `GraphCount` reads the counts our decoder's warm-up reads, around HF's compiling run: a row
+    whose graphs torch skipped, or never recorded, says so, and `mark_graphed` fails its figure."""
+    from simulated_gpu import GPUS, simulated
+    from torch._dynamo.utils import counters
+
+    from labsupport.bench.core import GraphCount, reported
+    from labsupport.engine.compiled import CUDA_GRAPHS, graphs_verdict
+    from labsupport.lab.measure import HF_GRAPHED, mark_graphed
+    with GraphCount() as count:                       # what HF's first (compiling, recording) run bumps
+        counters["inductor"]["cudagraph_skips"] += skips
+        counters["inductor"]["cudagraph_recorded_non_static_inputs"] += recorded
+    assert (count.skips, count.recorded, count.compiles) == (skips, recorded, 0)
+    path = count.hf_path(graphed=True)
+    assert (path == HF_GRAPHED) is graphed is (graphs_verdict(skips, recorded) is None)     # our own rule
+    assert graphed or f"torch skipped {skips}" in path
+    with simulated(GPUS["H100"]):
+        figure = mark_graphed(reported("labsupport / HF generate", 1.2, "x", target=1.0), [CUDA_GRAPHS, path], "cuda")
+    assert figure["graphed"] is graphed and (figure["met"] is None) is not graphed
+    assert count.hf_path(graphed=False) == "eager"

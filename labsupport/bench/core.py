@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 
+from ..engine.compiled import cudagraph_counts, graphs_verdict
 from ..errors import LabError, first_line
+from ..lab.measure import HF_GRAPHED
 from ..lab.roofs import HardwareProfile, probe
 from ..lab.timing_model import RANDOM, timed_dtype, timed_model_sentence
 from ..lab.timing_model import timing_model as sixteen_bit_timing_model
@@ -59,6 +61,35 @@ def failed_figure(what: str, reason: str) -> dict:
     """The `reported` entry of a row or section that failed: no value, no verdict, the reason as
     its note. Introduced in notebook 00 (where the time goes)."""
     return reported(f"{what}: failed", float("nan"), "", note=reason)
+
+
+class GraphCount:
+    """torch's compile and CUDA-graph counts taken around a peer's warm-up, the changes our own
+    decoder's warm-up reads (`compiled.cudagraph_counts`): ``with GraphCount() as count: run()``.
+    Wrap the call that compiles and records (a shape's first); a later one records nothing.
+    Introduced in notebook 00 (where the time goes): Hugging Face's rows are labelled by it
+    (`hf_path`), never by assertion."""
+
+    compiles = skips = recorded = 0
+
+    def __enter__(self) -> "GraphCount":
+        self._before = cudagraph_counts()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.compiles, self.skips, self.recorded = (now - then for now, then in zip(cudagraph_counts(), self._before))
+        return False
+
+    def hf_path(self, graphed: bool) -> str:
+        """The decode path of a Hugging Face row: "eager" where it was not compiled (`graphed`
+        False), `measure.HF_GRAPHED` where its warm-up recorded CUDA graphs and torch skipped none,
+        else a path that says it ran without them (which `measure.mark_graphed` fails on a GPU)."""
+        if not graphed:
+            return "eager"
+        if graphs_verdict(self.skips, self.recorded) is None:
+            return HF_GRAPHED
+        return (f"HF static cache + torch.compile without CUDA graphs (torch skipped {self.skips} and recorded "
+                f"{'some' if self.recorded else 'none'})")
 
 
 @dataclass

@@ -110,9 +110,8 @@ def bucket_length(needed: int, max_position: int) -> int:
 
 
 def cache_bytes(config, batch: int, needed: int, dtype) -> int:
-    """Bytes of the cache `CompiledDecoder.cache_for` makes for `batch` rows and `needed` positions:
-    its buckets' (`bucket_rows`, `bucket_length`), not the shape asked for. Notebook 02 (batching)
-    sizes its sweep's points so."""
+    """Bytes of the cache `CompiledDecoder.cache_for` makes for `batch` rows and `needed` positions: its
+    buckets' (`bucket_rows`, `bucket_length`), not the shape asked for. Notebook 02 (batching)."""
     return kv_cache_bytes(config, bucket_length(needed, config.max_position), bucket_rows(batch), dtype)
 
 
@@ -192,16 +191,26 @@ def mark_static(cache: StaticKVCache) -> None:
         torch._dynamo.mark_static_address(tensor)
 
 
-def _counts() -> tuple[int, int, int]:
+def cudagraph_counts() -> tuple[int, int, int]:
+    """torch's counts so far: (graphs compiled, CUDA graphs skipped, CUDA graphs recorded); their changes
+    around a warm-up, ours or a peer's (`bench.core.GraphCount`), say what it ran on. Notebook 07."""
     from torch._dynamo.utils import counters
     return (counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"],
             counters["inductor"]["cudagraph_recorded_non_static_inputs"])
 
 
+def graphs_verdict(skips: int, recorded: int) -> str | None:
+    """None where a warm-up that asked for CUDA graphs recorded some and skipped none; else the
+    sentence saying that the step runs without them. Notebook 07 (putting it together)."""
+    return None if recorded and not skips else (
+        f"The compiled decode step runs without CUDA graphs here (torch skipped {skips} and recorded "
+        f"{'some' if recorded else 'none'}; TORCH_LOGS=cudagraphs says why), so each kernel is launched on its own.")
+
+
 def graphs_compiled() -> int:
     """Graphs torch.compile has compiled in this process so far (dynamo's own count).
     Notebook 07 (putting it together): `generate` compares it before and after decoding."""
-    return _counts()[0]
+    return cudagraph_counts()[0]
 
 
 def layer_signature(model) -> tuple:
@@ -278,10 +287,8 @@ class CompiledDecoder:
         budget = cache_budget(device) if self.keep_bytes is None else self.keep_bytes
         mine = [key for key in caches if key[2] == purpose]             # oldest first
         held = sum(caches[key].nbytes for key in mine)
-        for key in mine:
-            if held + new_bytes <= budget:
-                return
-            held -= caches.pop(key).nbytes
+        while mine and held + new_bytes > budget:
+            held -= caches.pop(mine.pop(0)).nbytes
 
     def held_bytes(self, model) -> int:
         """Bytes of the caches this decoder holds for `model` now (every purpose). Notebook 02 (batching)."""
@@ -352,7 +359,7 @@ class CompiledDecoder:
         tokens = torch.zeros(rows, width, dtype=torch.long, device=device)                 # (rows, width)
         positions = torch.zeros(rows, width, dtype=torch.long, device=device)              # (rows, width)
         key_mask = torch.ones(rows, cache.max_len, dtype=torch.bool, device=device)        # (rows, max_len)
-        graphs, skips, recorded = _counts()
+        graphs, skips, recorded = cudagraph_counts()
         start = time.perf_counter()
         try:
             for _ in range(WARMUP_CALLS.get(cache.device.type, 1)):
@@ -371,18 +378,15 @@ class CompiledDecoder:
             note = f"Compiled decoding is not available here ({reason}); decoding without it."
             warnings.warn(note, stacklevel=3)
             paths[key] = DecodePath(EAGER, note=note)
-            return DecodePath(EAGER, compiles=_counts()[0] - graphs, note=note)
+            return DecodePath(EAGER, compiles=graphs_compiled() - graphs, note=note)
         seconds = time.perf_counter() - start
-        graphs, skips, recorded = (now - before for now, before in zip(_counts(), (graphs, skips, recorded)))
+        graphs, skips, recorded = (now - then for now, then in zip(cudagraph_counts(), (graphs, skips, recorded)))
         path, note = COMPILED, None
-        wants_graphs = cache.device.type == "cuda" and (self.options_for("cuda") or {}).get("triton.cudagraphs")
-        if wants_graphs and (skips or not recorded):
-            note = (f"The compiled decode step runs without CUDA graphs here (torch skipped {skips} and recorded "
-                    f"{'some' if recorded else 'none'}; TORCH_LOGS=cudagraphs says why), so each kernel is "
-                    f"launched on its own.")
-            warnings.warn(note, stacklevel=3)
-        elif wants_graphs:
-            path = CUDA_GRAPHS
+        if cache.device.type == "cuda" and (self.options_for("cuda") or {}).get("triton.cudagraphs"):
+            note = graphs_verdict(skips, recorded)
+            path = COMPILED if note else CUDA_GRAPHS
+            if note:
+                warnings.warn(note, stacklevel=3)
         paths[key] = DecodePath(path, note=note)
         return DecodePath(path, seconds, graphs, skips, note)
 
