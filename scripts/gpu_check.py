@@ -36,9 +36,14 @@ Without a GPU it rehearses: every item runs on the CPU with the tiny model (or s
 cannot), so the code paths, the start-up and the JSON are checked; CI runs that. With
 ``--require-gpu`` a missing GPU is an error (exit 3), for the machine where one is expected.
 
+Triton (torch.compile's GPU code) builds a launcher with a C compiler and Python.h, and so do
+the rehearsal's C++ kernels: `gpu_items.machine` records both, and where either is missing the
+check stops at once, before any item (exit 4), rather than failing every compiled item.
+
     python scripts/gpu_check.py [--out DIR] [--budget SECONDS] [--require-gpu] [--only ITEM ...]
 
-Exit status: 0 when every gate passed and no item failed, 1 otherwise, 3 for a missing GPU.
+Exit status: 0 when every gate passed and no item failed, 1 otherwise, 3 for a missing GPU,
+4 for a missing C compiler or Python.h.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ import gpu_items  # noqa: E402  (after the path is set)
 # 10-minute command, leaving 3 for what a cap cannot stop (a signal is handled only between
 # two Python bytecodes, so a long call into C++ or a CUDA sync finishes first) and the exit.
 DEFAULT_BUDGET = 420
+NO_GPU, NO_BUILD_TOOLS = 3, 4                 # exits: a GPU required and missing; no C compiler or Python.h
 STARTUP_ALLOWANCE = 30                        # torch's import and CUDA's start: the test of the caps counts it
 GRACE_S = 5.0                                 # after a cap, the alarm fires again every GRACE_S seconds
 
@@ -200,7 +206,14 @@ def main(argv=None) -> int:
         print(f"A CUDA GPU was expected and none was found (torch {machine['torch']}, CUDA build "
               f"{machine['cuda']}); run this on the GPU machine, or drop --require-gpu for a CPU rehearsal.")
         json_path.write_text(json.dumps({"machine": machine, "error": "no GPU"}, indent=1))
-        return 3
+        return NO_GPU
+    missing = gpu_items.missing_build_tools(machine)
+    if missing:
+        print(f"This machine lacks {' and '.join(missing)}, which Triton needs to build torch.compile's kernels "
+              f"(and a rehearsal its C++ kernels); install them (or set CC) and run the check again.")
+        json_path.write_text(json.dumps({"machine": machine, "error": "missing build tools", "missing": missing},
+                                        indent=1))
+        return NO_BUILD_TOOLS
     ctx = gpu_items.Context.for_machine(machine)
     report = {"machine": machine, "budget_s": args.budget, "rehearsal": not machine["gpu"],
               "startup_s": round(time.monotonic() - STARTED, 1), "cudnn_attention": "off in every item "

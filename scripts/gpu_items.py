@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -32,15 +33,39 @@ PROMPT = [1, 42, 217, 31, 253, 145, 28, 155, 82, 253, 235, 135]     # 12 ids ins
 # --- the machine and the models ------------------------------------------------------------
 
 def machine() -> dict:
-    """What torch sees: versions, the GPU's name, capability and memory (no labsupport choice yet)."""
+    """What torch sees: versions, the GPU's name, capability and memory (no labsupport choice yet),
+    and the build tools Triton needs (`build_tools`: ``c_compiler``, ``python_h``)."""
     info = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "gpu": torch.cuda.is_available()}
+            "cuda": torch.version.cuda, "gpu": torch.cuda.is_available(), **build_tools()}
     if info["gpu"]:
         props = torch.cuda.get_device_properties(0)
         info.update(name=props.name, capability=list(torch.cuda.get_device_capability(0)),
                     memory_gib=round(props.total_memory / 2**30, 1), count=torch.cuda.device_count(),
                     bf16=bf16_supported(torch.device("cuda")))
     return info
+
+
+def build_tools() -> dict:
+    """What Triton needs to build its launcher for a compiled kernel, found as Triton finds it
+    (triton/runtime/build.py): a C compiler (``$CC``, else gcc, else clang) and Python.h in this
+    interpreter's include folder (sysconfig's default scheme, posix_local read as posix_prefix).
+    Each one's path, None where it is missing. A rehearsal builds the C++ CPU kernels with them too."""
+    import os
+    import shutil
+    import sysconfig
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    compiler = shutil.which(compiler) if compiler else None
+    scheme = sysconfig.get_default_scheme()
+    header = Path(sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"],
+                  "Python.h")
+    return {"c_compiler": compiler, "python_h": str(header) if header.is_file() else None}
+
+
+def missing_build_tools(info: dict) -> list[str]:
+    """The build tools `machine()` found missing, named for a sentence: [] when both are there."""
+    names = {"c_compiler": "a C compiler (gcc or clang, or $CC)",
+             "python_h": "Python.h (the Python headers, e.g. python3-dev)"}
+    return [name for key, name in names.items() if not info.get(key)]
 
 
 def build_cpu_kernels() -> dict:

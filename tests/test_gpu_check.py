@@ -331,3 +331,47 @@ def test_the_serving_item_fails_when_a_gpu_engine_is_not_graphed_or_its_fp32_tok
     # throughput in 16 bits (graphed by default), the token comparison in fp32, graphed then eager
     assert _FakeEngine.made == [(torch.bfloat16, "static", None), (torch.bfloat16, "continuous", None),
                                 (torch.float32, "continuous", None), (torch.float32, "continuous", False)]
+
+
+# --- Triton's build tools: recorded, and the check stops at once without them ------------------
+
+@pytest.mark.parametrize("missing", ["c_compiler", "python_h"])
+def test_the_check_stops_at_once_with_its_own_exit_status_without_a_c_compiler_or_python_h(
+        gpu_check, monkeypatch, tmp_path, capsys, missing):
+    """Issue 51, item 8: Triton builds a launcher with a C compiler and Python.h; without either,
+    every compiled item would fail one by one. `machine()` records both, and the check stops
+    before any item (and before the rehearsal's kernel build), with exit status 4."""
+    tools = {"c_compiler": "/usr/bin/gcc", "python_h": "/usr/include/python3.11/Python.h", missing: None}
+    monkeypatch.setattr(gpu_check.gpu_items, "build_tools", lambda: dict(tools))
+    monkeypatch.setattr(gpu_check.gpu_items, "build_cpu_kernels", lambda: pytest.fail("built kernels"))
+    monkeypatch.setattr(gpu_check.gpu_items, "ITEMS", [])
+    assert gpu_check.main(["--out", str(tmp_path)]) == gpu_check.NO_BUILD_TOOLS == 4
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert report["error"] == "missing build tools" and report["machine"][missing] is None
+    word = "C compiler" if missing == "c_compiler" else "Python.h"
+    assert len(report["missing"]) == 1 and word in report["missing"][0]
+    out = capsys.readouterr().out
+    assert f"This machine lacks {report['missing'][0]}, which Triton needs" in out and "Traceback" not in out
+    assert "4 for a missing C compiler or Python.h" in gpu_check.__doc__
+
+
+def test_the_build_tools_are_found_as_triton_finds_them(gpu_check, monkeypatch, tmp_path):
+    import shutil
+    import sysconfig
+    found = {"gcc": "/usr/bin/gcc", "clang": "/usr/bin/clang", "/opt/cc": "/opt/cc"}
+    monkeypatch.setattr(shutil, "which", lambda name: found.get(name) or (name if name in found.values() else None))
+    (tmp_path / "Python.h").write_text("")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda scheme=None: {"include": str(tmp_path)})
+    monkeypatch.delenv("CC", raising=False)
+    assert gpu_check.gpu_items.build_tools() == {"c_compiler": "/usr/bin/gcc", "python_h": str(tmp_path / "Python.h")}
+    monkeypatch.setenv("CC", "/opt/cc")                                    # $CC first
+    assert gpu_check.gpu_items.build_tools()["c_compiler"] == "/opt/cc"
+    monkeypatch.delenv("CC")
+    del found["gcc"]                                                         # then gcc, then clang
+    assert gpu_check.gpu_items.build_tools()["c_compiler"] == "/usr/bin/clang"
+    found.clear()
+    (tmp_path / "Python.h").unlink()
+    tools = gpu_check.gpu_items.build_tools()
+    assert tools == {"c_compiler": None, "python_h": None}
+    assert len(gpu_check.gpu_items.missing_build_tools(tools)) == 2
+    assert set(tools) <= set(gpu_check.gpu_items.machine())                 # recorded with the machine
