@@ -28,6 +28,8 @@ from labsupport.engine.serving import Request
 from labsupport.errors import LabError
 from labsupport.lab import tensor_parallel, tensor_parallel_disaggregated
 from labsupport.lab.serving_metrics import goodput
+
+pytestmark = pytest.mark.platform    # reaches engine.parallel: a torch version can break it (tests/test_platform_marker.py)
 from labsupport.lab.tensor_parallel_disaggregated import compare_with_colocated, require_workload, serve_disaggregated
 from labsupport.weights.fixtures import random_model
 

@@ -85,7 +85,7 @@ def pick_device(prefer: str | torch.device | None = None) -> torch.device:
     unknown = f"Unknown device {str(prefer)!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'."
     try:
         device = torch.device(prefer)
-    except (RuntimeError, TypeError):
+    except (RuntimeError, TypeError, ValueError):      # ValueError: an index past a C long, e.g. 2**63
         raise LabError(unknown) from None
 
     if device.type == "cuda":
