@@ -139,7 +139,7 @@ def describe_runtime(device=None) -> str:
     import torch
 
     from . import __version__
-    from .engine.hardware import bf16_supported, device_name, pick_device
+    from .engine.hardware import attention_note, bf16_supported, device_name, pick_device
 
     device = pick_device(device)
     where = "Google Colab" if "google.colab" in sys.modules else "this machine"
@@ -151,7 +151,7 @@ def describe_runtime(device=None) -> str:
         fusion = ", fused norm and RoPE kernels: " + ("yes" if reason is None else f"no ({reason})")
     return (f"Running on {where}: device {device.type} ({device_name(device)}), models in float32 "
             f"and decode steps eager unless a cell says otherwise (compile=True), bf16 in hardware: {bf16}"
-            f"{fusion} | torch {torch.__version__}, labsupport {__version__}")
+            f"{fusion}{attention_note(device)} | torch {torch.__version__}, labsupport {__version__}")
 
 
 def _strip_setup_lines(source: str) -> str:

@@ -120,6 +120,7 @@ def test_cudnn_attention_is_turned_off_from_sm90_once(monkeypatch, capability, o
     says so; an A100 or a T4 keeps torch's default. Once only: a learner may turn it back on."""
     from simulated_gpu import GPUS, simulated
 
+    from labsupport.delivery import describe_runtime
     from labsupport.engine import hardware
     before = torch.backends.cuda.cudnn_sdp_enabled()
     monkeypatch.setattr(hardware, "_attention_configured", False)
@@ -130,6 +131,7 @@ def test_cudnn_attention_is_turned_off_from_sm90_once(monkeypatch, capability, o
             assert torch.backends.cuda.cudnn_sdp_enabled() is not off
             assert hardware.cudnn_attention_off("cuda") is off
             assert ("cuDNN attention off" in hardware.attention_note("cuda")) is off
+            assert ("cuDNN attention off" in describe_runtime("cuda")) is off      # every notebook's first line
             torch.backends.cuda.enable_cudnn_sdp(True)                   # the learner's choice is kept
             hardware.pick_device("cuda:0")
             assert torch.backends.cuda.cudnn_sdp_enabled() and hardware.attention_note("cuda") == ""
