@@ -353,3 +353,69 @@ def test_a_quantized_model_is_told_to_shard_the_float_model_first(monkeypatch):
     shard_model(model, 0, 1)                                # the float model splits again
     with pytest.raises(LabError, match="labsupport Transformer"):
         shard_model("a model", 0, 1)
+
+
+# --- issue 51, item 5: GPU timings wait for the GPU; a GPU rank builds only its share ------------
+
+class QueuedOnAGpu:
+    """A stand-in for a CUDA tensor: what `device_clock` reads of one."""
+    is_cuda, device = True, torch.device("cuda", 1)
+
+
+def test_a_clock_read_waits_for_the_gpu_but_not_inside_a_graph_capture(monkeypatch):
+    from labsupport.engine.parallel.tensor import device_clock
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    device_clock(QueuedOnAGpu())
+    device_clock(torch.zeros(1))                                   # a CPU tensor: nothing to wait for
+    assert waited == [torch.device("cuda", 1)]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    device_clock(QueuedOnAGpu())
+    assert len(waited) == 1
+
+
+def test_every_clock_read_of_the_measurement_waits_for_the_device(monkeypatch):
+    """measure_rank times the prefill and each all-reduce probe with `device_clock`, never the bare host clock."""
+    from labsupport.engine.parallel.tensor import Collectives
+    from labsupport.lab import tensor_parallel
+    reads = []
+
+    def clock(tensor):
+        reads.append(tensor.device)
+        return time.perf_counter()
+    monkeypatch.setattr(tensor_parallel, "device_clock", clock)
+    model = shard_model(random_model("tiny-llama", seed=0), 0, 1, Collectives())
+    tensor_parallel.measure_rank(model, 0, 1, [1, 2, 3], new_tokens=3, prefill_tokens=8, probe_calls=10)
+    assert len(reads) == 2 + 2 * (10 + 5)                          # prefill, then 10 + 5 probes, each twice
+
+
+def test_a_gpu_model_reaches_the_ranks_as_host_weights_and_each_rank_keeps_only_its_share(monkeypatch):
+    import weakref
+    from labsupport.engine.models.transformer import Transformer
+    from labsupport.engine.parallel import launch
+    model = random_model("tiny-llama", seed=0)
+    assert launch.model_payload(model) == ("model", model)          # CPU: shared memory, no copy
+
+    class OnAGpu:
+        device, config, dtype = torch.device("cuda"), model.config, model.dtype
+
+        def state_dict(self):
+            return model.state_dict()
+    kind, config, dtype, weights = launch.model_payload(OnAGpu())
+    assert kind == "weights" and all(t.device.type == "cpu" for t in weights.values())
+
+    built, asked = [], []
+    real = Transformer.from_state_dict.__func__
+
+    def on_the_cpu(cls, config, state, device="cpu", dtype=torch.float32):
+        asked.append(device)
+        whole = real(cls, config, state, device="cpu", dtype=dtype)
+        built.append(weakref.ref(whole))
+        return whole
+    monkeypatch.setattr(Transformer, "from_state_dict", classmethod(on_the_cpu))
+    share = launch.rank_share(0, 1, (kind, config, dtype, weights))     # one rank: no process group here
+    assert asked == ["cuda:0"]                                      # built on the rank's own GPU
+    assert built[0]() is None                                       # the whole model is gone
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(share.logits(share(ids)), model.logits(model(ids)))

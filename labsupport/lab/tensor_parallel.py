@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 
 import torch
 
 from ..engine.generation import generate
 from ..engine.parallel import plan_split, run_tensor_parallel
-from ..engine.parallel.tensor import require_float_model
+from ..engine.parallel.tensor import device_clock, require_float_model
 from ..errors import LabError
 from ..inputs import token_rows, whole_number
 
@@ -47,7 +46,8 @@ def measure_rank(model, rank: int, world: int, prompt: list[int], new_tokens: in
                  probe_calls: int = 200) -> dict:
     """What one rank measures (run on every rank, in step: the collectives keep them together).
     Notebook 10 (past one device). Returns the decode and prefill times, the collectives each
-    phase made, and the all-reduce's latency alone at a decode row's and the prefill's size."""
+    phase made, and the all-reduce's latency alone at a decode row's and the prefill's size. Every
+    clock read waits for the GPU first (`device_clock`): NCCL calls return once queued."""
     collectives = model.collectives
     hidden = model.config.hidden_size
     with torch.inference_mode():
@@ -58,19 +58,19 @@ def measure_rank(model, rank: int, world: int, prompt: list[int], new_tokens: in
         long = torch.arange(prefill_tokens, device=model.device)[None] % model.config.vocab_size   # (1, T)
         model.logits(model(long[:, :16]), at=-1)                               # warm-up at another shape
         collectives.reset()
-        started = time.perf_counter()
+        started = device_clock(long)
         model.logits(model(long), at=-1)
-        prefill_s = time.perf_counter() - started
+        prefill_s = device_clock(long) - started
         prefill_comm = _timed_collective_stats(collectives)
         latency = {}
         for name, rows in (("decode_row", 1), ("prefill", prefill_tokens)):
             tensor = torch.ones(1, rows, hidden, device=model.device, dtype=model.dtype)
             times = []
             for _ in range(probe_calls if rows == 1 else max(probe_calls // 10, 5)):
-                started = time.perf_counter()
+                started = device_clock(tensor)
                 if world > 1:
                     torch.distributed.all_reduce(tensor)
-                times.append(time.perf_counter() - started)
+                times.append(device_clock(tensor) - started)
             latency[name] = {"bytes": tensor.nbytes, "median_s": statistics.median(times)}
     steps = result.tokens.shape[1] - 1
     return {"rank": rank, "tokens": result.tokens[0].tolist(), "decode_tokens_per_s": result.decode_tokens_per_s,

@@ -30,6 +30,7 @@ import torch
 from ...errors import LabError, first_line
 from ...inputs import finite_number
 from ..hardware import pick_device
+from ..models.transformer import Transformer
 from .tensor import Collectives, plan_split, require_float_model, shard_model
 
 MAX_TIMEOUT_S = 30 * 24 * 3600.0          # a month: no run needs more (far more overflows the collectives' timer)
@@ -79,15 +80,38 @@ def run_tensor_parallel(model, world: int, fn, args: tuple = (), threads: int = 
     """
     require_float_model(model)                              # a Transformer of float weights, or one sentence
     plan_split(model.config, world)                         # refuses a degree the heads cannot take
-    return run_ranks(world, _sharded, (model, fn, args), threads=threads, port=port, timeout=timeout,
-                     device=model.device)
+    return run_ranks(world, _sharded, (model_payload(model), fn, args), threads=threads, port=port,
+                     timeout=timeout, device=model.device)
 
 
-def _sharded(rank, world, model, fn, args):
-    """One rank of `run_tensor_parallel`: its share of `model` (on its own GPU on CUDA), then fn."""
-    if model.device.type == "cuda":
-        model = model.to(f"cuda:{rank}")
-    return fn(shard_model(model, rank, world, Collectives()), rank, world, *args)
+def model_payload(model) -> tuple:
+    """What the ranks get of `model`. On the CPU the model itself: its tensors reach the ranks
+    through shared memory, not copied. On a GPU its config, dtype and weights on the host: CUDA
+    tensors would reach every rank as GPU 0's, opening a context there from each rank before it
+    picks its own GPU. Notebook 10 (past one device)."""
+    if model.device.type != "cuda":
+        return ("model", model)
+    weights = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+    return ("weights", model.config, model.dtype, weights)
+
+
+def rank_share(rank: int, world: int, payload: tuple):
+    """This rank's share of the payload's model, built on its own GPU on CUDA (after `_rank_main`
+    picked it); the whole model it was cut from is dropped, so only the share stays in GPU memory
+    (with the embedding and norms it shares). Notebook 10 (past one device)."""
+    if payload[0] == "model":
+        return shard_model(payload[1], rank, world, Collectives())
+    _, config, dtype, weights = payload
+    whole = Transformer.from_state_dict(config, weights, device=f"cuda:{rank}", dtype=dtype)
+    share = shard_model(whole, rank, world, Collectives())
+    del whole
+    torch.cuda.empty_cache()
+    return share
+
+
+def _sharded(rank, world, payload, fn, args):
+    """One rank of `run_tensor_parallel`: its share of the model (`rank_share`), then fn."""
+    return fn(rank_share(rank, world, payload), rank, world, *args)
 
 
 def run_ranks(world: int, fn, args: tuple = (), threads: int = 1, port: int | None = None,
