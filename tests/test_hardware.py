@@ -120,6 +120,16 @@ def test_fp16_fast(monkeypatch):
     assert fp16_fast("cuda") is True
 
 
+@pytest.mark.parametrize("capability, name, fast", [((6, 1), "NVIDIA GeForce GTX 1080", False),
+                                                    ((6, 0), "Tesla P100-PCIE-16GB", True),
+                                                    ((5, 2), "NVIDIA GeForce GTX 980", False),
+                                                    ((8, 9), "NVIDIA L4", True)])
+def test_fp16_is_fast_from_volta_and_on_the_p100_not_on_consumer_pascal(monkeypatch, capability, name, fast):
+    """A GTX 10xx (6.1) runs float16 at 1/64 of its float32 rate (issue 52: notebook 03 said every CUDA GPU)."""
+    fake_gpu(monkeypatch, capability, name)
+    assert fp16_fast("cuda") is fast
+
+
 def test_check_dtype_bf16_on_t4_names_gpu_and_fix(monkeypatch):
     fake_gpu(monkeypatch, (7, 5), "Tesla T4")
     with pytest.raises(UnsupportedDtype) as info:
@@ -315,3 +325,12 @@ def test_probe_on_cuda():
     assert profile.flops["float16"] > profile.flops["float32"]
     assert ("bfloat16" in profile.flops) == bf16_supported("cuda")
     assert pick_dtype("cuda") in (torch.bfloat16, torch.float16)
+
+
+def test_a_slow_fp16_gpu_skips_the_long_fp16_prefill_and_says_why(monkeypatch):
+    from labsupport.lab.precision import speed_skip_reason
+    fake_gpu(monkeypatch, (6, 1), "NVIDIA GeForce GTX 1080")
+    assert "1/64" in speed_skip_reason("cuda", torch.float16, "prefill")
+    assert speed_skip_reason("cuda", torch.float16, "decode") is None
+    fake_gpu(monkeypatch, (7, 5), "Tesla T4")
+    assert speed_skip_reason("cuda", torch.float16, "prefill") is None

@@ -261,13 +261,16 @@ def dtype_label(device, dtype) -> str:
 def fp16_fast(device) -> bool:
     """True when float16 matrix multiplication runs at full hardware speed.
 
-    Introduced in notebook 00 (where the time goes). Every CUDA GPU has fast
-    float16; a CPU has it only with AMX-FP16 (recent Intel Xeons). Elsewhere
-    float16 works but is converted on the fly and is slow.
+    Introduced in notebook 00 (where the time goes). A CUDA GPU has fast float16
+    from compute capability 7.0 (Volta, tensor cores), and on the P100 (6.0) and
+    Jetsons (5.3, 6.2); consumer Pascal cards (6.1, the GTX 10xx) run it at 1/64 of
+    their float32 rate. A CPU has it only with AMX-FP16 (recent Intel Xeons).
+    Elsewhere float16 works but is converted on the fly and is slow.
     """
     device = pick_device(device)
     if device.type == "cuda":
-        return True
+        capability = tuple(torch.cuda.get_device_capability(device))
+        return capability >= (7, 0) or capability in ((5, 3), (6, 0), (6, 2))
     if device.type == "cpu":
         return _cpu_feature("_is_amx_fp16_supported")
     return False

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from ..errors import LabError
-from ..engine.hardware import as_dtype, bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast
+from ..engine.hardware import as_dtype, bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast, pick_device
 from .quality import logit_summary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -249,6 +249,9 @@ def speed_skip_reason(device, dtype, regime: str) -> str | None:
     every fp16 value before multiplying, so a long fp16 prefill takes minutes.
     Notebook 03 (mixed precision)."""
     if as_dtype(dtype) == torch.float16 and regime == "prefill" and not fp16_fast(device):
+        if pick_device(device).type == "cuda":
+            return ("skipped: this GPU runs fp16 at 1/64 of its fp32 rate (compute capability 6.1), so a "
+                    "long fp16 prefill would only measure that")
         return ("skipped: this CPU has no fp16 matrix instructions (AMX-FP16), so fp16 matmuls are "
                 "emulated and a long prefill would take minutes")
     return None
