@@ -19,7 +19,7 @@ from labsupport.weights.fixtures import ByteTokenizer, random_model
 # one turn per conversation: the byte tokenizer has no chat template, so the server takes a system
 # message and one user message only
 TINY = HttpServingOptions(requests=3, slots=2, median_new_tokens=4, max_new_tokens=8, loads=(50, 150),
-                          conversations=3, turns=1, system_chars=100)
+                          conversations=3, turns=1, system_chars=100, saturated_requests=5, saturated_median_tokens=3)
 
 
 def test_the_load_curve_has_a_row_per_server_and_rate_and_the_figure_draws_the_measured_ones():
@@ -48,7 +48,14 @@ def test_the_section_runs_when_named_and_says_why_each_peer_is_missing():
     assert "GGUF file only" in section["peers"]["llama-server"]
     assert "CUDA GPU" in section["peers"]["vLLM server"]
     names = [f["name"] for f in section["figures"]]
-    assert len(names) == 3 + 5 + 3 + 3 + 3 + 2 and all(n.startswith("http serving") for n in names)
+    assert len(names) == 3 + 5 + 3 + 3 + 3 + 3 + 2 and all(n.startswith("http serving") for n in names)
+    # saturated: our server as `python -m labsupport serve` runs it, a process of its own; llama-server says why not
+    ours, theirs = section["saturated"]
+    assert ours["server"] == "our server process" and ours["rate"] is None and ours["skipped"] is None
+    assert ours["errors"] == 0 and ours["throughput"] > 0 and ours["precision"].startswith("int4")
+    assert theirs["server"] == "llama-server" and "GGUF file only" in theirs["skipped"]
+    saturated = [f for f in section["figures"] if "saturated" in f["name"]]
+    assert len(saturated) == 3 and all(f["value"] != f["value"] and "GGUF file only" in f["note"] for f in saturated)
     off, on = section["agentic"]
     assert off["errors"] == on["errors"] == 0 and off["served"] == on["served"] == 3
     # 2 slots, 3 conversations: the third at least starts after a first one cached the system prompt
@@ -133,3 +140,21 @@ def test_agentic_serving_sends_whole_conversations_and_the_cache_serves_their_pr
     goodput = figures[2]
     assert goodput["unit"] == "requests/s" and goodput["value"] == on["goodput"]      # defined when off's is 0
     assert f"{off['goodput']:.2f} without" in goodput["note"]
+
+
+def test_the_saturated_figures_are_ours_over_llama_servers_and_nan_with_the_reason():
+    from labsupport.bench.http_serving_agentic import serving_row
+    from labsupport.bench.http_serving_saturated import OUR_PROCESS, our_server_command, saturated_figures
+    figures = {"throughput": 90.0, "ttft_p50": 2.0, "itl_p50": 0.030, "errors": 0}
+    rows = [serving_row(OUR_PROCESS, None, figures, precision="int4 weights, W4A8 kernel"),
+            serving_row("llama-server", None, {**figures, "throughput": 150.0, "itl_p50": 0.020}, precision="Q4_1")]
+    by = {f["name"].rsplit(", ", 1)[1]: f for f in saturated_figures(rows, TINY)}
+    assert by["throughput"]["value"] == 0.6
+    assert by["ttft p50"]["value"] == 1.0 and by["itl p50"]["value"] == 1.5
+    assert "30.0 against 20.0 ms; 5 requests at once, 2 slots" in by["itl p50"]["note"]
+    rows[1] = serving_row("llama-server", None, skipped="llama-server is not built here.")
+    assert all(f["value"] != f["value"] and f["note"] == "llama-server is not built here."
+               for f in saturated_figures(rows, TINY))
+    command = our_server_command("smollm2-135m", "cpu", 8123, 4, 32, int4=True)
+    assert command[1:4] == ["-m", "labsupport", "serve"] and command[-2:] == ["--quantize", "int4"]
+    assert command[command.index("--max-slots") + 1] == "4" and command[command.index("--max-waiting") + 1] == "32"

@@ -16,6 +16,9 @@ The same seeded chat workload (`lab.http_serving_loadgen.chat_workload`) is serv
 
 Every row says what precision served it (``precision``), so that no ratio mixes them unsaid.
 
+Then the saturated comparison (`http_serving_saturated`): many requests at once, our server as a
+process of its own (as ``python -m labsupport serve`` runs it) against llama-server.
+
 Each server gets the same client and the same requests, one server after the other at each
 rate; peers run in their own processes on 127.0.0.1 and are stopped at the end. The sizes
 are `workloads.HTTP_SERVING_PRESETS`, this section's options `HttpServingOptions`.
@@ -36,9 +39,10 @@ from ..lab.http_serving_loadgen import as_engine_requests, chat_workload, load_t
 from ..lab.measure import VLLM_GRAPHED, mark_graphed
 from ..lab.workloads import HTTP_SERVING_PRESETS, HttpServingSizes
 from .core import BenchContext, reported
-from .http_serving_agentic import KEYS, agentic_figures, quality_figures, agentic_serving, served_quality
+from .http_serving_agentic import agentic_figures, quality_figures, agentic_serving, served_quality, serving_row
 from .peers.http_servers import (LLAMA_SERVER, LLAMA_SERVER_PRECISION, free_port, llama_server_peer, peer_server,
                          llamacpp_server_command, vllm_server_command)
+from .http_serving_saturated import saturated_figures, saturated_rows
 from .options import SectionOptions, count, counts, switch
 
 INT4_SERVER = "our HTTP server (int4)"
@@ -62,6 +66,9 @@ class HttpServingOptions(SectionOptions):
     system_chars: int = count(HTTP_SERVING_PRESETS["cpu"].system_chars)
     ttft_slo_ms: int = count(HTTP_SERVING_PRESETS["cpu"].ttft_slo_ms)
     tpot_slo_ms: int = count(HTTP_SERVING_PRESETS["cpu"].tpot_slo_ms)
+    # the saturated comparison (`http_serving_saturated`): requests at once, their median answer
+    saturated_requests: int = count(32)
+    saturated_median_tokens: int = count(32)
 
     def check(self) -> None:
         if self.median_new_tokens > self.max_new_tokens:
@@ -70,17 +77,8 @@ class HttpServingOptions(SectionOptions):
 
     @classmethod
     def gpu_sizes(cls) -> dict:
-        return asdict(HTTP_SERVING_PRESETS["gpu"])
-
-
-def _row(server: str, rate: float, figures: dict | None = None, skipped: str | None = None,
-         precision: str | None = None) -> dict:
-    nan = float("nan")
-    figures = figures or {}
-    return {"server": server, "rate": rate, "skipped": skipped, "precision": precision,
-            "errors": figures.get("errors", 0),
-            "tokens": figures.get("tokens", 0), "decode_path": figures.get("decode_path"),
-            **{k: figures.get(k, nan) for k in KEYS}}
+        gpu = HTTP_SERVING_PRESETS["gpu"]
+        return {**asdict(gpu), "saturated_requests": 8 * gpu.slots}       # 8 requests per slot, as on a CPU
 
 
 def in_a_thread(fn, *args):
@@ -136,19 +134,19 @@ def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes
             if progress is not None:
                 progress(f"[http_serving] {rate:.2f} requests/s")
             result = in_a_thread(in_process.run, as_engine_requests(tokenizer, workloads[rate]))
-            rows.append(_row("in-process engine", rate, {**engine_row(result),
+            rows.append(serving_row("in-process engine", rate, {**engine_row(result),
                                                          "tokens": sum(len(s.output) for s in result.sequences)},
                              precision=precision["our HTTP server"]))
             for name, server in ours.items():
-                rows.append(_row(name, rate, {**load_test(server.url, workloads[rate], model=model_name),
+                rows.append(serving_row(name, rate, {**load_test(server.url, workloads[rate], model=model_name),
                                               "decode_path": apps[name].state.engine.decode_path},
                                  precision=precision[name]))
             for name, peer in (peers or {}).items():
                 if isinstance(peer, str):
-                    rows.append(_row(name, rate, skipped=peer))
+                    rows.append(serving_row(name, rate, skipped=peer))
                 else:
                     url, extra, words = peer
-                    rows.append(_row(name, rate, load_test(url, workloads[rate], model=model_name, extra=extra),
+                    rows.append(serving_row(name, rate, load_test(url, workloads[rate], model=model_name, extra=extra),
                                      precision=words))
     for a in apps.values():
         a.state.engine.blocks.assert_no_leaks()
@@ -227,6 +225,7 @@ def section_http_serving(ctx: BenchContext, options: HttpServingOptions) -> dict
             except LabError as error:
                 peers[name] = f"{name} could not start: {error}"
         rows = http_load_curve(model, tok, ctx.model_name, rates, sizes, peers, also_served=also)
+        saturated = saturated_rows(ctx.model_name, ctx.device, sizes, peers[LLAMA_SERVER])
     low, high = rates[0], rates[-1]
     inproc, http = "in-process engine", "our HTTP server"
     at = {r["server"]: r for r in rows if r["rate"] == low}
@@ -256,6 +255,7 @@ def section_http_serving(ctx: BenchContext, options: HttpServingOptions) -> dict
                                                + ("; llama-cpp-python's server runs one request at a time (no "
                                                   "batching), so its queue grows with the load"
                                                   if name == "llama.cpp server" else "")))
+    figures += saturated_figures(saturated, sizes)
     agentic = agentic_serving(model, tok, ctx.model_name, sizes, rate=low)
     figures += agentic_figures(agentic, sizes)
     quality = served_quality(ctx.variants, tok, ctx.model_name)       # untimed: scores, not speed
@@ -266,6 +266,6 @@ def section_http_serving(ctx: BenchContext, options: HttpServingOptions) -> dict
         peer = [VLLM_GRAPHED] if "vLLM" in figure["name"] else []
         mark_graphed(figure, ours + peer, ctx.device)
     return {"slots": sizes.slots, "requests": sizes.requests, "saturation_rate": saturation, "rates": rates,
-            "loads": list(sizes.loads), "rows": rows,
+            "loads": list(sizes.loads), "rows": rows, "saturated": saturated,
             "peers": {name: (p if isinstance(p, str) else None) for name, p in peers.items()}, "agentic": agentic, "quality": quality,
             "figures": figures + scores}

@@ -16,6 +16,18 @@ from .core import reported
 KEYS = ("throughput", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_p50")
 
 
+def serving_row(server: str, rate: float | None, figures: dict | None = None, skipped: str | None = None,
+                precision: str | None = None) -> dict:
+    """One server's row of the section: its load figures (`KEYS`, nan where it did not run), errors,
+    tokens and decode path, or `skipped` with the reason. rate None: all requests at once. Notebook 09."""
+    nan = float("nan")
+    figures = figures or {}
+    return {"server": server, "rate": rate, "skipped": skipped, "precision": precision,
+            "errors": figures.get("errors", 0),
+            "tokens": figures.get("tokens", 0), "decode_path": figures.get("decode_path"),
+            **{k: figures.get(k, nan) for k in KEYS}}
+
+
 def _prompt_length(tokenizer, request) -> int:
     """Tokens of a request's prompt as a chat endpoint builds it (the template; without one, the
     system text, a blank line and the question)."""
