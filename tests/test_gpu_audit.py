@@ -164,3 +164,54 @@ def test_a_hugging_face_row_is_labelled_by_torchs_counts_as_ours_is(skips, recor
         figure = mark_graphed(reported("labsupport / HF generate", 1.2, "x", target=1.0), [CUDA_GRAPHS, path], "cuda")
     assert figure["graphed"] is graphed and (figure["met"] is None) is not graphed
     assert count.hf_path(graphed=False) == "eager"
+
+
+def _hf_run_bumping(skips: int, recorded: int, shape=(1, 6)):
+    """A Hugging Face run standing in for a compiled (reduce-overhead) one on a GPU: each call bumps
+    torch's CUDA-graph counts as a first, compiling call would (skipped or recorded)."""
+    from torch._dynamo.utils import counters
+
+    def run():
+        counters["inductor"]["cudagraph_skips"] += skips
+        counters["inductor"]["cudagraph_recorded_non_static_inputs"] += recorded
+        return torch.zeros(*shape, dtype=torch.long)
+    return run
+
+
+@pytest.mark.parametrize("skips, recorded, graphed", [(0, 1, True), (1, 1, False), (0, 0, False)])
+def test_the_bench_rows_label_hugging_face_by_what_torch_counted_around_its_first_run(monkeypatch, skips, recorded,
+                                                                                       graphed):
+    """The engines row, the batching peer and the stack's peer asked HF for CUDA graphs and said
+    "CUDA graphs" whatever torch did; now a run whose graphs were skipped (or never recorded) is
+    labelled without them, and the figures reading it fail on a GPU (`mark_graphed`)."""
+    from types import SimpleNamespace
+
+    from simulated_gpu import GPUS, simulated
+
+    from labsupport.bench import batching, engines
+    from labsupport.bench.core import reported
+    from labsupport.bench.peers import huggingface
+    from labsupport.engine.serving.request import Request
+    from labsupport.lab.measure import HF_GRAPHED, mark_graphed
+    monkeypatch.setattr(engines, "hf_static_compiled_fn", lambda hf, ids, n: _hf_run_bumping(skips, recorded,
+                                                                                              (1, len(ids) + n)))
+    monkeypatch.setattr(batching, "hf_padded_generate_fn",
+                        lambda hf, padded, n, graphed=False: _hf_run_bumping(skips, recorded, (2, n)))
+    monkeypatch.setattr(huggingface, "hf_static_compiled_fn", lambda hf, ids, n: _hf_run_bumping(skips, recorded))
+    cuda = torch.device("cuda")
+    with simulated(GPUS["H100"]):
+        rows = engines._Rows([1, 2], cuda, True, {})
+        engines._hf_rows(rows, "hf", 1, engines.EnginesOptions(new_tokens=4, repeats=1, llamacpp=False))
+        run_engine = rows.engines[engines.HF][0]
+        assert run_engine(4) == [0] * 4 and run_engine(4) == [0] * 4         # a replay adds no count
+        monkeypatch.setattr(batching, "generate", lambda *a, compile=False, **k: SimpleNamespace(
+            tokens=torch.zeros(2, a[2], dtype=torch.long), decode_path="compiled + CUDA graphs", decode_note=None))
+        _, tokens = batching.versus_huggingface(SimpleNamespace(device=cuda), "hf", [[1], [2]], None, 4, repeats=2)
+        stage = huggingface.hf_stack_stage(SimpleNamespace(device=cuda), [Request([1, 2], 3, request_id=0)])
+        stage.run()
+        labels = [rows.paths[engines.HF], tokens["paths"]["huggingface"], stage.decode_paths]
+        figure = mark_graphed(reported("labsupport / HF generate", 1.2, "x", target=1.0), labels[0], cuda)
+    for label in labels:
+        assert len(label) == 1 and (label == {HF_GRAPHED}) is graphed
+        assert graphed or f"without CUDA graphs (torch skipped {skips}" in next(iter(label))
+    assert figure["graphed"] is graphed and (figure["met"] is None) is not graphed

@@ -14,11 +14,11 @@ from ..lab.busy import busy_reason
 from ..engine.generation import generate
 from ..weights.chat import chat_prompt
 from ..engine.kv_cache import kv_cache_bytes
-from ..lab.measure import (HF_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_side_by_side,
+from ..lab.measure import (WARMUP_TOKENS, mark_graphed, require_graphed, time_side_by_side,
                            timed_compile, track_peak_memory)
 from ..lab.roofs import copy_bandwidth, copy_timing
 from ..lab.workloads import DEFAULT_PROMPT
-from .core import BenchContext, reported
+from .core import BenchContext, GraphCount, reported
 from .options import SectionOptions, count
 from .peers.huggingface import hf_generate_fn, hf_static_compiled_fn
 
@@ -94,7 +94,8 @@ def _time_side_by_side(ctx: BenchContext, model, hf, ids: list[int], options: Ba
     ours_out, hf_out = {}, {}
     graphed = timed_compile(ctx.device)
     hf_fn = hf_static_compiled_fn if graphed else hf_generate_fn
-    paths = {"labsupport": set(), "huggingface": {HF_GRAPHED if graphed else "eager"}}
+    paths = {"labsupport": set(), "huggingface": set()}
+    hf_count = GraphCount()                   # around HF's first (compiling) run: its path as torch counted it
     warmup_s = []
 
     def run_ours(n):
@@ -107,10 +108,11 @@ def _time_side_by_side(ctx: BenchContext, model, hf, ids: list[int], options: Ba
     def ours():
         ours_out["result"] = run_ours(new_tokens)
 
-    hf_run = hf_fn(hf, ids, new_tokens)
+    hf_run = hf_count.first_call(hf_fn(hf, ids, new_tokens))
 
     def theirs():
         hf_out["tokens"] = hf_run()[0, len(ids):].tolist()
+        paths["huggingface"] = {hf_count.hf_path(graphed)}
 
     # The copy probe runs in the same rounds, so the bandwidth a decode step is set against
     # was measured at the same moments as the step (a shared machine's bandwidth moves).

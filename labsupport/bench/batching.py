@@ -17,12 +17,12 @@ from ..lab.busy import busy_reason
 from ..engine.generation import generate
 from ..weights.chat import chat_prompt
 from ..engine.hardware import bf16_supported
-from ..lab.measure import (HF_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_fn, time_side_by_side,
+from ..lab.measure import (WARMUP_TOKENS, mark_graphed, require_graphed, time_fn, time_side_by_side,
                            timed_compile)
 from ..lab.roofline import ridge_batch
 from ..lab.timing_model import batches_that_fit
 from ..lab.workloads import BATCHING_PROMPTS, PRESETS, STORY_PROMPT
-from .core import BenchContext, reported
+from .core import BenchContext, GraphCount, reported
 from .options import SectionOptions, count, counts
 from .peers.huggingface import hf_padded_generate_fn
 
@@ -53,11 +53,13 @@ def versus_huggingface(model, hf_model, prompts: list[list[int]], padded, new_to
     Introduced in notebook 02 (batching). Returns (the `Timing` of "labsupport" and of
     "huggingface", the new tokens of each one's last run by the same names, each (batch, new_tokens)).
     On a GPU both are replayed CUDA graphs (`measure.timed_compile`): ours compiled + CUDA graphs,
-    Hugging Face's static cache + torch.compile; tokens["paths"] says each one's decode path.
+    Hugging Face's static cache + torch.compile; tokens["paths"] says each one's decode path,
+    Hugging Face's as torch counted it around its first (compiling) run (`GraphCount`).
     """
     graphed = timed_compile(model.device)
-    tokens = {"paths": {"labsupport": set(), "huggingface": {HF_GRAPHED if graphed else "eager"}}}
-    hf_run = hf_padded_generate_fn(hf_model, padded, new_tokens, graphed=graphed)
+    tokens = {"paths": {"labsupport": set(), "huggingface": set()}}
+    hf_count = GraphCount()
+    hf_run = hf_count.first_call(hf_padded_generate_fn(hf_model, padded, new_tokens, graphed=graphed))
 
     hf_warmup = hf_padded_generate_fn(hf_model, padded, WARMUP_TOKENS, graphed=graphed)
 
@@ -72,6 +74,7 @@ def versus_huggingface(model, hf_model, prompts: list[list[int]], padded, new_to
 
     def huggingface():
         tokens["huggingface"] = hf_run()
+        tokens["paths"]["huggingface"] = {hf_count.hf_path(graphed)}
 
     warmups = {"labsupport": lambda: run_ours(WARMUP_TOKENS), "huggingface": hf_warmup}
     timings = time_side_by_side({"labsupport": ours, "huggingface": huggingface}, model.device, warmup=1,

@@ -66,9 +66,10 @@ def failed_figure(what: str, reason: str) -> dict:
 class GraphCount:
     """torch's compile and CUDA-graph counts taken around a peer's warm-up, the changes our own
     decoder's warm-up reads (`compiled.cudagraph_counts`): ``with GraphCount() as count: run()``.
-    Wrap the call that compiles and records (a shape's first); a later one records nothing.
-    Introduced in notebook 00 (where the time goes): Hugging Face's rows are labelled by it
-    (`hf_path`), never by assertion."""
+    Wrap the call that compiles and records (a shape's first; `first_call` does); a later one
+    records nothing. Entered again, it adds that call's changes (each shape of a row compiles
+    on its own first call). Introduced in notebook 00 (where the time goes): Hugging Face's
+    rows are labelled by it (`hf_path`), never by assertion."""
 
     compiles = skips = recorded = 0
 
@@ -77,8 +78,23 @@ class GraphCount:
         return self
 
     def __exit__(self, *exc) -> bool:
-        self.compiles, self.skips, self.recorded = (now - then for now, then in zip(cudagraph_counts(), self._before))
+        changes = [now - then for now, then in zip(cudagraph_counts(), self._before)]
+        self.compiles, self.skips, self.recorded = (mine + change for mine, change in
+                                                    zip((self.compiles, self.skips, self.recorded), changes))
         return False
+
+    def first_call(self, fn):
+        """`fn` with its first call (the one that compiles and records) counted in this count,
+        its later calls (replays) run as they are. Notebook 00 (where the time goes)."""
+        called = []
+
+        def run(*args, **kwargs):
+            if called:
+                return fn(*args, **kwargs)
+            called.append(True)
+            with self:
+                return fn(*args, **kwargs)
+        return run
 
     def hf_path(self, graphed: bool) -> str:
         """The decode path of a Hugging Face row: "eager" where it was not compiled (`graphed`

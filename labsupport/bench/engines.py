@@ -51,13 +51,13 @@ from ..engine.generation import generate
 from ..weights.chat import chat_prompt
 from ..engine.kv_cache import kv_cache_bytes
 from ..engine.quant import quantize_model
-from ..lab.measure import (HF_GRAPHED, NOT_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed,
+from ..lab.measure import (NOT_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed,
                            time_side_by_side, timed_compile)
 from ..weights.embedded import find_gguf
 from ..lab.quality import quantized_bytes
 from ..lab.roofs import copy_bandwidth, copy_timing
 from ..lab.workloads import DEFAULT_PROMPT
-from .core import BenchContext, reported
+from .core import BenchContext, GraphCount, reported
 from .peers.llamacpp import LlamaCppGreedy, llamacpp_unavailable
 from .engines_int4 import (LLAMACPP, OURS_INT4, batched_decode, batched_figures, long_prefill,
                             long_prefill_figures)
@@ -134,13 +134,21 @@ class _Rows:
             return require_graphed(result, name, self.device).row(0)
         return run
 
-    def theirs(self, make, name, path):
-        """run(n) of a peer's generate() closure `make(n)` as row `name`. Notebook 00 (where the time goes)."""
+    def theirs(self, make, name, path, graph_count: GraphCount | None = None):
+        """run(n) of a peer's generate() closure `make(n)` as row `name`, its decode path `path`;
+        with a `graph_count`, each closure's first (compiling) call is counted and the path is what
+        torch's counts say (`GraphCount.hf_path`). Notebook 00 (where the time goes)."""
         runs = {}                                 # one generate() closure per token count
 
         def run(n):
-            self.paths.setdefault(name, set()).add(path)
-            return runs.setdefault(n, make(n))()[0, len(self.ids):].tolist()
+            if n not in runs:
+                runs[n] = make(n) if graph_count is None else graph_count.first_call(make(n))
+            if graph_count is None:
+                self.paths.setdefault(name, set()).add(path)
+            tokens = runs[n]()[0, len(self.ids):].tolist()
+            if graph_count is not None:
+                self.paths[name] = {graph_count.hf_path(graphed=True)}
+            return tokens
         return run
 
 
@@ -201,13 +209,12 @@ def _hf_rows(rows: _Rows, hf, weight_bytes: int, options: EnginesOptions) -> Non
     """Hugging Face's rows: generate(), static cache, prompt lookup, assisted. Notebook 00 (where the time goes)."""
     ids = rows.ids
     if rows.graphed:                                    # on a GPU HF's row is its graphed fast path
-        rows.engines[HF] = (_hf_static(rows, hf, HF, HF_GRAPHED, options.new_tokens), weight_bytes)
+        rows.engines[HF] = (_hf_static(rows, hf, HF, options.new_tokens), weight_bytes)
         rows.absent[HF_STATIC] = f"on a GPU the {HF} row is already its static cache + torch.compile"
     else:
         rows.engines[HF] = (rows.theirs(lambda n: hf_generate_fn(hf, ids, n), HF, "eager"), weight_bytes)
         if options.compile:
-            rows.engines[HF_STATIC] = (_hf_static(rows, hf, HF_STATIC, "static cache + torch.compile",
-                                                  options.new_tokens), weight_bytes)
+            rows.engines[HF_STATIC] = (_hf_static(rows, hf, HF_STATIC, options.new_tokens), weight_bytes)
         else:
             rows.absent[HF_STATIC] = "switched off (engines.compile=False; --all-peers turns it on)"
     if options.lookup:
@@ -223,9 +230,11 @@ def _hf_rows(rows: _Rows, hf, weight_bytes: int, options: EnginesOptions) -> Non
         rows.absent[HF_ASSISTED] = "switched off (engines.draft_layers=0; --all-peers turns it on)"
 
 
-def _hf_static(rows: _Rows, hf, name: str, path: str, new_tokens: int):
-    """HF's static cache + torch.compile; its first call compiles, timed apart. Notebook 00 (where the time goes)."""
-    static = rows.theirs(lambda n: hf_static_compiled_fn(hf, rows.ids, n), name, path)
+def _hf_static(rows: _Rows, hf, name: str, new_tokens: int):
+    """HF's static cache + torch.compile; its first call compiles, timed apart. On a GPU its path is
+    what torch counted around that call (`GraphCount`), not what was asked. Notebook 00 (where the time goes)."""
+    static = rows.theirs(lambda n: hf_static_compiled_fn(hf, rows.ids, n), name, "static cache + torch.compile",
+                         GraphCount() if rows.graphed else None)
     start = time.perf_counter()
     static(new_tokens)
     first = time.perf_counter() - start

@@ -6,7 +6,7 @@ Introduced in notebook 05 (speculative decoding); ``python -m labsupport bench -
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,11 +14,11 @@ from ..lab.busy import busy_reason
 from ..errors import LabError
 from ..engine.generation import generate
 from ..weights.chat import chat_prompt
-from ..lab.measure import (HF_GRAPHED, NOT_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_side_by_side,
+from ..lab.measure import (NOT_GRAPHED, WARMUP_TOKENS, mark_graphed, require_graphed, time_side_by_side,
                            timed_compile)
 from ..engine.speculative import ModelDraft, PromptLookupDraft, SpeculativeResult, speculative_generate
 from ..lab.speculative_math import expected_speedup, pass_costs
-from .core import BenchContext, reported
+from .core import BenchContext, GraphCount, reported
 from .options import SectionOptions, count
 from ..lab.workloads import CREATIVE_PROMPT, GROUNDED_PROMPT
 from .peers.huggingface import ForwardPasses, hf_generate_fn, hf_static_compiled_fn
@@ -52,6 +52,7 @@ class _Candidates:
     graphed: bool                   # `measure.timed_compile`
     paths: dict                     # name -> the decode paths its runs took
     warmup_s: dict                  # name -> seconds spent compiling/recording
+    hf_count: GraphCount = field(default_factory=GraphCount)   # torch's counts around HF's first (compiling) run
 
 
 def section_speculative(ctx: BenchContext, options: SpeculativeOptions) -> dict:
@@ -111,10 +112,10 @@ def _candidates(ctx: BenchContext, model, hf, lookup: PromptLookupDraft, self_dr
     # On a GPU plain decoding, our speculative loops (the draft's steps and the verify passes) and
     # Hugging Face's plain row are replayed CUDA graphs; HF's prompt lookup runs its own eager loop,
     # so its figures there are failed measurements, as is any of ours that could not be graphed.
+    # HF's plain row says what torch counted around its first (compiling) run (`GraphCount`).
     graphed = timed_compile(ctx.device)
     own_loop = NOT_GRAPHED if graphed else "eager"
-    paths = {"plain": set(), "lookup": set(), "int4 self-draft": set(),
-             "hf": {HF_GRAPHED if graphed else "eager"}, "hf lookup": {own_loop}}
+    paths = {"plain": set(), "lookup": set(), "int4 self-draft": set(), "hf": set(), "hf lookup": {own_loop}}
     return _Candidates(ctx.device, model, hf, lookup, self_draft, k, graphed, paths, {})
 
 
@@ -130,7 +131,7 @@ def _time_task(c: _Candidates, task: str, ids: list[int], options: SpeculativeOp
 
 def _methods(c: _Candidates, task: str, ids: list[int], n: int, out: dict) -> dict:
     """Each method generating n tokens: n = new_tokens is timed, a few warm up. Notebook 05 (speculative decoding)."""
-    hf_runs = {"hf": (hf_static_compiled_fn if c.graphed else hf_generate_fn)(c.hf, ids, n),
+    hf_runs = {"hf": c.hf_count.first_call((hf_static_compiled_fn if c.graphed else hf_generate_fn)(c.hf, ids, n)),
                # prompt lookup: same k and n-gram
                "hf lookup": hf_generate_fn(c.hf, ids, n, prompt_lookup=c.k, lookup_ngram=c.lookup.ngram)}
 
@@ -150,6 +151,8 @@ def _methods(c: _Candidates, task: str, ids: list[int], n: int, out: dict) -> di
     def run_hf(name):
         def fn():
             out[name] = hf_runs[name]()[0, len(ids):].tolist()
+            if name == "hf":
+                c.paths[name] = {c.hf_count.hf_path(c.graphed)}
         return fn
 
     fns = {"plain": plain, "lookup": run_draft("lookup", c.lookup)}

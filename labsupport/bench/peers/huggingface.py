@@ -21,8 +21,9 @@ import torch
 from ...errors import LabError
 from ...engine.hardware import synchronize
 from ...engine.serving.request import Request
-from ...lab.measure import HF_GRAPHED, timed_compile
+from ...lab.measure import timed_compile
 from ...lab.stack import HF_PEER, Stage
+from ..core import GraphCount
 
 
 def hf_greedy_config(hf_model, new_tokens: int):
@@ -81,8 +82,8 @@ def hf_static_compiled_fn(hf_model, prompt_ids: list[int], new_tokens: int):
 
 def hf_static_compiled_config(hf_model, new_tokens: int):
     """`hf_greedy_config` with the static cache and torch.compile (`CompileConfig()`'s defaults:
-    mode "reduce-overhead", which records CUDA graphs on a GPU), compiling on any device.
-    On a GPU this is how every Hugging Face row is timed (`measure.HF_GRAPHED`). Notebook 00."""
+    mode "reduce-overhead", which records CUDA graphs on a GPU), compiling on any device. On a GPU
+    this is how every Hugging Face row is timed, labelled by torch's counts (`core.GraphCount`). Notebook 00."""
     from transformers.generation.configuration_utils import CompileConfig
 
     config = hf_greedy_config(hf_model, new_tokens)
@@ -170,11 +171,18 @@ def hf_stack_stage(hf_model, requests: list[Request]) -> Stage:
     one request at a time, each for its own number of new tokens.
 
     Introduced in notebook 07 (putting it together). On a GPU it is timed graphed, as every
-    contender there: its static cache + torch.compile (`measure.timed_compile`)."""
+    contender there: its static cache + torch.compile (`measure.timed_compile`), its decode path
+    what torch counted around each request's first (compiling) run (`core.GraphCount`)."""
     graphed = timed_compile(hf_model.device)
     make = hf_static_compiled_fn if graphed else hf_generate_fn
-    runs = [(r, make(hf_model, r.prompt, r.max_new_tokens)) for r in requests]
+    count = GraphCount()
+    runs = [(r, count.first_call(make(hf_model, r.prompt, r.max_new_tokens))) for r in requests]
+    paths = set()
+
+    def run():
+        tokens = {r.request_id: run_one()[0, len(r.prompt):].tolist() for r, run_one in runs}
+        paths.clear()                     # the Stage's own set: it says the path after the runs
+        paths.add(count.hf_path(graphed))
+        return tokens
     return Stage(HF_PEER, "transformers generate(), fp32, one request at a time"
-                 + (", static cache + torch.compile" if graphed else ""),
-                 lambda: {r.request_id: run()[0, len(r.prompt):].tolist() for r, run in runs},
-                 decode_paths={HF_GRAPHED if graphed else "eager"})
+                 + (", static cache + torch.compile" if graphed else ""), run, decode_paths=paths)
