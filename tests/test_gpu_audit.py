@@ -215,3 +215,34 @@ def test_the_bench_rows_label_hugging_face_by_what_torch_counted_around_its_firs
         assert len(label) == 1 and (label == {HF_GRAPHED}) is graphed
         assert graphed or f"without CUDA graphs (torch skipped {skips}" in next(iter(label))
     assert figure["graphed"] is graphed and (figure["met"] is None) is not graphed
+
+
+# --- item 1: notebook 02's sweep is sized at the cache the compiled decoder allocates -----------
+
+@pytest.mark.parametrize("free_gib", [9.5, 10.0, 10.5, 11.0, 11.25, 11.41, 12.0])
+def test_notebook_02s_sweep_points_fit_at_their_bucketed_cache_on_a_t4(monkeypatch, free_gib):
+    """On a T4 notebook 02 sweeps the 1.7B shape in fp16 (40 prompt tokens + 64 new ones), decoding
+    through the compiled decoder, whose cache has the buckets' rows and positions (`cache_bytes`:
+    128 positions, not 104). Sized at 104, it kept batch 256 from 9.5 GiB free on, whose real cache
+    and activations take more than the 65% of the free memory a sweep may use below 11.3 GiB."""
+    from simulated_gpu import GPUS, simulated
+    from unittest import mock
+
+    from labsupport.engine.compiled import bucket_rows, cache_bytes
+    from labsupport.engine.config import PRESETS as MODELS
+    from labsupport.lab import batching_timing
+    from labsupport.lab.timing_model import HEADROOM
+    config, dtype, prompt, new_tokens = MODELS["smollm2-1.7b-shape"], torch.float16, 40, 64
+    swept = []
+    monkeypatch.setattr(batching_timing, "measure_batch", lambda model, prompts, *a, **k: swept.append(len(prompts)))
+    model = type("Timed", (), {"config": config, "dtype": dtype, "device": torch.device("cuda")})()
+    free = int(free_gib * 2**30)
+    with simulated(GPUS["T4"]), mock.patch.object(torch.cuda, "mem_get_info", return_value=(free, 15 * 2**30)), \
+            pytest.warns(UserWarning, match="left out"):
+        sweep = batching_timing.sweep_batch_sizes(model, [1] * prompt, [1, 16, 64, 128, 256, 512], new_tokens)
+    assert swept and swept[0] == 1
+    rows = bucket_rows(max(swept))            # the prefill's and the steps' activations, fp32 logits, twice
+    activations = 2 * rows * (config.vocab_size * 4 + prompt * 3 * config.intermediate_size * 2)
+    assert cache_bytes(config, max(swept), prompt + new_tokens, dtype) + activations <= HEADROOM * free, swept
+    assert 512 not in swept and "512" in sweep.note and (256 in swept) is (free_gib >= 11.3)
+    assert "128 positions" in sweep.note

@@ -23,6 +23,7 @@ import weakref
 
 import torch
 
+from ..engine.compiled import bucket_length, bucket_rows
 from ..engine.hardware import pick_dtype
 from ..engine.kv_cache import kv_cache_bytes
 from ..engine.config import PRESETS as MODEL_SHAPES
@@ -100,11 +101,14 @@ def sweep_budget(device) -> int | None:
     return int(HEADROOM * free)
 
 
-def run_bytes(config, batch: int, positions: int, dtype, tokens: int = 1) -> int:
+def run_bytes(config, batch: int, positions: int, dtype, tokens: int = 1, bucketed: bool = False) -> int:
     """Memory one forward pass adds: the KV cache of `batch` rows x `positions` positions, and the
     widest activations of `tokens` new tokens per row (the MLP's three intermediate tensors, the
-    attention scores, fp32 logits), counted twice for the allocator's spare blocks.
-    Introduced in notebook 00 (where the time goes)."""
+    attention scores, fp32 logits), counted twice for the allocator's spare blocks. bucketed: the
+    rows and positions the compiled decoder really allocates (`compiled.cache_bytes`: powers of two).
+    Introduced in notebook 00 (where the time goes); notebook 02's sweep is bucketed."""
+    if bucketed:
+        batch, positions = bucket_rows(batch), bucket_length(positions, config.max_position)
     size = torch.empty((), dtype=dtype).element_size()
     per_token = 3 * config.intermediate_size * size + config.num_heads * positions * 4
     activations = batch * (tokens * per_token + config.vocab_size * 4)
@@ -122,22 +126,28 @@ def capped(rows: list, note: str | None) -> Sweep:
 
 
 def batches_that_fit(config, batches, positions: int, dtype, device, tokens: int = 1,
-                     budget_bytes: int | None = None) -> tuple[list[int], str | None]:
+                     budget_bytes: int | None = None, bucketed: bool | None = None) -> tuple[list[int], str | None]:
     """(the batch sizes of `batches` whose `run_bytes` fits the budget, a note naming those left out
-    or None). `budget_bytes` None: `sweep_budget(device)` (uncapped on a CPU).
+    or None). `budget_bytes` None: `sweep_budget(device)` (uncapped on a CPU). bucketed: size each
+    cache as the compiled decoder allocates it (`compiled.cache_bytes`); None: on a CUDA GPU, where
+    a timed `generate` decodes through it (`measure.timed_compile`). A sweep over a cache it makes
+    itself, of exactly `positions` (`step_timing.filled_cache`), passes False.
     Introduced in notebook 00 (where the time goes); notebook 02's sweep is sized here too."""
     budget = sweep_budget(device) if budget_bytes is None else budget_bytes
     batches = list(batches)
     if budget is None:
         return batches, None
-    kept = [b for b in batches if run_bytes(config, b, positions, dtype, tokens) <= budget]
+    bucketed = torch.device(device).type == "cuda" if bucketed is None else bucketed
+    kept = [b for b in batches if run_bytes(config, b, positions, dtype, tokens, bucketed) <= budget]
     if not kept:
         raise LabError(f"Not even batch {min(batches)} of {config.name} at {positions} positions fits the "
                        f"{budget / GIB:.1f} GiB this sweep may use; free some memory (del a model) and re-run.")
     left_out = [b for b in batches if b not in kept]
     if not left_out:
         return kept, None
-    need = run_bytes(config, max(left_out), positions, dtype, tokens)
+    need = run_bytes(config, max(left_out), positions, dtype, tokens, bucketed)
+    cache = (f" (its cache {bucket_rows(max(left_out))} rows x {bucket_length(positions, config.max_position)} "
+             f"positions, the compiled decoder's buckets)" if bucketed else "")
     return kept, (f"Batches {left_out} left out: batch {max(left_out)} of {config.name} at {positions} positions "
-                  f"needs {need / GIB:.1f} GiB, over the {budget / GIB:.1f} GiB this sweep may use "
+                  f"needs {need / GIB:.1f} GiB{cache}, over the {budget / GIB:.1f} GiB this sweep may use "
                   f"({HEADROOM:.0%} of the free memory).")
