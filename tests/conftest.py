@@ -12,6 +12,7 @@ The embedded model is loaded once per session (about 3 s once its converted
 weights are cached; the first run ever converts them, about 20 s).
 """
 
+import contextlib
 import logging
 import re
 
@@ -135,23 +136,40 @@ def guard_writes(monkeypatch):
     return watch_shared_writes(monkeypatch)
 
 
-class _Lines(logging.Handler):
-    """Every message logged while a test runs, as text."""
+class _Captured(logging.Handler):
+    """Every record logged while a test runs, and its message as text."""
     def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines = []
+        super().__init__(logging.DEBUG)
+        self.records, self.lines = [], []
 
     def emit(self, record):
+        self.records.append(record)
         self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _server_log(level):
+    """uvicorn's error log (where the server's refusals, cut requests and warnings go) at `level`."""
+    logger, handler = logging.getLogger("uvicorn.error"), _Captured()
+    before = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
 
 
 @pytest.fixture
 def log_lines():
-    """The lines the server logs (uvicorn's error log, where refusals and cut requests go) during a test."""
-    logger, handler = logging.getLogger("uvicorn.error"), _Lines()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler.lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    """The lines the server logs at INFO and above during a test."""
+    with _server_log(logging.INFO) as handler:
+        yield handler.lines
+
+
+@pytest.fixture
+def log_records():
+    """The records the server logs during a test (with their levels), DEBUG and above."""
+    with _server_log(logging.DEBUG) as handler:
+        yield handler.records

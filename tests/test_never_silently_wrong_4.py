@@ -285,43 +285,23 @@ def served():
         yield server
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
-@pytest.fixture
-def server_log():
-    logger, handler = logging.getLogger("uvicorn.error"), _Records()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield handler.records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
-
-
-def test_a_misspelled_field_is_served_and_logged_as_one_warning(served, server_log):
+def test_a_misspelled_field_is_served_and_logged_as_one_warning(served, log_records):
     body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temprature": 0}
     reply = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
     assert reply.status_code == 200
-    ignored = [r for r in server_log if "ignored" in r.getMessage()]
+    ignored = [r for r in log_records if "ignored" in r.getMessage()]
     assert len(ignored) == 1 and ignored[0].levelno == logging.WARNING        # was INFO
     assert "temprature" in ignored[0].getMessage() and "\n" not in ignored[0].getMessage()
 
 
-def test_the_openai_sdk_alone_sends_no_field_the_server_ignores(served, server_log):
+def test_the_openai_sdk_alone_sends_no_field_the_server_ignores(served, log_records):
     openai = pytest.importorskip("openai")
     api = openai.OpenAI(base_url=served.url + "/v1", api_key="none", timeout=TIMEOUT)
     api.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
                                 temperature=0, top_p=1, seed=1, stop=["x"], n=1, user="u", stream=False)
     list(api.completions.create(model=NAME, prompt="Hi", max_tokens=2, stream=True,
                                 stream_options={"include_usage": True}))
-    assert not [r for r in server_log if "ignored" in r.getMessage()], [r.getMessage() for r in server_log]
+    assert not [r for r in log_records if "ignored" in r.getMessage()], [r.getMessage() for r in log_records]
 
 
 def test_the_server_and_chat_prompt_build_the_same_chat_prompt(served):
