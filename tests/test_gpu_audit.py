@@ -246,3 +246,57 @@ def test_notebook_02s_sweep_points_fit_at_their_bucketed_cache_on_a_t4(monkeypat
     assert cache_bytes(config, max(swept), prompt + new_tokens, dtype) + activations <= HEADROOM * free, swept
     assert 512 not in swept and "512" in sweep.note and (256 in swept) is (free_gib >= 11.3)
     assert "128 positions" in sweep.note
+
+
+# --- item 9: one transfer to the host per speculative step, not one per token -------------------
+
+HOST_READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__")
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """Every read of a tensor's values by the host (on a GPU, each one waits for the queue), counted."""
+    reads = []
+    for name in HOST_READS:
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            reads.append(_name)
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_model_draft_reads_its_k_tokens_in_one_transfer(host_reads, compiled):
+    """ModelDraft.propose read each drafted token with int() (k waits for the GPU per step); now the
+    tokens stay on the device, each fed to the next step there, and come back in one `tolist`. The
+    compiled path is the decoder's one-token step (a stand-in here: the eager pass, counted alike)."""
+    from labsupport.engine.speculative import ModelDraft
+    from labsupport.weights.fixtures import lively_model
+
+    class Decoder:                                  # what ModelDraft._feed calls on the compiled path
+        def step(self, model, cache, tokens, positions, key_mask):
+            assert isinstance(tokens, torch.Tensor) and tokens.shape == (1,) and positions is None
+            return model.logits(model(tokens[None], cache=cache), at=-1)          # (1, vocab)
+    torch.manual_seed(0)
+    draft = ModelDraft(lively_model())
+    context = list(b"Hello world, hello")
+    draft.start(context, 64, None)
+    if compiled:
+        draft._compiled = (Decoder(), draft.cache, torch.ones(1, draft.cache.max_len, dtype=torch.bool))
+    host_reads.clear()
+    tokens, probs = draft.propose(context, 4)
+    assert host_reads == ["tolist"] and len(tokens) == 4 and all(isinstance(t, int) for t in tokens)
+    assert probs is None and draft.cache.length == len(context) + 3            # d_4 is never fed
+
+
+def test_greedy_verify_reads_the_targets_argmaxes_in_one_transfer(host_reads):
+    """verify compared each drafted token with int(target_argmax[i]): one wait per token."""
+    from labsupport.engine.speculative import verify
+    argmax = torch.tensor([5, 6, 7, 8, 9])
+    for drafted, expected in [([5, 6, 7, 8], (4, 9, "bonus")), ([5, 6, 0, 8], (2, 7, "corrected")),
+                              ([], (0, 5, "bonus"))]:
+        host_reads.clear()
+        assert verify(None, argmax, drafted, None, None) == expected
+        assert host_reads == ["tolist"]

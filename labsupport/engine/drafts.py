@@ -117,12 +117,13 @@ class ModelDraft(Draft):
         if len(prompt) > 1:
             self.model(torch.tensor([list(prompt[:-1])], device=self.model.device), cache=cache)   # no logits
 
-    def _next(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        """One token from the last logits (vocab,), and its distribution (None if greedy)."""
+    def _next(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One token from the last logits (vocab,), left on the device as a (1,) tensor (no wait for
+        the GPU: the next step is fed it there), and its distribution (None if greedy)."""
         if self.sampling.greedy:
-            return int(logits.argmax()), None
+            return logits.argmax().view(1), None                                # (1,)
         probs = probabilities(logits, self.sampling)                        # (vocab,)
-        return int(torch.multinomial(probs, 1, generator=self.generator)), probs
+        return torch.multinomial(probs, 1, generator=self.generator), probs   # (1,)
 
     @torch.inference_mode()
     def propose(self, context, k):
@@ -130,28 +131,26 @@ class ModelDraft(Draft):
             raise LabError("Call draft.start(...) before propose (speculative_generate does this).")
         self._base = len(context)
         tokens, probs = [], []
-        new = list(context[self.cache.length:])          # the cache holds context[:length]: feed the rest
+        # the cache holds context[:length]: feed the rest
+        new = torch.tensor(list(context[self.cache.length:]), dtype=torch.long, device=self.model.device)   # (T,)
         for _ in range(k):
-            token, p = self._next(self._feed(new))
+            token, p = self._next(self._feed(new))                             # token: (1,), on the device
             tokens.append(token)
             probs.append(p)
-            new = [token]
+            new = token
         # d_k itself is never fed: the cache now holds context + d_1..d_{k-1}
         draft_probs = None if self.sampling.greedy or not tokens else torch.stack(probs)  # (k, vocab)
-        return tokens, draft_probs
+        return (torch.cat(tokens).tolist() if tokens else []), draft_probs     # one transfer per step
 
-    def _feed(self, new: list[int]) -> torch.Tensor:
-        """Feed `new` tokens to the draft's cache; the logits after the last one (vocab,): one
-        eager pass, or on the compiled path one compiled decode step per token."""
-        device = self.model.device
+    def _feed(self, new: torch.Tensor) -> torch.Tensor:
+        """Feed the `new` tokens (T,), on the device, to the draft's cache; the logits after the last
+        one (vocab,): one eager pass, or on the compiled path one compiled decode step per token (its
+        position the cache's length, filled in on the device)."""
         decoder = self._compiled[0] if self._compiled is not None else None
         if decoder is None:
-            fed = torch.tensor([new], device=device)                                      # (1, T)
-            return self.model.logits(self.model(fed, cache=self.cache), at=-1)[0]       # (vocab,)
-        for token in new:
-            position = torch.tensor([[self.cache.length]], device=device)                 # (1, 1)
-            logits = decoder.step(self.model, self.cache, torch.tensor([token], device=device), position,
-                                  self._compiled[2])                                      # (1, vocab)
+            return self.model.logits(self.model(new[None], cache=self.cache), at=-1)[0]    # (vocab,)
+        for i in range(new.shape[0]):
+            logits = decoder.step(self.model, self.cache, new[i:i + 1], None, self._compiled[2])   # (1, vocab)
         return logits[0]                                                                  # (vocab,)
 
     def accept(self, n_accepted):

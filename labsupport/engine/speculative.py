@@ -198,16 +198,21 @@ def verify(target_probs: torch.Tensor | None, target_argmax: torch.Tensor, draft
     """The acceptance rule. target_probs: (k+1, vocab) or None for greedy; target_argmax: (k+1,).
     Returns (tokens accepted n, the token the target adds, its kind: "corrected" (greedy:
     the target's argmax replaces the first miss, nothing is sampled), "resampled" (drawn
-    from the residual) or "bonus"). Notebook 05 (speculative decoding)."""
+    from the residual) or "bonus"). Notebook 05 (speculative decoding). Greedy, the argmaxes
+    come to the host in one transfer (`tolist`), not one wait for the GPU per token; sampled,
+    p(d) and q(d) of every draft come in one, and each uniform as it is drawn (the seed's stream)."""
+    if target_probs is None:                                             # greedy: exact match
+        argmax = target_argmax.tolist()                                  # (k + 1,): the step's one transfer
+        n = next((i for i, d in enumerate(drafted) if argmax[i] != d), len(drafted))
+        return n, argmax[n], "corrected" if n < len(drafted) else "bonus"
+    index = torch.arange(len(drafted), device=target_probs.device)
+    ids = torch.tensor(drafted, dtype=torch.long, device=target_probs.device)
+    p_d = target_probs[index, ids].tolist()                              # (k,): p(d_i), one transfer
+    q_d = draft_probs[index, ids].tolist() if draft_probs is not None else [1.0] * len(drafted)  # point mass: 1
     for i, d in enumerate(drafted):
-        if target_probs is None:                                         # greedy: exact match
-            if int(target_argmax[i]) != d:
-                return i, int(target_argmax[i]), "corrected"
-            continue
         p = target_probs[i]                                              # (vocab,)
-        q_d = float(draft_probs[i, d]) if draft_probs is not None else 1.0  # a point mass: q(d) = 1
         u = float(torch.rand((), generator=generator, device=p.device))
-        if u * q_d < float(p[d]):                                        # accept with prob min(1, p/q)
+        if u * q_d[i] < p_d[i]:                                          # accept with prob min(1, p/q)
             continue
         if draft_probs is not None:
             residual = (p - draft_probs[i]).clamp_min(0)                  # normalize(max(0, p - q))
@@ -218,8 +223,6 @@ def verify(target_probs: torch.Tensor | None, target_argmax: torch.Tensor, draft
         token = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
         return i, token, "resampled"
     k = len(drafted)
-    if target_probs is None:
-        return k, int(target_argmax[k]), "bonus"
     return k, int(torch.multinomial(target_probs[k], 1, generator=generator)), "bonus"
 
 
