@@ -115,6 +115,21 @@ def prefill_attention():
     return prefill_attention_figure(rows, budget_bytes=2 ** 26)
 
 
+def tensor_parallel_degrees():
+    from labsupport.plots.tensor_parallel import degrees_figure
+    degrees = {w: {"threads_per_rank": 2 // w, "decode_tokens_per_s": 20.0 / w, "prefill_s": 0.4 + 0.1 * w,
+                   "all_reduce_share_of_decode": 0.3 * (w - 1), "all_reduce_share_of_prefill": 0.05 * (w - 1)}
+               for w in (1, 2)}
+    return degrees_figure({"prefill_tokens": 512, "cores": 2, "degrees": degrees})
+
+
+def handover():
+    from labsupport.plots.tensor_parallel import handover_figure
+    rows = [{"arrival": 0.3 * i, "prefill_from": 0.3 * i + 0.01, "first_token": 0.3 * i + 0.1,
+             "received": 0.3 * i + 0.12, "seated": 0.3 * i + 0.2, "finished": 0.3 * i + 1.1} for i in range(8)]
+    return handover_figure(rows)
+
+
 CASES = {"01 KV cache memory": (kv_cache_memory, OUTPUT_WIDTH),
          "04 int4 packing": (int4_packing, EXPLORER_WIDTH),
          "05 speedup": (speculative_speedup, EXPLORER_WIDTH),
@@ -124,7 +139,9 @@ CASES = {"01 KV cache memory": (kv_cache_memory, OUTPUT_WIDTH),
          "06 timeline with its subtitle": (serving_timeline, EXPLORER_WIDTH),
          "07 stack explorer": (stack_explorer_figure, EXPLORER_WIDTH),
          "07 the ladder": (stack_ladder, OUTPUT_WIDTH),
-         "08 prefill attention": (prefill_attention, OUTPUT_WIDTH)}
+         "08 prefill attention": (prefill_attention, OUTPUT_WIDTH),
+         "10 per degree, a legend entry per phase": (tensor_parallel_degrees, OUTPUT_WIDTH),
+         "10 the handover": (handover, OUTPUT_WIDTH)}
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -15,7 +15,7 @@ from labsupport.errors import LabError
 from labsupport.engine.sampling import SamplingConfig
 from labsupport.engine.serving import Request
 from labsupport.lab.serving_workload import make_workload
-from labsupport.lab.load_curve import (KEYS, configurations, curve_of, engine_row, load_curve,
+from labsupport.lab.load_curve import (KEYS, configurations, curve_of, engine_row, fit_to_load, load_curve,
                                        near_saturation, peer_row, saturation_rate)
 from labsupport.lab.serving_metrics import summarize
 
@@ -64,6 +64,56 @@ def test_a_sweep_refuses_bad_rates(tiny_llama):
     for rates in ([], [0.0], [-1.0], [float("nan")]):
         with pytest.raises(LabError):
             load_curve(tiny_llama, PROMPTS, rates=rates, count=2, max_slots=2, token_budget=4)
+
+
+LOADS = {"50% of capacity": 0.5, "90% of capacity": 0.9, "200% of capacity": 2.0}
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"], ids=["cpu preset", "cuda preset"])
+def test_a_busy_machine_gets_a_smaller_load_curve_and_a_sentence_saying_so(monkeypatch, kind):
+    """Issue 52, item 5: 06b's curve ran past 20 minutes at a load of 9 to 14 per core. The load is
+    read from the operating system (patched here), and past busy.LOAD_LIMIT the sweep shrinks."""
+    from labsupport.lab import busy
+    from labsupport.lab.workloads import SERVING_PRESETS
+    sizes = SERVING_PRESETS[kind]
+    monkeypatch.setattr(busy, "usable_cores", lambda: 2)
+    monkeypatch.setattr(busy.os, "getloadavg", lambda: (24.0, 20.0, 18.0), raising=False)
+    small, loads, note = fit_to_load(sizes, LOADS, busy.load_per_core())
+    assert small.curve_requests < sizes.curve_requests and small.curve_requests >= 2 * small.curve_slots
+    assert small.curve_max_new_tokens == sizes.curve_max_new_tokens // 2
+    assert 1 <= small.curve_median_new_tokens <= small.curve_max_new_tokens
+    assert small.curve_slots == sizes.curve_slots and small.token_budget == sizes.token_budget
+    assert loads == {"90% of capacity": 0.9, "200% of capacity": 2.0}          # near saturation, and overloaded
+    assert small.curve_loads == (90, 200)
+    assert "busy" in note and "12.0 per core" in note and f"{small.curve_requests} requests instead of" in note
+    assert "\n" not in note and max(len(s.split()) for s in note.split(". ")) <= 35
+
+
+@pytest.mark.parametrize("load", [None, 0.0, 0.9, 1.5])
+def test_a_quiet_machine_or_an_unknown_load_keeps_the_whole_curve(load):
+    from labsupport.lab.workloads import SERVING_PRESETS
+    sizes = SERVING_PRESETS["cpu"]
+    assert fit_to_load(sizes, LOADS, load) == (sizes, LOADS, None)
+
+
+def test_fit_to_load_refuses_what_it_cannot_read():
+    from labsupport.lab.workloads import SERVING_PRESETS
+    sizes = SERVING_PRESETS["cpu"]
+    for bad in ({"sizes": {"curve_requests": 12}}, {"loads": {}}, {"loads": [0.5]}, {"loads": {"x": -1.0}},
+                {"load": float("nan")}, {"load": -2.0}, {"load": "busy"}):
+        arguments = {"sizes": sizes, "loads": LOADS, "load": 3.0, **bad}
+        with pytest.raises(LabError) as caught:
+            fit_to_load(**arguments)
+        assert "\n" not in str(caught.value)
+
+
+def test_a_sweep_can_draw_a_progress_bar_one_step_per_run(tiny_llama, capsys):
+    rows = load_curve(tiny_llama, PROMPTS, rates=[50.0], count=2, max_slots=2, token_budget=6, block_size=4,
+                      median_new_tokens=2, max_new_tokens=3, progress=True)
+    out = capsys.readouterr().out
+    assert len(rows) == 4 and "load curve" in out and "4/4" in out and "done" in out
+    with pytest.raises(LabError, match="progress takes True"):
+        load_curve(tiny_llama, PROMPTS, rates=[50.0], count=2, max_slots=2, token_budget=6, progress="yes")
 
 
 def test_engine_row_and_the_saturation_rate(tiny_llama):

@@ -13,19 +13,29 @@ rate) with each configuration in turn at each rate, over the engine's public API
 and returns one flat row per (configuration, rate). Rates are given as fractions of a
 measured capacity (`saturation_rate`: requests per second when all arrive at once), so
 the same sweep means the same thing on a laptop and on a GPU.
+
+A busy machine serves every run several times slower: a sweep of a minute on a quiet laptop ran
+past 20 minutes at a load of 9 to 14 per core. `fit_to_load` shrinks the sweep there, and says so
+in one sentence; `load_curve(..., progress=True)` draws a progress bar, one step per run.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import contextlib
+import sys
+from dataclasses import is_dataclass, replace
 from typing import Callable, Mapping, Sequence
+
+from tqdm.auto import tqdm
 
 from ..errors import LabError
 from ..inputs import finite_number, whole_number
 from ..engine.serving.engine import Engine
+from .busy import LOAD_LIMIT
 from .serving_metrics import percentile, summarize, time_per_output_token
 from .serving_workload import arrival_times, make_workload
 
+SHRUNK = ("requests", "slots", "median_new_tokens", "max_new_tokens", "loads")    # what fit_to_load reads of the sizes
 KEYS = ("throughput", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_p50", "prefill_tokens", "cached_tokens")
 
 
@@ -94,11 +104,79 @@ def at_rate(requests: Sequence, rate: float | None, seed: int = 0) -> list:
     return [_at(r, t) for r, t in zip(requests, arrival_times(len(requests), rate, seed))]
 
 
+def fit_to_load(sizes, loads: Mapping[str, float], load: float | None,
+                limit: float = LOAD_LIMIT) -> tuple[object, dict[str, float], str | None]:
+    """The load curve's sizes and rates for this machine now, and a sentence when they shrank.
+
+    Introduced in notebook 06b (chunked prefill and prefix caching). sizes: a
+    `workloads.ServingSizes`; loads: name -> fraction of capacity; load: `busy.load_per_core()`
+    (None: not known, nothing shrinks). Above `limit` the machine is busy and every run is slower,
+    so the sweep shrinks: half the requests (at least two per slot, so that a queue still forms),
+    answers half as long, and two rates only, the highest at or below capacity and the highest.
+    Returns (sizes, loads, None) on a quiet machine, else the smaller ones and what shrank."""
+    if not is_dataclass(sizes) or not all(hasattr(sizes, f"curve_{k}") for k in SHRUNK):
+        raise LabError(f"fit_to_load takes a workloads.ServingSizes (SERVING_PRESETS['cpu'], say), "
+                       f"not {type(sizes).__name__}.")
+    if not isinstance(loads, Mapping) or not loads:
+        raise LabError("fit_to_load needs loads as a dict of name -> fraction of capacity, at least one.")
+    loads = {name: finite_number(f, f"the load {name!r} (a fraction of capacity)", minimum=0, above_minimum=True)
+             for name, f in loads.items()}
+    if load is None or finite_number(load, "load (the load average per core)", minimum=0) <= limit:
+        return sizes, loads, None
+    by_rate = sorted(loads, key=loads.get)
+    names = {max((n for n in by_rate if loads[n] <= 1.0), key=loads.get, default=by_rate[0]), by_rate[-1]}
+    kept = {n: loads[n] for n in by_rate if n in names}
+    requests = min(sizes.curve_requests, max(2 * sizes.curve_slots, sizes.curve_requests // 2))
+    longest = max(1, sizes.curve_max_new_tokens // 2)
+    small = replace(sizes, curve_requests=requests, curve_max_new_tokens=longest,
+                    curve_median_new_tokens=max(1, min(longest, sizes.curve_median_new_tokens // 2)),
+                    curve_loads=tuple(round(100 * f) for f in kept.values()))
+    note = (f"The machine is busy: its load average is {load:.1f} per core. So the load curve is smaller: "
+            f"{requests} requests instead of {sizes.curve_requests}, answers of at most {longest} tokens instead "
+            f"of {sizes.curve_max_new_tokens}, {len(kept)} rates instead of {len(loads)}. "
+            "Re-run on a quiet machine for the whole curve.")
+    return small, kept, note
+
+
+class _Bar:
+    """A progress bar for `load_curve`: one step per run, the run under way beside it."""
+
+    def __init__(self, total: int):
+        self.bar = tqdm(total=total, desc="load curve", unit="run", file=sys.stdout, leave=True)
+        self.started = False
+
+    def __call__(self, name: str, rate: float) -> None:
+        if self.started:
+            self.bar.update(1)
+        self.started = True
+        self.bar.set_postfix_str(f"{name} at {rate:.2f} requests/s", refresh=True)
+
+    def close(self) -> None:
+        self.bar.update(self.bar.total - self.bar.n)
+        self.bar.set_postfix_str("done", refresh=False)
+        self.bar.close()
+
+
+@contextlib.contextmanager
+def _progress(progress, runs: int):
+    """`load_curve`'s progress argument as a function (or None); a bar ends full only when the sweep did."""
+    if progress is not True:
+        yield progress or None
+        return
+    bar = _Bar(runs)
+    try:
+        yield bar
+    except BaseException:
+        bar.bar.close()
+        raise
+    bar.close()
+
+
 def load_curve(model, prompts: list[list[int]], rates: Sequence[float], count: int, max_slots: int,
                token_budget: int, block_size: int = 16, median_new_tokens: float = 16, sigma: float = 1.0,
                max_new_tokens: int = 256, seed: int = 0, settings: Mapping[str, dict] | None = None,
                peer: Callable[[list], dict] | None = None, runs: dict | None = None,
-               progress: Callable[[str, float], None] | None = None) -> list[dict]:
+               progress: Callable[[str, float], None] | bool | None = None) -> list[dict]:
     """Serve one seeded workload at each Poisson arrival rate with each configuration.
 
     Introduced in notebook 06b (chunked prefill and prefix caching).
@@ -112,11 +190,16 @@ def load_curve(model, prompts: list[list[int]], rates: Sequence[float], count: i
     request. Returns one dict per (configuration, rate): "configuration", "rate", "requests",
     "tokens" and the figures of `engine_row` (times in seconds, throughput in tokens per second).
     runs: a dict to keep every `ServingResult` in, by (configuration, rate), e.g. for a timeline.
+    progress: a function called before each run with (configuration, rate), or True for a
+    progress bar (tqdm), one step per run.
     """
     rates = [finite_number(r, "an arrival rate (requests per second)", minimum=0, above_minimum=True)
              for r in rates]
     if not rates:
         raise LabError("load_curve needs at least one arrival rate (requests per second).")
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):
+        raise LabError(f"progress takes True (a progress bar), a function of (configuration, rate) or None, "
+                       f"not {type(progress).__name__}.")
     settings = dict(configurations(token_budget) if settings is None else settings)
     base = make_workload(prompts, count=count, median_new_tokens=median_new_tokens, sigma=sigma,
                          max_new_tokens=max_new_tokens, seed=seed)
@@ -125,22 +208,23 @@ def load_curve(model, prompts: list[list[int]], rates: Sequence[float], count: i
     rows = []
     engines = {name: Engine(model, max_slots=max_slots, block_size=block_size, cache_tokens=cache_tokens, **kwargs)
                for name, kwargs in settings.items()}        # made once: a GPU engine captures its graphs here
-    for rate in rates:
-        requests = at_rate(base, rate, seed)
-        for name, engine in engines.items():
-            if progress is not None:
-                progress(name, rate)
-            result = engine.run(requests)                     # each run starts afresh
-            rows.append({"configuration": name, "rate": rate, "requests": len(requests), "tokens": tokens,
-                         **engine_row(result)})
-            if runs is not None:
-                runs[name, rate] = result
-        if peer is not None:
-            if progress is not None:
-                progress("Hugging Face", rate)
-            out = peer(requests)
-            rows.append({"configuration": "Hugging Face", "rate": rate, "requests": len(requests),
-                         "tokens": tokens, **peer_row(out["arrivals"], out["token_times"])})
+    with _progress(progress, len(rates) * (len(engines) + (peer is not None))) as progress:
+        for rate in rates:
+            requests = at_rate(base, rate, seed)
+            for name, engine in engines.items():
+                if progress is not None:
+                    progress(name, rate)
+                result = engine.run(requests)                     # each run starts afresh
+                rows.append({"configuration": name, "rate": rate, "requests": len(requests), "tokens": tokens,
+                             **engine_row(result)})
+                if runs is not None:
+                    runs[name, rate] = result
+            if peer is not None:
+                if progress is not None:
+                    progress("Hugging Face", rate)
+                out = peer(requests)
+                rows.append({"configuration": "Hugging Face", "rate": rate, "requests": len(requests),
+                             "tokens": tokens, **peer_row(out["arrivals"], out["token_times"])})
     return rows
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from .layout import PHASE_COLORS
+
 
 def engines_figure(section: dict) -> go.Figure:
     """Each engine's decode tokens/s (bars, labelled with the fraction of copy bandwidth it
@@ -17,9 +19,10 @@ def engines_figure(section: dict) -> go.Figure:
     rows = [section["rows"][n] for n in names]
     fig = go.Figure()
     fig.add_bar(x=names, y=[r["decode_tokens_per_s"] for r in rows], name="decode tokens/s",
+                marker_color=PHASE_COLORS["decode"],
                 text=[f"{r['bandwidth_fraction']:.0%} of bandwidth" for r in rows], textposition="outside")
     fig.add_scatter(x=names, y=[1e3 * r["prefill_s"] for r in rows], name="prefill [ms]", yaxis="y2",
-                    mode="markers", marker=dict(size=11, symbol="diamond"))
+                    mode="markers", marker=dict(size=11, symbol="diamond", color=PHASE_COLORS["prefill"]))
     absent = "; ".join(f"{n}: {why}" for n, why in section.get("absent", {}).items())
     fig.update_layout(title=f"Every engine, batch 1, {section['new_tokens']} new tokens, greedy"
                             + (f"<br><sup>not measured: {absent}</sup>" if absent else ""),

@@ -11,8 +11,9 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-SERVER_COLORS = {"in-process engine": "#2ca02c", "our HTTP server": "#1f77b4", "our HTTP server (int4)": "#17becf",
-                 "llama-server": "#d62728", "llama.cpp server": "#ff7f0e", "vLLM server": "#9467bd"}
+# not prefill's orange or decode's blue (`layout.PHASE_COLORS`): those mean the two phases in 06, 06b and 10
+SERVER_COLORS = {"in-process engine": "#2ca02c", "our HTTP server": "#17becf", "our HTTP server (int4)": "#bcbd22",
+                 "llama-server": "#d62728", "llama.cpp server": "#e377c2", "vLLM server": "#9467bd"}
 MARGIN = dict(t=70, b=90, l=60, r=20)
 LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0)
 PANELS = (("ttft_p50", "time to first token, p50 (ms)"), ("itl_p50", "inter-token latency, p50 (ms)"),

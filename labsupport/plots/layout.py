@@ -7,6 +7,9 @@ lands on the axis titles of a short figure. So the legend goes in the bottom mar
 from the bottom of the whole figure (yref "container"), one entry per line, and the margin is
 made tall enough for it: nothing else is ever drawn there. tests/figure_layout.py checks the
 result in a real browser at 700 and 960 px.
+
+The house colours live here too: `PHASE_COLORS`, one colour for prefill and one for decode, the
+same in every figure that draws the two phases (notebooks 00, 06, 06b and 10).
 """
 
 from __future__ import annotations
@@ -17,6 +20,11 @@ import plotly.graph_objects as go
 
 LINE_PX = 26         # one legend entry and the gap after it, at plotly's default font (measured: 29 apart)
 AXIS_PX = 62         # below the plot: the tick labels and the axis title
+
+# Prefill orange, decode blue: in the phase timeline (06, 06b), per tensor-parallel degree and in the
+# handover (10), and the engines figure (00). The other figures of 06-10 leave both colours free.
+# tests/test_colour_code.py checks every such figure.
+PHASE_COLORS = {"prefill": "#ff7f0e", "decode": "#1f77b4"}
 
 
 def legend_below(fig: go.Figure, extra_px: int = 0) -> go.Figure:

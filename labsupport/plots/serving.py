@@ -13,13 +13,14 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .layout import legend_below, title_lines
+from .layout import PHASE_COLORS as _PHASES, legend_below, title_lines
 
 from ..lab.serving_metrics import slot_bars, utilization_timeline
 
 HEIGHT = 420
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-           "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94")
+# one colour per request or sequence: never prefill's orange or decode's blue (`layout.PHASE_COLORS`)
+PALETTE = ("#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+           "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d")
 IDLE = "#d9d9d9"
 POLICY_COLORS = {"static": "#d62728", "continuous": "#2ca02c"}
 MARGIN = dict(t=70, b=90, l=60, r=20)
@@ -207,8 +208,8 @@ def blocks_figure(results: Mapping[str, object], reserved_blocks: float | None =
 
 # --- chunked prefill, prefix caching, the load curve, the decode step's cost (the engine's second half) ---
 
-PHASE_COLORS = {"decode": "#1f77b4", "prefill": "#ff7f0e", "cached": "#2ca02c"}
-CONFIG_COLORS = {"static": "#d62728", "continuous": "#2ca02c", "chunked prefill": "#1f77b4",
+PHASE_COLORS = {**_PHASES, "cached": "#2ca02c"}          # the course's prefill and decode (layout), and the cache
+CONFIG_COLORS = {"static": "#d62728", "continuous": "#2ca02c", "chunked prefill": "#17becf",
                  "chunked + prefix caching": "#9467bd", "Hugging Face": "#7f7f7f"}
 
 
@@ -310,8 +311,8 @@ def decode_cost_figure(costs: Mapping[str, float], title: str | None = None) -> 
     Introduced in notebook 06 (continuous batching). costs: `decode_cost.decode_step_costs`'s dict."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15, column_widths=[0.6, 0.4],
                         subplot_titles=("share of a decode step", "milliseconds per decode step"))
-    parts = (("table_build_share", "block tables", "#ff7f0e"), ("gather_share", "gather of the context", "#d62728"),
-             ("rest_share", "the rest (matmuls, attention, ...)", "#1f77b4"))
+    parts = (("table_build_share", "block tables", "#9467bd"), ("gather_share", "gather of the context", "#d62728"),
+             ("rest_share", "the rest (matmuls, attention, ...)", "#7f7f7f"))
     for key, name, color in parts:
         fig.add_trace(go.Bar(y=["decode step"], x=[costs[key]], orientation="h", name=name, marker_color=color,
                              text=[f"{costs[key]:.0%}"], textposition="inside",

@@ -14,8 +14,9 @@ from plotly.subplots import make_subplots
 
 from .serving import POLICY_COLORS
 
-LATENCIES = (("ttft_p50", "time to first token p50", "#9467bd"), ("latency_p50", "latency p50", "#1f77b4"),
-             ("latency_p99", "latency p99", "#ff7f0e"), ("itl_p99", "inter-token latency p99", "#8c564b"))
+# not prefill's orange or decode's blue: the explorer draws this below the phase timeline
+LATENCIES = (("ttft_p50", "time to first token p50", "#9467bd"), ("latency_p50", "latency p50", "#17becf"),
+             ("latency_p99", "latency p99", "#e377c2"), ("itl_p99", "inter-token latency p99", "#8c564b"))
 # below the axis titles: placed from the bottom of the whole figure (yref "container"), in margin b
 LEGEND_BELOW = dict(orientation="h", yref="container", yanchor="bottom", y=0.01, xanchor="left", x=0, font=dict(size=11))
 ROW_PX = 34            # the height of one setting's row: room for its four latency bars
@@ -38,7 +39,7 @@ def settings_figure(rows: Sequence[dict], current: str | None = None, clock: str
     labels = [r["label"] for r in rows]
     names = [r.get("name", r["label"]) for r in rows]
     opacity = [1.0 if r["label"] == current else 0.4 for r in rows]
-    colors = [POLICY_COLORS.get(r.get("policy"), "#1f77b4") for r in rows]
+    colors = [POLICY_COLORS.get(r.get("policy"), "#7f7f7f") for r in rows]
     fig.add_trace(go.Bar(y=labels, x=[r["throughput"] for r in rows], orientation="h",
                          marker=dict(color=colors, opacity=opacity),
                          text=[f"{r['throughput']:.2f}" for r in rows], textposition="inside", insidetextanchor="end",

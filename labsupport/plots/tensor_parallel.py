@@ -7,7 +7,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+from .layout import PHASE_COLORS, legend_below
+
+# one colour per rank: never prefill's orange or decode's blue (`layout.PHASE_COLORS`), which the handover uses
+RANK_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728")
 
 
 def split_figure(config, shares, title: str | None = None) -> go.Figure:
@@ -46,7 +49,8 @@ def split_figure(config, shares, title: str | None = None) -> go.Figure:
 
 def degrees_figure(result: dict, title: str | None = None) -> go.Figure:
     """Decode tokens/s and prefill seconds per tensor-parallel degree, each bar split into the
-    time inside the all-reduces and the rest. Notebook 10 (past one device). result:
+    time inside the all-reduces (red) and the rest (the course's decode and prefill colours,
+    `layout.PHASE_COLORS`). Notebook 10 (past one device). result:
     `lab.tensor_parallel.measure_tensor_parallel`'s."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("decode at batch 1: one step (ms)",
                                                         f"one prefill of {result['prefill_tokens']} tokens (s)"))
@@ -56,22 +60,22 @@ def degrees_figure(result: dict, title: str | None = None) -> go.Figure:
         totals = [(1 / d["decode_tokens_per_s"] if key == "decode" else d["prefill_s"]) * scale
                   for d in result["degrees"].values()]
         shares = [d[share_key] for d in result["degrees"].values()]
-        fig.add_trace(go.Bar(x=labels, y=[t * (1 - s) for t, s in zip(totals, shares)], name="compute (and the rest)",
-                             marker_color="#1f77b4", showlegend=col == 1), row=1, col=col)
+        fig.add_trace(go.Bar(x=labels, y=[t * (1 - s) for t, s in zip(totals, shares)],
+                             name=f"{key}: compute (and the rest)", marker_color=PHASE_COLORS[key]), row=1, col=col)
         fig.add_trace(go.Bar(x=labels, y=[t * s for t, s in zip(totals, shares)], name="inside the all-reduces",
                              marker_color="#d62728", showlegend=col == 1,
                              text=[f"{s:.0%}" if s else "" for s in shares], textposition="outside"), row=1, col=col)
-    fig.update_layout(barmode="stack", height=380, margin=dict(l=10, r=10, t=70, b=40),
+    fig.update_layout(barmode="stack", height=380, margin=dict(l=10, r=10, t=70, b=40), legend_traceorder="normal",
                       title=title or f"tensor parallelism on {result['cores']} core(s), the same cores shared out")
     return fig
 
 
 HANDOVER_PHASES = (  # (label, where the phase starts, where it ends, colour): one request's life, in order
     ("queued for rank 0", "arrival", "prefill_from", "#c7c7c7"),
-    ("prefill on rank 0", "prefill_from", "first_token", "#1f77b4"),
+    ("prefill on rank 0", "prefill_from", "first_token", PHASE_COLORS["prefill"]),
     ("handover: keys and values sent to rank 1", "first_token", "received", "#d62728"),
-    ("waiting for a decode slot", "received", "seated", "#ffbb78"),
-    ("decode on rank 1", "seated", "finished", "#ff7f0e"),
+    ("waiting for a decode slot", "received", "seated", "#aec7e8"),        # a pale decode colour
+    ("decode on rank 1", "seated", "finished", PHASE_COLORS["decode"]),
 )
 
 
@@ -86,8 +90,9 @@ def handover_figure(rows: list[dict], title: str | None = None) -> go.Figure:
             y=names, x=[max(r[end] - r[begin], 0.0) for r in rows], base=[r[begin] for r in rows],
             orientation="h", name=label, marker_color=color,
             hovertemplate=f"%{{y}}: {label}<br>%{{base:.3f}} s, for %{{x:.4f}} s<extra></extra>"))
-    fig.update_layout(barmode="overlay", height=120 + 24 * len(rows), margin=dict(l=10, r=10, t=60, b=40),
+    fig.update_layout(barmode="overlay", margin=dict(l=10, r=10, t=60),
                       title=title or "disaggregated serving: where each request spends its time",
-                      xaxis=dict(title="seconds from the first arrival"), yaxis=dict(autorange="reversed"),
-                      legend=dict(orientation="h", y=-0.25))
+                      xaxis=dict(title="seconds from the first arrival"), yaxis=dict(autorange="reversed"))
+    legend_below(fig)                                  # under the axis title, one phase per line
+    fig.update_layout(height=60 + fig.layout.margin.b + 40 + 24 * len(rows))
     return fig
