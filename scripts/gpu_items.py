@@ -368,14 +368,40 @@ def quant_kernels(ctx: Context) -> dict:
 
 # --- measurements --------------------------------------------------------------------------
 
+# The HBM bandwidth on the data sheets of the GPUs this check is lent, in bytes/s, by a part of the
+# name torch reports (an H100 SXM says "NVIDIA H100 80GB HBM3"): (part, what to call it, bytes/s).
+# Other GPUs (a PCIe or NVL H100 among them: other figures) get none here, and the check says so.
+DATA_SHEET_HBM = (("H200", "H200", 4.8e12), ("H100 80GB HBM3", "H100 SXM", 3.35e12),
+                  ("H100 SXM", "H100 SXM", 3.35e12))
+
+
+def data_sheet(ctx: Context) -> tuple[str, float] | None:
+    """(the GPU's name on its data sheet, its HBM bandwidth in bytes/s) where `DATA_SHEET_HBM` has
+    this device's name, else None (every other GPU, and a CPU rehearsal)."""
+    name = device_name(ctx.device)
+    return next(((label, rate) for part, label, rate in DATA_SHEET_HBM if part in name), None)
+
+
+def data_sheet_text(ctx: Context) -> str:
+    """The data sheet a headline's fractions are of, or that there is none, in a few words."""
+    sheet = data_sheet(ctx)
+    return (f"data sheet: {sheet[0]} HBM {sheet[1] / 1e12:.2f} TB/s" if sheet else
+            f"no data sheet figure for {device_name(ctx.device)}")
+
+
 def bandwidth(ctx: Context) -> dict:
-    """Copy bandwidth, CUDA events, 4 GiB buffers where they fit (`lab.roofs.copy_timing`)."""
+    """Copy bandwidth, CUDA events, 4 GiB buffers where they fit (`lab.roofs.copy_timing`), and its
+    fraction of the data sheet's HBM bandwidth (`data_sheet`)."""
     from labsupport.lab.roofs import copy_bandwidth, copy_timing
     nbytes, timing = copy_timing(ctx.device)
     ctx.bandwidth = copy_bandwidth(nbytes, timing.median)
+    sheet = data_sheet(ctx)
     ctx.rows["copy"] = {"bytes": nbytes, "bandwidth_bytes_per_s": ctx.bandwidth,
-                        "spread": timing.spread / timing.median}
-    return {"headline": f"{ctx.bandwidth / 1e9:.0f} GB/s copying {nbytes / 2**30:.1f} GiB"}
+                        "spread": timing.spread / timing.median,
+                        "fraction_of_data_sheet": ctx.bandwidth / sheet[1] if sheet else None}
+    of_sheet = f"{ctx.bandwidth / sheet[1]:.0%} of the " if sheet else ""
+    return {"headline": f"{ctx.bandwidth / 1e9:.0f} GB/s copying {nbytes / 2**30:.1f} GiB "
+                        f"({of_sheet}{data_sheet_text(ctx)})"}
 
 
 def decode_row(ctx: Context, model, compile: bool, repeats: int = 3) -> dict:
@@ -395,6 +421,7 @@ def decode_row(ctx: Context, model, compile: bool, repeats: int = 3) -> dict:
            "warmup_s": round(first.warmup_seconds, 2), "first_run_s": round(first_s, 2),
            "timed_s": round(sum(r.decode_seconds for r in runs), 3),
            "fraction_of_bandwidth": _fraction(ctx, model, rate),
+           "fraction_of_data_sheet": _fraction(ctx, model, rate, of_data_sheet=True),
            "ok": True, "note": first.decode_note}
     if compile:
         row["ok"], row["note"] = _path_verdict(ctx, row, first.decode_note)
@@ -413,18 +440,22 @@ def _path_verdict(ctx: Context, row: dict, note: str | None) -> tuple[bool, str 
     return not problems, "; ".join(problems) or note
 
 
-def _fraction(ctx: Context, model, rate: float, batch: int = 1) -> float | None:
-    """Fraction of the copy bandwidth a decode at `rate` tokens/s reaches: (weights + cache read
-    per step) x steps per second / bandwidth."""
-    if not ctx.bandwidth:
+def _fraction(ctx: Context, model, rate: float, batch: int = 1, of_data_sheet: bool = False) -> float | None:
+    """Fraction of the copy bandwidth (of_data_sheet: of the data sheet's HBM bandwidth, `data_sheet`)
+    a decode at `rate` tokens/s reaches: (weights + cache read per step) x steps per second / bandwidth."""
+    sheet = data_sheet(ctx)
+    bandwidth = (sheet[1] if sheet else None) if of_data_sheet else ctx.bandwidth
+    if not bandwidth:
         return None
     step_bytes = model.weight_bytes() + kv_cache_bytes(model.config, len(PROMPT) + ctx.new_tokens // 2, batch,
                                                        model.dtype)
-    return step_bytes * rate / batch / ctx.bandwidth
+    return step_bytes * rate / batch / bandwidth
 
 
 def _rate_text(label: str, row: dict) -> str:
     fraction = f", {row['fraction_of_bandwidth']:.0%} of copy bandwidth" if row["fraction_of_bandwidth"] else ""
+    if row.get("fraction_of_data_sheet"):
+        fraction += f", {row['fraction_of_data_sheet']:.0%} of the data sheet's"
     failed = "" if row["ok"] else f" FAILED: {row['note']}"
     return f"{label}: {row['tokens_per_s']:.0f} tok/s ({row['path']}{fraction}){failed}"
 
@@ -440,7 +471,7 @@ def decode_bs1(ctx: Context) -> dict:
     speedups = {names[i + 1]: ctx.rows[names[i + 1]]["tokens_per_s"] / ctx.rows[names[i]]["tokens_per_s"]
                 for i in (0, 2)}
     return {"ok": all(r["ok"] for r in ctx.rows.values()), "compiled_over_eager": speedups,
-            "headline": "; ".join(_rate_text(k, v) for k, v in ctx.rows.items())}
+            "headline": "; ".join([*(_rate_text(k, v) for k, v in ctx.rows.items()), data_sheet_text(ctx)])}
 
 
 def quant_decode(ctx: Context) -> dict:
@@ -463,7 +494,8 @@ def quant_decode(ctx: Context) -> dict:
     ref = ctx.rows["16-bit"]["tokens_per_s"]
     return {"ok": all(r["ok"] for r in ctx.rows.values()),
             "over_16_bit": {k: v["tokens_per_s"] / ref for k, v in ctx.rows.items()},
-            "headline": "; ".join(_rate_text(k, v) + f" {v['tokens_per_s'] / ref:.2f}x" for k, v in ctx.rows.items())}
+            "headline": "; ".join([*(_rate_text(k, v) + f" {v['tokens_per_s'] / ref:.2f}x"
+                                     for k, v in ctx.rows.items()), data_sheet_text(ctx)])}
 
 
 # The batching knee's context. SmolLM2-1.7B has no grouped-query attention: 24 layers x 32

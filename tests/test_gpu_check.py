@@ -375,3 +375,47 @@ def test_the_build_tools_are_found_as_triton_finds_them(gpu_check, monkeypatch, 
     assert tools == {"c_compiler": None, "python_h": None}
     assert len(gpu_check.gpu_items.missing_build_tools(tools)) == 2
     assert set(tools) <= set(gpu_check.gpu_items.machine())                 # recorded with the machine
+
+
+# --- the headline: decode bandwidth of the copy probe's and of the data sheet's (issue 51, item 9) ---
+
+@pytest.mark.parametrize("name, sheet", [("NVIDIA H100 80GB HBM3", ("H100 SXM", 3.35e12)),
+                                         ("NVIDIA H200", ("H200", 4.8e12)),
+                                         ("NVIDIA H100 PCIe", None), ("Tesla T4", None), (None, None)])
+def test_the_rehearsals_headlines_give_the_data_sheets_fraction_beside_the_copy_probes(
+        gpu_check, monkeypatch, tmp_path, capsys, name, sheet):
+    """The bandwidth and decode lines said only the fraction of the copy probe's bandwidth; they say
+    the fraction of the data sheet's HBM bandwidth too where the GPU's name has one (an H100 SXM
+    3.35 TB/s, an H200 4.8 TB/s), and that there is none for any other GPU. The rehearsal runs with
+    the device's name patched (None: the CPU's own), a copy probe of a known speed and a stand-in
+    `generate` at 1000 tokens/s."""
+    from types import SimpleNamespace
+
+    from labsupport.lab import roofs
+    from labsupport.lab.measure import Timing
+    items = gpu_check.gpu_items
+    if name is not None:
+        monkeypatch.setattr(items, "device_name", lambda device: name)
+    monkeypatch.setattr(items, "build_cpu_kernels", lambda: {})
+    monkeypatch.setattr(roofs, "copy_timing", lambda device: (2**30, Timing([0.002] * 3)))    # 1.07 TB/s
+    monkeypatch.setattr(items, "generate", lambda model, prompt, n, eos_token_ids, compile: SimpleNamespace(
+        decode_tokens_per_s=1000.0, decode_path="compiled" if compile else "eager", compiles=0, cudagraph_skips=0,
+        warmup_seconds=0.0, decode_seconds=0.01, decode_note=None))
+    assert gpu_check.main(["--out", str(tmp_path), "--only", "bandwidth", "decode_bs1"]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    copy = report["items"][0]["rows"]["copy"]
+    rows = report["items"][1]["rows"].values()
+    line = next(line for line in printed.splitlines() if "decode_bs1:" in line and "tok/s" in line)
+    assert all("of copy bandwidth" in part for part in line.split("; ")[:-1])
+    if sheet is None:
+        said = f"no data sheet figure for {name or items.device_name('cpu')}"
+        assert copy["fraction_of_data_sheet"] is None and all(r["fraction_of_data_sheet"] is None for r in rows)
+        assert line.endswith(said) and f"GiB ({said})" in printed and "of the data sheet's" not in line
+        return
+    assert copy["fraction_of_data_sheet"] == pytest.approx(2**31 / 0.002 / sheet[1])
+    for row in rows:
+        assert row["fraction_of_data_sheet"] == pytest.approx(row["fraction_of_bandwidth"] * 2**31 / 0.002 / sheet[1])
+    data_sheet = f"data sheet: {sheet[0]} HBM {sheet[1] / 1e12:.2f} TB/s"
+    assert line.endswith(data_sheet) and line.count("of the data sheet's") == 4
+    assert f"({copy['fraction_of_data_sheet']:.0%} of the {data_sheet})" in printed
