@@ -22,7 +22,9 @@ Then the measurements, side by side in the same process:
 * the copy bandwidth, timed with CUDA events on >= 4 GiB;
 * decode at batch 1, eager against compiled with CUDA graphs, on the 135M and 1.7B shapes
   (tokens/s, the fraction of the copy bandwidth and of the data sheet's HBM bandwidth: an H100
-  SXM's 3.35 TB/s, an H200's 4.8 TB/s; any other GPU is said to have no data sheet figure here);
+  SXM's 3.35 TB/s, an H200's 4.8 TB/s; any other GPU is said to have no data sheet figure here),
+  and the 1.7B shape's step replayed from one torch.cuda.CUDAGraph beside cudagraph trees' row,
+  to tell an upstream slowdown of the trees (pytorch#174575) from ours (skipped in a rehearsal);
 * int4 and int8 against 16-bit on the 1.7B shape, every row on the same (compiled) path;
 * the batching knee (decode steps replayed as CUDA graphs) against the predicted ridge;
 * continuous against static batching in the serving engine, ok only where every engine's

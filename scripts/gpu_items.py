@@ -453,6 +453,10 @@ def _fraction(ctx: Context, model, rate: float, batch: int = 1, of_data_sheet: b
 
 
 def _rate_text(label: str, row: dict) -> str:
+    if row.get("status") == "skipped":
+        return f"{label}: skipped ({row['reason']})"
+    if row.get("tokens_per_s") is None:
+        return f"{label}: FAILED: {row['note']}"
     fraction = f", {row['fraction_of_bandwidth']:.0%} of copy bandwidth" if row["fraction_of_bandwidth"] else ""
     if row.get("fraction_of_data_sheet"):
         fraction += f", {row['fraction_of_data_sheet']:.0%} of the data sheet's"
@@ -461,7 +465,8 @@ def _rate_text(label: str, row: dict) -> str:
 
 
 def decode_bs1(ctx: Context) -> dict:
-    """Batch-1 decode, eager against compiled + CUDA graphs, on both shapes, in 16 bits."""
+    """Batch-1 decode, eager against compiled + CUDA graphs, on both shapes, in 16 bits; and the
+    large shape's step replayed from one `torch.cuda.CUDAGraph` (`manual_graph_row`)."""
     for which in ("small", "large"):
         model = ctx.model(which)
         for compile in (False, True):
@@ -470,8 +475,37 @@ def decode_bs1(ctx: Context) -> dict:
     names = list(ctx.rows)
     speedups = {names[i + 1]: ctx.rows[names[i + 1]]["tokens_per_s"] / ctx.rows[names[i]]["tokens_per_s"]
                 for i in (0, 2)}
+    manual = ctx.rows[f"large ({ctx.large.name}) {MANUAL_GRAPH}"] = manual_graph_row(ctx, ctx.model("large"))
+    trees = ctx.rows[names[3]]["tokens_per_s"]
     return {"ok": all(r["ok"] for r in ctx.rows.values()), "compiled_over_eager": speedups,
+            "trees_step_over_manual_graph_step": manual["tokens_per_s"] / trees if manual.get("tokens_per_s") else None,
             "headline": "; ".join([*(_rate_text(k, v) for k, v in ctx.rows.items()), data_sheet_text(ctx)])}
+
+
+MANUAL_GRAPH = "torch.cuda.CUDAGraph step"
+
+
+def manual_graph_row(ctx: Context, model) -> dict:
+    """Batch-1 decode steps of `model` replayed from one `torch.cuda.CUDAGraph`, no cudagraph trees:
+    the fixed-shape step the compiled decoder compiles, run eagerly and captured once at the decode
+    rows' mean context (`step_timing.graphed_decode_seconds`, as the batching knee times it). Set
+    beside the compiled + CUDA graphs row, it tells a slowdown of cudagraph trees' replays (upstream:
+    pytorch#174575) from one of our step (its kernels) or our loop (its host work per token, which
+    this row has none of). A CPU rehearsal has no CUDA graph: the row is skipped and says why."""
+    from labsupport.errors import LabError
+    from labsupport.lab.step_timing import graphed_decode_seconds
+    if not ctx.gpu:
+        return {"status": "skipped", "ok": True, "path": MANUAL_GRAPH,
+                "reason": "torch.cuda.CUDAGraph captures CUDA work only, and this rehearsal runs on the CPU"}
+    context = len(PROMPT) + ctx.new_tokens // 2
+    try:
+        seconds = graphed_decode_seconds(model, 1, context)
+    except LabError as error:
+        return {"ok": False, "path": MANUAL_GRAPH, "note": str(error), "tokens_per_s": None}
+    rate = 1 / seconds
+    return {"tokens_per_s": rate, "step_s": seconds, "context": context, "path": MANUAL_GRAPH, "ok": True,
+            "note": None, "fraction_of_bandwidth": _fraction(ctx, model, rate),
+            "fraction_of_data_sheet": _fraction(ctx, model, rate, of_data_sheet=True)}
 
 
 def quant_decode(ctx: Context) -> dict:

@@ -87,6 +87,8 @@ def test_the_rehearsal_runs_every_item_without_the_notebook_packages(tmp_path):
     sdpa = by_name["sdpa_backends"]["rows"]
     assert {r["backend"] for r in sdpa.values()} == {"flash (cpu)"} and len(sdpa) == 5
     assert [r["cudnn_enabled"] for r in sdpa.values()] == [False] * 4 + [True]
+    manual = by_name["decode_bs1"]["rows"].pop("large (tiny-llama) torch.cuda.CUDAGraph step")
+    assert manual["status"] == "skipped" and "runs on the CPU" in manual["reason"]      # no CUDA graph on a CPU
     for item in ("decode_bs1", "quant_decode"):                             # compiled rows: the path, apart
         for label, row in by_name[item]["rows"].items():
             assert row["ok"], (label, row["note"])
@@ -377,6 +379,13 @@ def test_the_build_tools_are_found_as_triton_finds_them(gpu_check, monkeypatch, 
     assert set(tools) <= set(gpu_check.gpu_items.machine())                 # recorded with the machine
 
 
+def _stand_in_generate(model, prompt, n, eos_token_ids, compile):
+    """What the decode rows read of a `generate` result: 1000 tokens/s, the rehearsal's paths, nothing compiled."""
+    from types import SimpleNamespace
+    return SimpleNamespace(decode_tokens_per_s=1000.0, decode_path="compiled" if compile else "eager", compiles=0,
+                           cudagraph_skips=0, warmup_seconds=0.0, decode_seconds=0.01, decode_note=None)
+
+
 # --- the headline: decode bandwidth of the copy probe's and of the data sheet's (issue 51, item 9) ---
 
 @pytest.mark.parametrize("name, sheet", [("NVIDIA H100 80GB HBM3", ("H100 SXM", 3.35e12)),
@@ -398,16 +407,15 @@ def test_the_rehearsals_headlines_give_the_data_sheets_fraction_beside_the_copy_
         monkeypatch.setattr(items, "device_name", lambda device: name)
     monkeypatch.setattr(items, "build_cpu_kernels", lambda: {})
     monkeypatch.setattr(roofs, "copy_timing", lambda device: (2**30, Timing([0.002] * 3)))    # 1.07 TB/s
-    monkeypatch.setattr(items, "generate", lambda model, prompt, n, eos_token_ids, compile: SimpleNamespace(
-        decode_tokens_per_s=1000.0, decode_path="compiled" if compile else "eager", compiles=0, cudagraph_skips=0,
-        warmup_seconds=0.0, decode_seconds=0.01, decode_note=None))
+    monkeypatch.setattr(items, "generate", _stand_in_generate)
     assert gpu_check.main(["--out", str(tmp_path), "--only", "bandwidth", "decode_bs1"]) == 0
     printed = capsys.readouterr().out
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     copy = report["items"][0]["rows"]["copy"]
-    rows = report["items"][1]["rows"].values()
+    rows = [row for row in report["items"][1]["rows"].values() if row.get("status") != "skipped"]
+    assert len(rows) == 4
     line = next(line for line in printed.splitlines() if "decode_bs1:" in line and "tok/s" in line)
-    assert all("of copy bandwidth" in part for part in line.split("; ")[:-1])
+    assert all("of copy bandwidth" in part for part in line.split("; ")[:-1] if "CUDAGraph step: skipped" not in part)
     if sheet is None:
         said = f"no data sheet figure for {name or items.device_name('cpu')}"
         assert copy["fraction_of_data_sheet"] is None and all(r["fraction_of_data_sheet"] is None for r in rows)
@@ -419,3 +427,47 @@ def test_the_rehearsals_headlines_give_the_data_sheets_fraction_beside_the_copy_
     data_sheet = f"data sheet: {sheet[0]} HBM {sheet[1] / 1e12:.2f} TB/s"
     assert line.endswith(data_sheet) and line.count("of the data sheet's") == 4
     assert f"({copy['fraction_of_data_sheet']:.0%} of the {data_sheet})" in printed
+
+
+# --- a batch-1 row replayed from one torch.cuda.CUDAGraph, beside cudagraph trees' (issue 51, item 9) ---
+
+@pytest.mark.parametrize("where", ["rehearsal", "lent", "capture fails"])  # "gpu" would mark it GPU-only
+def test_decode_bs1_sets_a_torch_cuda_graph_row_beside_the_trees_row_and_skips_it_on_a_cpu(
+        gpu_check, monkeypatch, where):
+    """The manual graph's row tells a slowdown of cudagraph trees (pytorch#174575) from ours. It cannot
+    run on a CPU: the rehearsal's row is skipped with its reason and the item stays ok. With a GPU
+    (here: the context says so, and the step's timing is a stand-in) it is a row with its fractions;
+    a step that cannot be captured fails the row in one sentence."""
+    from labsupport.engine.graphs import CaptureFailed
+    from labsupport.lab import step_timing
+    items = gpu_check.gpu_items
+    ctx = _context(gpu_check)
+    ctx.bandwidth = 1e11
+    monkeypatch.setattr(items, "generate", _stand_in_generate)
+    asked = []
+
+    def graphed_decode_seconds(model, batch, context):
+        asked.append((batch, context))
+        if where == "capture fails":
+            raise CaptureFailed("the fixed-shape decode step at batch 1 could not be captured as a CUDA graph (x)")
+        return 1 / 4000
+    monkeypatch.setattr(step_timing, "graphed_decode_seconds", graphed_decode_seconds)
+    if where != "rehearsal":
+        ctx.gpu = True                       # the rows' paths are the rehearsal's; only the manual row asks
+        monkeypatch.setattr(items, "expected_path", lambda ctx: "compiled")
+    result = items.decode_bs1(ctx)
+    row = ctx.rows["large (tiny-llama) torch.cuda.CUDAGraph step"]
+    assert list(ctx.rows)[-1] == "large (tiny-llama) torch.cuda.CUDAGraph step" and len(ctx.rows) == 5
+    if where == "rehearsal":
+        assert asked == [] and row["status"] == "skipped" and result["ok"] is True
+        assert "torch.cuda.CUDAGraph step: skipped (torch.cuda.CUDAGraph captures CUDA work only, and this " \
+               "rehearsal runs on the CPU)" in result["headline"]
+        assert result["trees_step_over_manual_graph_step"] is None
+    elif where == "lent":
+        assert asked == [(1, len(items.PROMPT) + ctx.new_tokens // 2)] and row["ok"] and result["ok"]
+        assert row["tokens_per_s"] == 4000 and row["fraction_of_bandwidth"] > 0
+        assert result["trees_step_over_manual_graph_step"] == pytest.approx(4.0)     # 1000 tok/s against 4000
+    else:
+        assert row["ok"] is False and result["ok"] is False
+        assert "CUDAGraph step: FAILED: the fixed-shape decode step at batch 1 could not be captured" in \
+            result["headline"]
