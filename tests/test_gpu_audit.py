@@ -215,6 +215,8 @@ def test_the_bench_rows_label_hugging_face_by_what_torch_counted_around_its_firs
         assert len(label) == 1 and (label == {HF_GRAPHED}) is graphed
         assert graphed or f"without CUDA graphs (torch skipped {skips}" in next(iter(label))
     assert figure["graphed"] is graphed and (figure["met"] is None) is not graphed
+    from labsupport.lab.measure import ungraphed_paths      # notebook 07's row of that stage is flagged too
+    assert bool(ungraphed_paths(labels[2])) is not graphed
 
 
 # --- item 1: notebook 02's sweep is sized at the cache the compiled decoder allocates -----------
@@ -246,6 +248,18 @@ def test_notebook_02s_sweep_points_fit_at_their_bucketed_cache_on_a_t4(monkeypat
     assert cache_bytes(config, max(swept), prompt + new_tokens, dtype) + activations <= HEADROOM * free, swept
     assert 512 not in swept and "512" in sweep.note and (256 in swept) is (free_gib >= 11.3)
     assert "128 positions" in sweep.note
+
+
+def test_notebook_00s_roofline_sizes_its_exact_cache_not_the_buckets(monkeypatch):
+    """sweep_decode times steps over a cache of exactly the context (`filled_cache`), so it sizes the
+    sweep unbucketed: bucketed, a T4 lost batch 512 it can hold."""
+    from labsupport.lab import roofline
+    asked = []
+    monkeypatch.setattr(roofline, "batches_that_fit", lambda *a, **k: (asked.append(k), (list(a[1]), None))[1])
+    monkeypatch.setattr(roofline, "measure_decode_point", lambda model, batch, context, repeats: {"batch": batch})
+    model = type("Timed", (), {"config": None, "dtype": torch.float16, "device": torch.device("cuda")})()
+    roofline.sweep_decode(model, [1, 512], context=64)
+    assert asked == [{"bucketed": False}]
 
 
 # --- item 9: one transfer to the host per speculative step, not one per token -------------------

@@ -24,7 +24,7 @@ import torch
 
 from ..engine.compiled import cudagraph_counts, graphs_verdict
 from ..errors import LabError, first_line
-from ..lab.measure import HF_GRAPHED
+from ..lab.measure import HF_GRAPHED, HF_UNGRAPHED
 from ..lab.roofs import HardwareProfile, probe
 from ..lab.timing_model import RANDOM, timed_dtype, timed_model_sentence
 from ..lab.timing_model import timing_model as sixteen_bit_timing_model
@@ -104,8 +104,7 @@ class GraphCount:
             return "eager"
         if graphs_verdict(self.skips, self.recorded) is None:
             return HF_GRAPHED
-        return (f"HF static cache + torch.compile without CUDA graphs (torch skipped {self.skips} and recorded "
-                f"{'some' if self.recorded else 'none'})")
+        return f"{HF_UNGRAPHED} (torch skipped {self.skips} and recorded {'some' if self.recorded else 'none'})"
 
 
 @dataclass

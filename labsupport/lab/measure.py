@@ -196,12 +196,20 @@ def time_side_by_side(
 # only a replayed CUDA graph passes, ours or Hugging Face's static cache + torch.compile.
 NOT_GRAPHED = "eager (not graphed)"
 HF_GRAPHED = "HF static cache + torch.compile (reduce-overhead: CUDA graphs)"
+HF_UNGRAPHED = "HF static cache + torch.compile without CUDA graphs"    # asked for them, torch skipped or recorded none
 GRAPHED_STEP, EAGER_STEP = "CUDA graph", "eager"     # the path of one timed pass (`captured`)
 # The peers' own serving loops: vLLM captures CUDA graphs unless told enforce_eager (we never do);
 # transformers' continuous batching pre-captures them by default (generate_batch's `warmup`, 5.14+).
 VLLM_GRAPHED = "vLLM (CUDA graphs, its default)"
 HF_CB_GRAPHED = "transformers continuous batching (CUDA graphs, its default)"
 GRAPHED_PATHS = (CUDA_GRAPHS, HF_GRAPHED, SERVING_GRAPHED, GRAPHED_STEP, VLLM_GRAPHED, HF_CB_GRAPHED)
+
+
+def ungraphed_paths(paths) -> list[str]:
+    """The decode paths that say they ran without CUDA graphs on a GPU: our own eager loops
+    (`NOT_GRAPHED`) and a Hugging Face run whose graphs torch skipped or never recorded
+    (`HF_UNGRAPHED`). Notebook 07 (putting it together) flags a stage row with one."""
+    return [p for p in paths if p == NOT_GRAPHED or p.startswith(HF_UNGRAPHED)]
 
 
 def timed_compile(device) -> bool:

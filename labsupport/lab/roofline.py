@@ -241,7 +241,7 @@ def sweep_decode(model, batches=None, context: int = 64, repeats: int = 3) -> li
     left out, and the returned `timing_model.Sweep`'s ``note`` says which (`batches_that_fit`).
     """
     batches, note = batches_that_fit(model.config, batches or decode_batches(model.device), context + 1,
-                                     model.dtype, model.device)
+                                     model.dtype, model.device, bucketed=False)     # filled_cache: exact size
     return capped([measure_decode_point(model, batch, context, repeats) for batch in batches], note)
 
 

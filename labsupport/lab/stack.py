@@ -43,7 +43,7 @@ from ..engine.generation import generate, generate_naive
 from ..engine.hardware import bf16_supported
 from ..engine.kv_cache import kv_cache_bytes
 from ..engine.speculative import SpeculativeStats
-from .measure import NOT_GRAPHED, require_graphed, time_side_by_side, timed_compile
+from .measure import NOT_GRAPHED, require_graphed, time_side_by_side, timed_compile, ungraphed_paths
 from .quality import top1_agreement
 from .variants import ModelVariants
 
@@ -337,10 +337,10 @@ def _stage_row(stage: Stage, timing, speed: dict, same: float) -> dict:
            "weight_bytes": None, "kv_cache_bytes": None, "weight_passes": None, "bandwidth_fraction": None,
            "batch_rows": None, "speculation": _speculation(stage.speculation, stage.draft_k),
            "decode_path": ", ".join(sorted(stage.decode_paths)) or None, "decode_paths": sorted(stage.decode_paths),
-           "graphed": None if NOT_GRAPHED not in stage.decode_paths else False}
+           "graphed": None if not ungraphed_paths(stage.decode_paths) else False}
     if row["graphed"] is False:     # on a GPU: never passes silently as a graphed figure
-        row["note"] = (row["note"] + " " if row["note"] else "") + ("Not a graphed measurement: its own step "
-                                                                   "loop runs eager, kernel launches included.")
+        row["note"] = (row["note"] + " " if row["note"] else "") + ("Not a graphed measurement: its step loop "
+                                                                   "ran without CUDA graphs, kernel launches included.")
     return row
 
 
