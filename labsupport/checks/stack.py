@@ -17,7 +17,7 @@ BUDGET = "the fastest configuration under a memory budget"
 
 def reference_cumulative(rows: list[dict]) -> dict[str, float]:
     """Each stage's speedup over the first: the product of the gains along its chain of
-    `builds_on` (a stage that did not pay is a side branch: nothing builds on it).
+    `builds_on` (a stage on a separate line, such as speculation's, is not in the chain after it).
     Notebook 07 (putting it together)."""
     total: dict[str, float] = {}
     for row in rows:
@@ -57,7 +57,7 @@ def _cumulative_hint(rows: list[dict], got: dict, stage: str, want: dict) -> str
         return "speedups multiply along the chain: 3x and then 2x is 6x, not 5x; do not add them."
     if rows[0]["stage"] == "A" and stage == "D" and close_enough(value, 3.0, 1e-6):
         return "D builds on B: multiply B's cumulative speedup by D's own gain."
-    return ("gains multiply along the chain of builds_on; a stage that did not pay is a side branch, and the "
+    return ("gains multiply along the chain of builds_on; a stage on a separate line is not in that chain, and the "
             "stages after it do not include its gain.")
 
 
@@ -79,7 +79,7 @@ def check_cumulative(fn, measured_rows: list[dict] | None = None) -> None:
             if not close_enough(float(got[stage]), value, 1e-6):
                 fail(CUMULATIVE, f"{value:.4g} for {stage!r}", f"{float(got[stage]):.4g}",
                      _cumulative_hint(rows, got, stage, want))
-    passed(CUMULATIVE, "Gains multiply along the chain, and side branches do not compound.")
+    passed(CUMULATIVE, "Gains multiply along the chain, and a separate line of stages does not add to it.")
 
 
 def reference_ceiling(bandwidth_bytes_per_s: float, weight_bytes: float, batch: int = 1) -> float:

@@ -16,9 +16,9 @@ fixed in advance, whatever the timings say: a stage that does not pay on this
 hardware is still measured and shown (its row is not ``kept``), and the next stage
 builds on it all the same. Speculative decoding runs one request at a time, so it
 cannot stack on batching: it is measured against the same int4 model also run one
-request at a time (a side branch of the KV-cache stage), so that both sides of its
+request at a time (a separate line from the KV-cache stage), so that both sides of its
 gain run at batch 1; continuous batching builds on the batched int4 stage. The same
-side branch tells how much reading fewer bytes per weight pays at batch 1 against
+separate line tells how much reading fewer bytes per weight gains at batch 1 against
 batched (`claims.stack`). The 16-bit stage is bf16 (fp16 on a GPU without bf16);
 without a native 16-bit type it is left out and int4 builds on static batching. All
 stages are timed side by side in one run (`measure.time_side_by_side`). The fastest
