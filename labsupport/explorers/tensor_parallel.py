@@ -67,7 +67,7 @@ def tensor_parallel_explorer(result: dict, config, use_widget: bool | None = Non
         total = {d: c + t for d, c, t in zip(DEGREES, compute, talk)}
         fig = go.Figure([
             go.Bar(x=labels, y=[c * 1e3 for c in compute], name="compute (measured TP=1, split perfectly)",
-                   marker_color="#1f77b4"),
+                   marker_color="#2ca02c"),
             go.Bar(x=labels, y=[t * 1e3 for t in talk], name="all-reduces (2 per layer)", marker_color="#d62728",
                    text=[f"{t / (c + t):.0%}" if t else "" for c, t in zip(compute, talk)], textposition="outside")])
         fig.update_layout(
