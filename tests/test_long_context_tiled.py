@@ -80,7 +80,7 @@ def test_the_ledger_names_what_lost_and_says_when_nothing_did():
                                  {"variant": "MQA", "kv_heads": 1, "attention_s": 0.01}],
                                 {"float_s": 0.6, "int8_s": 0.5}, {"tokens": 5, "float_ppl": 10.0, "int8_ppl": 10.0},
                                 [{"window": None, "perplexity": 10.0}])
-    assert quiet == ["Every technique paid here: nothing measured lost."]
+    assert quiet == ["Every technique helped here: nothing measured lost."]
 
 
 def test_explorer_figures_keep_the_legend_below_and_the_details_in_the_hover():

@@ -63,7 +63,7 @@ def test_claims_that_do_not_hold():
     got = [r["verdict"] for r in rows]
     assert got[0] == "not here: no real gain"                          # 1.05x
     assert got[1] == "partly: lower for prompt lookup only"
-    assert got[2] == "not here: prompt lookup still paid"              # acceptance 0.4 but 1.67x
+    assert got[2] == "not here: prompt lookup still helped"              # acceptance 0.4 but 1.67x
     assert got[3] == "depends on the draft: prompt lookup: the verify pass; int4 self-draft: the draft"
     assert got[4] == "does not hold here"
     assert got[5] == "does not hold here"

@@ -79,8 +79,8 @@ def test_a_busy_machine_gets_no_speed_verdict(tiny_llama):
 
 
 @pytest.mark.parametrize("at_1, batched, verdict", [
-    (3.0, 1.5, "holds: fewer bytes paid more at batch 1"),
-    (1.2, 1.8, "not here: fewer bytes paid more once batched"),
+    (3.0, 1.5, "holds: fewer bytes helped more at batch 1"),
+    (1.2, 1.8, "not here: fewer bytes helped more once batched"),
     (1.5, 1.45, "about the same at both batch sizes here")])
 def test_fewer_bytes_finding(at_1, batched, verdict):
     speed = dict(GOOD)

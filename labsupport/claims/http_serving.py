@@ -36,7 +36,7 @@ def http_losses(rows: Sequence[dict], rates: Sequence[float], loads: Sequence[in
         if ttft > 0:
             lines.append(f"Over HTTP the first token came {1e3 * ttft:.0f} ms later at {low:.2f} requests/s "
                          f"({ttft / inproc['ttft_p50']:.0%} more than in process, median){note}: parsing the body, "
-                         "tokenizing, the hop to the engine thread and the first event, paid by every request.")
+                         "tokenizing, the hop to the engine thread and the first event, costs every request has.")
         itl = http["itl_p50"] - inproc["itl_p50"]
         if itl > 0:
             lines.append(f"Each later token came {1e3 * itl:.1f} ms later ({itl / inproc['itl_p50']:.0%} of an "

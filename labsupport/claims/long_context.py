@@ -256,7 +256,7 @@ def long_context_losses(prefill_rows: Sequence[Mapping], tile_run: Mapping | Non
         lines.append(f"The tiled attention written in torch took {tile_run['tiled_s'] / tile_run['fused_s']:.1f}x the "
                      f"fused kernel's time at T = {tile_run['T']}{note}: each tile is several separate torch calls, "
                      f"each writing its result to memory, so the tile never stays in fast memory; the algorithm "
-                     f"pays inside one kernel.")
+                     f"is faster only inside one kernel.")
     ordered = sorted(variant_rows, key=lambda r: -r["kv_heads"])
     for fewer in ordered[1:]:
         if fewer["attention_s"] * SPEED_MARGIN > ordered[0]["attention_s"]:
@@ -277,4 +277,4 @@ def long_context_losses(prefill_rows: Sequence[Mapping], tile_run: Mapping | Non
         if smallest["perplexity"] > full["perplexity"]:
             lines.append(f"A window of {smallest['window']} positions moved perplexity {full['perplexity']:.2f} -> "
                          f"{smallest['perplexity']:.2f}: this model was trained with full attention.")
-    return lines or ["Every technique paid here: nothing measured lost."]
+    return lines or ["Every technique helped here: nothing measured lost."]

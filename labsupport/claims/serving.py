@@ -239,7 +239,7 @@ def batching_losses(speed: Mapping[str, float], metrics: Mapping[str, dict], cos
     if compare_speed(ratio, FASTER) != "faster":
         lines.append(f"Continuous batching ran at {ratio:.2f}x static batching's throughput{note('speed')}, with "
                      f"{continuous['slot_utilization']:.0%} of the slots busy against {static['slot_utilization']:.0%} "
-                     f"in {continuous['steps']} steps against {static['steps']}: fuller steps pay only as much as one "
+                     f"in {continuous['steps']} steps against {static['steps']}: fuller steps help only as much as one "
                      "step of many rows is cheaper than several steps of few (notebook 02), which this device decides.")
     versus_hf = speed["continuous"] / speed["hf"]
     if versus_hf < 1 / FASTER:
@@ -270,7 +270,7 @@ def engine_losses(stall: Mapping[str, float], prefix: Mapping[str, dict], chunke
     gain, kept = without["itl_p99"] / with_["itl_p99"], with_["throughput"] / without["throughput"]
     if kept < THROUGHPUT_KEPT:
         lines.append(f"Chunked prefill kept {kept:.0%} of the throughput without it{note('chunked')}: a prompt split "
-                     "over several steps pays a step's fixed cost once per chunk, and where a forward pass costs in "
+                     "over several steps adds a step's fixed cost for each chunk, and where a forward pass costs in "
                      "proportion to its tokens a smaller step is not cheaper per token.")
     if gain < LATENCY_GAIN:
         lines.append(f"Chunked prefill shortened the p99 inter-token latency only {gain:.2f}x{note('chunked')}: the "

@@ -60,7 +60,7 @@ def _disagree_row(creative: Mapping, load: float | None) -> dict:
     best = max(speedups, key=speedups.get)
     busy = busy_reason({n: creative["timings"][n] for n in ("plain", *poor)}, load)
     verdict = ("holds: slower than the target alone" if speedups[best] < 1 else
-               "holds: little benefit" if speedups[best] < LITTLE_GAIN else f"not here: {best} still paid")
+               "holds: little benefit" if speedups[best] < LITTLE_GAIN else f"not here: {best} still helped")
     return {"claim": claim, "verdict": judge(verdict, busy),
             "measured": "creative task: " + "; ".join(f"{n}: acceptance {rates[n]:.2f}, {speedups[n]:.2f}x"
                                                       for n in poor)}

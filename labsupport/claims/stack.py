@@ -59,12 +59,12 @@ def fewer_bytes_finding(result: dict) -> dict | None:
     one, cached, batched, static = rows
     at_1, at_n = one["tokens_per_s"] / cached["tokens_per_s"], batched["tokens_per_s"] / static["tokens_per_s"]
     if at_1 >= CLEARLY * at_n:
-        verdict = "holds: fewer bytes paid more at batch 1"
+        verdict = "holds: fewer bytes helped more at batch 1"
     elif at_n >= CLEARLY * at_1:
-        verdict = "not here: fewer bytes paid more once batched"
+        verdict = "not here: fewer bytes helped more once batched"
     else:
         verdict = "about the same at both batch sizes here"
-    return {"claim": "(course) reading fewer bytes per weight pays most where a step is memory-bound: "
+    return {"claim": "(course) reading fewer bytes per weight helps most where a step is memory-bound: "
                      "at batch 1 more than batched",
             "measured": f"{one['precision']} over fp32: {at_1:.2f}x at batch 1, {at_n:.2f}x at batch {result['slots']}",
             "verdict": judge(verdict, _busy(result, INT4_BATCH_1, "+ KV cache", "+ int4 weights", "+ static batching")),

@@ -173,6 +173,6 @@ def bf16_baseline_note(device) -> str:
         return (f"bf16 runs in hardware on this {device.type}: a quantized row's speed over bf16 isolates "
                 "what its smaller weights add to bf16 arithmetic.")
     why = "LABSUPPORT_NO_BF16 is set" if cpu_bf16_switched_off() else "this CPU has no bf16 instructions"
-    return (f"bf16 is emulated here ({why}): the bf16 row pays for converting every value to fp32 and back, "
+    return (f"bf16 is emulated here ({why}): the bf16 row spends time converting every value to fp32 and back, "
             "so a ratio to it mixes that cost in and does not isolate the weights' effect; read the ratio to "
             "fp32, and the kernel column.")
