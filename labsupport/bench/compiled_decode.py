@@ -104,8 +104,8 @@ def section_compile(ctx: BenchContext, options: CompileOptions) -> dict:
                 note=f"{record['compiled_decode_tokens_per_s']:.1f} vs {record['eager_decode_tokens_per_s']:.1f} "
                      f"tokens/s; eager against {record['decode_path']}, side by side (the lesson: launches); "
                      f"warm-up {record['warmup_s']:.0f} s, apart from the timed seconds, "
-                     + (f"paid back after {payback:.0f} decode steps" if payback != float("inf")
-                        else "never paid back") + f"; same tokens: {record['same_tokens']}"))
+                     + (f"won back after {payback:.0f} decode steps" if payback != float("inf")
+                        else "never won back") + f"; same tokens: {record['same_tokens']}"))
     variants = _inductor_variants(ctx, options, [ids] * options.batches[0], figures)
     return {"new_tokens": new_tokens, "prompt_tokens": len(ids), "rows": rows, "skipped": skipped,
             "inductor_variants": variants, "figures": figures}

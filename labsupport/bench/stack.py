@@ -68,7 +68,7 @@ def section_stack(ctx: BenchContext, options: StackOptions) -> dict:
                                 note=f"{r['tokens_per_s']:.1f} tokens/s, {r['precision']}"
                                      + (f"; top-1 agreement with fp32 {r['top1_agreement']:.0%}"
                                         if r["top1_agreement"] is not None else "")
-                                     + ("" if r["kept"] else "; does not pay here")
+                                     + ("" if r["kept"] else "; does not help here")
                                      + (f"; {r['bandwidth_fraction']:.0%} of copy bandwidth"
                                         if r["bandwidth_fraction"] is not None else ""),
                                 busy=busy(r["stage"], r["builds_on"])), r["stage"], r["builds_on"])

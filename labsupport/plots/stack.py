@@ -24,7 +24,7 @@ def _color(row: dict) -> str:
 
 def cumulative_figure(result: dict) -> go.Figure:
     """Left: throughput of every stage over the naive loop (log x). Right: each stage's gain
-    over the stage it builds on (green: kept; red: does not pay here; grey: Hugging Face).
+    over the stage it builds on (green: kept; red: does not help here; grey: Hugging Face).
     One row per stage, top to bottom in the ladder's order, named on the row (long names
     stay readable at a laptop's width; rotated ones ran into each other).
 
