@@ -13,7 +13,7 @@ def test_http_losses_name_each_cost_from_the_rows():
             _row("in-process engine", 4.0, 0.5, 0.03, 60.0), _row("our HTTP server", 4.0, 0.7, 0.04, 48.0, errors=2),
             _row("vLLM server", 4.0, 0.1, 0.01, 100.0)]
     text = " ".join(http_losses(rows, [1.0, 4.0], loads=[25, 120], busy="the load average was 2.0 per core"))
-    assert "30 ms later at 1.00 requests/s (30% more" in text and "2.0 ms later (10% of an in-process gap)" in text
+    assert "30 ms later at 1.00 requests/s, at the median: 30% more than in process" in text and "2.0 ms later (10% of an in-process gap)" in text
     assert "delivered 80% of the in-process throughput" in text and "120% of the in-process saturation" in text
     assert "2 request(s) failed" in text and "timed while the load average was 2.0 per core" in text
 

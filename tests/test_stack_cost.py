@@ -102,7 +102,7 @@ def test_why_not_and_the_ledger_are_computed_from_the_rows():
     text = why_not(rows["+ int4 weights"], result)
     assert "0.16x the weight bytes per pass" in text and "ran at 30% of the copy bandwidth" in text
     assert "notebook 04" in text and "CPU" not in text
-    assert "few drafted tokens were accepted" in why_not(rows["+ speculative decoding"], result)
+    assert "Few drafted tokens were accepted" in why_not(rows["+ speculative decoding"], result)
     ledger = losses_ledger(result, [{"stage": "x", "predicted": 1.0, "measured": 10.0, "ratio": 0.1}])
     assert any(line.startswith("+ int4 weights: 0.67x") for line in ledger)
     assert any("Hugging Face" in line for line in ledger) and ledger[-1].startswith("cost model, x")

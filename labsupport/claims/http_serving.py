@@ -27,35 +27,35 @@ def http_losses(rows: Sequence[dict], rates: Sequence[float], loads: Sequence[in
     Introduced in notebook 09 (serving over HTTP). rates: the load curve's rates, lowest first;
     loads: the same as percentages of the in-process saturation rate (for the wording); busy:
     `busy.busy_reason` while the curve ran, carried by every timed line."""
-    note = f" (timed while {busy})" if busy else ""
+    note = f" This was timed while {busy}." if busy else ""
     lines = []
     low, high = rates[0], rates[-1]
     inproc, http = _at(rows, INPROC, low), _at(rows, HTTP, low)
     if inproc and http:
         ttft = http["ttft_p50"] - inproc["ttft_p50"]
         if ttft > 0:
-            lines.append(f"Over HTTP the first token came {1e3 * ttft:.0f} ms later at {low:.2f} requests/s "
-                         f"({ttft / inproc['ttft_p50']:.0%} more than in process, median){note}: parsing the body, "
-                         "tokenizing, the hop to the engine thread and the first event, costs every request has.")
+            lines.append(f"Over HTTP the first token came {1e3 * ttft:.0f} ms later at {low:.2f} requests/s, at the "
+                         f"median: {ttft / inproc['ttft_p50']:.0%} more than in process. Every request has these costs: "
+                         f"parsing the body, tokenizing, the hop to the engine thread and the first event.{note}")
         itl = http["itl_p50"] - inproc["itl_p50"]
         if itl > 0:
             lines.append(f"Each later token came {1e3 * itl:.1f} ms later ({itl / inproc['itl_p50']:.0%} of an "
-                         f"in-process gap){note}: this server decodes the whole answer again at every token and "
-                         "sends one event per token.")
+                         "in-process gap). This server decodes the whole answer again at every token, and it sends "
+                         f"one event per token.{note}")
     inproc, http = _at(rows, INPROC, high), _at(rows, HTTP, high)
     if inproc and http:
         kept = http["throughput"] / inproc["throughput"]
         if kept < THROUGHPUT_KEPT:
             at = f"{loads[-1]}% of the in-process saturation, " if loads else ""
             lines.append(f"At {high:.2f} requests/s ({at}the highest rate) the HTTP server delivered {kept:.0%} of the "
-                         f"in-process throughput{note}: the event loop, the JSON and the detokenizer share the CPU, "
-                         "and Python's GIL, with the thread that steps the model.")
+                         "in-process throughput. The event loop, the JSON and the detokenizer share the CPU and "
+                         f"Python's GIL with the thread that steps the model.{note}")
     errors = sum(r["errors"] for r in rows if r["server"] == HTTP)
     if errors:
         lines.append(f"{errors} request(s) failed over HTTP in the sweep: the in-process engine had no socket to lose.")
     if not any(_at(rows, HTTP, rate) and _at(rows, INPROC, rate) for rate in (low, high)):
         lines.append("Not measured: the load curve has no rows of both our HTTP server and the in-process engine.")
     if not lines:
-        lines.append("HTTP cost nothing measurable here: the first token and later tokens came no later than in "
-                     f"process, and the HTTP server kept {THROUGHPUT_KEPT:.0%} or more of the throughput.")
+        lines.append("HTTP cost nothing measurable here. The first token and the later tokens came no later than in "
+                     f"process. The HTTP server kept {THROUGHPUT_KEPT:.0%} or more of the throughput.")
     return lines

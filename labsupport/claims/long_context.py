@@ -245,28 +245,29 @@ def long_context_losses(prefill_rows: Sequence[Mapping], tile_run: Mapping | Non
     tile_run: `prefill_attention.tiled_vs_fused` on the learner's tiled attention (None: not run);
     the rest as for `long_context_claims`. Timing lines carry the busy reason when there is one."""
     lines = []
-    note = f" (timed while {busy})" if busy else ""
+    note = f" This was timed while {busy}." if busy else ""
     naive_faster = [r for r in prefill_rows if r["naive_s"] is not None and r["naive_s"] * SPEED_MARGIN < r["fused_s"]]
     if naive_faster:
         r = naive_faster[0]
         lines.append(f"Fused attention lost to the naive one at T = {r['T']} ({1e3 * r['fused_s']:.2f} ms vs "
-                     f"{1e3 * r['naive_s']:.2f} ms){note}: at short prompts the T x T scores fit in the caches, and "
-                     f"the saved bytes do not cover the fused kernel's bookkeeping.")
+                     f"{1e3 * r['naive_s']:.2f} ms). At short prompts the T x T scores fit in the caches, and the "
+                     f"bytes saved do not make up for the fused kernel's bookkeeping.{note}")
     if tile_run is not None and tile_run["tiled_s"] > SPEED_MARGIN * tile_run["fused_s"]:
         lines.append(f"The tiled attention written in torch took {tile_run['tiled_s'] / tile_run['fused_s']:.1f}x the "
-                     f"fused kernel's time at T = {tile_run['T']}{note}: each tile is several separate torch calls, "
-                     f"each writing its result to memory, so the tile never stays in fast memory; the algorithm "
-                     f"is faster only inside one kernel.")
+                     f"fused kernel's time at T = {tile_run['T']}. Each tile is several separate torch calls, and "
+                     "each call writes its result to memory. So the tile never stays in fast memory: the algorithm "
+                     f"is faster only inside one kernel.{note}")
     ordered = sorted(variant_rows, key=lambda r: -r["kv_heads"])
     for fewer in ordered[1:]:
         if fewer["attention_s"] * SPEED_MARGIN > ordered[0]["attention_s"]:
             lines.append(f"{fewer['variant']} ({fewer['kv_heads']} kv-heads) attended in {1e3 * fewer['attention_s']:.2f} ms, "
-                         f"not clearly less than {ordered[0]['variant']}'s {1e3 * ordered[0]['attention_s']:.2f} ms"
-                         f"{note}: at this size the attention calls' fixed cost outweighs the bytes saved.")
+                         f"not clearly less than {ordered[0]['variant']}'s {1e3 * ordered[0]['attention_s']:.2f} ms. "
+                         f"At this size the attention calls' fixed cost outweighs the bytes saved.{note}")
     speed = int8_speed["float_s"] / int8_speed["int8_s"]
     if speed < SPEED_MARGIN:
-        lines.append(f"The int8 cache ran at {speed:.2f}x the float cache's speed{note}: it dequantizes the cache to a "
-                     f"float copy before attention, an extra pass over memory that no fused int8 kernel removes here.")
+        lines.append(f"The int8 cache ran at {speed:.2f}x the float cache's speed. It dequantizes the cache to a "
+                     "float copy before attention. That is an extra pass over memory, and no fused int8 kernel "
+                     f"removes it here.{note}")
     if quality is not None and quality["int8_ppl"] > quality["float_ppl"]:
         lines.append(f"The int8 cache cost perplexity {quality['float_ppl']:.3f} -> {quality['int8_ppl']:.3f} "
                      f"on {quality['tokens']} tokens: rounding, small at 8 bits.")

@@ -133,8 +133,8 @@ def claims_summary(claims: list[dict]) -> str:
     """One paragraph saying what this run made of the chapter's claims, built from `roofline_claims`' verdicts.
 
     Introduced in notebook 00 (where the time goes). Each claim is listed with its
-    verdict per dtype; the opening says whether all held, some did, or the machine was
-    too busy for a verdict (and why, once).
+    verdict per dtype, one sentence each; the opening says whether all held, some did, or
+    the machine was too busy for a verdict (and why, once, one sentence per reason).
     """
     if not claims:
         return "No claim was set against a measurement in this run."
@@ -149,16 +149,17 @@ def claims_summary(claims: list[dict]) -> str:
         verdicts.setdefault(claim["claim"], []).append(f"{verdict} ({claim['dtype']})")
     judged = [c for c in claims if not c["verdict"].startswith(BUSY_VERDICT)]
     if reasons:
-        opening = (f"The machine was busy while some of the sweep was measured ({'; '.join(reasons)}), so those "
-                   "figures get no verdict; re-run the sweep on a quiet machine")
+        why = " ".join(f"{reason[:1].upper()}{reason[1:]}." for reason in reasons)
+        opening = (f"The machine was busy while some of the sweep was measured. {why} Those figures get no "
+                   "verdict: re-run the sweep on a quiet machine")
     elif all(c["verdict"] == "holds" for c in judged):
         opening = "In this run every one of the chapter's claims holds"
     elif any(c["verdict"] == "holds" for c in judged):
         opening = "In this run the chapter's claims hold only in part"
     else:
         opening = "In this run none of the chapter's claims holds as stated"
-    details = "; ".join(f"\u201c{claim}\u201d: {', '.join(found)}" for claim, found in verdicts.items())
-    return f"{opening}. {details}."
+    details = " ".join(f"\u201c{claim}\u201d: {verdict}." for claim, found in verdicts.items() for verdict in found)
+    return f"{opening}. {details}"
 
 
 def roofline_section_claims(section: dict) -> list[dict]:

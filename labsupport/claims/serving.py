@@ -237,20 +237,21 @@ def batching_losses(speed: Mapping[str, float], metrics: Mapping[str, dict], cos
     static, continuous = metrics["static"], metrics["continuous"]
     ratio = speed["continuous"] / speed["static"]
     if compare_speed(ratio, FASTER) != "faster":
-        lines.append(f"Continuous batching ran at {ratio:.2f}x static batching's throughput{note('speed')}, with "
-                     f"{continuous['slot_utilization']:.0%} of the slots busy against {static['slot_utilization']:.0%} "
-                     f"in {continuous['steps']} steps against {static['steps']}: fuller steps help only as much as one "
-                     "step of many rows is cheaper than several steps of few (notebook 02), which this device decides.")
+        lines.append(f"Continuous batching ran at {ratio:.2f}x static batching's throughput. It kept "
+                     f"{continuous['slot_utilization']:.0%} of the slots busy against {static['slot_utilization']:.0%}, "
+                     f"in {continuous['steps']} steps against {static['steps']}. Fuller steps help only as much as one "
+                     "step of many rows is cheaper than several steps of few (notebook 02). This device decides how "
+                     f"much cheaper.{note('speed')}")
     versus_hf = speed["continuous"] / speed["hf"]
     if versus_hf < 1 / FASTER:
-        lines.append(f"Our continuous engine ran at {versus_hf:.2f}x Hugging Face's manager{note('speed')}: "
-                     "transformers prefills in chunks and shares prefixes by default, and our paged step copies "
-                     "every row's context out of the pool in every layer.")
+        lines.append(f"Our continuous engine ran at {versus_hf:.2f}x Hugging Face's manager. By default, "
+                     "transformers prefills in chunks and shares prefixes. Our paged step copies every row's context "
+                     f"out of the pool in every layer.{note('speed')}")
     if costs is not None and costs["gather_share"] + costs["table_build_share"] >= 0.1:
         lines.append(f"The paged decode step spent {costs['gather_share']:.0%} of its time gathering each row's "
-                     f"context out of the pool and {costs['table_build_share']:.0%} building block tables"
-                     f"{note('costs')}: without a kernel that reads the block table in place (vLLM's PagedAttention), "
-                     "paging costs a copy per layer and step.")
+                     f"context out of the pool, and {costs['table_build_share']:.0%} building block tables. No kernel "
+                     "here reads the block table in place, as vLLM's PagedAttention does. So paging costs a copy per "
+                     f"layer and step.{note('costs')}")
     return lines
 
 
@@ -269,36 +270,36 @@ def engine_losses(stall: Mapping[str, float], prefix: Mapping[str, dict], chunke
     without, with_ = chunked["without"], chunked["with"]
     gain, kept = without["itl_p99"] / with_["itl_p99"], with_["throughput"] / without["throughput"]
     if kept < THROUGHPUT_KEPT:
-        lines.append(f"Chunked prefill kept {kept:.0%} of the throughput without it{note('chunked')}: a prompt split "
-                     "over several steps adds a step's fixed cost for each chunk, and where a forward pass costs in "
-                     "proportion to its tokens a smaller step is not cheaper per token.")
+        lines.append(f"Chunked prefill kept {kept:.0%} of the throughput without it. A prompt split over several "
+                     "steps adds a step's fixed cost for each chunk. And where a forward pass costs in proportion to "
+                     f"its tokens, a smaller step is not cheaper per token.{note('chunked')}")
     if gain < LATENCY_GAIN:
-        lines.append(f"Chunked prefill shortened the p99 inter-token latency only {gain:.2f}x{note('chunked')}: the "
-                     f"stalls it removes were short here, a step with a whole prefill lasting {stall['ratio']:.2f}x "
-                     "a decode-only one.")
+        lines.append(f"Chunked prefill shortened the p99 inter-token latency only {gain:.2f}x. The stalls it "
+                     f"removes were short here: a step with a whole prefill lasted {stall['ratio']:.2f}x a decode-only "
+                     f"one.{note('chunked')}")
     plain, cached = prefix["without"], prefix["with"]
     faster = plain["ttft_p50"] / cached["ttft_p50"]
     if faster < LATENCY_GAIN:
-        lines.append(f"Prefix caching brought the first token only {faster:.2f}x sooner at p50{note('prefix')}, "
-                     f"computing {cached['prefill_tokens_computed'] / plain['prefill_tokens_computed']:.0%} of the "
-                     "prompt tokens: with every request arriving at once, most of the wait is the queue for a slot, "
-                     "which a cheaper prefill does not shorten.")
+        lines.append(f"Prefix caching brought the first token only {faster:.2f}x sooner at p50, computing "
+                     f"{cached['prefill_tokens_computed'] / plain['prefill_tokens_computed']:.0%} of the prompt "
+                     "tokens. Every request arrived at once, so most of the wait is the queue for a slot. A cheaper "
+                     f"prefill does not shorten that queue.{note('prefix')}")
     if sources and sources["total"] and sources["repeated_prompt"]:
         lines.append(f"{sources['repeated_prompt'] / sources['total']:.0%} of the prompt tokens prefix caching saved "
                      f"came from the {sources['repeated_requests']} requests that repeat an earlier prompt word for "
-                     f"word; with distinct prompts only the {sources['common_prefix']} tokens every prompt shares "
-                     "(the chat template's system prompt, in full blocks) would be saved.")
+                     f"word. With distinct prompts, only the {sources['common_prefix']} tokens every prompt shares "
+                     "would be saved. Those are the chat template's system prompt, in full blocks.")
     return lines
 
 
 def _busy_note(busy: Mapping[str, str | None] | None):
-    """A function of a key: " (timed while ...)" where `busy` names a reason for it, else ""."""
+    """A function of a key: " This was timed while ..." where `busy` names a reason for it, else ""."""
     busy = busy or {}
-    return lambda key: f" (timed while {busy[key]})" if busy.get(key) else ""
+    return lambda key: f" This was timed while {busy[key]}." if busy.get(key) else ""
 
 
-NOTHING_LOST = ("Nothing measured here lost to its baseline: every speed ratio was above 1/1.05, chunked "
-                "prefill kept its throughput and prefix caching shortened the first token 1.5x or more.")
+NOTHING_LOST = ("Nothing measured here lost to its baseline. Every speed ratio was above 1/1.05. Chunked "
+                "prefill kept its throughput, and prefix caching brought the first token 1.5x sooner or more.")
 
 
 def serving_losses(speed: Mapping[str, float], metrics: Mapping[str, dict], stall: Mapping[str, float],

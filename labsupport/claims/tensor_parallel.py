@@ -72,13 +72,13 @@ def tensor_parallel_losses(result: dict, links: list[dict], disaggregation: dict
         decode = d["decode_tokens_per_s"] / base["decode_tokens_per_s"]
         prefill = base["prefill_s"] / d["prefill_s"]
         if compare_speed(decode, MARGIN) == "slower":
-            lines.append(f"Decoding at batch 1, TP={world} ran at {decode:.2f}x TP={degrees[0]}'s speed: each step made "
+            lines.append(f"Decoding at batch 1, TP={world} ran at {decode:.2f}x TP={degrees[0]}'s speed. Each step made "
                          f"{d['all_reduces_per_step']:.0f} all-reduces of one row, and {d['all_reduce_share_of_decode']:.0%} "
-                         "of the step went inside them (their latency, and waiting for the slower rank).")
+                         "of the step went inside them. That time is their latency, and waiting for the slower rank.")
         if compare_speed(prefill, MARGIN) == "slower":
-            lines.append(f"The prefill of {result['prefill_tokens']} tokens ran at {prefill:.2f}x: on one machine's "
-                         "cores, two processes of one thread do not multiply faster than one process of two, so "
-                         "splitting the weights bought nothing the communication did not take back.")
+            lines.append(f"The prefill of {result['prefill_tokens']} tokens ran at {prefill:.2f}x. On one machine's "
+                         "cores, two processes of one thread do not multiply faster than one process of two. So "
+                         "splitting the weights gained nothing that the communication did not take back.")
         uneven = {s["kv_heads"] for s in d["shares"]}
         if len(uneven) > 1:
             lines.append(f"The {sum(s['kv_heads'] for s in d['shares'])} key/value heads split "
@@ -88,16 +88,17 @@ def tensor_parallel_losses(result: dict, links: list[dict], disaggregation: dict
         if row["share_of_measured_step"] < 0.05:
             lines.append(f"Over {row['link']} the same {row['all_reduces_per_step']:.0f} all-reduces would take "
                          f"{row['seconds_per_step'] * 1e3:.2f} ms, {row['share_of_measured_step']:.1%} of this "
-                         "machine's decode step: the link is not what makes tensor parallelism lose here; a GPU's "
+                         "machine's decode step. So the link is not what makes tensor parallelism lose here. A GPU's "
                          "step is 10-100x shorter, so there the same link costs that much more of it.")
             break
     if disaggregation is not None:
         split, together = disaggregation["disaggregated"], disaggregation["colocated"]
         if together["goodput"] and compare_speed(split["goodput"] / together["goodput"], MARGIN) == "slower":
             lines.append(f"Disaggregated serving reached {split['goodput']:.2f} requests/s of goodput against the "
-                         f"colocated engine's {together['goodput']:.2f}: its decode worker had one of the two cores, "
+                         f"colocated engine's {together['goodput']:.2f}. Its decode worker had one of the two cores, "
                          f"so a token took {split['tpot_p50'] * 1e3:.0f} ms at the median against "
-                         f"{together['tpot_p50'] * 1e3:.0f} ms; the stall it removes was already bounded by chunked prefill.")
+                         f"{together['tpot_p50'] * 1e3:.0f} ms. The stall it removes was already bounded by chunked "
+                         "prefill.")
     return lines or ["Nothing measured here lost to its baseline."]
 
 

@@ -1,9 +1,9 @@
-"""Sentences of notebooks 00-04 that depend on the model or the device, computed instead of stated.
+"""Sentences of notebooks 00-04 (and 06b) that depend on the model, the device or the run, computed instead of stated.
 
 Introduced in notebook 00 (where the time goes). The course runs on the embedded SmolLM2-135M
 by default, but LABSUPPORT_MODEL can load SmolLM2-360M or -1.7B (other layer counts, other
 head counts, 16-bit weights from the hub instead of a 4-bit GGUF file), and a learner's machine
-may be a CPU with or without bf16, or a GPU. Each function here returns one sentence, or a
+may be a CPU with or without bf16, or a GPU. Each function here returns a few short sentences, or a
 small dict, from a `ModelConfig`, a model name, a `HardwareProfile` or a device, so that the
 notebook prints what is true for the run instead of what was true for the machine it was written on.
 """
@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from ..errors import LabError
 from ..engine.hardware import bf16_emulated, cpu_bf16_switched_off, dtype_name, pick_device
 from .roofline_hardware import DATA_SHEETS, sixteen_bit
 from .roofline import bytes_per_value, ridge_batch
@@ -41,10 +42,10 @@ def gqa_sentence(config) -> str:
     heads, kv = config.num_heads, config.num_kv_heads
     if kv == heads:
         return (f"{config.name} has {heads} query heads and as many key/value heads: full multi-head "
-                "attention, so grouped-query attention saves nothing in its cache (the ratio below is 1x).")
+                "attention. So grouped-query attention saves nothing in its cache (the ratio below is 1x).")
     return (f"{config.name} has {heads} query heads but only {kv} key/value heads, each shared by "
-            f"{heads // kv} query heads (grouped-query attention): with one key/value head per query "
-            f"head the cache would be {heads / kv:g}x larger.")
+            f"{heads // kv} query heads. This is grouped-query attention. With one key/value head per query "
+            f"head, the cache would be {heads / kv:g}x larger.")
 
 
 def operations_per_step(config) -> str:
@@ -109,8 +110,8 @@ def origin_sentence(name: str) -> str:
                 f"{origin.block} consecutive weights on 16 levels between its own minimum and maximum. "
                 f"int4 with groups of {origin.block} finds those levels again and should be nearly lossless; "
                 "other group sizes cut across the file's blocks.")
-    return (f"{name}'s weights come from {origin.where}, stored as {origin.stored}: they were never 4-bit, "
-            "so expect the random matrix's pattern (smaller groups, smaller error) and a real loss from int4.")
+    return (f"{name}'s weights come from {origin.where}, stored as {origin.stored}. They were never 4-bit. "
+            "So expect the random matrix's pattern (smaller groups, smaller error), and a real loss from int4.")
 
 
 # --------------------------------------------------------------------------
@@ -121,7 +122,8 @@ def origin_sentence(name: str) -> str:
 def ridge_rows_sentence(config, dtype, context: int = 0, sheets=DATA_SHEETS) -> str:
     """Where the data sheets' machines reach their ridge for a decode step of `config` in `dtype`
     (and in 16 bits, where `dtype` is fp32 and the GPU has tensor cores): the "a GPU's ridge is at
-    hundreds of rows" of the handbook, which holds for 16-bit only.
+    hundreds of rows" of the handbook, which holds for 16-bit only. A few lines: a short sentence,
+    then one list item per machine.
 
     Introduced in notebook 00 (where the time goes)."""
     name = dtype_name(dtype)
@@ -130,18 +132,21 @@ def ridge_rows_sentence(config, dtype, context: int = 0, sheets=DATA_SHEETS) -> 
         batch = ridge_batch(sheet.profile(), config, dtype_name_, context)
         return "no batch at this context" if batch == float("inf") else f"batch {batch:.0f}"
 
-    parts = [f"{sheet.name} {sheet.ridge(name):.0f} FLOP/byte, {rows(sheet, name)}" for sheet in sheets if name in sheet.flops]
-    text = f"In {name}, from the vendors' data sheets (context {context}): " + "; ".join(parts) + "."
+    lines = [f"In {name}, at context {context}, the vendors' data sheets give each machine's ridge and the batch "
+             "that reaches it:"]
+    lines += [f"- {sheet.name} {sheet.ridge(name):.0f} FLOP/byte, {rows(sheet, name)}." for sheet in sheets
+              if name in sheet.flops]
     gpus = [s for s in sheets if s.kind == "cuda" and sixteen_bit(s)]
     if bytes_per_value(name) == 4 and gpus:
-        fp32_rows = [ridge_batch(s.profile(), config, name, context) for s in gpus]
+        fp32_rows = [b for b in (ridge_batch(s.profile(), config, name, context) for s in gpus) if b != float("inf")]
         half_rows = [ridge_batch(s.profile(), config, sixteen_bit(s), context) for s in gpus]
-        verdict = (": the 'hundreds of rows' of a GPU hold for 16-bit only." if any(100 <= b < float("inf") for b in half_rows)
-                   else ": at this context each row's cache keeps a 16-bit step below most of those ridges at any batch.")
-        text += (f" The GPUs' fp32 ridges sit at batch {min(fp32_rows):.0f} to {max(fp32_rows):.0f}; their tensor cores' "
-                 "16-bit rate puts them at " + ", ".join(f"{rows(s, sixteen_bit(s))} ({s.name}, {sixteen_bit(s)})" for s in gpus)
-                 + verdict)
-    return text
+        lines.append(f"The GPUs' fp32 ridges sit at batch {min(fp32_rows):.0f} to {max(fp32_rows):.0f}." if fp32_rows
+                     else "At this context no GPU reaches its fp32 ridge at any batch.")
+        lines.append("At their tensor cores' 16-bit rate, the ridges sit at:")
+        lines += [f"- {s.name} ({sixteen_bit(s)}): {rows(s, sixteen_bit(s))}." for s in gpus]
+        lines.append("So the 'hundreds of rows' of a GPU hold for 16-bit only." if any(100 <= b < float("inf") for b in half_rows)
+                     else "At this context each row's cache keeps a 16-bit step below most of those ridges, at any batch.")
+    return "\n".join(lines)
 
 
 def pure_roofline_stop(ridge: float) -> str:
@@ -153,8 +158,8 @@ def pure_roofline_stop(ridge: float) -> str:
     Introduced in notebook 02 (batching)."""
     if ridge == float("inf"):
         return "a pure roofline never stops scaling here: no batch reaches the ridge at this context"
-    return (f"a pure roofline's throughput stops growing at the ridge (batch {ridge:.1f}) and falls to half "
-            f"of ideal at twice it (batch {2 * ridge:.1f}), where a step takes twice batch 1's time")
+    return (f"a pure roofline's throughput stops growing at the ridge (batch {ridge:.1f}). It falls to half "
+            f"of ideal at twice that batch (batch {2 * ridge:.1f}), where a step takes twice batch 1's time")
 
 
 # --------------------------------------------------------------------------
@@ -173,6 +178,39 @@ def bf16_baseline_note(device) -> str:
         return (f"bf16 runs in hardware on this {device.type}: a quantized row's speed over bf16 isolates "
                 "what its smaller weights add to bf16 arithmetic.")
     why = "LABSUPPORT_NO_BF16 is set" if cpu_bf16_switched_off() else "this CPU has no bf16 instructions"
-    return (f"bf16 is emulated here ({why}): the bf16 row spends time converting every value to fp32 and back, "
-            "so a ratio to it mixes that cost in and does not isolate the weights' effect; read the ratio to "
+    return (f"bf16 is emulated here ({why}). The bf16 row spends time converting every value to fp32 and back. "
+            "So a ratio to it mixes that cost in, and does not isolate the weights' effect. Read the ratio to "
             "fp32, and the kernel column.")
+
+
+
+# --------------------------------------------------------------------------
+# Where prefix caching's tokens came from (notebook 06b)
+# --------------------------------------------------------------------------
+
+SOURCE_KEYS = ("run_total", "total", "shared_prefix", "common_prefix", "repeated_prompt", "repeated_requests",
+               "other_prefix", "matches_run")
+
+
+def prefix_sources_note(sources, block_size: int, requests: int, distinct: int) -> str:
+    """Where the prompt tokens taken from the prefix cache came from, in short sentences: the prefix every
+    prompt shares, prompts repeated word for word, and questions that begin alike. sources:
+    `serving_metrics.prefix_cache_sources` of the prefix-caching run; block_size: its cache's block size;
+    requests, distinct: how many requests the workload had, and how many distinct prompts.
+
+    Introduced in notebook 06b (chunked prefill and prefix caching)."""
+    missing = [key for key in SOURCE_KEYS if key not in sources]
+    if missing:
+        raise LabError(f"prefix_sources_note takes the dict of serving_metrics.prefix_cache_sources(run); "
+                       f"this one has no {', '.join(missing)}.")
+    share = sources["repeated_prompt"] / max(sources["run_total"], 1)
+    text = (f"Of the {sources['run_total']} prompt tokens taken from the cache, {sources['shared_prefix']} came from "
+            f"the first {sources['common_prefix']} tokens that every prompt shares. Those are the system prompt, in "
+            f"full blocks of {block_size}. Another {sources['repeated_prompt']} ({share:.0%}) came from the "
+            f"{sources['repeated_requests']} requests whose prompt repeats an earlier one word for word. The run had "
+            f"{requests} requests and {distinct} distinct prompts. The last {sources['other_prefix']} came from "
+            "questions that begin alike.")
+    if not sources["matches_run"]:
+        text += (f" These shares are estimates: they were rebuilt from the order of admission ({sources['total']} "
+                 "in all), not taken from the run's own count.")
+    return text

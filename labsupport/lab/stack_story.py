@@ -33,15 +33,15 @@ def model_origin_note(config) -> str:
     """
     origin = weights_origin(config.name)
     if origin.was_4bit:
-        return (f"This run's model ({config.name}, embedded) came as a llama.cpp GGUF file in {origin.stored}: 4 bits in "
-                "blocks of 32 with a scale and a minimum each, the very layout of the course's int4 in groups of 32, "
-                "so that int4 finds those layers' values already on its grid (the file kept the output layer at a "
-                "finer precision, and the stack's int4 quantizes that layer too: notebook 04).")
+        return (f"This run's model ({config.name}, embedded) came as a llama.cpp GGUF file in {origin.stored}. That is "
+                "4 bits in blocks of 32, with a scale and a minimum each. It is the very layout of the course's int4 in "
+                "groups of 32, so int4 finds those layers' values already on its grid. The file kept the output layer "
+                "at a finer precision, and the stack's int4 quantizes that layer too (notebook 04).")
     if origin.from_gguf:
         return (f"This run's model ({config.name}) came as a llama.cpp GGUF file in {origin.stored} ({origin.where}), "
-                "not on a 4-bit grid: the stack's int4 is a new, coarser quantization of it.")
+                "not on a 4-bit grid. The stack's int4 is a new, coarser quantization of it.")
     return (f"This run's model ({config.name}) came as float weights (safetensors, from the Hugging Face hub or a "
-            "directory), not from a GGUF file: the stack's int4 is its first quantization. llama.cpp would convert "
+            "directory), not from a GGUF file. The stack's int4 is its first quantization. llama.cpp would convert "
             "it (convert_hf_to_gguf.py) and quantize it (llama-quantize, e.g. to Q4_1 or Q4_K) before running it.")
 
 
@@ -56,17 +56,19 @@ def regime_sentence(profile, config, slots: int) -> str:
     parts, bound = [], []
     for name in profile.flops:
         rows = ridge_batch(profile, config, name)
-        parts.append(f"{name}: ridge {profile.ridge(name):.1f} FLOP/byte, reached at about {rows:.0f} rows")
+        parts.append(f"In {name}: ridge {profile.ridge(name):.1f} FLOP/byte, reached at about {rows:.0f} rows.")
         bound.append(f"{'compute' if slots >= rows else 'memory'}-bound in {name}")
-    return (f"On this device ({profile.name}) a decode step of {config.name}, by the roofline: "
-            + "; ".join(parts) + f". The batched stages run {slots} rows: by this count "
-            + ", ".join(bound) + " (the measured ladder says how far the count holds).")
+    return (f"Here is where the roofline puts a decode step of {config.name} on this device ({profile.name}). "
+            + " ".join(parts) + f" The batched stages run {slots} rows. By this count they are "
+            + ", ".join(bound) + ". The measured ladder says how far the count holds.")
 
 
 def why_not(row: dict, result: dict) -> str:
     """Why stage `row` did not pay over the stage it builds on, from this run's measurements:
     the bytes per pass and passes per token it removed (`stack.removed_work`), how long each
-    of its passes took against its base's, and how close the base ran to the memory roof.
+    of its passes took against its base's, and how close the base ran to the memory roof. Short
+    sentences, the first lower-case and the last without its full stop: notebook 07 prints
+    "Why: {why_not}.".
 
     Introduced in notebook 07 (putting it together).
     """
@@ -85,10 +87,10 @@ def why_not(row: dict, result: dict) -> str:
     text += f", but each of its passes took {longer:.2f}x as long"
     fraction = base.get("bandwidth_fraction")
     if b < 0.95 and fraction is not None and fraction < 0.5:
-        text += (f"; {base['stage']} ran at {fraction:.0%} of the copy bandwidth, so bytes were not what "
+        text += (f". Its base ({base['stage']}) ran at {fraction:.0%} of the copy bandwidth, so bytes were not what "
                  "set its pace")
     if row["stage"] == "+ speculative decoding" and p > 0.8:
-        text += "; few drafted tokens were accepted, so few passes were saved"
+        text += ". Few drafted tokens were accepted, so few passes were saved"
     return f"{text} ({where})"
 
 
@@ -101,7 +103,7 @@ def losses_ledger(result: dict, predictions: list[dict] | None = None) -> list[s
     (`stack_cost.cost_misses`, given its `predictions`). An empty ledger means nothing lost.
     """
     rows = {r["stage"]: r for r in result["stages"]}
-    lines = [f"{r['stage']}: {r['gain']:.2f}x over {r['builds_on']}, slower: {why_not(r, result)}"
+    lines = [f"{r['stage']}: {r['gain']:.2f}x over {r['builds_on']}, slower. Why: {why_not(r, result)}"
              for r in result["stages"] if r["builds_on"] and not r["kept"]]
     for w in removed_work(result):
         ideal = 1 / (w["bytes_per_pass"] * w["passes_per_token"])
