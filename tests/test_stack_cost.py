@@ -60,6 +60,8 @@ def test_cost_inputs_come_from_the_counted_passes_and_the_overhead_is_their_medi
     assert explained(1.9) and explained(0.6) and not explained(2.1) and not explained(0.4)
     missed = cost_misses([{"stage": "x", "predicted": 300.0, "measured": 100.0, "ratio": 3.0}])
     assert len(missed) == 1 and "x: predicted 300.0" in missed[0]
+    from test_prose_length import sl                  # short sentences (issue 52): none over 25 words
+    assert max(sl.words(sentence) for sentence in sl.sentences(missed[0])) <= 25
 
 
 def test_speculation_gets_its_passes_per_token_from_alpha_and_k():

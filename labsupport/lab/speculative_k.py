@@ -119,18 +119,17 @@ def where_it_loses(runs: dict, drafts, k: int, hf_ratio: float | None = None) ->
             step_cost = costs.draft_per_pass + costs.verify_per_pass
             if speedup >= 1 and s.tokens_per_call >= step_cost:
                 continue
-            reasons = []
+            reasons = []            # one short sentence each
             if s.tokens_per_call < 1.5:
-                reasons.append(f"few drafts accepted ({s.tokens_per_call:.2f} tokens per pass, acceptance "
-                               f"{s.acceptance_rate:.2f})")
+                reasons.append(f"Few drafts were accepted (acceptance {s.acceptance_rate:.2f}).")
             if costs.verify_per_pass > 1.5:
-                reasons.append(f"the verify pass over up to {k + 1} tokens cost {costs.verify_per_pass:.2f} plain "
-                               "steps, not 1")
+                reasons.append(f"The verify pass over up to {k + 1} tokens cost {costs.verify_per_pass:.2f} plain "
+                               "steps, not 1.")
             if costs.draft_per_pass > 0.5:
-                reasons.append(f"drafting cost {costs.draft_per_pass:.2f} plain steps per pass")
-            lines.append(f"{name}, {task} task: {speedup:.2f}x over plain decoding; a pass yielded "
-                         f"{s.tokens_per_call:.2f} tokens for {step_cost:.2f} plain steps of work"
-                         + (": " + "; ".join(reasons) if reasons else "") + ".")
+                reasons.append(f"Drafting cost {costs.draft_per_pass:.2f} plain steps per pass.")
+            lines.append(" ".join([f"{name}, {task} task: {speedup:.2f}x over plain decoding.",
+                                   f"A pass yielded {s.tokens_per_call:.2f} tokens for {step_cost:.2f} plain steps "
+                                   "of work.", *reasons]))
     if hf_ratio is not None and hf_ratio < 1:
         lines.append(f"ours ran at {hf_ratio:.2f}x the speed of Hugging Face's prompt lookup on the grounded task.")
     return lines

@@ -153,10 +153,10 @@ def cost_misses(predictions: list[dict], tolerance: float = TOLERANCE) -> list[s
         if explained(p["ratio"], tolerance):
             continue
         if p["ratio"] > 1:
-            why = ("its passes took longer than their bytes and the median overhead: something the model leaves "
-                   "out (arithmetic at this batch, a kernel's own work, the scheduler) set its pace")
+            why = ("Its passes took longer than their bytes and the median overhead. Something the model leaves "
+                   "out set its pace: arithmetic at this batch, a kernel's own work, or the scheduler.")
         else:
-            why = "its passes took less than the median overhead: that overhead does not fit every stage"
+            why = "Its passes took less than the median overhead: that overhead does not fit every stage."
         lines.append(f"{p['stage']}: predicted {p['predicted']:.1f} tokens/s, measured {p['measured']:.1f} "
-                     f"({p['ratio']:.2f}x): {why}")
+                     f"({p['ratio']:.2f}x). {why}")
     return lines
