@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 from .. import claims
 from ..engine.hardware import pick_device
-from ..errors import LabError
+from ..errors import LabError, ModelUnavailable
 from ..inputs import whole_number
 from ..lab.busy import busy_reason, load_per_core
 from ..lab.progress import section_bar
@@ -238,12 +238,14 @@ def run(sections=None, device=None, model_name: str = "smollm2-135m", options: B
 def _run_section(name: str, ctx: BenchContext, options: SectionOptions, bars: bool, previous: dict | None) -> dict:
     """Section `name`'s dict, or, where it raised, a failed section: ``"failed"`` (its one-line
     reason) and one figure saying so, so that the run goes on (issue 51: one GPU-only failure
-    ended the whole bench and tour)."""
+    ended the whole bench and tour). A model that cannot be had ends the run, in one sentence."""
     try:
         if bars:
             with section_bar(name, *_estimate(name, previous)):
                 return SECTIONS[name](ctx, options)
         return SECTIONS[name](ctx, options)
+    except ModelUnavailable:                       # every section needs the model: the run cannot go on
+        raise
     except Exception as error:                     # noqa: BLE001 - recorded in the report, the run goes on
         reason = failure_reason(error)
         return {"failed": reason, "figures": [failed_figure(f"section {name}", reason)]}
