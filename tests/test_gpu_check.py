@@ -398,8 +398,6 @@ def test_the_rehearsals_headlines_give_the_data_sheets_fraction_beside_the_copy_
     3.35 TB/s, an H200 4.8 TB/s), and that there is none for any other GPU. The rehearsal runs with
     the device's name patched (None: the CPU's own), a copy probe of a known speed and a stand-in
     `generate` at 1000 tokens/s."""
-    from types import SimpleNamespace
-
     from labsupport.lab import roofs
     from labsupport.lab.measure import Timing
     items = gpu_check.gpu_items
