@@ -147,6 +147,7 @@ def other_figures(model):
     }
 
 
+@pytest.mark.platform      # reaches engine.parallel (plan_split): in the subset tests/test_platform_marker.py keeps whole
 def test_the_other_figures_of_06_to_10_leave_both_phase_colours_free(tiny_llama):
     for name, fig in other_figures(tiny_llama).items():
         taken = colours_of(fig) & {PREFILL, DECODE}
