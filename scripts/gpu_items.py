@@ -368,18 +368,21 @@ def quant_kernels(ctx: Context) -> dict:
 
 # --- measurements --------------------------------------------------------------------------
 
-# The HBM bandwidth on the data sheets of the GPUs this check is lent, in bytes/s, by a part of the
-# name torch reports (an H100 SXM says "NVIDIA H100 80GB HBM3"): (part, what to call it, bytes/s).
-# Other GPUs (a PCIe or NVL H100 among them: other figures) get none here, and the check says so.
-DATA_SHEET_HBM = (("H200", "H200", 4.8e12), ("H100 80GB HBM3", "H100 SXM", 3.35e12),
-                  ("H100 SXM", "H100 SXM", 3.35e12))
+# The GPUs this check is lent, by a part of the name torch reports (an H100 SXM says "NVIDIA H100
+# 80GB HBM3"), and their data sheet in notebook 00's table (`lab.roofline_hardware.DATA_SHEETS`,
+# the one home of those figures): (part, what to call it, the sheet's name). Other GPUs (a PCIe or
+# NVL H100 among them: other figures) get none here, and the check says so.
+DATA_SHEET_HBM = (("H200", "H200", "NVIDIA H200 SXM"), ("H100 80GB HBM3", "H100 SXM", "NVIDIA H100 SXM"),
+                  ("H100 SXM", "H100 SXM", "NVIDIA H100 SXM"))
 
 
 def data_sheet(ctx: Context) -> tuple[str, float] | None:
     """(the GPU's name on its data sheet, its HBM bandwidth in bytes/s) where `DATA_SHEET_HBM` has
     this device's name, else None (every other GPU, and a CPU rehearsal)."""
+    from labsupport.lab.roofline_hardware import DATA_SHEETS
     name = device_name(ctx.device)
-    return next(((label, rate) for part, label, rate in DATA_SHEET_HBM if part in name), None)
+    bandwidth = {sheet.name: sheet.bandwidth for sheet in DATA_SHEETS}
+    return next(((label, bandwidth[sheet]) for part, label, sheet in DATA_SHEET_HBM if part in name), None)
 
 
 def data_sheet_text(ctx: Context) -> str:
