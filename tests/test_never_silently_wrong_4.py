@@ -310,3 +310,13 @@ def test_the_server_and_chat_prompt_build_the_same_chat_prompt(served):
                                                                      {"role": "user", "content": "U"}]},
                        timeout=TIMEOUT).json()
     assert reply["tokens"] == ByteTokenizer().encode(chat_prompt(ByteTokenizer(), "U", "S"))
+
+
+def test_a_body_of_many_long_unknown_fields_logs_one_short_line(served, log_records):
+    """A client cannot flood the log: 5,000 unknown fields of 200 characters give one line of 10 names."""
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+            **{f"{i:05d}" + "x" * 195: 0 for i in range(5000)}}
+    reply = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+    assert reply.status_code == 200
+    ignored = [r.getMessage() for r in log_records if "ignored" in r.getMessage()]
+    assert len(ignored) == 1 and len(ignored[0]) < 1000 and "and 4990 more" in ignored[0]

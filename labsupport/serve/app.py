@@ -216,9 +216,11 @@ class _Server:
         if refused is not None:
             raise refused
         ignored = protocol.ignored_fields(body)
-        if ignored:
+        if ignored:                    # at most 10 names of 40 characters: one client cannot flood the log
+            shown = ", ".join(repr(name[:40]) for name in ignored[:10]) + (
+                f" and {len(ignored) - 10} more" if len(ignored) > 10 else "")
             LOG.warning("%s: ignored the fields this server does not know: %s (a misspelled field, such as "
-                        "'temprature', leaves its setting at the default).", http.url.path, ", ".join(ignored))
+                        "'temprature', leaves its setting at the default).", http.url.path, shown)
         if not self.thread.alive:
             raise ApiError(503, "The engine has stopped; restart the server.", kind="server_error")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
