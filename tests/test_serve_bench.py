@@ -78,6 +78,8 @@ def test_the_section_runs_when_named_and_says_why_each_peer_is_missing():
     assert {f["name"] for f in section["figures"]} >= {"http serving quality: served perplexity, int4 / float32"}
     int4_rows = [r for r in section["rows"] if r["server"] == "our HTTP server (int4)"]
     assert all(r["errors"] == 0 and r["throughput"] > 0 for r in int4_rows)
+    # the int4 rows are served by the same process as the saturated run, not a thread of this one
+    assert all(r["decode_path"] is None and r["precision"] == ours["precision"] for r in int4_rows)
 
 
 def test_llama_server_is_found_or_refused_in_one_sentence(tmp_path, monkeypatch):
@@ -155,6 +157,22 @@ def test_the_saturated_figures_are_ours_over_llama_servers_and_nan_with_the_reas
     rows[1] = serving_row("llama-server", None, skipped="llama-server is not built here.")
     assert all(f["value"] != f["value"] and f["note"] == "llama-server is not built here."
                for f in saturated_figures(rows, TINY))
-    command = our_server_command("smollm2-135m", "cpu", 8123, 4, 32, int4=True)
+    command = our_server_command("smollm2-135m", "cpu", 8123, 4, 32, int4=True, cache_tokens=2048)
     assert command[1:4] == ["-m", "labsupport", "serve"] and command[-2:] == ["--quantize", "int4"]
     assert command[command.index("--max-slots") + 1] == "4" and command[command.index("--max-waiting") + 1] == "32"
+    assert command[command.index("--cache-tokens") + 1] == "2048"
+    assert "--cache-tokens" not in our_server_command("smollm2-135m", "cpu", 8123, 4, 32, int4=False)
+
+
+def test_our_server_process_that_cannot_start_is_one_sentence_in_its_rows(monkeypatch):
+    """The section's server process (`our_server_peer`) that cannot start gives the sentence; the
+    saturated run then has a row saying why, and the load curve a skipped int4 row."""
+    from contextlib import ExitStack
+    from labsupport.bench import http_serving_saturated as saturated
+    monkeypatch.setattr(saturated, "our_server_command", lambda *a, **k: [sys.executable, "-c", "raise SystemExit(3)",
+                                                                           "--port", "1"])
+    with ExitStack() as running:
+        peer = saturated.our_server_peer(running, "tiny-llama", "cpu", 2, 4, int4=True)
+    assert isinstance(peer, str) and peer.startswith("our server could not start:")
+    rows = saturated.saturated_rows("tiny-llama", TINY, peer, "llama-server is not built here.")
+    assert [r["skipped"] for r in rows] == [peer, "llama-server is not built here."]

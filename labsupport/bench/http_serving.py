@@ -6,8 +6,10 @@ The same seeded chat workload (`lab.http_serving_loadgen.chat_workload`) is serv
 (fractions of the rate the in-process engine saturates at, `load_curve.saturation_rate`) by:
 
 * the in-process engine (`Engine.run`: no sockets, no JSON, no tokenizer on the way out);
-* our HTTP server (`labsupport.serve`, same engine settings), through the load generator, in
-  fp32 and (on a CPU) with int4 weights (``serve --quantize int4``: notebook 04's W4A8 kernel);
+* our HTTP server (`labsupport.serve`, same engine settings), through the load generator: in
+  fp32 from a thread of this process (`BackgroundServer`, as a notebook serves it), and (on a CPU)
+  with int4 weights (notebook 04's W4A8 kernel) as ``python -m labsupport serve --quantize int4``
+  runs it, a process of its own (`http_serving_saturated.our_server_peer`) like llama-server's;
 * llama.cpp's C++ server (`llama-server`: continuous batching, the same slots and threads, the
   embedded model's Q4_1 GGUF) where it is built (README: "llama-server, offline"), and
   llama-cpp-python's server (`llama_cpp.server`, one request at a time) where
@@ -16,8 +18,8 @@ The same seeded chat workload (`lab.http_serving_loadgen.chat_workload`) is serv
 
 Every row says what precision served it (``precision``), so that no ratio mixes them unsaid.
 
-Then the saturated comparison (`http_serving_saturated`): many requests at once, our server as a
-process of its own (as ``python -m labsupport serve`` runs it) against llama-server.
+Then the saturated comparison (`http_serving_saturated`): many requests at once, the same server
+process against llama-server.
 
 Each server gets the same client and the same requests, one server after the other at each
 rate; peers run in their own processes on 127.0.0.1 and are stopped at the end. The sizes
@@ -42,7 +44,7 @@ from .core import BenchContext, reported
 from .http_serving_agentic import agentic_figures, quality_figures, agentic_serving, served_quality, serving_row
 from .peers.http_servers import (LLAMA_SERVER, LLAMA_SERVER_PRECISION, free_port, llama_server_peer, peer_server,
                          llamacpp_server_command, vllm_server_command)
-from .http_serving_saturated import saturated_figures, saturated_rows
+from .http_serving_saturated import our_server_peer, saturated_figures, saturated_rows
 from .options import SectionOptions, count, counts, switch
 
 INT4_SERVER = "our HTTP server (int4)"
@@ -193,6 +195,31 @@ def _int4_against_llama_server(rows: list[dict], peer, low: float, high: float) 
     return figures
 
 
+PEERS = {LLAMA_SERVER: LLAMA_SERVER_PRECISION, "llama.cpp server": LLAMA_SERVER_PRECISION,   # name -> precision
+         "vLLM server": "float32 weights"}
+
+
+def _start_peers(running: ExitStack, ctx: BenchContext, slots: int, context: int, tok) -> dict:
+    """Each of `PEERS` started for the rest of `running` (an ExitStack): name -> (url, extra body
+    fields, precision), or the sentence saying why it is not running. Notebook 09."""
+    peers = {LLAMA_SERVER: llama_server_peer(running, ctx.model_name, ctx.device, slots, context)}
+    commands = {"llama.cpp server": llamacpp_server_command(ctx, free_port()),
+                "vLLM server": vllm_server_command(ctx, free_port(), slots)}
+    eos = {str(tok.eos_token_id): -100} if getattr(tok, "eos_token_id", None) is not None else {}
+    for name, (command, reason) in commands.items():
+        if command is None:
+            peers[name] = reason
+            continue
+        try:
+            url = running.enter_context(peer_server(command, int(command[command.index("--port") + 1]),
+                                                    timeout=600 if name.startswith("vLLM") else 120))
+            # llama-cpp-python's server has no ignore_eos: a bias that forbids the end token does the same
+            peers[name] = (url, {"logit_bias": eos} if name == "llama.cpp server" else {}, PEERS[name])
+        except LabError as error:
+            peers[name] = f"{name} could not start: {error}"
+    return peers
+
+
 def section_http_serving(ctx: BenchContext, options: HttpServingOptions) -> dict:
     """Our HTTP server beside the in-process engine, llama.cpp's server and vLLM's, at a few
     arrival rates; the figures: what HTTP costs (TTFT, ITL, throughput) and the peers' ratios.
@@ -204,28 +231,17 @@ def section_http_serving(ctx: BenchContext, options: HttpServingOptions) -> dict
     saturation = in_a_thread(saturation_rate, model, base, sizes.slots)
     rates = [saturation * p / 100 for p in sizes.loads]
     longest = max(r.max_length for r in base)
-    commands = {"llama.cpp server": llamacpp_server_command(ctx, free_port()),
-                "vLLM server": vllm_server_command(ctx, free_port(), sizes.slots)}
-    precision = {LLAMA_SERVER: LLAMA_SERVER_PRECISION, "llama.cpp server": LLAMA_SERVER_PRECISION,
-                 "vLLM server": "float32 weights"}
-    also = {INT4_SERVER: ctx.variants.get("float32", "int4")} if sizes.int4_server else {}
-    peers: dict = {}
-    eos = {str(tok.eos_token_id): -100} if getattr(tok, "eos_token_id", None) is not None else {}
     with ExitStack() as running:                          # every peer's server stops at the end
-        peers[LLAMA_SERVER] = llama_server_peer(running, ctx.model_name, ctx.device, sizes.slots, max(512, 2 * longest))
-        for name, (command, reason) in commands.items():
-            if command is None:
-                peers[name] = reason
-                continue
-            try:
-                url = running.enter_context(peer_server(command, int(command[command.index("--port") + 1]),
-                                                        timeout=600 if name.startswith("vLLM") else 120))
-                # llama-cpp-python's server has no ignore_eos: a bias that forbids the end token does the same
-                peers[name] = (url, {"logit_bias": eos} if name == "llama.cpp server" else {}, precision[name])
-            except LabError as error:
-                peers[name] = f"{name} could not start: {error}"
-        rows = http_load_curve(model, tok, ctx.model_name, rates, sizes, peers, also_served=also)
-        saturated = saturated_rows(ctx.model_name, ctx.device, sizes, peers[LLAMA_SERVER])
+        peers = _start_peers(running, ctx, sizes.slots, max(512, 2 * longest), tok)
+        # our server as a process (int4 on a CPU, beside llama-server's Q4_1), for the saturated run and
+        # the int4 rows; the fp32 rows serve from this process's thread, beside the in-process engine
+        # (its KV cache as large as llama-server's)
+        our_process = our_server_peer(running, ctx.model_name, ctx.device, sizes.slots,
+                                      max(sizes.requests, sizes.saturated_requests), sizes.int4_server,
+                                      cache_tokens=sizes.slots * max(512, 2 * longest))
+        curve_peers = {**({INT4_SERVER: our_process} if sizes.int4_server else {}), **peers}
+        rows = http_load_curve(model, tok, ctx.model_name, rates, sizes, curve_peers)
+        saturated = saturated_rows(ctx.model_name, sizes, our_process, peers[LLAMA_SERVER])
     low, high = rates[0], rates[-1]
     inproc, http = "in-process engine", "our HTTP server"
     at = {r["server"]: r for r in rows if r["rate"] == low}
@@ -245,12 +261,12 @@ def section_http_serving(ctx: BenchContext, options: HttpServingOptions) -> dict
     ]
     if sizes.int4_server:                                 # the like-for-like pair: 4-bit weights both
         figures += _int4_against_llama_server(rows, peers[LLAMA_SERVER], low, high)
-    for name in [LLAMA_SERVER, *commands]:
+    for name in PEERS:
         reason = peers[name] if isinstance(peers[name], str) else None
         figures.append(reported(f"http serving: our HTTP server / {name} throughput at the highest rate",
                                 _ratio(rows, http, name, "throughput", high), "x",
                                 note=reason or f"same client, same requests; {rows_precision(rows, http)} against "
-                                               f"{precision[name]}; {name} errors: "
+                                               f"{PEERS[name]}; {name} errors: "
                                                f"{sum(r['errors'] for r in rows if r['server'] == name)}"
                                                + ("; llama-cpp-python's server runs one request at a time (no "
                                                   "batching), so its queue grows with the load"
@@ -261,7 +277,7 @@ def section_http_serving(ctx: BenchContext, options: HttpServingOptions) -> dict
     quality = served_quality(ctx.variants, tok, ctx.model_name)       # untimed: scores, not speed
     scores = quality_figures(quality)
     # on a GPU, a figure from a run that was not replayed CUDA graphs is a failed measurement
-    ours = [r["decode_path"] for r in rows + agentic if r["server"] in (inproc, http, INT4_SERVER) or r in agentic]
+    ours = [r["decode_path"] for r in rows + agentic if r["server"] in (inproc, http) or r in agentic]
     for figure in figures:
         peer = [VLLM_GRAPHED] if "vLLM" in figure["name"] else []
         mark_graphed(figure, ours + peer, ctx.device)

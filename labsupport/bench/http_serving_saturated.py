@@ -1,17 +1,21 @@
-"""Notebook 09's saturated comparison: many requests at once, our server as a process against llama-server.
+"""Notebook 09's server process, and the saturated comparison: many requests at once, our server
+as a process against llama-server.
 
 Introduced in notebook 09 (serving over HTTP); part of ``python -m labsupport bench --sections
-http_serving``. The load curve (`http_serving.http_load_curve`) serves our server from a thread of
-the bench's own process, as a notebook must. Here our server runs as ``python -m labsupport serve``
-runs it: a process of its own, whose engine steps in the thread that loaded the model. llama-server
-is a process too, so the two are compared like for like: the same slots, threads and client, one
-server at a time. Every request arrives at once, so the queue is full from the start: throughput
-says which server saturates higher, and the time to first token how long the queue waits.
+http_serving``. A notebook serves our server from a thread of its own process (`BackgroundServer`),
+whose engine thread starts PyTorch's CPU thread pool cold (README, "engines"). The bench runs it as
+``python -m labsupport serve`` runs it (`our_server_peer`): a process of its own, whose engine steps
+in the thread that loaded the model. llama-server is a process too, so the two are compared like for
+like: the same slots, threads and client, one server at a time. The load curve's int4 rows and the
+saturated run use that process. In the saturated run every request arrives at once, so the queue is
+full from the start: throughput says which server saturates higher, and the time to first token how
+long the queue waits.
 """
 
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 
 import torch
 
@@ -24,34 +28,45 @@ from .peers.http_servers import LLAMA_SERVER, free_port, peer_server
 OUR_PROCESS = "our server process"
 
 
-def our_server_command(model_name: str, device, port: int, slots: int, requests: int, int4: bool) -> list[str]:
-    """`python -m labsupport serve` for the embedded model: `slots` slots, room for every request
-    to wait, int4 weights (notebook 04's W4A8 kernel) where `int4`. Notebook 09."""
+def our_server_command(model_name: str, device, port: int, slots: int, requests: int, int4: bool,
+                       cache_tokens: int | None = None) -> list[str]:
+    """`python -m labsupport serve` for the embedded model: `slots` slots, room for `requests` to
+    wait, a KV cache of `cache_tokens` (the server's default where None), int4 weights (notebook 04's
+    W4A8 kernel) where `int4`. Notebook 09."""
     return [sys.executable, "-m", "labsupport", "serve", "--model", model_name, "--device", torch.device(device).type,
             "--port", str(port), "--max-slots", str(slots), "--max-waiting", str(requests), "--log-level", "warning",
-            *(["--quantize", "int4"] if int4 else [])]
+            *(["--cache-tokens", str(cache_tokens)] if cache_tokens else []), *(["--quantize", "int4"] if int4 else [])]
 
 
-def saturated_rows(model_name: str, device, sizes, llama_server) -> list[dict]:
+def our_server_peer(running: ExitStack, model_name: str, device, slots: int, requests: int, int4: bool,
+                    cache_tokens: int | None = None):
+    """Our server as a process (`our_server_command`), running for the rest of `running` (an
+    ExitStack): (url, extra body fields, precision) as the load curve's peers take it, or the
+    sentence saying why it could not start. Notebook 09."""
+    command = our_server_command(model_name, device, free_port(), slots, requests, int4, cache_tokens)
+    try:
+        url = running.enter_context(peer_server(command, int(command[command.index("--port") + 1]), timeout=300))
+    except LabError as error:
+        return f"our server could not start: {error}"
+    return url, {}, ("int4 weights, W4A8 kernel" if int4 else "float32 weights")
+
+
+def saturated_rows(model_name: str, sizes, ours, llama_server) -> list[dict]:
     """`sizes.saturated_requests` chat requests at once (median `sizes.saturated_median_tokens` new
-    tokens), served by our server's process, then by llama-server where it runs (`llama_server`:
-    (url, extra body fields, precision) as `http_servers.llama_server_peer` gives it, or why not).
-    One row each, rate None; a server that cannot run has a row saying why. Notebook 09."""
+    tokens), served by our server's process (`ours`, as `our_server_peer` gives it), then by
+    llama-server where it runs (`llama_server`, as `http_servers.llama_server_peer` gives it). One row
+    each, rate None; a server that cannot run has a row saying why. Notebook 09."""
     median = sizes.saturated_median_tokens
     workload = chat_workload(sizes.saturated_requests, None, median, max_new_tokens=4 * median, seed=0)
-    precision = "int4 weights, W4A8 kernel" if sizes.int4_server else "float32 weights"
-    command = our_server_command(model_name, device, free_port(), sizes.slots, sizes.saturated_requests,
-                                 sizes.int4_server)
-    try:
-        with peer_server(command, int(command[command.index("--port") + 1]), timeout=300) as url:
-            rows = [serving_row(OUR_PROCESS, None, load_test(url, workload, model=model_name), precision=precision)]
-    except LabError as error:
-        rows = [serving_row(OUR_PROCESS, None, skipped=f"our server could not start: {error}")]
-    if isinstance(llama_server, str):
-        return rows + [serving_row(LLAMA_SERVER, None, skipped=llama_server)]
-    url, extra, words = llama_server
-    return rows + [serving_row(LLAMA_SERVER, None, load_test(url, workload, model=model_name, extra=extra),
-                               precision=words)]
+    rows = []
+    for name, peer in ((OUR_PROCESS, ours), (LLAMA_SERVER, llama_server)):
+        if isinstance(peer, str):
+            rows.append(serving_row(name, None, skipped=peer))
+        else:
+            url, extra, words = peer
+            rows.append(serving_row(name, None, load_test(url, workload, model=model_name, extra=extra),
+                                    precision=words))
+    return rows
 
 
 def saturated_figures(rows: list[dict], sizes) -> list[dict]:
