@@ -1,7 +1,9 @@
 """The whole decode layer in one C++ call (fused.decode_block, fused_ops.cpp; issue 40): it equals
 the layer's Python code (the reference, fused kernels off) for float32 and W4A8 layers on odd
 shapes, writes the cache exactly as the Python layer does, is taken on every layer of a plain CPU
-decode step and nowhere else, and refuses bad arguments in one sentence."""
+decode step and nowhere else, and refuses bad arguments in one sentence. The same holds for the
+serving engine's decode step over its paged pool (decode_block_paged): rows at different lengths,
+their blocks interleaved in the pool."""
 
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ from labsupport.engine.kv_quant import Int8KVCache
 from labsupport.engine.models import fused
 from labsupport.engine.quant import quantize_model
 from labsupport.engine.quant.w4a8 import w4a8_unavailable
+from labsupport.engine.serving.block_manager import BlockManager
+from labsupport.engine.serving.engine import Engine
+from labsupport.engine.serving.model_runner import ModelRunner
+from labsupport.engine.serving.paged_cache import PagedKVCache
+from labsupport.engine.serving.request import Request, ServedSequence
 from labsupport.weights.fixtures import random_model
 
 pytestmark = pytest.mark.platform    # a torch version or a CPU feature can break these (tests/test_platform_marker.py)
@@ -48,11 +55,11 @@ def model_of(shape: str, seed: int = 0):
     return model
 
 
-def block_calls(run) -> int:
-    """How many times `run()` called the one-call layer."""
+def block_calls(run, op: str = "labsupport::decode_block") -> int:
+    """How many times `run()` called the one-call layer (`op`: the static cache's, or the pool's)."""
     with profile() as trace:
         run()
-    return sum(1 for event in trace.events() if event.name == "labsupport::decode_block")
+    return sum(1 for event in trace.events() if event.name == op)
 
 
 def decode_once(model, batch: int, context: int, fast: bool):
@@ -175,4 +182,103 @@ def test_refuses_bad_arguments_in_one_sentence():
     for bad in (lambda: call(x=torch.randn(1, 2, 8)), lambda: call(x=torch.randn(1, 1, 8).double()),
                 lambda: call(k=torch.zeros(2, 1, 4, 4)), lambda: call(start=4)):
         with pytest.raises(RuntimeError, match=r"^decode_block: .* must "):
+            bad()
+
+
+# --- the serving engine's decode step, over the paged pool (decode_block_paged) ----------------------
+
+PAGED = "labsupport::decode_block_paged"
+
+
+def paged_decode(model, lengths, fast: bool, block_size: int = 4, **runner_options):
+    """Rows of `lengths` prompt tokens, their blocks handed out in turn so that each row's blocks lie
+    apart in the pool; each prompt prefilled by the Python layers, then one decode step of every row
+    through the serving runner: (its logits (rows, vocab), the pool, the one-call layers it ran)."""
+    generator = torch.Generator().manual_seed(sum(lengths))
+    blocks = BlockManager(num_blocks=64, block_size=block_size)
+    cache = PagedKVCache(model.config, 64, block_size, dtype=model.dtype)
+    runner = ModelRunner(model, cache, blocks, **runner_options)
+    seqs = [ServedSequence(Request(torch.randint(3, model.config.vocab_size, (n,), generator=generator).tolist(),
+                                   max_new_tokens=4), i, "cpu") for i, n in enumerate(lengths)]
+    for upto in range(1, max(lengths) + 2):                  # a block for each row in turn: interleaved
+        for seq, n in zip(seqs, lengths):
+            blocks.grow(seq.index, min(upto, n + 1))
+    with torch.inference_mode():
+        with fused.switched(False):
+            for seq in seqs:
+                runner.forward([seq], [len(seq.tokens)])
+                seq.num_cached = len(seq.tokens)             # the scheduler's postprocess, by hand
+                seq.output.append(int(torch.randint(3, model.config.vocab_size, (1,), generator=generator)))
+        with fused.switched(fast):
+            out = {}
+            calls = block_calls(lambda: out.setdefault("logits", runner.forward(seqs, [1] * len(seqs))), PAGED)
+    return out["logits"], cache, calls
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("lengths", [(1,), (7, 1, 12), (4, 8, 3, 16)])
+def test_the_paged_step_equals_the_layers_python_code_and_writes_the_same_slots(shape, lengths):
+    """Lengths that end a block (4, 8, 16: the new token opens the next one) and that do not."""
+    model = model_of(shape)
+    fast, fast_cache, calls = paged_decode(model, lengths, fast=True)
+    slow, slow_cache, none = paged_decode(model, lengths, fast=False)
+    assert calls == model.config.num_layers and none == 0
+    assert (fast - slow).abs().max() <= 1e-4 * slow.abs().max()
+    # every slot of the pool: the prompts' (the same Python prefill) and the new tokens' (one write each)
+    torch.testing.assert_close(fast_cache.keys, slow_cache.keys, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast_cache.values, slow_cache.values, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(w4a8_unavailable() is not None, reason=f"the W4A8 kernel: {w4a8_unavailable()}")
+def test_the_paged_step_with_w4a8_layers_equals_their_python_code():
+    model = model_of("gqa-3")
+    quantize_model(model, "int4", group_size=32)
+    fast, _, calls = paged_decode(model, (5, 13), fast=True)
+    slow, _, _ = paged_decode(model, (5, 13), fast=False)
+    assert calls == model.config.num_layers
+    assert (fast - slow).abs().max() <= 2e-2 * slow.abs().max()      # as the static cache's W4A8 test
+
+
+def test_the_serving_engine_serves_the_python_layers_tokens():
+    """Three requests through two slots (so one joins a running batch): each gets the tokens the
+    Python layers give it, and the step took the one call."""
+    model = model_of("gqa-3", seed=4)
+    requests = [Request(list(range(3, 3 + n)), max_new_tokens=10) for n in (5, 17, 9)]
+    with fused.switched(False):
+        reference = Engine(model, max_slots=2, block_size=4).run(requests, clock="steps")
+    out = {}
+    calls = block_calls(lambda: out.setdefault("run", Engine(model, max_slots=2, block_size=4).run(requests,
+                                                                                                 clock="steps")), PAGED)
+    assert [s.output for s in out["run"].sequences] == [s.output for s in reference.sequences]
+    assert calls >= 9 * model.config.num_layers
+
+
+def test_the_paged_step_is_taken_only_where_each_rows_length_is_its_whole_mask():
+    """A sliding window (the mask hides more than the length) and attention over the pool in place
+    keep the Python layers; so do float64 weights."""
+    model = model_of("mqa")
+    assert paged_decode(model, (6, 3), fast=True)[2] == model.config.num_layers
+    assert paged_decode(model.with_attention_window(4), (6, 3), fast=True)[2] == 0
+    assert paged_decode(model, (6, 3), fast=True, attention="pool")[2] == 0
+    assert paged_decode(copy.deepcopy(model).double(), (6, 3), fast=True)[2] == 0
+
+
+def test_the_paged_call_refuses_bad_arguments_in_one_sentence():
+    ops = torch.ops.labsupport
+    w = [torch.randn(8, 8)]
+    pool = torch.zeros(8, 1, 4)                            # 2 blocks of 4 slots, one kv head, D 4
+    cs = torch.randn(1, 1, 4)
+
+    def call(slots=torch.tensor([1]), tables=torch.tensor([[0]]), lengths=torch.tensor([2]), k=pool):
+        return ops.decode_block_paged(torch.randn(1, 1, 8), torch.ones(8), torch.ones(8), [torch.randn(12, 8)],
+                                      [torch.randn(8, 4)], [torch.randn(16, 8)], w, cs, cs, k, k.clone(), slots,
+                                      tables, lengths, 4, 1, 1e-5, "auto")
+    assert call().shape == (1, 1, 8)
+    for bad in (lambda: call(tables=torch.tensor([[2]])),              # a block past the pool
+                lambda: call(lengths=torch.tensor([5])),               # longer than its table
+                lambda: call(lengths=torch.tensor([0])),
+                lambda: call(slots=torch.tensor([8])),                 # a write past the pool
+                lambda: call(tables=torch.tensor([[0]], dtype=torch.int32)),
+                lambda: call(k=torch.zeros(8, 1, 4).double())):
+        with pytest.raises(RuntimeError, match=r"^decode_block_paged: .* must |^decode_block_paged: a "):
             bad()

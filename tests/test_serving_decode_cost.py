@@ -97,7 +97,7 @@ def test_decode_step_costs_reports_shares_that_add_up(tiny_llama):
     assert sum(costs[f"{p}_share"] for p in parts) == pytest.approx(1.0)
     assert all(costs[f"{p}_s"] >= 0 for p in parts) and costs["gather_s"] > 0 and costs["table_build_s"] > 0
     assert costs["timed_step_s"] == pytest.approx(sum(costs[f"{p}_s"] for p in parts))
-    for name in ("step_s", "pool_step_s", "table_build_lists_s", "gather_by_slots_s"):
+    for name in ("step_s", "pool_step_s", "table_build_lists_s", "gather_by_slots_s", "paged_kernel_step_s"):
         assert costs[name] > 0
     assert all(isinstance(t, Timing) and len(t.samples) == 3 for t in costs["timings"].values())
     assert costs["timings"]["step"].median == costs["step_s"]

@@ -12,11 +12,14 @@ Every decode step of the engine does two things a contiguous cache does not:
   blocks at a time (one index per block; timed against one index per position,
   `gather_by_slots`, the way the first engine gathered).
 
-`decode_step_costs` serves a batch of sequences of one context length, then times
-decode steps three ways: with every table build and gather timed (the shares), plain
-(the step as the engine runs it), and with attention over the pool in place
-(`attention="pool"`: no gather, a bigger masked attention). It returns a flat dict for
-the notebook, with the raw `Timing`s for `busy.busy_reason`.
+`decode_step_costs` serves a batch of sequences of one context length, then times decode
+steps of the layers' Python code (the fused kernels off, so that each gather is an operation
+of its own) three ways: with every table build and gather timed (the shares), plain, and with
+attention over the pool in place (`attention="pool"`: no gather, a bigger masked attention).
+A fourth way is the step as the engine runs it on a CPU: each layer one C++ call that reads each
+row's keys through its block table inside the attention, with no copy (`fused.decode_block`, as
+PagedAttention does on a GPU). It returns a flat dict for the notebook, with the raw `Timing`s
+for `busy.busy_reason`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 import torch
 
 from ..engine.hardware import synchronize
+from ..engine.models import fused
 from ..inputs import whole_number
 from .measure import Timing
 from ..engine.serving.block_manager import BlockManager, blocks_needed
@@ -88,12 +92,14 @@ def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size
                       steps: int = 5, warmup: int = 1, seed: int = 0) -> dict:
     """Time paged decode steps of `batch_size` sequences holding about `context` positions.
 
-    Returns seconds per step (medians): "step_s" (as the engine runs it, gathering),
+    Returns seconds per step (medians), of the layers' Python code: "step_s" (gathering),
     "pool_step_s" (attention over the pool instead), "timed_step_s" (with every table
     build and gather timed) split into "table_build_s", "gather_s" and "rest_s", their
     shares of the timed step, "table_build_lists_s" (the tables rebuilt from lists
     instead), "gather_by_slots_s" (every layer's gather with one index per position instead of
-    per block), and "timings": {name: Timing} for `busy.busy_reason`.
+    per block); "paged_kernel_step_s", the step as the engine runs it (on a CPU with the fused
+    kernels, one call per layer reading the pool in place; elsewhere the same as "step_s"); and
+    "timings": {name: Timing} for `busy.busy_reason`.
     Introduced in notebook 06 (continuous batching).
     """
     batch_size = whole_number(batch_size, "batch_size (sequences decoded together)")
@@ -119,17 +125,19 @@ def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size
         seq.num_cached = len(seq.tokens)                     # its own scheduler
         seq.output.append(int(logits.argmax()))
     samples = {name: [] for name in ("step", "pool_step", "timed_step", "table_build", "gather",
-                                     "table_build_lists", "gather_by_slots")}
+                                     "table_build_lists", "gather_by_slots", "paged_kernel_step")}
     for step in range(warmup + steps):
         record = {"table_build_lists": _seconds(lambda: list_tables(
             [blocks.table(s.index) for s in seqs], pool.scratch_block, 1, model.device), model.device),
             "gather_by_slots": _seconds(lambda: gather_by_slots(
                 pool, blocks.table_rows([s.index for s in seqs]), seqs[0].num_cached + 1), model.device)}
         tables_clock.reset(), gathers_clock.reset()
-        record["timed_step"] = _seconds(lambda: runner.decode(seqs), model.device)
-        record["table_build"], record["gather"] = tables_clock.total(), gathers_clock.total()
-        for name, other in plain.items():                    # the same step again: the same position
-            record[name] = _seconds(lambda: other.decode(seqs), model.device)
+        with fused.switched(False):                          # the Python layers: each gather its own copy
+            record["timed_step"] = _seconds(lambda: runner.decode(seqs), model.device)
+            record["table_build"], record["gather"] = tables_clock.total(), gathers_clock.total()
+            for name, other in plain.items():                # the same step again: the same position
+                record[name] = _seconds(lambda: other.decode(seqs), model.device)
+        record["paged_kernel_step"] = _seconds(lambda: plain["step"].decode(seqs), model.device)
         for seq in seqs:
             seq.num_cached += 1
             seq.output.append(seq.output[-1])               # any token: the cost does not depend on it
@@ -148,6 +156,7 @@ def decode_step_costs(model, batch_size: int = 8, context: int = 128, block_size
         "rest_share": max(0.0, timed - table - gather) / timed,
         "table_build_lists_s": timings["table_build_lists"].median,
         "gather_by_slots_s": timings["gather_by_slots"].median,
+        "paged_kernel_step_s": timings["paged_kernel_step"].median,
         "timings": timings,
     }
 

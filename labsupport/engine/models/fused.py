@@ -134,14 +134,19 @@ def _hooked(modules) -> bool:
 def decode_block(block, x: torch.Tensor, rope, writer, mask) -> torch.Tensor | None:
     """The whole of a Llama `block` (transformer.py) for one new token per row, in one C++ call
     (`fused_ops.cpp`'s decode_block, issue 40), or None where it does not apply and the block runs
-    its Python code, which stays the reference: anything but a float32 CPU decode pass (x (B, 1,
-    hidden)) with no mask (no padding, no window) over a `StaticKVCache` (kv_cache.py), or a layer
-    whose linears are not all float32 or all W4A8 with one path (`_linear_weights`), or whose
-    parts have forward hooks (`_hooked`). Introduced in notebook 00 (where the time goes)."""
+    its Python code, which stays the reference. It applies to a float32 CPU decode pass (x (B, 1,
+    hidden)) over a float32 cache that is either a `StaticKVCache` (kv_cache.py) with no mask (no
+    padding, no window), or the serving engine's paged pool through a `PagedView` that the runner
+    marked as one token per row with nothing but each row's length to mask (`decode_lengths`), and
+    to a layer whose linears are all float32 or all W4A8 with one path (`_linear_weights`) and whose
+    parts have no forward hooks (`_hooked`). Introduced in notebook 00 (where the time goes)."""
     from ..kv_cache import PassWriter, StaticKVCache
-    if (mask is not None or rope is None or x.shape[1] != 1 or x.dtype != torch.float32 or not active(x)
-            or torch.compiler.is_compiling() or not isinstance(writer, PassWriter)
-            or type(writer.cache) is not StaticKVCache or writer.cache.dtype != torch.float32):
+    if rope is None or x.shape[1] != 1 or x.dtype != torch.float32 or not active(x) or torch.compiler.is_compiling():
+        return None
+    paged_lengths = getattr(writer, "decode_lengths", None)      # (B,): a PagedView marked by the serving runner
+    static = (mask is None and isinstance(writer, PassWriter) and type(writer.cache) is StaticKVCache
+              and writer.cache.dtype == torch.float32)
+    if not static and (paged_lengths is None or writer.cache.dtype != torch.float32):
         return None
     attn, mlp = block.attn, block.mlp
     linears = (attn.qkv, attn.out, getattr(mlp, "gate_up", None), getattr(mlp, "down", None))
@@ -154,11 +159,17 @@ def decode_block(block, x: torch.Tensor, rope, writer, mask) -> torch.Tensor | N
     if block.attn_norm.weight.dtype != torch.float32 or block.mlp_norm.weight.dtype != torch.float32:
         return None
     cache, layer, rows = writer.cache, attn.layer_index, x.shape[0]
+    norms = (block.attn_norm.weight, block.mlp_norm.weight)
+    if not static:     # the pool's layer (slots, kv_heads, D), read through each row's block table
+        return torch.ops.labsupport.decode_block_paged(
+            x.contiguous(), *norms, *weights, *rope, cache.keys[layer], cache.values[layer], writer.write_slots,
+            writer.read_blocks, paged_lengths, cache.block_size, attn.num_heads, block.attn_norm.eps,
+            paths.pop())                                                          # (B, 1, hidden)
     # the pass's rows of the layer's buffers (a compiled decoder's cache may hold more: its bucket)
     keys, values = cache.layer_keys[layer][:rows], cache.layer_values[layer][:rows]   # (B, kv_heads, max_len, D)
     return torch.ops.labsupport.decode_block(
-        x.contiguous(), block.attn_norm.weight, block.mlp_norm.weight, *weights, *rope, keys, values,
-        writer.start, attn.num_heads, block.attn_norm.eps, paths.pop())           # (B, 1, hidden)
+        x.contiguous(), *norms, *weights, *rope, keys, values, writer.start, attn.num_heads,
+        block.attn_norm.eps, paths.pop())                                         # (B, 1, hidden)
 
 
 @contextlib.contextmanager

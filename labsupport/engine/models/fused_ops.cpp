@@ -160,7 +160,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // runs a Llama layer for one new token per row with the same pieces the layer's Python code
 // calls, from C++: the norms, rope and silu_mul above, each linear through aten (a float weight)
 // or through the dispatcher to our W4A8 kernel (packed int4 weights, quant/w4a8.cpp), the cache
-// write, and `attend_one_row` below for the attention.
+// write, and `attend_new_rows` below for the attention; `decode_block_paged` does the same over the
+// serving engine's paged pool.
 
 float dot(const float* a, const float* b, int64_t n) {
   float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};   // 8 running sums: vectorizable
@@ -173,33 +174,31 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// q: (B, heads, D) rows of the new token; keys, values: (B, kv_heads, max_len, D), positions
-// 0..length-1 filled (the new token's included). out: (B, heads, D). Query head h reads kv head
-// h / (heads / kv_heads), as scaled_dot_product_attention(enable_gqa=True) does; softmax in float
-// with the max subtracted first.
-void attend_one_row(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t length,
-                    int64_t heads, float* out) {
-  const int64_t B = keys.size(0), kv_heads = keys.size(1), max_len = keys.size(2), D = keys.size(3);
+// The attention of one new token per row, over any cache layout. q: (B, heads, D); row b attends
+// to its positions 0..length(b)-1 (the new token's included), whose key and value rows start at
+// element `offset(b, g, s)` of pk and pv (kv head g, position s). out: (B, heads, D). Query head h reads
+// kv head h / (heads / kv_heads), as scaled_dot_product_attention(enable_gqa=True) does; softmax in
+// float with the max subtracted first.
+template <typename Length, typename Offset>
+void attend_new_rows(const float* q, const float* pk, const float* pv, int64_t B, int64_t heads, int64_t kv_heads,
+                     int64_t D, int64_t longest, Length length, Offset offset, float* out) {
   const int64_t group = heads / kv_heads;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const float *pk = keys.data_ptr<float>(), *pv = values.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, length * D));   // heads per thread
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, longest * D));   // heads per thread
   at::parallel_for(0, B * heads, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(length);
+    std::vector<float> scores(longest);
     for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / heads, h = row % heads, g = h / group;
+      const int64_t b = row / heads, h = row % heads, g = h / group, n = length(b);
       const float* qh = q + row * D;
-      const float* k = pk + (b * kv_heads + g) * max_len * D;
-      const float* v = pv + (b * kv_heads + g) * max_len * D;
       float top = -INFINITY;
-      for (int64_t s = 0; s < length; ++s) top = std::max(top, scores[s] = dot(qh, k + s * D, D) * scale);
+      for (int64_t s = 0; s < n; ++s) top = std::max(top, scores[s] = dot(qh, pk + offset(b, g, s), D) * scale);
       float total = 0.f;
-      for (int64_t s = 0; s < length; ++s) total += scores[s] = std::exp(scores[s] - top);
+      for (int64_t s = 0; s < n; ++s) total += scores[s] = std::exp(scores[s] - top);
       float* o = out + row * D;
       for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
-      for (int64_t s = 0; s < length; ++s) {
+      for (int64_t s = 0; s < n; ++s) {
         const float p = scores[s] / total;
-        const float* vs = v + s * D;
+        const float* vs = pv + offset(b, g, s);
         for (int64_t d = 0; d < D; ++d) o[d] += p * vs[d];
       }
     }
@@ -218,25 +217,41 @@ at::Tensor linear(const at::Tensor& x, const std::vector<at::Tensor>& w, c10::st
   return w4a8.call(x, w[0], w[1], w[2], path);
 }
 
-// x: (B, 1, hidden) float32; cos, sin: (B, 1, D); keys, values: this layer's cache buffers
-// (B, kv_heads, max_len, D), the new token written at `start`. Returns the layer's output
-// (B, 1, hidden): x + attn(norm(x)), then + mlp(norm(...)), as transformer.py's Block.
+// The layer's first half for one new token per row: norm, the qkv linear, the rotation.
+// x: (B, 1, hidden) float32; cos, sin: (B, 1, D). Returns qkv (B, 1, heads + 2 kv_heads, D).
+at::Tensor rotated_qkv(const at::Tensor& x, const at::Tensor& attn_norm, const std::vector<at::Tensor>& qkv_w,
+                       const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t kv_heads, int64_t D,
+                       double eps, c10::string_view path) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 3 && x.size(1) == 1 && x.is_contiguous(),
+              "decode_block: x must be a contiguous float32 (B, 1, hidden) tensor");
+  auto qkv = linear(rms_norm(x, attn_norm, eps), qkv_w, path).view({x.size(0), 1, heads + 2 * kv_heads, D});
+  return rope(qkv, cos, sin, heads + kv_heads);
+}
+
+// The layer's second half: x + out(attended), then + mlp(norm(...)), as transformer.py's Block.
+at::Tensor finish_block(const at::Tensor& x, const at::Tensor& attended, const at::Tensor& mlp_norm,
+                        const std::vector<at::Tensor>& out_w, const std::vector<at::Tensor>& gate_up_w,
+                        const std::vector<at::Tensor>& down_w, double eps, c10::string_view path) {
+  auto [h, normed] = add_rms_norm(x, linear(attended, out_w, path), mlp_norm, eps);
+  auto mlp = linear(silu_mul(linear(normed, gate_up_w, path)), down_w, path);
+  return h.add_(mlp);
+}
+
+// A static cache. keys, values: this layer's buffers (B, kv_heads, max_len, D), the new token
+// written at `start`. Returns the layer's output (B, 1, hidden).
 at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const at::Tensor& mlp_norm,
                         std::vector<at::Tensor> qkv_w, std::vector<at::Tensor> out_w,
                         std::vector<at::Tensor> gate_up_w, std::vector<at::Tensor> down_w,
                         const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& keys,
                         const at::Tensor& values, int64_t start, int64_t heads, double eps,
                         c10::string_view path) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 3 && x.size(1) == 1 && x.is_contiguous(),
-              "decode_block: x must be a contiguous float32 (B, 1, hidden) tensor");
   TORCH_CHECK(keys.scalar_type() == at::kFloat && keys.is_contiguous() && values.is_contiguous() &&
               keys.dim() == 4 && keys.sizes() == values.sizes() && keys.size(0) == x.size(0) &&
               start >= 0 && start < keys.size(2) && heads % keys.size(1) == 0,
               "decode_block: keys and values must be contiguous float32 (B, kv_heads, max_len, D) buffers "
               "with room at `start`");
   const int64_t B = x.size(0), kv_heads = keys.size(1), D = keys.size(3), max_len = keys.size(2);
-  auto qkv = linear(rms_norm(x, attn_norm, eps), qkv_w, path).view({B, 1, heads + 2 * kv_heads, D});
-  qkv = rope(qkv, cos, sin, heads + kv_heads);                         // (B, 1, heads + 2 kv_heads, D)
+  auto qkv = rotated_qkv(x, attn_norm, qkv_w, cos, sin, heads, kv_heads, D, eps, path);
   const float* pq = qkv.data_ptr<float>();
   float *pk = keys.data_ptr<float>(), *pv = values.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b)                                      // the cache write, at `start`
@@ -248,10 +263,62 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& attn_norm, const 
   auto queries = qkv.narrow(2, 0, heads).contiguous();                 // (B, 1, heads, D)
   auto attended = at::empty({B, 1, heads * D}, x.options());
   RECORD_FUNCTION("labsupport::attend_one_row", std::vector<c10::IValue>());   // the profiler's "attention"
-  attend_one_row(queries.data_ptr<float>(), keys, values, start + 1, heads, attended.data_ptr<float>());
-  auto [h, normed] = add_rms_norm(x, linear(attended, out_w, path), mlp_norm, eps);
-  auto mlp = linear(silu_mul(linear(normed, gate_up_w, path)), down_w, path);
-  return h.add_(mlp);
+  attend_new_rows(queries.data_ptr<float>(), pk, pv, B, heads, kv_heads, D, start + 1,
+                  [&](int64_t) { return start + 1; },
+                  [&](int64_t b, int64_t g, int64_t s) { return ((b * kv_heads + g) * max_len + s) * D; },
+                  attended.data_ptr<float>());
+  return finish_block(x, attended, mlp_norm, out_w, gate_up_w, down_w, eps, path);
+}
+
+// A paged pool (serving/paged_cache.py). keys, values: this layer's pool (slots, kv_heads, D);
+// the new token of row b goes to slot write_slots[b]; row b reads its positions 0..lengths[b]-1,
+// position p at slot tables[b][p / block_size] * block_size + p % block_size (tables (B, W)).
+// Returns the layer's output (B, 1, hidden).
+at::Tensor decode_block_paged(const at::Tensor& x, const at::Tensor& attn_norm, const at::Tensor& mlp_norm,
+                              std::vector<at::Tensor> qkv_w, std::vector<at::Tensor> out_w,
+                              std::vector<at::Tensor> gate_up_w, std::vector<at::Tensor> down_w,
+                              const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& keys,
+                              const at::Tensor& values, const at::Tensor& write_slots, const at::Tensor& tables,
+                              const at::Tensor& lengths, int64_t block_size, int64_t heads, double eps,
+                              c10::string_view path) {
+  const int64_t B = x.size(0);
+  TORCH_CHECK(keys.scalar_type() == at::kFloat && keys.is_contiguous() && values.is_contiguous() &&
+              keys.dim() == 3 && keys.sizes() == values.sizes() && heads % keys.size(1) == 0 && block_size > 0,
+              "decode_block_paged: keys and values must be contiguous float32 (slots, kv_heads, D) pools");
+  TORCH_CHECK(write_slots.scalar_type() == at::kLong && write_slots.numel() == B && tables.scalar_type() == at::kLong &&
+              tables.dim() == 2 && tables.size(0) == B && tables.is_contiguous() && lengths.scalar_type() == at::kLong &&
+              lengths.numel() == B && write_slots.is_contiguous() && lengths.is_contiguous(),
+              "decode_block_paged: write_slots (B,), tables (B, W) and lengths (B,) must be contiguous int64 tensors");
+  const int64_t kv_heads = keys.size(1), D = keys.size(2), slots = keys.size(0), W = tables.size(1);
+  const int64_t *ps = write_slots.data_ptr<int64_t>(), *pt = tables.data_ptr<int64_t>(), *pn = lengths.data_ptr<int64_t>();
+  int64_t longest = 1;
+  for (int64_t b = 0; b < B; ++b) {                                    // every slot read or written is in the pool
+    TORCH_CHECK(pn[b] >= 1 && pn[b] <= W * block_size && ps[b] >= 0 && ps[b] < slots,
+                "decode_block_paged: a row's length or write slot is outside its table or the pool");
+    for (int64_t w = 0; w < (pn[b] + block_size - 1) / block_size; ++w)
+      TORCH_CHECK(pt[b * W + w] >= 0 && (pt[b * W + w] + 1) * block_size <= slots,
+                  "decode_block_paged: a block table names a block outside the pool");
+    longest = std::max(longest, pn[b]);
+  }
+  auto qkv = rotated_qkv(x, attn_norm, qkv_w, cos, sin, heads, kv_heads, D, eps, path);
+  const float* pq = qkv.data_ptr<float>();
+  float *pk = keys.data_ptr<float>(), *pv = values.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)                                      // the cache write, into its slot
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const float* row = pq + (b * (heads + 2 * kv_heads) + heads + g) * D;
+      std::copy(row, row + D, pk + (ps[b] * kv_heads + g) * D);
+      std::copy(row + kv_heads * D, row + (kv_heads + 1) * D, pv + (ps[b] * kv_heads + g) * D);
+    }
+  auto queries = qkv.narrow(2, 0, heads).contiguous();                 // (B, 1, heads, D)
+  auto attended = at::empty({B, 1, heads * D}, x.options());
+  RECORD_FUNCTION("labsupport::attend_one_row", std::vector<c10::IValue>());   // the profiler's "attention"
+  attend_new_rows(queries.data_ptr<float>(), pk, pv, B, heads, kv_heads, D, longest,
+                  [&](int64_t b) { return pn[b]; },
+                  [&](int64_t b, int64_t g, int64_t s) {
+                    return ((pt[b * W + s / block_size] * block_size + s % block_size) * kv_heads + g) * D;
+                  },
+                  attended.data_ptr<float>());
+  return finish_block(x, attended, mlp_norm, out_w, gate_up_w, down_w, eps, path);
 }
 
 }  // namespace
@@ -264,6 +331,9 @@ TORCH_LIBRARY_FRAGMENT(labsupport, m) {
   m.def("decode_block(Tensor x, Tensor attn_norm, Tensor mlp_norm, Tensor[] qkv, Tensor[] out, Tensor[] gate_up, "
         "Tensor[] down, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int start, int heads, "
         "float eps, str path) -> Tensor");
+  m.def("decode_block_paged(Tensor x, Tensor attn_norm, Tensor mlp_norm, Tensor[] qkv, Tensor[] out, "
+        "Tensor[] gate_up, Tensor[] down, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
+        "Tensor write_slots, Tensor tables, Tensor lengths, int block_size, int heads, float eps, str path) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(labsupport, CPU, m) {
@@ -272,4 +342,5 @@ TORCH_LIBRARY_IMPL(labsupport, CPU, m) {
   m.impl("rope", &rope);
   m.impl("silu_mul", &silu_mul);
   m.impl("decode_block", &decode_block);
+  m.impl("decode_block_paged", &decode_block_paged);
 }

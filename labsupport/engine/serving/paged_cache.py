@@ -136,6 +136,14 @@ class PagedView:
         self.read_blocks, self.context = read_blocks, context       # (B, W) blocks; S positions per row
         self.packed = packed
         self.read_slots, self.span = None, 0                        # set by `read_over_pool`
+        self.decode_lengths = None                                  # set by `one_token_per_row`
+
+    def one_token_per_row(self, context_lengths: torch.Tensor) -> None:
+        """Mark this pass as one new token per row whose only mask is each row's context length
+        (B,) (no window, no padding inside a row): a CPU decode step then runs each layer in one C++
+        call that reads the pool through the block tables (`fused.decode_block`, notebook 00)."""
+        self.decode_lengths = context_lengths.contiguous()
+        self.read_blocks = self.read_blocks.contiguous()          # (B, W): the C++ call reads it row by row
 
     def read_over_pool(self, read_slots: torch.Tensor, readable: torch.Tensor) -> None:
         """Attend over the pool instead of gathering: read_slots (R, S) the slot of each key
