@@ -55,7 +55,7 @@ def test_the_rows_that_only_cost_time_are_off_by_default_and_one_switch_away():
 
 def _row(tps, decode, agree=8):
     return {"tokens_per_s": tps, "decode_tokens_per_s": decode, "tokens_agreeing_with_labsupport_fp32": agree,
-            "weight_bytes_per_step": 5e8, "bandwidth_fraction": 0.5}
+            "weight_bytes_per_step": 5e8, "bandwidth_fraction": 0.5, "read_bandwidth_fraction": 0.6}
 
 
 def test_figures_compare_the_right_rows_and_say_why_one_is_missing():
@@ -155,6 +155,24 @@ def test_engines_section_small_run(smollm, smollm_hf):
         assert row["weight_gb_per_s"] == pytest.approx(row["weight_bytes_per_step"] * row["decode_tokens_per_s"] / 1e9)
         assert row["weight_gb_per_s_per_core"] == pytest.approx(row["weight_gb_per_s"] / section["threads"])
     assert any("GB/s per core" in f["note"] for f in section["figures"])
+    # the read probe (issue 54): the same bytes per step over the read bandwidth, timed in the same rounds
+    read, copy = section["read_bandwidth_bytes_per_s"], section["copy_bandwidth_bytes_per_s"]
+    assert read > 0 and "memory read" in section["timings_s"]
+    for row in rows.values():
+        assert row["read_bandwidth_fraction"] == pytest.approx(row["bandwidth_fraction"] * copy / read)
+    by_name = {f["name"]: f for f in section["figures"]}
+    assert by_name[f"{OURS}: fraction of read bandwidth in decode"]["target"] == 0.9
+    assert by_name[f"{OURS_INT4}: fraction of read bandwidth in decode"]["target"] == 0.7
+    assert "of copy bandwidth" in by_name[f"{HF}: fraction of read bandwidth in decode"]["note"]
+
+
+def test_the_read_probe_reads_its_bytes_once_and_writes_nothing():
+    """`roofs.read_timing` sums float32 values of the buffer size it reports; `read_bandwidth` is
+    bytes over seconds (a copy counts its bytes twice: read and written)."""
+    from labsupport.lab.roofs import copy_bandwidth, read_bandwidth, read_timing
+    nbytes, timing = read_timing("cpu", nbytes=4 * 2**20, repeats=3)
+    assert nbytes == 4 * 2**20 and len(timing.samples) == 3 and timing.median > 0
+    assert read_bandwidth(10, 2.0) == 5.0 and copy_bandwidth(10, 2.0) == 10.0
 
 
 def test_compile_rows_are_validated():

@@ -201,7 +201,8 @@ def test_engines_figures_fail_where_a_row_was_not_graphed_on_cuda(gpu):
 
     def row(path):
         return {"tokens_per_s": 10.0, "decode_tokens_per_s": 10.0, "tokens_agreeing_with_labsupport_fp32": 4,
-                "bandwidth_fraction": 0.5, "weight_bytes_per_step": 1e6, "decode_paths": [path]}
+                "bandwidth_fraction": 0.5, "read_bandwidth_fraction": 0.6, "weight_bytes_per_step": 1e6,
+                "decode_paths": [path]}
     rows = {engines.OURS: row(CUDA_GRAPHS), engines.HF: row(HF_GRAPHED), engines.HF_LOOKUP: row(NOT_GRAPHED)}
     figures = {f["name"]: f for f in engines._figures(rows, {}, None, CUDA)}
     assert figures[f"{engines.OURS} / {engines.HF} (tokens/s)"]["graphed"] is True

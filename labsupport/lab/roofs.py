@@ -72,6 +72,25 @@ def copy_bandwidth(nbytes: int, seconds: float) -> float:
     return 2 * nbytes / seconds
 
 
+def read_timing(device, nbytes: int | None = None, repeats: int = BANDWIDTH_REPEATS) -> tuple[int, Timing]:
+    """Time reading one buffer of `nbytes` bytes and writing nothing back: a sum over its float32
+    values, on torch's threads (the decode's own count): (nbytes, the `Timing`).
+
+    Introduced in notebook 00 (where the time goes). A decode step only reads its weights, and a
+    copy also writes, so the read probe is the limit a decode step is set against (issue 54); the
+    copy probe stays beside it. `read_bandwidth` turns the time into bytes/s."""
+    device = pick_device(device)
+    if nbytes is None:
+        nbytes = default_copy_bytes(device)
+    values = torch.ones(nbytes // 4, dtype=torch.float32, device=device)    # filled: really in memory
+    return values.nbytes, time_fn(lambda: values.sum(), device, warmup=2, repeats=repeats)
+
+
+def read_bandwidth(nbytes: int, seconds: float) -> float:
+    """Bytes/s of one read of `nbytes` bytes that took `seconds`. Notebook 00 (where the time goes)."""
+    return nbytes / seconds
+
+
 def measure_bandwidth(device, nbytes: int | None = None, repeats: int = BANDWIDTH_REPEATS) -> float:
     """Memory bandwidth in bytes/s, from copying one buffer into another.
 
