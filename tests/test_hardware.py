@@ -239,6 +239,7 @@ def test_profile_ridge_and_attainable():
         "bandwidth": 1e10,
         "flops": {"float32": 1e11},
         "bandwidth_spread": 0.0,
+        "read_bandwidth": 0.0,                       # not measured (a read probe, issue 54)
     }
     with pytest.raises(LabError, match="not measured"):
         profile.ridge(torch.bfloat16)
@@ -250,6 +251,7 @@ def test_probe_measures_and_memoizes(monkeypatch):
     profile = probe("cpu", dtypes=[torch.float32])
     assert profile.device == "cpu"
     assert 1e8 < profile.bandwidth < 1e13
+    assert 1e8 < profile.read_bandwidth < 1e13 and ", read " in str(profile)     # the read probe (issue 54)
     assert list(profile.flops) == ["float32"]
     assert profile.ridge("float32") == pytest.approx(profile.flops["float32"] / profile.bandwidth)
     assert "float32" in str(profile)
@@ -273,9 +275,11 @@ def test_probe_keeps_the_copies_median_and_spread(monkeypatch):
     monkeypatch.setattr(roofs, "_PROBE_CACHE", {})
     copies = Timing([1.0, 1.0, 1.0, 2.0, 4.0])             # seconds; median 1, IQR 1
     monkeypatch.setattr(roofs, "copy_timing", lambda device: (1000, copies))
+    monkeypatch.setattr(roofs, "read_timing", lambda device, nbytes: (nbytes, Timing([0.5, 0.5, 0.6])))
     monkeypatch.setattr(roofs, "measure_matmul_flops", lambda device, dtype: 1e11)
     profile = probe("cpu", dtypes=["float32"])
     assert profile.bandwidth == pytest.approx(2000.0)         # 2 x 1000 bytes in the median second
+    assert profile.read_bandwidth == pytest.approx(2000.0)    # 1000 bytes read in the median 0.5 s
     assert profile.bandwidth_spread == pytest.approx(1.0)
     assert "±50%" in str(profile)
 

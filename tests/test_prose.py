@@ -79,3 +79,7 @@ def test_mbu_and_mfu_of_a_row():
     row = {"bytes": cost.bytes, "flops": cost.flops, "seconds": seconds, "dtype": "float32"}
     u = H.utilisation(row, profile)
     assert u["mbu"] == pytest.approx(0.5) and u["mfu"] == pytest.approx(cost.flops / seconds / profile.flops["float32"])
+    assert u["mbu_copy"] == u["mbu"]                              # a data sheet: no read probe, the copy's
+    profile.read_bandwidth = profile.bandwidth * 1.25            # a read probe faster than the copy
+    u = H.utilisation(row, profile)
+    assert u["mbu"] == pytest.approx(0.4) and u["mbu_copy"] == pytest.approx(0.5)

@@ -133,8 +133,11 @@ def markdown_hardware_table(rows: list[dict], model_name: str) -> str:
 
 def utilisation(row: dict, profile: HardwareProfile) -> dict:
     """MBU and MFU of one measured step (a `roofline.sweep_decode` row) against `profile`'s measured
-    copy bandwidth and matmul peak in the row's dtype: {"mbu": ..., "mfu": ...}, fractions.
+    bandwidth and matmul peak in the row's dtype: {"mbu": ..., "mbu_copy": ..., "mfu": ...},
+    fractions. "mbu" is against the read probe (a step only reads), "mbu_copy" against the copy
+    probe; where the read probe was not measured, "mbu" is against the copy too.
 
     Introduced in notebook 00 (where the time goes)."""
-    return {"mbu": row["bytes"] / row["seconds"] / profile.bandwidth,
+    reached = row["bytes"] / row["seconds"]
+    return {"mbu": reached / (profile.read_bandwidth or profile.bandwidth), "mbu_copy": reached / profile.bandwidth,
             "mfu": row["flops"] / row["seconds"] / profile.flops[row["dtype"]]}

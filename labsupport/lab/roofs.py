@@ -160,7 +160,9 @@ class HardwareProfile:
     Introduced in notebook 00 (where the time goes).
     `bandwidth` is in bytes/s (the median copy); `flops` maps a dtype name ("float32",
     "bfloat16", ...) to the measured matmul FLOP/s in that dtype; `bandwidth_spread` is
-    the copies' interquartile range over their median (0 where not measured).
+    the copies' interquartile range over their median (0 where not measured);
+    `read_bandwidth` is in bytes/s of a read that writes nothing (`read_timing`, the median
+    sum; 0 where not measured): the limit of a decode step, which only reads (issue 54).
     """
 
     device: str
@@ -168,6 +170,7 @@ class HardwareProfile:
     bandwidth: float
     flops: dict[str, float] = field(default_factory=dict)
     bandwidth_spread: float = 0.0
+    read_bandwidth: float = 0.0
 
     def _peak(self, dtype) -> float:
         """Measured FLOP/s for `dtype`, or a LabError saying how to measure it."""
@@ -195,7 +198,8 @@ class HardwareProfile:
 
     def __str__(self) -> str:
         spread = f" (±{self.bandwidth_spread / 2:.0%})" if self.bandwidth_spread else ""
-        parts = [f"{self.name} [{self.device}]: memory {_human(self.bandwidth, 'B/s')}{spread}"]
+        read = f", read {_human(self.read_bandwidth, 'B/s')}" if self.read_bandwidth else ""
+        parts = [f"{self.name} [{self.device}]: memory {_human(self.bandwidth, 'B/s')}{spread}{read}"]
         for name, flops in self.flops.items():
             parts.append(f"{name} {_human(flops, 'FLOP/s')} (ridge {self.ridge(name):.1f} FLOP/B)")
         return " | ".join(parts)
@@ -220,7 +224,8 @@ _PROBE_CACHE: dict[tuple[str, tuple[str, ...]], HardwareProfile] = {}
 
 
 def probe(device=None, dtypes=None, refresh: bool = False) -> HardwareProfile:
-    """Measure memory bandwidth and matmul speed of a device and return a `HardwareProfile`.
+    """Measure memory bandwidth (a copy, and a read that writes nothing) and matmul speed of a
+    device and return a `HardwareProfile`.
 
     Introduced in notebook 00 (where the time goes). `device` defaults to
     `pick_device()`. `dtypes` defaults to float32, plus bfloat16 where the
@@ -236,11 +241,13 @@ def probe(device=None, dtypes=None, refresh: bool = False) -> HardwareProfile:
     key = (str(device), tuple(dtype_name(d) for d in dtypes))
     if refresh or key not in _PROBE_CACHE:
         nbytes, copies = copy_timing(device)
+        read_bytes, reads = read_timing(device, nbytes)
         _PROBE_CACHE[key] = HardwareProfile(
             device=str(device),
             name=device_name(device),
             bandwidth=copy_bandwidth(nbytes, copies.median),
             flops={dtype_name(d): measure_matmul_flops(device, d) for d in dtypes},
             bandwidth_spread=copies.spread / copies.median,
+            read_bandwidth=read_bandwidth(read_bytes, reads.median),
         )
     return _PROBE_CACHE[key]
