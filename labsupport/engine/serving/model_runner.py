@@ -105,7 +105,7 @@ class ModelRunner:
         width = blocks_needed(int(context.max()), self.cache.block_size)
         view = self.cache.view(self.tables(seqs, padding_rows, width), positions, context,
                                over_pool=self.attention == "pool", reader=self.reader)
-        if T == 1 and self.window is None and self.attention == "gather":
+        if T == 1 and self.window is None and self.attention == "gather" and self.device.type == "cpu":
             view.one_token_per_row(context)           # each row's length is its whole mask (fused.decode_block)
         mask = chunk_mask(positions, window=self.window)                                # (B, 1, T, S)
         if self.attention == "pool":
