@@ -107,14 +107,14 @@ def in_a_thread(fn, *args):
 
 
 def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes: "HttpServingSizes | HttpServingOptions",
-                    peers: dict | None = None, seed: int = 0, progress=None, also_served: dict | None = None) -> list[dict]:
+                    peers: dict | None = None, seed: int = 0, progress=None) -> list[dict]:
     """Serve one seeded chat workload at each rate with the in-process engine, our HTTP server
     and each peer; one row per (server, rate) with the `load_curve` figures, the errors and the
     precision that served it.
 
     Introduced in notebook 09 (serving over HTTP). peers: name -> (url, extra body fields,
     precision) of servers already running, or name -> the reason it is not (a row with
-    "skipped"); also_served: name -> another model our server serves too (e.g. int4 weights)."""
+    "skipped"). Our int4 server is such a peer: a process of its own (`our_server_peer`)."""
     from ..serve import BackgroundServer, create_app         # here: importing the bench needs no web server
     from ..serve.app import default_token_budget
     from ..serve.precision import describe
@@ -125,8 +125,7 @@ def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes
     settings = dict(max_slots=sizes.slots, cache_tokens=sizes.slots * longest,        # the server's default budget
                     token_budget=default_token_budget(model, sizes.slots))            # in process too: like for like
     app = create_app(model, tokenizer, model_name, max_waiting=sizes.requests, **settings)
-    apps = {"our HTTP server": app, **{name: create_app(other, tokenizer, model_name, max_waiting=sizes.requests,
-                                                         **settings) for name, other in (also_served or {}).items()}}
+    apps = {"our HTTP server": app}
     precision = {name: _precision_words(describe(a.state.engine.model)) for name, a in apps.items()}
     rows = []
     in_process = Engine(model, **settings)              # made once: a GPU engine captures its graphs here
