@@ -3,6 +3,8 @@
     python scripts/count_lines.py PATH...      one line of counts for the .py files under the paths
     python scripts/count_lines.py --goals      the engine's size goals against its peers, a markdown table
     python scripts/count_lines.py --readme     that table written into README.md (between its markers)
+    python scripts/count_lines.py --checks     the engine's `if ...: raise` blocks: how many, their code lines,
+                                               and the whole engine's ratio were every one of them gone
 
 The size goals (issue 39) set each subsystem of labsupport/engine beside the file of nano-vllm or
 gpt-fast that does the same job, in code lines counted the same way. The peers' counts are
@@ -73,6 +75,27 @@ def totals(paths) -> list[int]:
     return tot
 
 
+def check_blocks(path) -> tuple[int, int]:
+    """(blocks, code lines) of the `if ...: raise ...` statements with no else in one file
+    (issue 47's item 5: how much turning checks into asserts could save at most)."""
+    blocks = lines = 0
+    for node in ast.walk(ast.parse(pathlib.Path(path).read_text())):
+        if isinstance(node, ast.If) and not node.orelse and [type(s) for s in node.body] == [ast.Raise]:
+            blocks, lines = blocks + 1, lines + node.end_lineno - node.lineno + 1
+    return blocks, lines
+
+
+def checks_summary() -> str:
+    """The engine's check blocks, and its ratio to nano-vllm with and without them."""
+    engine = ROOT / "labsupport" / "engine"
+    found = [check_blocks(p) for p in sorted(engine.rglob("*.py")) if "__pycache__" not in p.parts]
+    blocks, lines = sum(b for b, _ in found), sum(n for _, n in found)
+    ours, (_, _, _, peer_lines, goal) = totals([engine])[0], GOALS[-1]
+    return (f"{blocks} `if ...: raise` blocks in labsupport/engine, {lines:,} of its {ours:,} code lines; "
+            f"{ours / peer_lines:.2f}x nano-vllm now, {(ours - lines) / peer_lines:.2f}x were every one gone "
+            f"(goal <= {goal}x)")
+
+
 def goals_table() -> str:
     """The size goals as a markdown table: ours, the peer's, the ratio and whether it is met."""
     engine = ROOT / "labsupport" / "engine"
@@ -97,6 +120,8 @@ def readme_with_table(readme: str, table: str) -> str:
 if __name__ == '__main__':
     if sys.argv[1:] == ["--goals"]:
         print(goals_table())
+    elif sys.argv[1:] == ["--checks"]:
+        print(checks_summary())
     elif sys.argv[1:] == ["--readme"]:
         README.write_text(readme_with_table(README.read_text(), goals_table()))
         print(f"wrote the engine's size goals into {README}")

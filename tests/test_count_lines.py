@@ -27,3 +27,13 @@ def test_code_docstrings_comments_and_blank_lines_are_told_apart(tmp_path):
     source.write_text('"""A module.\n\nTwo lines."""\n\n# a comment\nx = 1  # code, with a comment\n\n'
                       'def f():\n    """Its docstring."""\n    return x\n')
     assert cl.count(source) == (3, 3, 1, 3)     # code: x =, def, return; docstrings 2 + 1 (its blank line is blank)
+
+
+def test_check_blocks_count_only_an_if_whose_whole_body_is_one_raise(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f(x):\n    if x < 0:\n        raise ValueError(\n            'negative')\n"
+                      "    if x > 9:\n        x = 9\n        raise ValueError('big')\n"
+                      "    if x == 3:\n        raise ValueError('three')\n    else:\n        pass\n"
+                      "    if x == 4: raise ValueError('four')\n    return x\n")
+    assert cl.check_blocks(source) == (2, 4)     # the first (3 lines) and the one-liner; not those with more
+    assert "x nano-vllm now" in cl.checks_summary()
