@@ -192,6 +192,10 @@ def test_engines_and_compile_sections_draw_their_figures():
     fig = engines_figure({"rows": {"labsupport fp32": row, "HF generate() fp32": dict(row, decode_tokens_per_s=12.0)},
                           "new_tokens": 16, "absent": {"llama.cpp": "not installed"}})
     assert list(fig.data[0].y) == [20.0, 12.0] and "not installed" in fig.layout.title.text
+    assert list(fig.data[0].text) == ["50% of copy bandwidth"] * 2          # a report from before the read probe
+    read = dict(row, read_bandwidth_fraction=0.4)
+    assert list(engines_figure({"rows": {"labsupport fp32": read}, "new_tokens": 16, "absent": {}}).data[0].text) \
+        == ["40% of read bandwidth"]                                        # issue 54: against the read probe
     record = {"row": "fp32", "batch": 1, "eager_decode_tokens_per_s": 20.0, "compiled_decode_tokens_per_s": 25.0,
               "warmup_s": 90.0}
     fig = compile_figure({"rows": [record], "inductor_variants": [dict(record, variant="freezing"),

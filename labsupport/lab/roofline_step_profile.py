@@ -48,6 +48,8 @@ VIEW_OPS = ("aten::as_strided", "aten::view", "aten::reshape", "aten::_reshape_a
             "aten::empty_like", "aten::empty_strided", "aten::resolve_conj", "aten::resolve_neg",
             "aten::lift_fresh", "aten::split", "aten::split_with_sizes", "aten::chunk", "aten::narrow",
             "aten::unbind", "aten::flatten")
+# operators that only call another matmul operator (aten::linear -> aten::mm): not counted as calls
+MATMUL_WRAPPERS = ("aten::linear", "aten::matmul")
 SAMPLING_OPS = ("aten::argmax", "aten::topk", "aten::multinomial", "aten::sort", "aten::cumsum",
                 "aten::softmax", "aten::_softmax")
 
@@ -111,7 +113,8 @@ def profile_decode_step(model, batch: int = 1, context: int = 64, steps: int = 5
     step_seconds (the step's median time, measured without the profiler), seconds (one
     step's seconds per kind, under the profiler, in the order of KINDS), share (the same
     as fractions of the profiled step), and top (the 8 operators with the most self time:
-    name, kind, seconds per step, calls per step), operators_per_step (the operators the step
+    name, kind, seconds per step, calls per step), calls (operator calls per step, by kind: a matmul
+    call is one weight matrix, one parallel region on a CPU), operators_per_step (the operators the step
     called, not counting those nested inside another). step_fn(model, cache, next_tokens), the
     work of one step, defaults to the eager decode step and its argmax; pass
     `compiled_greedy_step` for the compiled step (its first calls compile: a minute or two
@@ -139,13 +142,14 @@ def profile_decode_step(model, batch: int = 1, context: int = 64, steps: int = 5
 
 def _split(events, wall: float, steps: int, step_seconds: float, on_gpu: bool) -> dict:
     """Seconds per step and kind from the profiler's per-operator averages (self times in µs)."""
-    seconds = dict.fromkeys(KINDS, 0.0)
+    seconds, calls = dict.fromkeys(KINDS, 0.0), dict.fromkeys(KINDS, 0.0)
     ops = []
     for event in events:
         self_us = event.self_device_time_total if on_gpu else event.self_cpu_time_total
         per_step = self_us * 1e-6 / steps
         kind = kind_of(event.key)
         seconds[kind] += per_step
+        calls[kind] += 0 if event.key in MATMUL_WRAPPERS else event.count / steps
         ops.append({"name": event.key, "kind": kind, "seconds": per_step, "calls": event.count / steps})
     # the framework's share: everything the computing operators do not account for (view
     # operators' metadata work included; on a GPU, the time its kernels left it idle)
@@ -154,4 +158,5 @@ def _split(events, wall: float, steps: int, step_seconds: float, on_gpu: bool) -
     total = sum(seconds.values()) or 1.0
     top = sorted(ops, key=lambda op: op["seconds"], reverse=True)[:8]
     return {"step_seconds": step_seconds, "profiled_step_seconds": wall, "seconds": seconds,
-            "share": {kind: value / total for kind, value in seconds.items()}, "top": top}
+            "share": {kind: value / total for kind, value in seconds.items()}, "top": top,
+            "calls": calls}

@@ -91,6 +91,32 @@ def read_bandwidth(nbytes: int, seconds: float) -> float:
     return nbytes / seconds
 
 
+# One chunk per thread of this many float32 values: torch's grain size (at::internal::GRAIN_SIZE), the
+# smallest piece an elementwise operator hands to a thread of its own.
+GRAIN_VALUES = 32768
+
+
+def fork_join_seconds(repeats: int = 2000) -> float:
+    """Seconds torch's CPU threads take to wake for one parallel region and join again.
+
+    Introduced in notebook 00 (where the time goes), for `roofline_step_gap`. Every matmul of a
+    decode step is one parallel region. A fill of one grain per thread is timed on all of torch's
+    threads (t_all) and on one (t_one, where no thread is woken); the work splits evenly, so the
+    wake-up is t_all - t_one / threads. 0 on one thread."""
+    threads = torch.get_num_threads()
+    if threads < 2:
+        return 0.0
+    values = torch.empty(threads * GRAIN_VALUES, dtype=torch.float32)      # one grain per thread
+    fill = lambda: values.fill_(1.0)                                        # noqa: E731
+    all_threads = time_fn(fill, "cpu", warmup=50, repeats=repeats).median
+    torch.set_num_threads(1)
+    try:
+        one_thread = time_fn(fill, "cpu", warmup=50, repeats=repeats).median
+    finally:
+        torch.set_num_threads(threads)
+    return max(all_threads - one_thread / threads, 0.0)
+
+
 def measure_bandwidth(device, nbytes: int | None = None, repeats: int = BANDWIDTH_REPEATS) -> float:
     """Memory bandwidth in bytes/s, from copying one buffer into another.
 

@@ -1,26 +1,30 @@
-"""Figures of the peer table and of compiled decoding: pure data -> plotly figure.
+"""Figures of the peer table, of compiled decoding and of a decode step against its bytes' floor:
+pure data -> plotly figure.
 
-Introduced in notebook 00 (where the time goes), for the bench's engines section;
-notebook 07 (putting it together) for its compile section.
+Introduced in notebook 00 (where the time goes), for the bench's engines section and for
+`roofline_step_gap` (which notebook 04 draws again for int4); notebook 07 (putting it together)
+for its compile section.
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from ..errors import LabError
 from .layout import PHASE_COLORS
 
 
 def engines_figure(section: dict) -> go.Figure:
-    """Each engine's decode tokens/s (bars, labelled with the fraction of copy bandwidth it
-    reached) and its prefill time (a second axis), from the engines section's ``rows``.
+    """Each engine's decode tokens/s (bars, labelled with the fraction of read bandwidth it
+    reached; of copy bandwidth in a report made before the read probe) and its prefill time (a second axis), from the engines section's ``rows``.
     Introduced in notebook 00 (where the time goes)."""
     names = list(section["rows"])
     rows = [section["rows"][n] for n in names]
     fig = go.Figure()
     fig.add_bar(x=names, y=[r["decode_tokens_per_s"] for r in rows], name="decode tokens/s",
                 marker_color=PHASE_COLORS["decode"],
-                text=[f"{r['bandwidth_fraction']:.0%} of bandwidth" for r in rows], textposition="outside")
+                text=[f"{r['read_bandwidth_fraction']:.0%} of read bandwidth" if "read_bandwidth_fraction" in r
+                      else f"{r['bandwidth_fraction']:.0%} of copy bandwidth" for r in rows], textposition="outside")
     fig.add_scatter(x=names, y=[1e3 * r["prefill_s"] for r in rows], name="prefill [ms]", yaxis="y2",
                     mode="markers", marker=dict(size=11, symbol="diamond", color=PHASE_COLORS["prefill"]))
     absent = "; ".join(f"{n}: {why}" for n, why in section.get("absent", {}).items())
@@ -47,4 +51,31 @@ def compile_figure(section: dict) -> go.Figure:
     fig.update_layout(title="Decode tokens/s (all rows), eager against compiled", barmode="group",
                       yaxis=dict(title="decode tokens/s"), height=440, template="plotly_white",
                       font=dict(size=12))
+    return fig
+
+
+GAP_COLORS = ("#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#7f7f7f")      # in the order of roofline_step_gap.PARTS
+
+
+def step_gap_figure(gaps: dict[str, dict]) -> go.Figure:
+    """One horizontal bar per batch-1 decode step (`roofline_step_gap.decode_gap`), in milliseconds: the
+    time its bytes take at the read bandwidth, then each part of the rest.
+
+    Introduced in notebook 00 (where the time goes); notebook 04 (quantization) draws the int4 step,
+    which is why it lives in this shared module.
+    gaps: {label: result}, e.g. {"float32": ..., "int4 (W4A8)": ...}.
+    """
+    if not gaps:
+        raise LabError("step_gap_figure needs at least one decode_gap result.")
+    labels = list(gaps)
+    parts = list(gaps[labels[0]]["parts"])
+    fig = go.Figure()
+    for part, color in zip(parts, GAP_COLORS):
+        ms = [1e3 * gaps[label]["parts"][part] for label in labels]
+        fig.add_trace(go.Bar(y=labels, x=ms, name=part, orientation="h", marker_color=color,
+                             hovertemplate=f"{part}: %{{x:.2f}} ms per step<extra>%{{y}}</extra>"))
+    fig.update_layout(barmode="stack", title="A batch-1 decode step: its bytes at the read bandwidth, and the rest",
+                      xaxis=dict(title="ms per step", rangemode="tozero"),
+                      height=160 + 60 * len(labels), template="plotly_white",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
     return fig

@@ -251,3 +251,4 @@ def step_profile_figure(profiles: dict[str, dict]) -> go.Figure:
                       width=WIDTH, height=160 + 60 * len(labels), template="plotly_white",
                       legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
     return fig
+
