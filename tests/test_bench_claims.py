@@ -54,3 +54,22 @@ def test_the_report_renders_each_sections_claims_table(report):
     assert page.count('<tr class="claim">') == sum(len(s["claims"]) for s in report["sections"].values())
     tables = markdown_claims_tables(report)
     assert all(f"### {name} (notebook {SECTIONS[name].notebook})" in tables for name in TINY_SECTIONS)
+
+
+def test_every_bandwidth_fraction_is_against_the_read_probe_with_the_copys_beside_it(report):
+    """Issue 54: a fraction of bandwidth is set against the read probe, the copy's figure beside it."""
+    hardware = report["machine"]["hardware"]
+    assert hardware["read_bandwidth"] > 0
+    ratio = hardware["bandwidth"] / hardware["read_bandwidth"]
+    sections = report["sections"]
+    kv = [row for row in sections["kv_cache"]["rows"] if "cached_bandwidth_fraction" in row]
+    precision = list(sections["precision"]["models"].values())
+    quantization = [row for row in sections["quantization"]["rows"].values() if row.get("bandwidth_fraction")]
+    assert kv and precision and quantization
+    for row in kv:
+        assert row["cached_read_bandwidth_fraction"] == pytest.approx(row["cached_bandwidth_fraction"] * ratio)
+    for row in precision + quantization:
+        assert row["read_bandwidth_fraction"] == pytest.approx(row["bandwidth_fraction"] * ratio)
+    notes = [f["note"] for name in ("kv_cache", "precision", "quantization") for f in sections[name]["figures"]
+             if "bandwidth" in f.get("note", "")]
+    assert notes and all("of read bandwidth (" in note and "of copy" in note for note in notes), notes

@@ -157,6 +157,14 @@ def test_bench_sections_write_json(tmp_path, smollm, smollm_hf):
     path = write_json(report, tmp_path / "bench.json")
     names = [f["name"] for f in all_figures(json.loads(path.read_text()))]
     assert any("HF generate" in n for n in names) and any("KV cache speedup" in n for n in names)
+    # issue 54: the decode's bandwidth against the read probe timed in the same rounds, the copy's beside it
+    read = next(f for f in baseline["figures"] if f["name"] == "decode bandwidth achieved / measured read bandwidth")
+    assert read["value"] == pytest.approx(baseline["bandwidth_achieved_bytes_per_s"]
+                                          / baseline["read_bandwidth_bytes_per_s"])
+    assert read["target"] == 0.9 and "of the copy's" in read["note"]
+    assert baseline["timings_s"]["read"]["median"] > 0
+    from labsupport.plots.sections import baseline_figures
+    assert "measured read bandwidth" in list(baseline_figures(baseline)[1].data[0].x)
 
 
 def test_first_line_gives_an_errors_gist_for_the_middle_of_a_sentence():

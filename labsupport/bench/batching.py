@@ -14,6 +14,7 @@ from ..lab.batching_timing import batch_speedup
 from ..engine.padding import left_pad, padding_waste
 from ..lab.batching import sorted_batches
 from ..lab.busy import busy_reason
+from ..lab.roofs import fraction_words
 from ..engine.generation import generate
 from ..weights.chat import chat_prompt
 from ..engine.hardware import bf16_supported
@@ -120,8 +121,8 @@ def section_batching(ctx: BenchContext, options: BatchingOptions) -> dict:
             mark_graphed(reported("throughput at batch 16 / batch 1 (fp32 decode)", ratio, "x", target=8.0,
                                   busy=busy_reason(pair),
                                   note=f"{new_tokens} new tokens per row, one prompt repeated; weights read per "
-                                       "second / copy bandwidth by batch: " + ", ".join(
-                                           f"{r['batch']}: {r['bandwidth_fraction']:.0%}" for r in sweep)),
+                                       "second by batch: " + ", ".join(
+                                           f"{r['batch']}: {fraction_words(r)}" for r in sweep)),
                          paths, ctx.device),
             *([reported("throughput at batch 16 / batch 1 (bf16 decode)", bf16_ratio, "x", target=8.0,
                         busy=busy_reason(bf16_pair),
@@ -157,7 +158,7 @@ def _sweep(ctx: BenchContext, timed, prompt: list[int], sizes: list[int], new_to
         sweep.append({"batch": batch, "seconds": seconds, "tokens_per_s": batch * new_tokens / seconds,
                       "ms_per_step": 1e3 * seconds / new_tokens,
                       # every weight read once per step (the prompt's prefill counted in the time)
-                      "bandwidth_fraction": timed.weight_bytes() * new_tokens / seconds / ctx.hardware.bandwidth})
+                      **ctx.hardware.bandwidth_fractions(timed.weight_bytes() * new_tokens / seconds)})
     return sweep, capped, paths
 
 

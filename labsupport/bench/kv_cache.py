@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..lab.busy import busy_reason
+from ..lab.roofs import fraction_words
 from ..claims.kv_cache import step_busy_reason
 from ..engine.generation import generate, generate_naive
 from ..engine.kv_cache import StaticKVCache, kv_cache_bytes
@@ -121,13 +122,14 @@ def _full_runs(ctx: BenchContext, model, ids: list[int], new_tokens: int, repeat
                                 warmup=0, repeats=repeats)
     speedup = timings["naive"].median / timings["cached"].median
     same = out["cached"].tokens.tolist() == out["naive"].tokens.tolist()
-    # the cached decode's fraction of copy bandwidth: (weights + the cache at its mean length)
-    # read per step x decode steps per second
+    # the cached decode's fractions of read and copy bandwidth: (weights + the cache at its mean
+    # length) read per step x decode steps per second
     step_bytes = model.weight_bytes() + kv_cache_bytes(model.config, len(ids) + new_tokens // 2, 1, model.dtype)
-    fraction = step_bytes * out["cached"].decode_tokens_per_s / ctx.hardware.bandwidth
+    fractions = ctx.hardware.bandwidth_fractions(step_bytes * out["cached"].decode_tokens_per_s)
     row = {"new_tokens": new_tokens, "same_tokens": same, "speedup": speedup,
            "estimated_speedup": estimated_speedup, "estimated_s": estimate,
-           "cached_bandwidth_fraction": fraction,
+           "cached_bandwidth_fraction": fractions["bandwidth_fraction"],
+           "cached_read_bandwidth_fraction": fractions["read_bandwidth_fraction"],
            "timings_s": {k: v.to_dict() for k, v in timings.items()}}
     figure = reported(
         f"KV cache speedup over the uncached loop, {new_tokens} new tokens", speedup, "x",
@@ -136,7 +138,7 @@ def _full_runs(ctx: BenchContext, model, ids: list[int], new_tokens: int, repeat
              f"{timings['cached'].median:.2f} s; same tokens: {same}"
              + ("" if same else " (TOKENS DIFFER)")
              + f"; the per-step estimate said {estimated_speedup:.1f}x; the cached decode reached "
-             f"{fraction:.0%} of copy bandwidth")
+             f"{fraction_words(fractions)}")
     return row, figure
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..lab.busy import busy_reason
+from ..lab.roofs import fraction_words
 from ..engine.hardware import bf16_emulated, bf16_supported, dtype_label, dtype_name, fp16_fast
 from ..engine.compiled import CUDA_GRAPHS
 from ..lab.measure import time_side_by_side, timed_compile
@@ -71,8 +72,8 @@ def section_precision(ctx: BenchContext, options: PrecisionOptions) -> dict:
                       "decode_speedup": t.decode["float32"].median / t.decode[name].median,
                       "prefill_speedup": t.prefill["float32"].median / t.prefill[name].median,
                       # weights read per token x tokens/s (the short prompt's prefill counted in the time)
-                      "bandwidth_fraction": timed[name].weight_bytes() * t.new_tokens / t.decode[name].median
-                      / ctx.hardware.bandwidth,
+                      **ctx.hardware.bandwidth_fractions(timed[name].weight_bytes() * t.new_tokens
+                                                         / t.decode[name].median),
                       **(logit_agreement(model, m, probe_tokens) if name != "float32" else {})}
         if name != "float32":
             rows[name]["emulated"] = bool(emulation_note(ctx.device, name))
@@ -127,8 +128,8 @@ def _half_figures(ctx: BenchContext, name: str, rows: dict, t: _Timings) -> list
     return [
         reported(f"{label} / fp32 decode speed (batch 1)", rows[name]["decode_speedup"], "x",
                  note="; ".join(filter(None, [
-                     f"{t.new_tokens} new tokens", f"{rows[name]['bandwidth_fraction']:.0%} of copy bandwidth "
-                     f"(fp32: {rows['float32']['bandwidth_fraction']:.0%})", emulated,
+                     f"{t.new_tokens} new tokens", f"{fraction_words(rows[name])}; fp32: "
+                     f"{fraction_words(rows['float32'])}", emulated,
                      f"model {ctx.timed_model}", f"decode path: {t.path}"])),
                  busy=decode_busy),
         reported(f"{label} / fp32 prefill speed ({t.prompt_tokens}-token prompt)",

@@ -44,6 +44,7 @@ from statistics import median as _median
 import torch
 
 from ..lab.busy import busy_reason
+from ..lab.roofs import fraction_words
 from ..errors import LabError
 from ..engine.generation import generate
 from ..weights.chat import chat_prompt
@@ -274,13 +275,13 @@ def _require_fp32(d: _Decodes) -> None:
 
 
 def _speed_columns(ctx: BenchContext, d: _Decodes, name: str, tokens: int) -> dict:
-    """Row `name`'s decode speed, its ratio to fp32's and its share of copy bandwidth. Notebook 04 (quantization)."""
+    """Row `name`'s decode speed, its ratio to fp32's and its shares of read and copy bandwidth. Notebook 04 (quantization)."""
     step, read = _median(d.steps[f"{name}@{tokens}"]), quantized_bytes(d.models[name])   # the timed model's bytes
     return dict(decode_tokens_per_s=1 / step,
                 decode_speedup=_median(d.steps[f"fp32@{tokens}"]) / step,
                 timed_on_new_tokens=tokens,
                 bandwidth_bytes_per_s=read / step,
-                bandwidth_fraction=read / step / ctx.hardware.bandwidth,
+                **ctx.hardware.bandwidth_fractions(read / step),
                 decode_path=", ".join(sorted(d.paths[name])), compile_s=d.compile_s[name],
                 timing=Timing(d.steps[f"{name}@{tokens}"]).to_dict(),
                 busy=busy_reason({"fp32": Timing(d.steps[f"fp32@{tokens}"]),
@@ -332,7 +333,7 @@ def _speed_figures(ctx: BenchContext, name: str, row: dict, how: str | None, fp3
         figures.append(reported(f"{name} / fp32 decode speed (batch 1)", row["decode_speedup"], "x",
                                 target=TARGETS.get(name),
                                 note=f"{row['decode_tokens_per_s']:.1f} tokens/s, "
-                                     f"{row['bandwidth_fraction']:.0%} of copy bandwidth; {how}; "
+                                     f"{fraction_words(row)}; {how}; "
                                      f"{row.get('kernel', 'dense matmul')}; model {ctx.timed_model}; "
                                      f"decode path: {row['decode_path']} (fp32: {fp32_row['decode_path']})",
                                 busy=row["busy"]))

@@ -11,6 +11,7 @@ import torch
 
 from ..engine.precision import tensor_bytes
 from ..lab.busy import busy_reason
+from ..lab.roofs import fraction_words
 from ..lab.measure import mark_graphed
 from ..lab.quality import eval_tokens
 from ..lab.stack import HF_PEER, run_stack
@@ -69,7 +70,8 @@ def section_stack(ctx: BenchContext, options: StackOptions) -> dict:
                                      + (f"; top-1 agreement with fp32 {r['top1_agreement']:.0%}"
                                         if r["top1_agreement"] is not None else "")
                                      + ("" if r["kept"] else "; does not help here")
-                                     + (f"; {r['bandwidth_fraction']:.0%} of copy bandwidth"
+                                     + ("; " + fraction_words(ctx.hardware.bandwidth_fractions(
+                                         r["bandwidth_fraction"] * ctx.hardware.bandwidth))   # the row's is of the copy
                                         if r["bandwidth_fraction"] is not None else ""),
                                 busy=busy(r["stage"], r["builds_on"])), r["stage"], r["builds_on"])
                for r in result["stages"] if r["gain"] is not None]

@@ -218,6 +218,13 @@ class HardwareProfile:
         """Best FLOP/s possible at `intensity` FLOP per byte: min(peak, bandwidth x intensity)."""
         return min(self._peak(dtype), self.bandwidth * intensity)
 
+    def bandwidth_fractions(self, bytes_per_s: float) -> dict:
+        """A decode's bytes/s as fractions of both probes: read_bandwidth_fraction, against the read
+        (the limit a decode is set against; None where no read was measured), and bandwidth_fraction,
+        against the copy. Every bench section reports both (issue 54); `fraction_words` says them."""
+        return {"read_bandwidth_fraction": bytes_per_s / self.read_bandwidth if self.read_bandwidth else None,
+                "bandwidth_fraction": bytes_per_s / self.bandwidth}
+
     def to_dict(self) -> dict:
         """A plain dict (for JSON, or a table in a notebook)."""
         return asdict(self)
@@ -229,6 +236,14 @@ class HardwareProfile:
         for name, flops in self.flops.items():
             parts.append(f"{name} {_human(flops, 'FLOP/s')} (ridge {self.ridge(name):.1f} FLOP/B)")
         return " | ".join(parts)
+
+
+def fraction_words(fractions: dict) -> str:
+    """"40% of read bandwidth (35% of copy)" from `HardwareProfile.bandwidth_fractions`'s dict (or a
+    row holding its two keys); "35% of copy bandwidth" where no read was measured (an older report).
+    Introduced in notebook 00 (where the time goes)."""
+    read, copy = fractions.get("read_bandwidth_fraction"), fractions["bandwidth_fraction"]
+    return f"{copy:.0%} of copy bandwidth" if read is None else f"{read:.0%} of read bandwidth ({copy:.0%} of copy)"
 
 
 def _default_probe_dtypes(device: torch.device) -> list[torch.dtype]:

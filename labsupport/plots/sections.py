@@ -37,16 +37,19 @@ def _bar_figure(labels, values, texts, y_title: str, title: str, colors="#1f77b4
 
 
 def baseline_figures(section: dict) -> list:
-    """The bench section's plots: labsupport vs Hugging Face tokens/s; decode bandwidth vs copy bandwidth.
-    Notebook 00 (where the time goes)."""
+    """The bench section's plots: labsupport vs Hugging Face tokens/s; decode bandwidth vs the read and copy
+    bandwidths (the read where the report has it). Notebook 00 (where the time goes)."""
     from .batching import peer_figure
     figs = [peer_figure(section["tokens_per_s"], "generate(), fp32, greedy, batch 1: labsupport vs Hugging Face")]
     if section.get("bandwidth_achieved_bytes_per_s") and section.get("copy_bandwidth_bytes_per_s"):
+        read = section.get("read_bandwidth_bytes_per_s")          # absent from reports before the read probe
         values = {"decode (weights + KV cache read per token)": section["bandwidth_achieved_bytes_per_s"] / 1e9,
+                  **({"measured read bandwidth": read / 1e9} if read else {}),
                   "measured copy bandwidth": section["copy_bandwidth_bytes_per_s"] / 1e9}
+        colors = ["#1f77b4", "#2ca02c", "#7f7f7f"] if read else ["#1f77b4", "#7f7f7f"]
         figs.append(_bar_figure(list(values), list(values.values()), [f"{v:.1f}" for v in values.values()],
-                                "memory bandwidth [GB/s]", "Decode: bandwidth used vs the machine's copy bandwidth",
-                                colors=["#1f77b4", "#7f7f7f"]))
+                                "memory bandwidth [GB/s]", "Decode: bandwidth used vs the machine's read and copy "
+                                "bandwidths", colors=colors))
     return figs
 
 
