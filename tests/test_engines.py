@@ -141,6 +141,10 @@ def test_engines_section_small_run(smollm, smollm_hf):
     assert bool(section["batched_decode"]) == HAS_LLAMACPP                         # 8 rows against llama.cpp's
     for row in section["batched_decode"].values():
         assert row["rows_alike"] and row["decode_tokens_per_s"] > 0 and row["new_tokens"] == 3
+    from labsupport.bench.engines_int4 import KNEE_ROWS
+    assert list(section["decode_knee"]) == ([str(r) for r in KNEE_ROWS] if HAS_LLAMACPP else [])   # issue 54
+    for rows_at_once, result in section["decode_knee"].items():
+        assert all(r["rows"] == int(rows_at_once) and r["rows_alike"] for r in result.values())
     for row in rows.values():
         assert row["prefill_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["bandwidth_fraction"] > 0
     assert rows[OURS_INT4]["weight_bytes_per_step"] < rows[OURS]["weight_bytes_per_step"] / 4
@@ -264,3 +268,22 @@ def test_our_models_predict_llama_cpps_greedy_tokens_on_its_own_gguf(smollm):
         quantized = copy.deepcopy(model)
         quantize_model(quantized, "int4", group_size=32, kernel=kernel)
         assert agreement(quantized) >= 0.8, kernel
+
+
+def test_the_knee_is_where_doubling_the_rows_stops_adding_a_fifth():
+    from labsupport.bench.engines_int4 import KNEE_GAIN, knee_figures, knee_rows
+    assert knee_rows({1: 100, 2: 190, 4: 300, 8: 330, 16: 340}) == 4          # 4 -> 8 adds 10%
+    assert knee_rows({1: 100, 2: 200, 4: 400}) is None                           # grows to the last
+    assert knee_rows({1: 100, 2: 100 * KNEE_GAIN}) is None                       # exactly a fifth still grows
+    assert knee_rows({1: 100, 2: 90, 4: 400}) == 1                               # the first stop counts
+    assert knee_figures({}) == []
+
+    def result(ours, theirs, busy=None):
+        return {OURS_INT4: {"decode_tokens_per_s": ours, "busy": busy}, LLAMACPP: {"decode_tokens_per_s": theirs, "busy": None}}
+    knee = {"1": result(100, 90), "2": result(180, 170), "4": result(200, 300, busy="load")}
+    ours, theirs = knee_figures(knee)
+    assert ours["value"] == pytest.approx(2.0) and "from 2 rows" in ours["note"] and ours["busy"] == "load"
+    assert theirs["value"] == pytest.approx(300 / 90) and "grows to the last" in theirs["note"]
+    from labsupport.plots.engines import knee_figure
+    fig = knee_figure(knee)
+    assert [t.name for t in fig.data] == [OURS_INT4, LLAMACPP] and list(fig.data[1].y) == [90, 170, 300]

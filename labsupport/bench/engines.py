@@ -62,8 +62,8 @@ from ..lab.roofs import copy_bandwidth, copy_timing, read_bandwidth
 from ..lab.workloads import DEFAULT_PROMPT
 from .core import BenchContext, GraphCount, reported
 from .peers.llamacpp import LlamaCppGreedy, llamacpp_unavailable
-from .engines_int4 import (LLAMACPP, OURS_INT4, batched_decode, batched_figures, long_prefill,
-                            long_prefill_figures)
+from .engines_int4 import (BATCH_ROWS, LLAMACPP, OURS_INT4, batched_figures, decode_knee, knee_figures,
+                            long_prefill, long_prefill_figures)
 from .options import SectionOptions, count, switch
 from .peers.huggingface import hf_assisted_fn, hf_early_layers_draft, hf_generate_fn, hf_static_compiled_fn
 
@@ -331,7 +331,8 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
                       "compile_s": compile_s.get(name), "kernel": kernels.get(name),
                       "decode_paths": sorted(paths.get(name, ()))}
     long = long_prefill(ctx, ids, repeats) if LLAMACPP in rows else {}
-    batched = batched_decode(ctx, ids, max(2, new_tokens // 2), repeats) if LLAMACPP in rows else {}
+    knee = decode_knee(ctx, ids, max(2, new_tokens // 2), repeats) if LLAMACPP in rows else {}
+    batched = knee.get(BATCH_ROWS, {})
     if LLAMACPP in rows:                 # the same Q4_1 weights: how long do the two int4 engines agree?
         rows[LLAMACPP]["tokens_agreeing_with_labsupport_int4"] = next(
             (i for i, (a, b) in enumerate(zip(outputs[LLAMACPP], outputs[OURS_INT4])) if a != b),
@@ -343,7 +344,9 @@ def section_engines(ctx: BenchContext, options: EnginesOptions) -> dict:
             "timings_s": {k: v.to_dict() for k, v in whole.items()},
             "prefill_timings_s": {k: v.to_dict() for k, v in first.items()},
             "long_prefill_s": {k: v.to_dict() for k, v in long.items()}, "batched_decode": batched,
-            "figures": _figures(rows, absent, busy, ctx.device) + long_prefill_figures(long) + batched_figures(batched)}
+            "decode_knee": {str(r): result for r, result in knee.items()},
+            "figures": _figures(rows, absent, busy, ctx.device) + long_prefill_figures(long) + batched_figures(batched)
+            + knee_figures(knee)}
 
 
 def _ratio_figure(rows: dict, absent: dict, ours: str, theirs: str, key: str, target: float,

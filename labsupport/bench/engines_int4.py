@@ -9,7 +9,9 @@ is measured:
 * the prefill of a LONG_PROMPT-token prompt (the course's prompt repeated), ours against
   llama.cpp's, side by side;
 * BATCH_ROWS copies of the prompt decoding at once: ours as one batch through `generate`,
-  llama.cpp as one `llama_decode` of a token per sequence each step (`LlamaCppBatchedGreedy`).
+  llama.cpp as one `llama_decode` of a token per sequence each step (`LlamaCppBatchedGreedy`);
+* the batching knee (issue 54): the same at each of KNEE_ROWS, where the aggregate decode speed
+  stops growing with the rows (`knee_rows`). On a CPU it is expected at 4-8 rows.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from .peers.llamacpp import LlamaCppBatchedGreedy, LlamaCppGreedy
 OURS_INT4, LLAMACPP = "labsupport int4 g32", "llama.cpp Q4_1 (same GGUF)"    # the engines section's row names
 LONG_PROMPT = 512           # tokens of the prefill timed against llama.cpp's
 BATCH_ROWS = 8              # sequences of the batched int4 decode timed against llama.cpp's
+KNEE_ROWS = (1, 2, 4, 8, 16)   # the rows of the knee; BATCH_ROWS is one of them
+KNEE_GAIN = 1.2             # doubling the rows must add at least 20% aggregate speed to count as growth
 
 
 def long_prefill(ctx: BenchContext, ids: list[int], repeats: int) -> dict:
@@ -40,14 +44,14 @@ def long_prefill(ctx: BenchContext, ids: list[int], repeats: int) -> dict:
                               LLAMACPP: lambda: peer.prefill(long_ids)}, ctx.device, warmup=1, repeats=repeats)
 
 
-def batched_decode(ctx: BenchContext, ids: list[int], new_tokens: int, repeats: int) -> dict:
-    """int4 decode of BATCH_ROWS copies of the prompt at once, ours and llama.cpp's on the same file
+def batched_decode(ctx: BenchContext, ids: list[int], new_tokens: int, repeats: int, rows: int = BATCH_ROWS) -> dict:
+    """int4 decode of `rows` copies of the prompt at once, ours and llama.cpp's on the same file
     and threads, side by side (whole runs and first tokens, interleaved): name -> its decode tokens/s
     over all rows, its timings, and whether its rows all got the same tokens. Notebook 00 (where the
     time goes); issue 40."""
     int4 = ctx.variants.get("float32", "int4", group_size=32)
-    peer = LlamaCppBatchedGreedy(find_gguf(), BATCH_ROWS, threads=torch.get_num_threads(), context=len(ids) + new_tokens + 8)
-    batch = torch.tensor([ids] * BATCH_ROWS)                                   # (rows, T)
+    peer = LlamaCppBatchedGreedy(find_gguf(), rows, threads=torch.get_num_threads(), context=len(ids) + new_tokens + 8)
+    batch = torch.tensor([ids] * rows)                                         # (rows, T)
     outputs = {}
 
     def ours(n):
@@ -67,10 +71,42 @@ def batched_decode(ctx: BenchContext, ids: list[int], new_tokens: int, repeats: 
         busy = busy_reason(whole) or busy_reason(first)
     finally:
         peer.close()
-    return {name: {"decode_tokens_per_s": BATCH_ROWS * (new_tokens - 1) / max(whole[name].median - first[name].median, 1e-9),
-                   "rows": BATCH_ROWS, "new_tokens": new_tokens, "busy": busy,
+    return {name: {"decode_tokens_per_s": rows * (new_tokens - 1) / max(whole[name].median - first[name].median, 1e-9),
+                   "rows": rows, "new_tokens": new_tokens, "busy": busy,
                    "rows_alike": all(row == outputs[name][0] for row in outputs[name]),
                    "timings_s": whole[name].to_dict(), "first_token_s": first[name].to_dict()} for name in runs}
+
+
+def decode_knee(ctx: BenchContext, ids: list[int], new_tokens: int, repeats: int) -> dict:
+    """`batched_decode` at each of KNEE_ROWS: {rows: its result}. Notebook 00 (where the time goes);
+    issue 54's batching knee."""
+    return {rows: batched_decode(ctx, ids, new_tokens, repeats, rows) for rows in KNEE_ROWS}
+
+
+def knee_rows(speeds: dict[int, float]) -> int | None:
+    """The rows where aggregate decode stops growing: the first row count whose doubling adds less
+    than KNEE_GAIN (None if it grows to the last). speeds: {rows: aggregate tokens/s}, rows doubling.
+    Notebook 00 (where the time goes)."""
+    rows = sorted(speeds)
+    return next((r for r, more in zip(rows, rows[1:]) if speeds[more] < KNEE_GAIN * speeds[r]), None)
+
+
+def knee_figures(knee: dict) -> list[dict]:
+    """Per engine, its aggregate decode at the most rows over one row, and where it stopped growing
+    (none where llama.cpp is absent). Notebook 00 (where the time goes)."""
+    if not knee:
+        return []
+    rows = sorted(knee, key=int)
+    figures = []
+    for name in (OURS_INT4, LLAMACPP):
+        speeds = {int(r): knee[r][name]["decode_tokens_per_s"] for r in rows}
+        stop = knee_rows(speeds)
+        figures.append(reported(
+            f"{name}: aggregate decode at {rows[-1]} rows / 1 row (tokens/s)", speeds[int(rows[-1])] / speeds[1], "x",
+            busy=next((knee[r][name]["busy"] for r in rows if knee[r][name]["busy"]), None),
+            note=", ".join(f"{r} rows {s:.0f}" for r, s in speeds.items()) + " tokens/s; "
+                 + (f"stops growing (under {KNEE_GAIN}x a doubling) from {stop} rows" if stop else "grows to the last")))
+    return figures
 
 
 def batched_figures(batched: dict) -> list[dict]:

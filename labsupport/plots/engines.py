@@ -54,6 +54,22 @@ def compile_figure(section: dict) -> go.Figure:
     return fig
 
 
+
+def knee_figure(knee: dict) -> go.Figure:
+    """Aggregate int4 decode tokens/s by rows decoding at once, one line per engine, from the engines
+    section's ``decode_knee`` ({rows: {engine: {"decode_tokens_per_s": ...}}}, rows as str or int):
+    where a line flattens, more rows stop paying. Introduced in notebook 00 (where the time goes)."""
+    rows = sorted(knee, key=int)
+    fig = go.Figure()
+    for name in knee[rows[0]]:
+        fig.add_scatter(x=[int(r) for r in rows], y=[knee[r][name]["decode_tokens_per_s"] for r in rows],
+                        mode="lines+markers", name=name)
+    fig.update_layout(title="int4 decode of many rows at once: where more rows stop paying",
+                      xaxis=dict(title="rows decoding at once", type="log", tickvals=[int(r) for r in rows]),
+                      yaxis=dict(title="decode tokens/s, all rows", rangemode="tozero"),
+                      height=420, template="plotly_white")
+    return fig
+
 GAP_COLORS = ("#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#7f7f7f")      # in the order of roofline_step_gap.PARTS
 
 

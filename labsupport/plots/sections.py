@@ -184,10 +184,10 @@ def stack_figures(section: dict) -> list:
 
 
 def engines_figures(section: dict) -> list:
-    """The bench section's plots: every engine's decode speed and prefill.
-    Notebook 00 (where the time goes)."""
-    from .engines import engines_figure
-    return [engines_figure(section)]
+    """The bench section's plots: every engine's decode speed and prefill; the int4 batching knee
+    where llama.cpp ran. Notebook 00 (where the time goes)."""
+    from .engines import engines_figure, knee_figure
+    return [engines_figure(section)] + ([knee_figure(section["decode_knee"])] if section.get("decode_knee") else [])
 
 
 def compile_figures(section: dict) -> list:
