@@ -104,7 +104,7 @@ def knee_figures(knee: dict) -> list[dict]:
         figures.append(reported(
             f"{name}: aggregate decode at {rows[-1]} rows / 1 row (tokens/s)", speeds[int(rows[-1])] / speeds[1], "x",
             busy=next((knee[r][name]["busy"] for r in rows if knee[r][name]["busy"]), None),
-            note=", ".join(f"{r} rows {s:.0f}" for r, s in speeds.items()) + " tokens/s; "
+            note=", ".join(f"{r} row{'s' if r > 1 else ''} {s:.0f}" for r, s in speeds.items()) + " tokens/s; "
                  + (f"stops growing (under {KNEE_GAIN}x a doubling) from {stop} rows" if stop else "grows to the last")))
     return figures
 
