@@ -15,11 +15,13 @@ tour: install          ## the main job: measure the course's techniques on this 
 
 # `make test` runs in lanes (pytest-xdist, one test file or notebook per lane at a time), each lane
 # with one OpenMP thread: two lanes of two threads would spin-wait on each other's cores. Up to 4
-# lanes (each loads the embedded model); TEST_LANES=0 runs every test in this process.
+# lanes (each loads the embedded model); TEST_LANES=0 runs every test in this process, on all of
+# torch's threads.
 TEST_LANES ?= $(shell $(PY) -c "import os; print(min(4, len(os.sched_getaffinity(0))))" 2>/dev/null || echo 2)
+LANE_THREADS := $(if $(filter 0,$(TEST_LANES)),,OMP_NUM_THREADS=1)
 
 test: install          ## unit tests + every notebook under nbval, in lanes
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_LANES) --dist loadfile
+	$(LANE_THREADS) $(PY) -m pytest -n $(TEST_LANES) --dist loadfile
 
 bench: install         ## every benchmark, as JSON
 	$(PY) -m labsupport bench --out reports/bench.json

@@ -8,6 +8,7 @@ executed with nbclient up to its first exercise. What cannot run here: Colab, Bi
 
 import re
 import stat
+import shutil
 import subprocess
 import sys
 import types
@@ -446,3 +447,15 @@ def test_the_torch_floor_is_the_oldest_torch_ci_tests():
     floor = re.search(r">=\s*([\d.]+)", torch_spec).group(1)
     assert oldest.split(".")[:2] == floor.split(".")[:2], (torch_spec, oldest)
     assert re.search(r"^TORCH_NEWEST=\S+$", ci, re.M)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_test_runs_lanes_of_one_thread_and_one_process_on_all_threads():
+    """Lanes get one OpenMP thread each (two lanes of two would spin-wait on each other's cores);
+    TEST_LANES=0, one process, keeps torch's threads (review of issue 47)."""
+    def command(*args):
+        done = subprocess.run(["make", "-n", "test", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        return done.stdout.strip().splitlines()[-1]
+    assert command("TEST_LANES=2").startswith("OMP_NUM_THREADS=1 ") and "-n 2 --dist loadfile" in command("TEST_LANES=2")
+    alone = command("TEST_LANES=0")
+    assert "OMP_NUM_THREADS" not in alone and "-n 0" in alone

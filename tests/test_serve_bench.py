@@ -176,3 +176,30 @@ def test_our_server_process_that_cannot_start_is_one_sentence_in_its_rows(monkey
     assert isinstance(peer, str) and peer.startswith("our server could not start:")
     rows = saturated.saturated_rows("tiny-llama", TINY, peer, "llama-server is not built here.")
     assert [r["skipped"] for r in rows] == [peer, "llama-server is not built here."]
+
+
+def test_our_server_process_rows_say_the_precision_the_server_reports(monkeypatch):
+    """The label comes from the server's /v1/models, never from the flag asked for: an int4 server
+    whose layers run aten's kernel (a CPU where the W4A8 kernel does not build) says so in its rows."""
+    from contextlib import ExitStack
+    from labsupport.bench import http_serving_saturated as saturated
+    from labsupport.engine.quant import quantize_model
+    from labsupport.serve import BackgroundServer, create_app
+    from labsupport.serve.precision import describe, precision_words
+    model = random_model("tiny-llama")
+    quantize_model(model, "int4", group_size=32, kernel="fast")               # aten's int4 kernel, not W4A8
+    with BackgroundServer(create_app(model, ByteTokenizer(), "tiny-llama", max_slots=2, block_size=4)) as server:
+        monkeypatch.setattr(saturated, "start_peer", lambda *a, **k: (server.url, None))
+        with ExitStack() as running:
+            url, extra, words = saturated.our_server_peer(running, "tiny-llama", "cpu", 2, 4, int4=True)
+    assert url == server.url and extra == {}
+    assert words == precision_words(describe(model)) and "W4A8" not in words and words.startswith("int4 weights")
+
+
+def test_start_peer_gives_the_url_or_the_sentence_and_stops_the_server_with_its_stack():
+    from contextlib import ExitStack
+    from labsupport.bench.peers.http_servers import start_peer
+    with ExitStack() as running:
+        url, failed = start_peer(running, [sys.executable, "-c", "print('boom'); raise SystemExit(3)", "--port", "1"],
+                                 "a peer", timeout=30)
+    assert url is None and failed.startswith("a peer could not start: The server exited") and "boom" in failed

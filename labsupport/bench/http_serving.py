@@ -35,14 +35,13 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..engine.serving.engine import Engine
-from ..errors import LabError
 from ..lab.load_curve import engine_row, saturation_rate
 from ..lab.http_serving_loadgen import as_engine_requests, chat_workload, load_test
 from ..lab.measure import VLLM_GRAPHED, mark_graphed
 from ..lab.workloads import HTTP_SERVING_PRESETS, HttpServingSizes
 from .core import BenchContext, reported
 from .http_serving_agentic import agentic_figures, quality_figures, agentic_serving, served_quality, serving_row
-from .peers.http_servers import (LLAMA_SERVER, LLAMA_SERVER_PRECISION, free_port, llama_server_peer, peer_server,
+from .peers.http_servers import (LLAMA_SERVER, LLAMA_SERVER_PRECISION, free_port, llama_server_peer, start_peer,
                          llamacpp_server_command, vllm_server_command)
 from .http_serving_saturated import our_server_peer, saturated_figures, saturated_rows
 from .options import SectionOptions, count, counts, switch
@@ -117,7 +116,7 @@ def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes
     "skipped"). Our int4 server is such a peer: a process of its own (`our_server_peer`)."""
     from ..serve import BackgroundServer, create_app         # here: importing the bench needs no web server
     from ..serve.app import default_token_budget
-    from ..serve.precision import describe
+    from ..serve.precision import describe, precision_words
 
     workloads = {rate: chat_workload(sizes.requests, rate, sizes.median_new_tokens, max_new_tokens=sizes.max_new_tokens,
                                      seed=seed) for rate in rates}
@@ -125,23 +124,21 @@ def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes
     settings = dict(max_slots=sizes.slots, cache_tokens=sizes.slots * longest,        # the server's default budget
                     token_budget=default_token_budget(model, sizes.slots))            # in process too: like for like
     app = create_app(model, tokenizer, model_name, max_waiting=sizes.requests, **settings)
-    apps = {"our HTTP server": app}
-    precision = {name: _precision_words(describe(a.state.engine.model)) for name, a in apps.items()}
+    precision = precision_words(describe(app.state.engine.model))
     rows = []
     in_process = Engine(model, **settings)              # made once: a GPU engine captures its graphs here
-    with ExitStack() as running:                        # our servers idle (their engine threads asleep) in turn
-        ours = {name: running.enter_context(BackgroundServer(a)) for name, a in apps.items()}
+    with ExitStack() as running:                        # our server idles (its engine thread asleep) in turn
+        ours = running.enter_context(BackgroundServer(app))
         for rate in rates:
             if progress is not None:
                 progress(f"[http_serving] {rate:.2f} requests/s")
             result = in_a_thread(in_process.run, as_engine_requests(tokenizer, workloads[rate]))
             rows.append(serving_row("in-process engine", rate, {**engine_row(result),
                                                          "tokens": sum(len(s.output) for s in result.sequences)},
-                             precision=precision["our HTTP server"]))
-            for name, server in ours.items():
-                rows.append(serving_row(name, rate, {**load_test(server.url, workloads[rate], model=model_name),
-                                              "decode_path": apps[name].state.engine.decode_path},
-                                 precision=precision[name]))
+                             precision=precision))
+            rows.append(serving_row("our HTTP server", rate, {**load_test(ours.url, workloads[rate], model=model_name),
+                                                       "decode_path": app.state.engine.decode_path},
+                             precision=precision))
             for name, peer in (peers or {}).items():
                 if isinstance(peer, str):
                     rows.append(serving_row(name, rate, skipped=peer))
@@ -149,21 +146,13 @@ def http_load_curve(model, tokenizer, model_name: str, rates: list[float], sizes
                     url, extra, words = peer
                     rows.append(serving_row(name, rate, load_test(url, workloads[rate], model=model_name, extra=extra),
                                      precision=words))
-    for a in apps.values():
-        a.state.engine.blocks.assert_no_leaks()
+    app.state.engine.blocks.assert_no_leaks()
     return rows
 
 
 def rows_precision(rows: list[dict], server: str) -> str:
     """The precision `server`'s rows say served them ("" if none did). Notebook 09."""
     return next((r["precision"] for r in rows if r["server"] == server and r["precision"]), "")
-
-
-def _precision_words(described: dict) -> str:
-    """/v1/models' precision ({"dtype", "weights", "kernel"}) in a few words for a row."""
-    if described["weights"] == described["dtype"]:
-        return f"{described['dtype']} weights"
-    return f"{described['weights']} weights, {described['kernel']}"
 
 
 def _ratio(rows, a: str, b: str, key: str, rate: float) -> float:
@@ -209,13 +198,10 @@ def _start_peers(running: ExitStack, ctx: BenchContext, slots: int, context: int
         if command is None:
             peers[name] = reason
             continue
-        try:
-            url = running.enter_context(peer_server(command, int(command[command.index("--port") + 1]),
-                                                    timeout=600 if name.startswith("vLLM") else 120))
-            # llama-cpp-python's server has no ignore_eos: a bias that forbids the end token does the same
-            peers[name] = (url, {"logit_bias": eos} if name == "llama.cpp server" else {}, PEERS[name])
-        except LabError as error:
-            peers[name] = f"{name} could not start: {error}"
+        url, failed = start_peer(running, command, name, timeout=600 if name.startswith("vLLM") else 120)
+        # llama-cpp-python's server has no ignore_eos: a bias that forbids the end token does the same
+        peers[name] = failed if url is None else (url, {"logit_bias": eos} if name == "llama.cpp server" else {},
+                                                  PEERS[name])
     return peers
 
 

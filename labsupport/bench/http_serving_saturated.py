@@ -19,11 +19,10 @@ from contextlib import ExitStack
 
 import torch
 
-from ..errors import LabError
 from ..lab.http_serving_loadgen import chat_workload, load_test
 from .core import reported
 from .http_serving_agentic import serving_row
-from .peers.http_servers import LLAMA_SERVER, free_port, peer_server
+from .peers.http_servers import LLAMA_SERVER, free_port, start_peer
 
 OUR_PROCESS = "our server process"
 
@@ -43,12 +42,15 @@ def our_server_peer(running: ExitStack, model_name: str, device, slots: int, req
     """Our server as a process (`our_server_command`), running for the rest of `running` (an
     ExitStack): (url, extra body fields, precision) as the load curve's peers take it, or the
     sentence saying why it could not start. Notebook 09."""
+    import httpx
+    from ..serve.precision import precision_words
     command = our_server_command(model_name, device, free_port(), slots, requests, int4, cache_tokens)
-    try:
-        url = running.enter_context(peer_server(command, int(command[command.index("--port") + 1]), timeout=300))
-    except LabError as error:
-        return f"our server could not start: {error}"
-    return url, {}, ("int4 weights, W4A8 kernel" if int4 else "float32 weights")
+    url, failed = start_peer(running, command, "our server", timeout=300)
+    if url is None:
+        return failed
+    # the precision the server says it serves (on a CPU without the W4A8 kernel, int4 runs aten's)
+    served = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["precision"]
+    return url, {}, precision_words(served)
 
 
 def saturated_rows(model_name: str, sizes, ours, llama_server) -> list[dict]:

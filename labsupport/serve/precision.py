@@ -47,3 +47,11 @@ def describe(model) -> dict:
         return {"dtype": dtype, "weights": dtype, "kernel": "dense matmul"}
     weights = "int8" if isinstance(layer, Int8Linear) else "int4"
     return {"dtype": dtype, "weights": weights, "kernel": quant.kernel_description(layer)}
+
+
+def precision_words(described: dict) -> str:
+    """`describe`'s dict (or /v1/models' "precision") in a few words for a table's row: "float32
+    weights", or "int4 weights, <the kernel>". Notebook 09 (serving over HTTP)."""
+    if described["weights"] == described["dtype"]:
+        return f"{described['dtype']} weights"
+    return f"{described['weights']} weights, {described['kernel']}"

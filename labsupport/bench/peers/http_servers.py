@@ -140,6 +140,16 @@ def llama_server_command(model_name: str, device, port: int, slots: int,
 LLAMA_SERVER_PRECISION = "Q4_1 GGUF (llama.cpp's int4)"
 
 
+def start_peer(running: ExitStack, command: list[str], name: str, timeout: float) -> tuple[str | None, str | None]:
+    """`peer_server` for `command` (its port read from its --port), running for the rest of `running`
+    (an ExitStack): (its url, None), or (None, "<name> could not start: ..."). The one home of a
+    peer's start for the bench's HTTP sections. Notebook 09 (serving over HTTP)."""
+    try:
+        return running.enter_context(peer_server(command, int(command[command.index("--port") + 1]), timeout)), None
+    except LabError as error:
+        return None, f"{name} could not start: {error}"
+
+
 def llama_server_peer(running: ExitStack, model_name: str, device, slots: int, context: int):
     """llama-server started for the rest of `running` (an ExitStack), as `http_load_curve`'s
     peers take it: (url, extra body fields, precision), or the sentence saying why it is not
@@ -147,11 +157,8 @@ def llama_server_peer(running: ExitStack, model_name: str, device, slots: int, c
     command, reason = llama_server_command(model_name, device, free_port(), slots, context)
     if command is None:
         return reason
-    try:
-        url = running.enter_context(peer_server(command, int(command[command.index("--port") + 1]), timeout=120))
-    except LabError as error:
-        return f"{LLAMA_SERVER} could not start: {error}"
-    return url, {}, LLAMA_SERVER_PRECISION
+    url, failed = start_peer(running, command, LLAMA_SERVER, timeout=120)
+    return failed if url is None else (url, {}, LLAMA_SERVER_PRECISION)
 
 
 def vllm_server_command(ctx: BenchContext, port: int, slots: int) -> tuple[list[str] | None, str | None]:
