@@ -1,18 +1,23 @@
 """Checkers for notebook 09 (serving over HTTP): reading a stream of server-sent events, the
-text a server must hold back while it may still be the start of a stop string, and the answer to
-a multiple-choice question from the prompt log-probabilities a server echoes. Each compares a
-learner's function with the reference and prints a short confirmation or raises `CheckFailed`;
-the learner's code is graded by what it reaches (`labsupport.checks.grading`).
+text a server must hold back while it may still be the start of a stop string, the answer to
+a multiple-choice question from the prompt log-probabilities a server echoes, and the prompt
+positions an agent's requests find in the prefix cache. Each compares a learner's function with
+the reference (for the cache, what the serving engine itself does) and prints a short confirmation
+or raises `CheckFailed`; the learner's code is graded by what it reaches (`labsupport.checks.grading`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 
+from ..engine.serving.engine import Engine
+from ..engine.serving.request import Request
 from ..lab.http_serving_quality import best_choice
 from ..serve.text import held_back
 from . import call_learner, fail, grades_quietly, passed
 from .grading import Exercise, graded
+from ..weights.fixtures import random_model
 
 SSE = "reading a stream of server-sent events"
 HOLD = "the text held back for stop strings"
@@ -21,6 +26,14 @@ CHOICE = "a multiple-choice answer from prompt log-probabilities"
 SSE_EXERCISE = Exercise(title=SSE, teaches="the chunks of a stream of server-sent events, each data line's JSON up "
                                            "to data: [DONE]")
 HOLD_EXERCISE = Exercise(title=HOLD, teaches="the length of the longest ending of a text that begins a stop string")
+HITS = "the prompt positions found in the prefix cache"
+HITS_EXERCISE = Exercise(title=HITS, teaches="the positions of each prompt the prefix cache serves: whole blocks of the "
+                                             "longest prefix shared with an earlier prompt, the last token left out",
+                         computed_by=("labsupport.engine.serving.prefix_cache.PrefixCache.lookup",
+                                      "labsupport.engine.serving.block_manager.BlockManager.cached_prefix",
+                                      "labsupport.engine.serving.block_manager.BlockManager.admit",
+                                      "labsupport.engine.serving.block_manager.BlockManager.admit_cost",
+                                      "labsupport.engine.serving.engine.Engine.step"))
 CHOICE_EXERCISE = Exercise(title=CHOICE, teaches="the index of the choice whose own tokens have the largest summed "
                                                  "log-probability")
 
@@ -186,3 +199,89 @@ def check_best_choice(fn) -> None:
                     "for each choice sum the last lengths[i] log-probabilities, then return the index of the largest.")
         fail(CHOICE, f"choice {want}", f"choice {got}", f"{hint} Case: {about}")
     passed(CHOICE, "An evaluation harness scores a model through any server this way (labsupport.lab.http_serving_quality).")
+
+
+@functools.cache
+def _tiny_model():
+    return random_model("tiny-llama")       # what its weights are does not matter: only which blocks are cached
+
+
+def served_cache_hits(prompts: list[list[int]], block_size: int) -> list[int]:
+    """The prompt positions the serving engine (prefix caching on, one slot, a pool that evicts
+    nothing) takes from its prefix cache for each of `prompts`, sent one after another, each
+    answered (one token) before the next comes. The measured answer the checker grades against.
+    Introduced in notebook 09 (serving over HTTP)."""
+    engine = Engine(_tiny_model(), max_slots=1, block_size=block_size, prefix_caching=True, record=False,
+                    cache_tokens=block_size * (sum(len(p) // block_size + 2 for p in prompts)))
+    hits = []
+    for prompt in prompts:
+        before = engine.prefix_hit_tokens
+        engine.add_request(Request(list(prompt), max_new_tokens=1))
+        while engine.has_work:
+            engine.step()
+        hits.append(engine.prefix_hit_tokens - before)
+    return hits
+
+
+def _hits_cases() -> list[tuple[list[list[int]], int, str]]:
+    """(prompts in the order they are sent, block size, what the case tests); token ids of the tiny model's 260."""
+    system = list(range(10, 31))                                          # 21 tokens every conversation starts with
+    turn1 = system + [40, 41, 42]
+    turn2 = turn1 + [50, 51, 52, 53, 54, 55] + [60, 61, 62, 63, 64]           # the answer, then a new question
+    turn3 = turn2 + [70, 71, 72, 73] + [80, 81, 82, 83, 84, 85, 86]
+    other = system + [90, 91, 92, 93, 94, 95, 96, 97]
+    return [([turn1, turn2, turn3], 4, "one conversation, turn after turn"),
+            ([turn1, turn2, turn3], 16, "the same conversation in blocks of 16"),
+            ([turn2, list(turn2)], 4, "a retry: the same prompt twice"),
+            ([list(range(10, 34)), list(range(10, 34))], 4, "a retry of a prompt that fills its blocks exactly"),
+            ([turn1, other], 4, "two conversations with the same system prompt"),
+            ([turn2, other, turn3], 4, "the third prompt shares more with the first than with the second"),
+            ([turn2, [5] + turn2[1:]], 4, "a prompt that differs from an earlier one in its first token only"),
+            ([turn3, turn1], 4, "a shorter prompt that begins an earlier one"),
+            ([turn1 + [43], turn1 + [43]], 4, "a retry whose last block holds one token"),
+            ([turn1, turn2, turn2[:9] + [7] + turn2[10:]], 1, "blocks of one position: every shared token counts")]
+
+
+def _hits_mistakes(prompts: list[list[int]], block_size: int) -> dict[str, list[int]]:
+    """What each typical slip predicts, and the hint that names it."""
+    def shared(a, b):
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    def each(limit, rounding, earlier=lambda i: prompts[:i]):
+        return [rounding(max((limit(p, shared(q, p)) for q in earlier(i)), default=0)) for i, p in enumerate(prompts)]
+
+    whole = lambda n: n // block_size * block_size                                        # noqa: E731
+    upto_last = lambda p, n: min(n, len(p) - 1)                                           # noqa: E731
+    return {
+        "only whole blocks are shared: round the shared prefix down to a multiple of block_size.":
+            each(upto_last, lambda n: n),
+        "a prompt served wholly from the cache would have no logits for its next token: the last token is always "
+        "computed, so share at most len(prompt) - 1 positions.": each(lambda p, n: n, whole),
+        "every earlier prompt's blocks stay in the cache, not only the previous one's: take the longest over all.":
+            each(upto_last, whole, earlier=lambda i: prompts[max(i - 1, 0):i]),
+        "a block is found only when every block before it matched too (each block's hash includes its parent's).":
+            [sum(block_size for k in range(0, (len(p) - 1) // block_size * block_size, block_size)
+                 if any(q[k:k + block_size] == p[k:k + block_size] for q in prompts[:i]))
+             for i, p in enumerate(prompts)]}
+
+
+@grades_quietly
+@graded(HITS_EXERCISE)
+def check_cache_hits(fn) -> None:
+    """Check `fn(prompts, block_size) -> list of ints`: for each prompt, sent one after another to a
+    server with prefix caching, the positions its prefix cache serves, against what the serving
+    engine does on the same prompts. Introduced in notebook 09 (serving over HTTP)."""
+    for prompts, block_size, about in _hits_cases():
+        want = served_cache_hits(prompts, block_size)
+        got = call_learner(HITS, str(want), "for each prompt compare it with every earlier one, token by token.",
+                           fn, [list(p) for p in prompts], block_size)
+        if not isinstance(got, (list, tuple)) or len(got) != len(prompts) or \
+                not all(isinstance(n, int) and not isinstance(n, bool) for n in got):
+            fail(HITS, f"a list of {len(prompts)} ints", repr(got)[:80], "return one number of positions per prompt.")
+        if list(got) == want:
+            continue
+        hint = next((words for words, slip in _hits_mistakes(prompts, block_size).items() if list(got) == slip),
+                    "the cache serves whole blocks of the longest prefix a prompt shares with any earlier prompt, "
+                    "leaving its last token to compute.")
+        fail(HITS, str(want), str(list(got)), f"{hint} Case: {about} (blocks of {block_size})")
+    passed(HITS, "The serving engine's BlockManager finds them this way, block by block (notebook 06b).")

@@ -4,7 +4,9 @@ import importlib
 import json
 
 from labsupport.checks import http_serving
-from labsupport.checks.http_serving import check_best_choice, check_held_back, check_parse_sse, reference_parse_sse
+from labsupport.checks.http_serving import (check_best_choice, check_cache_hits, check_held_back, check_parse_sse,
+                                            reference_parse_sse, served_cache_hits)
+from labsupport.engine.serving.block_manager import BlockManager
 from labsupport.lab import http_serving_loadgen
 from labsupport.lab.http_serving_quality import best_choice, choice_accuracy
 from labsupport.serve.text import StopMatcher, TextStream, held_back
@@ -22,6 +24,10 @@ EQUIVALENT_MUTANTS = {
     "http-held-back": {
         "5:23:constant:1-1": "k = 0 tests text.endswith(''), always true, and max(longest, 0) leaves longest as it is",
         "7:26:swap-arguments:0<->1": "max(k, longest) is max(longest, k): ints, the same value either way",
+    },
+    "http-cache-hits": {
+        "8:22:swap-arguments:0<->1": "min(len(prompt) - 1, len(earlier)) is min(len(earlier), len(prompt) - 1)",
+        "10:22:swap-arguments:0<->1": "max(n, longest) is max(longest, n): ints, the same value either way",
     },
 }
 
@@ -231,6 +237,58 @@ def choice_by_a_built_name(log_probs, lengths):
     return getattr(module, "best" + "_choice")(log_probs, lengths)
 
 
+# --- the prompt positions found in the prefix cache -------------------------------------------
+
+def _shared(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def hits_by_hand(prompts, block_size):
+    hits = []
+    for i, prompt in enumerate(prompts):
+        longest = max((min(_shared(earlier, prompt), len(prompt) - 1) for earlier in prompts[:i]), default=0)
+        hits.append(longest // block_size * block_size)
+    return hits
+
+
+def partial_blocks(prompts, block_size):
+    return [max((min(_shared(q, p), len(p) - 1) for q in prompts[:i]), default=0) for i, p in enumerate(prompts)]
+
+
+def the_last_token_too(prompts, block_size):
+    return [max((_shared(q, p) for q in prompts[:i]), default=0) // block_size * block_size
+            for i, p in enumerate(prompts)]
+
+
+def the_previous_prompt_only(prompts, block_size):
+    return [min(_shared(prompts[i - 1], p), len(p) - 1) // block_size * block_size if i else 0
+            for i, p in enumerate(prompts)]
+
+
+def blocks_anywhere(prompts, block_size):
+    return [sum(block_size for k in range(0, (len(p) - 1) // block_size * block_size, block_size)
+                if any(q[k:k + block_size] == p[k:k + block_size] for q in prompts[:i]))
+            for i, p in enumerate(prompts)]
+
+
+def rounded_up(prompts, block_size):
+    return [-(-n // block_size) * block_size for n in partial_blocks(prompts, block_size)]
+
+
+def one_per_prompt(prompts, block_size):
+    return sum(hits_by_hand(prompts, block_size))
+
+
+def by_the_block_manager(prompts, block_size):
+    manager = BlockManager(64, block_size, prefix_caching=True)
+    hits = []
+    for index, prompt in enumerate(prompts):
+        hits.append(len(manager.cached_prefix(prompt)) * block_size)
+        manager.admit(index, prompt, len(prompt))
+        manager.cache_full_blocks(index, prompt, len(prompt))
+    return hits
+
+
 NOTEBOOK_09 = [
     accepts(check_parse_sse, "by hand", parse_by_hand),
     refuses(check_parse_sse, "reads past [DONE]", "stop at", never_stops),
@@ -273,4 +331,14 @@ NOTEBOOK_09 = [
             _closure_over_the_accuracy()),
     refuses(check_best_choice, "the package's best_choice through a helper", OWN, choice_by_a_helper),
     refuses(check_best_choice, "the package's best_choice by a built name", OWN, choice_by_a_built_name),
+    accepts(check_cache_hits, "by hand", hits_by_hand),
+    refuses(check_cache_hits, "partial blocks counted", "only whole blocks", partial_blocks),
+    refuses(check_cache_hits, "the last token served from the cache", "last token is always computed",
+            the_last_token_too),
+    refuses(check_cache_hits, "the previous prompt only", "not only the previous one", the_previous_prompt_only),
+    refuses(check_cache_hits, "matching blocks anywhere", "every block before it matched", blocks_anywhere),
+    refuses(check_cache_hits, "blocks rounded up", "whole blocks of the longest prefix", rounded_up),
+    refuses(check_cache_hits, "one number for all prompts", "one number of positions per prompt", one_per_prompt),
+    refuses(check_cache_hits, "the checker's engine run", OWN + ".*served_cache_hits", served_cache_hits),
+    refuses(check_cache_hits, "the engine's BlockManager", OWN + ".*cached_prefix", by_the_block_manager),
 ]
