@@ -170,6 +170,39 @@ def test_taken_only_on_a_plain_float32_cpu_decode_step():
     assert block_calls(lambda: model(x, cache=cache)) == 0      # gradients on: the Python layers
 
 
+def test_a_layers_arguments_are_gathered_again_after_any_change_to_it():
+    """The arguments of each layer's call are gathered once and kept (fused._layer_args); a weight
+    assigned anew, a linear swapped for a quantized one and back, a buffer replaced, or a norm's data
+    cast in place must each be seen by the next step: its logits stay those of the Python layers."""
+    model = model_of("gqa-3", seed=5)
+
+    def agrees(layers_called: int, bound: float = 1e-4) -> None:
+        fast, _, calls = decode_once(model, 2, 7, fast=True)
+        slow, _, _ = decode_once(model, 2, 7, fast=False)
+        assert calls == layers_called
+        assert (fast - slow).abs().max() <= bound * slow.abs().max()
+
+    agrees(model.config.num_layers)                                         # gathered, then kept
+    down = model.blocks[1].mlp.down
+    down.weight = torch.nn.Parameter(-2 * down.weight.detach())             # a weight assigned anew
+    agrees(model.config.num_layers)
+    if w4a8_unavailable() is None:
+        handle = quantize_model(model, "int4", group_size=32)               # every linear swapped
+        agrees(model.config.num_layers, bound=2e-2)
+        quantized = model.blocks[0].attn.qkv
+        quantized.w4a8_scales = 3 * quantized.w4a8_scales                   # a buffer replaced
+        agrees(model.config.num_layers, bound=2e-2)
+        handle.restore()                                                    # and back to float32
+        agrees(model.config.num_layers)
+    assert fused._layer_args(model.blocks[2]) is not None
+    norm = model.blocks[2].mlp_norm.weight
+    norm.data = norm.data.double()                    # cast in place: no registration, the same parameter
+    assert fused._layer_args(model.blocks[2]) is None                       # never handed to C++ as float32
+    for fast in (True, False):                        # the Python layer's own error, either way
+        with pytest.raises(RuntimeError, match="dtype"):
+            decode_once(model, 2, 7, fast=fast)
+
+
 def test_refuses_bad_arguments_in_one_sentence():
     ops = torch.ops.labsupport
     w = [torch.randn(8, 8)]

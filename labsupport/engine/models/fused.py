@@ -31,6 +31,7 @@ import contextlib
 import functools
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -131,6 +132,63 @@ def _hooked(modules) -> bool:
     return any(m is not None and (m._forward_hooks or m._forward_pre_hooks) for m in modules)
 
 
+# Every registration of a module, parameter or buffer, anywhere (quantize_model swapping a linear,
+# a weight assigned anew, a buffer registered), moves this count on. A layer's arguments are
+# gathered once (`_layer_args`, about 25 us of attribute lookups) and kept on the layer with the
+# count they were gathered at: a later count gathers them again.
+REGISTRATIONS = 0
+
+
+def _registered(*_) -> None:
+    global REGISTRATIONS
+    REGISTRATIONS += 1
+
+
+for _hook in (torch.nn.modules.module.register_module_module_registration_hook,
+              torch.nn.modules.module.register_module_parameter_registration_hook,
+              torch.nn.modules.module.register_module_buffer_registration_hook):
+    _hook(_registered)
+
+
+class LayerArgs(NamedTuple):
+    """What `decode_block` passes to C++ for one Llama layer, gathered once (`_layer_args`).
+    Notebook 00 (where the time goes)."""
+    parts: tuple            # attn, mlp, both norms and the four linears: where a forward hook may be
+    norms: tuple            # the two norms' weights
+    weights: list           # each linear's weight list (`_linear_weights`)
+    path: str               # the W4A8 path the linears share ("auto" for float32 linears)
+    dtypes: list            # every tensor's dtype when gathered: `model.to(...)` changes data, not parameters
+
+
+def _gather_layer_args(block) -> LayerArgs | None:
+    """The `LayerArgs` of a Llama `block`, or None where the call does not apply (a linear of another
+    kind, linears on different paths, norms not float32)."""
+    attn, mlp = block.attn, block.mlp
+    linears = (attn.qkv, attn.out, getattr(mlp, "gate_up", None), getattr(mlp, "down", None))
+    weights = [_linear_weights(linear) for linear in linears]
+    paths = {getattr(linear, "w4a8_path", "auto") for linear in linears}
+    norms = (block.attn_norm.weight, block.mlp_norm.weight)
+    if None in weights or len(paths) != 1 or len({len(w) for w in weights}) != 1 or \
+            any(norm.dtype != torch.float32 for norm in norms):
+        return None
+    return LayerArgs((attn, mlp, block.attn_norm, block.mlp_norm, *linears), norms, weights, paths.pop(),
+                     _dtypes(norms, weights))
+
+
+def _dtypes(norms, weights) -> list:
+    return [t.dtype for t in norms] + [t.dtype for w in weights for t in w]
+
+
+def _layer_args(block) -> LayerArgs | None:
+    """`_gather_layer_args(block)`, kept on the block while no registration happened since
+    (`REGISTRATIONS`) and every tensor keeps its dtype."""
+    count, args = block.__dict__.get("_decode_block_args", (None, None))
+    if count != REGISTRATIONS or (args is not None and _dtypes(args.norms, args.weights) != args.dtypes):
+        count, args = REGISTRATIONS, _gather_layer_args(block)
+        block.__dict__["_decode_block_args"] = (count, args)
+    return args
+
+
 def decode_block(block, x: torch.Tensor, rope, writer, mask) -> torch.Tensor | None:
     """The whole of a Llama `block` (transformer.py) for one new token per row, in one C++ call
     (`fused_ops.cpp`'s decode_block, issue 40), or None where it does not apply and the block runs
@@ -148,28 +206,21 @@ def decode_block(block, x: torch.Tensor, rope, writer, mask) -> torch.Tensor | N
               and writer.cache.dtype == torch.float32)
     if not static and (paged_lengths is None or writer.cache.dtype != torch.float32):
         return None
-    attn, mlp = block.attn, block.mlp
-    linears = (attn.qkv, attn.out, getattr(mlp, "gate_up", None), getattr(mlp, "down", None))
-    if _hooked((attn, mlp, block.attn_norm, block.mlp_norm, *linears)):
+    args = _layer_args(block)
+    if args is None or _hooked(args.parts):
         return None
-    weights = [_linear_weights(linear) for linear in linears]
-    paths = {getattr(linear, "w4a8_path", "auto") for linear in linears}
-    if None in weights or len(paths) != 1 or len({len(w) for w in weights}) != 1:
-        return None
-    if block.attn_norm.weight.dtype != torch.float32 or block.mlp_norm.weight.dtype != torch.float32:
-        return None
+    attn, attn_norm = args.parts[0], args.parts[2]
     cache, layer, rows = writer.cache, attn.layer_index, x.shape[0]
-    norms = (block.attn_norm.weight, block.mlp_norm.weight)
     if not static:     # the pool's layer (slots, kv_heads, D), read through each row's block table
         return torch.ops.labsupport.decode_block_paged(
-            x.contiguous(), *norms, *weights, *rope, cache.keys[layer], cache.values[layer], writer.write_slots,
-            writer.read_blocks, paged_lengths, cache.block_size, attn.num_heads, block.attn_norm.eps,
-            paths.pop())                                                          # (B, 1, hidden)
+            x.contiguous(), *args.norms, *args.weights, *rope, cache.keys[layer], cache.values[layer],
+            writer.write_slots, writer.read_blocks, paged_lengths, cache.block_size, attn.num_heads, attn_norm.eps,
+            args.path)                                                            # (B, 1, hidden)
     # the pass's rows of the layer's buffers (a compiled decoder's cache may hold more: its bucket)
     keys, values = cache.layer_keys[layer][:rows], cache.layer_values[layer][:rows]   # (B, kv_heads, max_len, D)
     return torch.ops.labsupport.decode_block(
-        x.contiguous(), *norms, *weights, *rope, keys, values, writer.start, attn.num_heads,
-        block.attn_norm.eps, paths.pop())                                         # (B, 1, hidden)
+        x.contiguous(), *args.norms, *args.weights, *rope, keys, values, writer.start, attn.num_heads,
+        attn_norm.eps, args.path)                                                 # (B, 1, hidden)
 
 
 @contextlib.contextmanager
