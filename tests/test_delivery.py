@@ -453,9 +453,10 @@ def test_the_torch_floor_is_the_oldest_torch_ci_tests():
 def test_make_test_runs_lanes_of_one_thread_and_one_process_on_all_threads():
     """Lanes get one OpenMP thread each (two lanes of two would spin-wait on each other's cores);
     TEST_LANES=0, one process, keeps torch's threads (review of issue 47)."""
-    def command(*args):
-        done = subprocess.run(["make", "-n", "test", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
-        return done.stdout.strip().splitlines()[-1]
+    def command(*args):       # inside `make test` itself, make prints its directory: take pytest's line
+        done = subprocess.run(["make", "-n", "--no-print-directory", "test", *args], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+        return next(line for line in done.stdout.splitlines() if " -m pytest " in line)
     assert command("TEST_LANES=2").startswith("OMP_NUM_THREADS=1 ") and "-n 2 --dist loadfile" in command("TEST_LANES=2")
     alone = command("TEST_LANES=0")
     assert "OMP_NUM_THREADS" not in alone and "-n 0" in alone

@@ -224,10 +224,15 @@ def test_a_disconnect_storm_aborts_every_sequence_and_leaks_nothing(served, monk
     served.app.state.engine.blocks.assert_no_leaks()
 
 
+BURST_TOKENS = 160
+
+
 def test_a_burst_over_the_limit_gets_429s_and_the_rest_are_served(served, model):
     async def one(api, i):
         try:
-            out = await api.completions.create(model=NAME, prompt=f"burst {i}", max_tokens=30, temperature=0,
+            # long enough that no answer ends while the burst arrives (a slot freed early would admit
+            # an eighth): 30 tokens once did, after the CPU decode step got faster
+            out = await api.completions.create(model=NAME, prompt=f"burst {i}", max_tokens=BURST_TOKENS, temperature=0,
                                                extra_body={"ignore_eos": True, "return_token_ids": True})
             return out.choices[0].token_ids
         except openai.RateLimitError as error:
@@ -244,7 +249,7 @@ def test_a_burst_over_the_limit_gets_429s_and_the_rest_are_served(served, model)
     assert refused[0].status_code == 429 and refused[0].response.headers["retry-after"] == "1"
     assert refused[0].body["code"] == "rate_limit_exceeded" and "busy" in refused[0].body["message"]
     for i, ids in served_ok:
-        assert ids == alone_text(model, f"burst {i}", 30, eos=())
+        assert ids == alone_text(model, f"burst {i}", BURST_TOKENS, eos=())
     wait_idle(served.app)
     served.app.state.engine.blocks.assert_no_leaks()
 

@@ -178,6 +178,7 @@ def test_our_server_process_that_cannot_start_is_one_sentence_in_its_rows(monkey
     assert [r["skipped"] for r in rows] == [peer, "llama-server is not built here."]
 
 
+@pytest.mark.platform                  # it quantizes: int4 on aten's kernel (tests/test_platform_marker.py)
 def test_our_server_process_rows_say_the_precision_the_server_reports(monkeypatch):
     """The label comes from the server's /v1/models, never from the flag asked for: an int4 server
     whose layers run aten's kernel (a CPU where the W4A8 kernel does not build) says so in its rows."""
